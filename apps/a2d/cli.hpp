@@ -1,0 +1,61 @@
+// The a2d program's small option parser and output helpers.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace a2d::cli {
+
+// Declarative options of one subcommand: each option writes straight into a variable.
+class Options {
+ public:
+  Options(std::string usage, std::string summary);
+
+  void add_int(const std::string& name, int64_t* target, const std::string& help);
+  void add_double(const std::string& name, double* target, const std::string& help);
+  void add_string(const std::string& name, std::string* target, const std::string& help);
+  void add_flag(const std::string& name, bool* target, const std::string& help);
+
+  // Parses argv[first..argc). Returns false when --help was asked for (and printed). Unknown
+  // options and malformed values throw a2d::Error naming the option.
+  bool parse(int argc, char** argv, int first);
+  bool given(const std::string& name) const;
+  std::string help() const;
+
+ private:
+  struct Option {
+    std::string name;
+    std::string help;
+    std::string default_text;
+    bool takes_value = true;
+    std::function<void(const std::string&)> set;
+  };
+  const Option* find(const std::string& name) const;
+
+  std::string usage_;
+  std::string summary_;
+  std::vector<Option> options_;
+  std::vector<std::string> given_;
+};
+
+// One JSON object on one line, keys in insertion order. Non-finite numbers become null.
+class JsonLine {
+ public:
+  JsonLine& add(const std::string& key, const std::string& value);
+  JsonLine& add(const std::string& key, const char* value);
+  JsonLine& add(const std::string& key, int64_t value);
+  JsonLine& add(const std::string& key, int value) { return add(key, static_cast<int64_t>(value)); }
+  JsonLine& add(const std::string& key, double value);
+  JsonLine& add(const std::string& key, bool value);
+  std::string str() const;
+
+ private:
+  void append_key(const std::string& key);
+  std::string body_;
+};
+
+std::string format_double(double value, int precision);
+
+}  // namespace a2d::cli

@@ -1,0 +1,9 @@
+// The a2d subcommands. Each takes the whole argv and the index of its first option, and returns
+// the process exit code: 0 success, 1 a check failed, 2 bad usage (a2d::Error).
+#pragma once
+
+namespace a2d::commands {
+
+int kernel(int argc, char** argv, int first);
+
+}  // namespace a2d::commands

@@ -1,0 +1,74 @@
+// a2d: the attention2d command-line program.
+#include <cstring>
+#include <iostream>
+#include <string>
+
+#include "attention2d/build_info.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/version.hpp"
+#include "commands.hpp"
+
+namespace {
+
+struct Subcommand {
+  const char* name;
+  const char* summary;
+  int (*run)(int argc, char** argv, int first);
+};
+
+int info(int argc, char** argv, int first) {
+  if (argc > first) {
+    const bool asked = !std::strcmp(argv[first], "--help");
+    (asked ? std::cout : std::cerr)
+        << "usage: a2d info\n\nPrints what this build contains (version, MPI, OpenMP, CUDA).\n";
+    return asked ? 0 : 2;
+  }
+  std::cout << a2d::build_info();
+  return 0;
+}
+
+const Subcommand kSubcommands[] = {
+    {"info", "what this build contains: version, MPI library, OpenMP, CUDA devices", info},
+    {"kernel", "run, time and check the local attention kernel on generated inputs",
+     a2d::commands::kernel},
+};
+
+void print_help() {
+  std::cout << "usage: a2d <subcommand> [options]\n\n"
+               "attention2d " A2D_VERSION_STRING
+               ": exact distributed self-attention (ATTENTION2D).\n\nsubcommands:\n";
+  for (const Subcommand& s : kSubcommands) {
+    std::string name = s.name;
+    name.resize(12, ' ');
+    std::cout << "  " << name << s.summary << "\n";
+  }
+  std::cout << "\nRun 'a2d <subcommand> --help' for its options; 'a2d --version' for the version.\n";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
+      !std::strcmp(argv[1], "help")) {
+    print_help();
+    return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    std::cout << "attention2d " A2D_VERSION_STRING "\n";
+    return 0;
+  }
+  for (const Subcommand& s : kSubcommands) {
+    if (std::strcmp(argv[1], s.name) != 0) continue;
+    try {
+      return s.run(argc, argv, 2);
+    } catch (const a2d::Error& e) {
+      std::cerr << "a2d " << s.name << ": " << e.what() << "\n";
+      return 2;
+    } catch (const std::exception& e) {
+      std::cerr << "a2d " << s.name << ": unexpected error: " << e.what() << "\n";
+      return 3;
+    }
+  }
+  std::cerr << "a2d: unknown subcommand '" << argv[1] << "'; run 'a2d --help' for the list\n";
+  return 2;
+}

@@ -1,0 +1,197 @@
+// attention2d: the local (single-process) attention kernel interface.
+//
+// Every distributed algorithm calls these functions on the blocks a rank holds. The kernel
+// knows nothing about ranks: each query row and each key row carries its position in the full
+// sequence, and the mask is a function of those positions, so cyclic, zigzag, striped and
+// gathered layouts all use the same kernel.
+//
+// Shapes (elements; the head dimension is always contiguous):
+//   Q, O, dO, dQ   [batch, q_tokens,  heads,    head_dim]   (TokenView, explicit strides)
+//   K, V, dK, dV   [batch, kv_tokens, kv_heads, head_dim]
+//   LSE, delta     [batch, heads, q_tokens]                  (RowView, explicit strides)
+// Query head h uses K/V head h / (heads / kv_heads) (MHA, GQA, MQA), as FlashAttention and
+// PyTorch's repeat_interleave do.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace a2d {
+
+enum class MaskKind { none, causal, causal_window };
+
+// Which keys a query sees, as a function of global token positions.
+//   none:          every key
+//   causal:        k_pos <= q_pos
+//   causal_window: q_pos - window < k_pos <= q_pos   (window >= 1; window 1 = only itself)
+struct Mask {
+  MaskKind kind = MaskKind::none;
+  int64_t window = 0;
+
+  static Mask none() { return {}; }
+  static Mask causal() { return {MaskKind::causal, 0}; }
+  static Mask causal_window(int64_t window) { return {MaskKind::causal_window, window}; }
+
+  bool is_causal() const { return kind != MaskKind::none; }
+  bool visible(int64_t q_pos, int64_t k_pos) const {
+    switch (kind) {
+      case MaskKind::none: return true;
+      case MaskKind::causal: return k_pos <= q_pos;
+      case MaskKind::causal_window: return k_pos <= q_pos && k_pos > q_pos - window;
+    }
+    return false;
+  }
+  void validate() const;
+  std::string describe() const;  // "none", "causal", "causal-window(W)"
+};
+
+// How a block of queries (positions in [q_min, q_max]) relates to a block of keys.
+enum class BlockVisibility { hidden, partial, full };
+BlockVisibility classify_block(const Mask& mask, int64_t q_min, int64_t q_max, int64_t k_min,
+                               int64_t k_max);
+
+// A [batch, tokens, heads, head_dim] tensor; strides in elements, the head dimension is dense.
+template <typename T>
+struct TokenView {
+  T* data = nullptr;
+  int64_t batch_stride = 0;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+
+  T* at(int64_t batch, int64_t token, int64_t head) const {
+    return data + batch * batch_stride + token * token_stride + head * head_stride;
+  }
+  operator TokenView<const T>() const { return {data, batch_stride, token_stride, head_stride}; }
+};
+
+// A per-row statistic [batch, heads, tokens] (LSE, row max, row sum, delta).
+template <typename T>
+struct RowView {
+  T* data = nullptr;
+  int64_t batch_stride = 0;
+  int64_t head_stride = 0;
+  int64_t token_stride = 0;
+
+  T& at(int64_t batch, int64_t head, int64_t token) const {
+    return data[batch * batch_stride + head * head_stride + token * token_stride];
+  }
+  operator RowView<const T>() const { return {data, batch_stride, head_stride, token_stride}; }
+};
+
+// Dense row-major [batch, tokens, heads, head_dim].
+template <typename T>
+TokenView<T> dense_tokens(T* data, int64_t tokens, int64_t heads, int64_t head_dim) {
+  return {data, tokens * heads * head_dim, heads * head_dim, head_dim};
+}
+// Dense row-major [batch, heads, tokens].
+template <typename T>
+RowView<T> dense_rows(T* data, int64_t heads, int64_t tokens) {
+  return {data, heads * tokens, tokens, 1};
+}
+
+struct AttentionShape {
+  int64_t batch = 1;
+  int64_t heads = 1;
+  int64_t kv_heads = 1;
+  int64_t q_tokens = 0;
+  int64_t kv_tokens = 0;
+  int64_t head_dim = 0;
+
+  int64_t group_size() const { return heads / kv_heads; }  // query heads per K/V head
+  int64_t kv_head_of(int64_t head) const { return head / group_size(); }
+  // Zero tokens are allowed (a rank may own nothing); everything else must be positive and
+  // heads a multiple of kv_heads.
+  void validate() const;
+  std::string describe() const;
+};
+
+float default_scale(int64_t head_dim);  // 1 / sqrt(head_dim)
+
+// Inputs of the forward kernel.
+struct ForwardArgs {
+  AttentionShape shape;
+  Mask mask;
+  float scale = 0.0f;  // softmax scale; must be finite and positive
+  TokenView<const float> q, k, v;
+  // Global positions of the q_tokens query rows and kv_tokens key rows; nullptr = 0, 1, 2, ...
+  // Any order is allowed; increasing positions let more blocks be skipped.
+  const int64_t* q_positions = nullptr;
+  const int64_t* kv_positions = nullptr;
+  int threads = 1;
+};
+
+// The online-softmax state of a set of query rows against a subset of the keys:
+//   row_max = max_j s_ij  (scaled scores; -inf for a row that has seen no key)
+//   row_sum = sum_j exp(s_ij - row_max)
+//   acc     = sum_j exp(s_ij - row_max) * v_j   (unnormalised)
+template <typename T>
+struct PartialState {
+  TokenView<T> acc;
+  RowView<T> row_max;
+  RowView<T> row_sum;
+  operator PartialState<const T>() const { return {acc, row_max, row_sum}; }
+};
+using PartialView = PartialState<float>;
+using ConstPartialView = PartialState<const float>;
+
+// O = softmax(scale Q K^T + mask) V and LSE = log sum_j exp(s_ij) (natural log). A row that sees
+// no key gets O = 0 and LSE = -inf.
+void attention_forward(const ForwardArgs& args, TokenView<float> out, RowView<float> lse);
+
+// The partial triple for merging. With accumulate = false the state is overwritten; with
+// accumulate = true the kernel continues from the state already in `partial` (equivalent to
+// merging its own result into it).
+void attention_forward_partial(const ForwardArgs& args, const PartialView& partial,
+                               bool accumulate);
+
+// Shape of a set of rows for the merge functions: [batch, tokens, heads, head_dim].
+struct RowsShape {
+  int64_t batch = 1;
+  int64_t tokens = 0;
+  int64_t heads = 1;
+  int64_t head_dim = 0;
+};
+
+// into <- merge(into, from). Associative and commutative; rows with no key never produce NaN.
+void merge_partial(const RowsShape& rows, const PartialView& into, const ConstPartialView& from);
+// O = acc / row_sum, LSE = row_max + log(row_sum); empty rows give O = 0, LSE = -inf.
+void finalize_partial(const RowsShape& rows, const ConstPartialView& partial, TokenView<float> out,
+                      RowView<float> lse);
+// The same merge in (O, LSE) form: out_a, lse_a <- merge((out_a, lse_a), (out_b, lse_b)).
+void merge_output(const RowsShape& rows, TokenView<float> out_a, RowView<float> lse_a,
+                  TokenView<const float> out_b, RowView<const float> lse_b);
+
+// delta = rowsum(dO * O), the backward's per-row correction, in [batch, heads, tokens].
+void compute_delta(const RowsShape& rows, TokenView<const float> out, TokenView<const float> d_out,
+                   RowView<float> delta);
+
+// Inputs of the backward kernel.
+struct BackwardArgs {
+  AttentionShape shape;
+  Mask mask;
+  float scale = 0.0f;
+  TokenView<const float> q, k, v;
+  TokenView<const float> d_out;
+  RowView<const float> lse;  // from the forward over *all* keys of these rows
+  // Either delta = rowsum(dO * O) (distributed callers pass the global one) or out, from which
+  // the kernel computes delta. delta takes precedence when its data is not null.
+  RowView<const float> delta;
+  TokenView<const float> out;
+  const int64_t* q_positions = nullptr;
+  const int64_t* kv_positions = nullptr;
+  int threads = 1;
+  // false: dq, dk, dv are overwritten; true: the gradients are added to what they hold
+  // (distributed callers sum partial gradients).
+  bool accumulate = false;
+};
+
+// dQ, dK, dV of sum(O * dO). For GQA, dK and dV sum over the query heads sharing a K/V head.
+void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView<float> dk,
+                        TokenView<float> dv);
+
+// Number of (query, key) pairs the mask leaves visible, per batch and head. This is what the
+// FLOP counts use: forward 4 * pairs * head_dim per head, backward 2.5 times that.
+int64_t count_visible_pairs(const Mask& mask, const int64_t* q_positions, int64_t q_tokens,
+                            const int64_t* kv_positions, int64_t kv_tokens);
+
+}  // namespace a2d

@@ -1,0 +1,48 @@
+// attention2d: NumPy .npy files (format versions 1.0, 2.0 and 3.0).
+//
+// Read: float32 ('<f4') or float64 ('<f8'), C order, little endian. Anything else (bad magic,
+// another dtype, Fortran order, a truncated body, a malformed header) is refused with an
+// a2d::Error that names the file and what is wrong.
+// Write: version 1.0, C order, little endian, through a temporary file renamed into place; an
+// existing file is refused unless overwrite is asked for.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace a2d::npy {
+
+enum class DType { float32, float64 };
+const char* dtype_name(DType dtype);
+
+struct Array {
+  DType dtype = DType::float32;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> bytes;  // little-endian element data, C order
+
+  int64_t element_count() const;
+  std::vector<float> to_float() const;
+  std::vector<double> to_double() const;
+};
+
+// Parses an in-memory .npy image; `name` is used in error messages.
+Array parse(const std::byte* data, std::size_t size, const std::string& name);
+Array read(const std::string& path);
+
+// Throws unless `array.shape` equals `expected`; `what` names the tensor, e.g. "--q".
+void require_shape(const Array& array, const std::vector<int64_t>& expected,
+                   const std::string& what);
+std::string shape_string(const std::vector<int64_t>& shape);
+
+enum class Overwrite { refuse, allow };
+void write(const std::string& path, const std::vector<int64_t>& shape, const float* data,
+           Overwrite overwrite);
+void write(const std::string& path, const std::vector<int64_t>& shape, const double* data,
+           Overwrite overwrite);
+
+// The bytes write() would put in a file, for tests and fuzzing.
+std::vector<std::byte> encode(const std::vector<int64_t>& shape, DType dtype, const void* data);
+
+}  // namespace a2d::npy

@@ -1,0 +1,32 @@
+// attention2d: the plain double-precision attention that every test and --check compares with.
+//
+// Deliberately simple: one query row at a time, every score computed, no tiling. Dense layouts:
+//   q, out, d_out, dq  [batch, q_tokens, heads, head_dim]
+//   k, v, dk, dv       [batch, kv_tokens, kv_heads, head_dim]
+//   lse                [batch, heads, q_tokens]
+#pragma once
+
+#include <cstdint>
+
+#include "attention2d/kernel.hpp"
+
+namespace a2d::reference {
+
+struct Inputs {
+  AttentionShape shape;
+  Mask mask;
+  double scale = 0.0;
+  const double* q = nullptr;
+  const double* k = nullptr;
+  const double* v = nullptr;
+  const int64_t* q_positions = nullptr;  // nullptr = 0, 1, 2, ...
+  const int64_t* kv_positions = nullptr;
+  int threads = 1;
+};
+
+void forward(const Inputs& in, double* out, double* lse);
+
+// Gradients of sum(O * d_out); the reference derives softmax probabilities itself.
+void backward(const Inputs& in, const double* d_out, double* dq, double* dk, double* dv);
+
+}  // namespace a2d::reference

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs everything attention2d needs to build, test and benchmark on Debian 12 (apt-get).
+# Idempotent: packages already present are not reinstalled. Run as root (or with sudo available).
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  libopenmpi-dev openmpi-bin          # the MPI engine of the distributed algorithms
+  libgtest-dev libgmock-dev           # GoogleTest (CTest-registered tests)
+  python3                             # test helpers that parse JSON output
+  clang libclang-rt-14-dev            # libFuzzer and sanitizer runtimes for the fuzz targets
+  gnuplot-nox                         # plots of `a2d model --plot`
+)
+
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$package")
+done
+
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  run=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: run as root or install sudo" >&2; exit 1; }
+    run=(sudo)
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  "${run[@]}" apt-get update -qq
+  "${run[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup: all packages present"
+fi

@@ -1,0 +1,41 @@
+#include "attention2d/build_info.hpp"
+
+#include <sstream>
+
+#include "attention2d/version.hpp"
+
+#ifdef A2D_WITH_MPI
+#include <mpi.h>
+#endif
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace a2d {
+
+std::string build_info() {
+  std::ostringstream out;
+  out << "attention2d " << A2D_VERSION_STRING << "\n";
+  out << "compiler: " << __VERSION__ << " (C++ " << __cplusplus << ")\n";
+#ifdef A2D_WITH_MPI
+  char library[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(library, &length);
+  std::string mpi(library, static_cast<size_t>(length));
+  if (const auto newline = mpi.find('\n'); newline != std::string::npos) mpi.resize(newline);
+  out << "MPI: " << mpi << "\n";
+#else
+  out << "MPI: not built (configure with -DA2D_WITH_MPI=ON)\n";
+#endif
+#ifdef _OPENMP
+  out << "OpenMP: " << _OPENMP << ", up to " << omp_get_max_threads() << " threads\n";
+#endif
+#ifdef A2D_WITH_CUDA
+  out << cuda::describe_devices();
+#else
+  out << "CUDA: not built (configure with -DA2D_WITH_CUDA=ON)\n";
+#endif
+  return out.str();
+}
+
+}  // namespace a2d

@@ -1,0 +1,26 @@
+#include "attention2d/timing.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <numeric>
+
+namespace a2d {
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+Summary summarize(std::vector<double> samples) {
+  Summary s;
+  if (samples.empty()) return s;
+  std::sort(samples.begin(), samples.end());
+  const std::size_t n = samples.size();
+  s.median = n % 2 ? samples[n / 2] : 0.5 * (samples[n / 2 - 1] + samples[n / 2]);
+  s.min = samples.front();
+  s.max = samples.back();
+  s.mean = std::accumulate(samples.begin(), samples.end(), 0.0) / static_cast<double>(n);
+  return s;
+}
+
+}  // namespace a2d

@@ -1,0 +1,193 @@
+// The tiled CPU backward kernel (FlashAttention-2 style, fp32 arithmetic).
+//
+// Work item = (batch, K/V head, key tile). The item owns dK and dV of its key rows, summed over
+// every query head of the K/V head's group and every visible query tile:
+//   P  = exp(scale Q K^T - LSE)          (recomputed, masked entries 0)
+//   dV += P^T dO
+//   dP = dO V^T,  dS = P * (dP - delta)  (delta = rowsum(dO * O))
+//   dK += scale dS^T Q,  dQ += scale dS K
+// dQ rows receive contributions from every key tile, so with several threads each thread adds
+// into its own dQ buffer and the buffers are summed at the end (in thread order: results are
+// deterministic for a given thread count).
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "attention2d/error.hpp"
+#include "attention2d/kernel.hpp"
+#include "tiles.hpp"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+namespace a2d {
+namespace {
+
+constexpr int64_t kBlockQ = 64;
+constexpr int64_t kBlockK = 64;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+struct Workspace {
+  std::vector<float> dk, dv;   // [kBlockK, head_dim] accumulators of the item's key rows
+  std::vector<float> prob;     // P,  [kBlockQ, kBlockK]
+  std::vector<float> d_score;  // dS, [kBlockQ, kBlockK]
+  explicit Workspace(int64_t head_dim)
+      : dk(kBlockK * head_dim), dv(kBlockK * head_dim), prob(kBlockQ * kBlockK),
+        d_score(kBlockQ * kBlockK) {}
+};
+
+float dot(const float* a, const float* b, int64_t n) {
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t d = 0; d < n; ++d) sum += a[d] * b[d];
+  return sum;
+}
+
+void axpy(float alpha, const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
+}
+
+// One (query tile, key tile) block of one query head.
+void backward_block(const BackwardArgs& args, RowView<const float> delta, int64_t b, int64_t h,
+                    const cpu::Tile& qt, const cpu::Tile& kt, BlockVisibility visibility,
+                    TokenView<float> dq, Workspace& ws) {
+  const int64_t dim = args.shape.head_dim;
+  const int64_t kvh = args.shape.kv_head_of(h);
+  const int64_t rows = qt.size();
+  const int64_t cols = kt.size();
+  const float scale = args.scale;
+
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t qi = qt.begin + i;
+    const float lse = args.lse.at(b, h, qi);
+    const float row_delta = delta.at(b, h, qi);
+    const float* q = args.q.at(b, qi, h);
+    const float* g = args.d_out.at(b, qi, h);
+    const int64_t q_pos = cpu::position_of(args.q_positions, qi);
+    float* p = ws.prob.data() + i * kBlockK;
+    float* ds = ws.d_score.data() + i * kBlockK;
+    for (int64_t j = 0; j < cols; ++j) {
+      const int64_t kj = kt.begin + j;
+      const bool visible = visibility == BlockVisibility::full ||
+                           args.mask.visible(q_pos, cpu::position_of(args.kv_positions, kj));
+      // A row with LSE = -inf saw no key at all: it has no probability mass anywhere.
+      if (!visible || lse == kNegInf) {
+        p[j] = ds[j] = 0.0f;
+        continue;
+      }
+      p[j] = std::exp(scale * dot(q, args.k.at(b, kj, kvh), dim) - lse);
+      ds[j] = p[j] * (dot(g, args.v.at(b, kj, kvh), dim) - row_delta);
+    }
+    float* dq_row = dq.at(b, qi, h);
+    for (int64_t j = 0; j < cols; ++j) {
+      if (ds[j] != 0.0f) axpy(scale * ds[j], args.k.at(b, kt.begin + j, kvh), dq_row, dim);
+    }
+  }
+  for (int64_t j = 0; j < cols; ++j) {
+    float* dk = ws.dk.data() + j * dim;
+    float* dv = ws.dv.data() + j * dim;
+    for (int64_t i = 0; i < rows; ++i) {
+      const float p = ws.prob[i * kBlockK + j];
+      if (p == 0.0f) continue;
+      axpy(p, args.d_out.at(b, qt.begin + i, h), dv, dim);
+      axpy(scale * ws.d_score[i * kBlockK + j], args.q.at(b, qt.begin + i, h), dk, dim);
+    }
+  }
+}
+
+void zero_tokens(TokenView<float> view, int64_t batch, int64_t tokens, int64_t heads,
+                 int64_t dim) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t h = 0; h < heads; ++h) std::fill(view.at(b, t, h), view.at(b, t, h) + dim, 0.0f);
+}
+
+}  // namespace
+
+void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView<float> dk,
+                        TokenView<float> dv) {
+  const AttentionShape& shape = args.shape;
+  cpu::check_common(shape, args.mask, args.scale, args.threads);
+  const int64_t dim = shape.head_dim;
+  const RowsShape q_rows{shape.batch, shape.q_tokens, shape.heads, dim};
+  if (shape.q_tokens > 0 && shape.kv_tokens > 0) {
+    A2D_REQUIRE(args.q.data && args.k.data && args.v.data && args.d_out.data && args.lse.data,
+                "backward kernel: Q, K, V, dO and LSE must be set");
+    A2D_REQUIRE(args.delta.data || args.out.data,
+                "backward kernel: pass either delta = rowsum(dO * O) or O itself");
+  }
+
+  // delta, unless the caller supplied it.
+  std::vector<float> own_delta;
+  RowView<const float> delta = args.delta;
+  if (!delta.data && shape.q_tokens > 0 && shape.kv_tokens > 0) {
+    own_delta.resize(static_cast<size_t>(shape.batch * shape.heads * shape.q_tokens));
+    const auto view = dense_rows(own_delta.data(), shape.heads, shape.q_tokens);
+    compute_delta(q_rows, args.out, args.d_out, view);
+    delta = view;
+  }
+
+  if (!args.accumulate) zero_tokens(dq, shape.batch, shape.q_tokens, shape.heads, dim);
+
+  const auto q_tiles = cpu::make_tiles(args.q_positions, shape.q_tokens, kBlockQ);
+  const auto k_tiles = cpu::make_tiles(args.kv_positions, shape.kv_tokens, kBlockK);
+  const int64_t tiles_per_head = static_cast<int64_t>(k_tiles.size());
+  const int64_t items = shape.batch * shape.kv_heads * tiles_per_head;
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(args.threads, items)));
+
+  // Thread 0 adds straight into dq; the others into private dense buffers.
+  const int64_t dq_elements = shape.batch * shape.q_tokens * shape.heads * dim;
+  std::vector<std::vector<float>> private_dq(static_cast<size_t>(threads - 1));
+
+#pragma omp parallel num_threads(threads)
+  {
+    int thread = 0;
+#ifdef _OPENMP
+    thread = omp_get_thread_num();
+#endif
+    TokenView<float> my_dq = dq;
+    if (thread > 0) {
+      private_dq[thread - 1].assign(static_cast<size_t>(dq_elements), 0.0f);
+      my_dq = dense_tokens(private_dq[thread - 1].data(), shape.q_tokens, shape.heads, dim);
+    }
+    Workspace ws(dim);
+#pragma omp for schedule(static, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t t = item % tiles_per_head;
+      const int64_t kvh = (item / tiles_per_head) % shape.kv_heads;
+      const int64_t b = item / (tiles_per_head * shape.kv_heads);
+      const cpu::Tile& kt = k_tiles[t];
+      std::fill(ws.dk.begin(), ws.dk.end(), 0.0f);
+      std::fill(ws.dv.begin(), ws.dv.end(), 0.0f);
+      for (int64_t h = kvh * shape.group_size(); h < (kvh + 1) * shape.group_size(); ++h) {
+        for (const cpu::Tile& qt : q_tiles) {
+          const BlockVisibility visibility = cpu::classify(args.mask, qt, kt);
+          if (visibility == BlockVisibility::hidden) continue;
+          backward_block(args, delta, b, h, qt, kt, visibility, my_dq, ws);
+        }
+      }
+      for (int64_t j = 0; j < kt.size(); ++j) {
+        float* dk_row = dk.at(b, kt.begin + j, kvh);
+        float* dv_row = dv.at(b, kt.begin + j, kvh);
+        const float* dk_acc = ws.dk.data() + j * dim;
+        const float* dv_acc = ws.dv.data() + j * dim;
+        for (int64_t d = 0; d < dim; ++d) {
+          dk_row[d] = (args.accumulate ? dk_row[d] : 0.0f) + dk_acc[d];
+          dv_row[d] = (args.accumulate ? dv_row[d] : 0.0f) + dv_acc[d];
+        }
+      }
+    }
+  }
+
+  for (const auto& buffer : private_dq) {
+    if (buffer.empty()) continue;  // the runtime started fewer threads than asked
+    const auto view = dense_tokens(buffer.data(), shape.q_tokens, shape.heads, dim);
+    for (int64_t b = 0; b < shape.batch; ++b)
+      for (int64_t t = 0; t < shape.q_tokens; ++t)
+        for (int64_t h = 0; h < shape.heads; ++h) axpy(1.0f, view.at(b, t, h), dq.at(b, t, h), dim);
+  }
+}
+
+}  // namespace a2d

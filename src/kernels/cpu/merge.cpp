@@ -1,0 +1,96 @@
+// Merging partial attention results (the paper's ATTNFIX) and the backward's delta.
+//
+//   M = max(M1, M2), E1 = exp(M1 - M), E2 = exp(M2 - M)
+//   acc = E1 acc1 + E2 acc2,  sum = E1 sum1 + E2 sum2
+// An empty side has M = -inf and sum = 0; its weight is defined as 0 (never exp(-inf + inf)).
+#include <cmath>
+#include <limits>
+
+#include "attention2d/kernel.hpp"
+
+namespace a2d {
+namespace {
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+// exp(m - m_max), with an empty side (m = -inf) weighing nothing.
+float weight(float m, float m_max) { return m == kNegInf ? 0.0f : std::exp(m - m_max); }
+}  // namespace
+
+void merge_partial(const RowsShape& rows, const PartialView& into, const ConstPartialView& from) {
+  for (int64_t b = 0; b < rows.batch; ++b) {
+    for (int64_t h = 0; h < rows.heads; ++h) {
+      for (int64_t t = 0; t < rows.tokens; ++t) {
+        const float m_from = from.row_max.at(b, h, t);
+        if (m_from == kNegInf) continue;  // nothing to add
+        float& m_into = into.row_max.at(b, h, t);
+        const float m = std::max(m_into, m_from);
+        const float w_into = weight(m_into, m);
+        const float w_from = std::exp(m_from - m);
+        into.row_sum.at(b, h, t) = w_into * into.row_sum.at(b, h, t) + w_from * from.row_sum.at(b, h, t);
+        float* acc = into.acc.at(b, t, h);
+        const float* other = from.acc.at(b, t, h);
+        for (int64_t d = 0; d < rows.head_dim; ++d) acc[d] = w_into * acc[d] + w_from * other[d];
+        m_into = m;
+      }
+    }
+  }
+}
+
+void finalize_partial(const RowsShape& rows, const ConstPartialView& partial, TokenView<float> out,
+                      RowView<float> lse) {
+  for (int64_t b = 0; b < rows.batch; ++b) {
+    for (int64_t h = 0; h < rows.heads; ++h) {
+      for (int64_t t = 0; t < rows.tokens; ++t) {
+        const float sum = partial.row_sum.at(b, h, t);
+        float* o = out.at(b, t, h);
+        if (sum == 0.0f || partial.row_max.at(b, h, t) == kNegInf) {
+          for (int64_t d = 0; d < rows.head_dim; ++d) o[d] = 0.0f;
+          lse.at(b, h, t) = kNegInf;
+          continue;
+        }
+        const float inverse = 1.0f / sum;
+        const float* acc = partial.acc.at(b, t, h);
+        for (int64_t d = 0; d < rows.head_dim; ++d) o[d] = acc[d] * inverse;
+        lse.at(b, h, t) = partial.row_max.at(b, h, t) + std::log(sum);
+      }
+    }
+  }
+}
+
+void merge_output(const RowsShape& rows, TokenView<float> out_a, RowView<float> lse_a,
+                  TokenView<const float> out_b, RowView<const float> lse_b) {
+  for (int64_t b = 0; b < rows.batch; ++b) {
+    for (int64_t h = 0; h < rows.heads; ++h) {
+      for (int64_t t = 0; t < rows.tokens; ++t) {
+        const float l_b = lse_b.at(b, h, t);
+        if (l_b == kNegInf) continue;
+        float& l_a = lse_a.at(b, h, t);
+        const float m = std::max(l_a, l_b);
+        const float w_a = weight(l_a, m);
+        const float w_b = std::exp(l_b - m);
+        const float total = w_a + w_b;  // >= 1: the larger side has weight 1
+        float* o = out_a.at(b, t, h);
+        const float* other = out_b.at(b, t, h);
+        for (int64_t d = 0; d < rows.head_dim; ++d) o[d] = (w_a * o[d] + w_b * other[d]) / total;
+        l_a = m + std::log(total);
+      }
+    }
+  }
+}
+
+void compute_delta(const RowsShape& rows, TokenView<const float> out, TokenView<const float> d_out,
+                   RowView<float> delta) {
+  for (int64_t b = 0; b < rows.batch; ++b) {
+    for (int64_t t = 0; t < rows.tokens; ++t) {
+      for (int64_t h = 0; h < rows.heads; ++h) {
+        const float* o = out.at(b, t, h);
+        const float* g = d_out.at(b, t, h);
+        double sum = 0.0;  // head_dim terms, accumulated wide: this feeds every dS of the row
+        for (int64_t d = 0; d < rows.head_dim; ++d) sum += static_cast<double>(o[d]) * g[d];
+        delta.at(b, h, t) = static_cast<float>(sum);
+      }
+    }
+  }
+}
+
+}  // namespace a2d

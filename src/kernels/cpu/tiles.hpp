@@ -1,0 +1,49 @@
+// Internal: how the CPU kernels cut query and key rows into tiles, and the argument checks they
+// share.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "attention2d/kernel.hpp"
+
+namespace a2d::cpu {
+
+// A run of consecutive rows [begin, end) and the smallest and largest global position in it.
+struct Tile {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t min_position = 0;
+  int64_t max_position = 0;
+  int64_t size() const { return end - begin; }
+};
+
+inline std::vector<Tile> make_tiles(const int64_t* positions, int64_t rows, int64_t block) {
+  std::vector<Tile> tiles;
+  for (int64_t begin = 0; begin < rows; begin += block) {
+    Tile tile{begin, std::min(rows, begin + block), 0, 0};
+    tile.min_position = positions ? positions[begin] : begin;
+    tile.max_position = tile.min_position;
+    for (int64_t i = begin; i < tile.end; ++i) {
+      const int64_t p = positions ? positions[i] : i;
+      tile.min_position = std::min(tile.min_position, p);
+      tile.max_position = std::max(tile.max_position, p);
+    }
+    tiles.push_back(tile);
+  }
+  return tiles;
+}
+
+inline int64_t position_of(const int64_t* positions, int64_t index) {
+  return positions ? positions[index] : index;
+}
+
+inline BlockVisibility classify(const Mask& mask, const Tile& q, const Tile& k) {
+  return classify_block(mask, q.min_position, q.max_position, k.min_position, k.max_position);
+}
+
+// Shared validation of shape, mask, scale, thread count and the presence of input pointers.
+void check_common(const AttentionShape& shape, const Mask& mask, float scale, int threads);
+
+}  // namespace a2d::cpu

@@ -1,0 +1,131 @@
+#include "attention_case.hpp"
+
+#include <algorithm>
+#include <random>
+#include <sstream>
+
+#include "attention2d/check.hpp"
+#include "attention2d/data.hpp"
+#include "attention2d/reference.hpp"
+
+namespace a2d::test {
+namespace {
+
+const char* positions_name(Positions p) {
+  switch (p) {
+    case Positions::contiguous: return "contiguous";
+    case Positions::strided: return "strided";
+    case Positions::arbitrary: return "arbitrary";
+    case Positions::shuffled: return "shuffled";
+  }
+  return "?";
+}
+
+std::vector<double> widen(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+
+}  // namespace
+
+std::string Case::name() const {
+  std::ostringstream out;
+  out << "B" << batch << "_H" << heads << "_" << kv_heads << "_Nq" << q_tokens << "_Nk"
+      << kv_tokens << "_D" << head_dim << "_"
+      << (mask.kind == MaskKind::causal_window ? "window" + std::to_string(mask.window)
+                                               : mask.describe())
+      << "_" << positions_name(positions)
+      << "_T" << threads;
+  if (amplitude != 1.0f) out << "_amp" << static_cast<int>(amplitude);
+  if (scale > 0) out << "_customscale";
+  return out.str();
+}
+
+std::ostream& operator<<(std::ostream& out, const Case& c) { return out << c.name(); }
+
+Problem make_problem(const Case& c) {
+  Problem p;
+  p.shape = {c.batch, c.heads, c.kv_heads, c.q_tokens, c.kv_tokens, c.head_dim};
+  p.scale = c.scale > 0 ? c.scale : default_scale(c.head_dim);
+  p.q = generate_tokens(c.seed, TensorTag::q, {c.batch, c.q_tokens, c.heads, c.head_dim}, c.amplitude);
+  p.k = generate_tokens(c.seed, TensorTag::k, {c.batch, c.kv_tokens, c.kv_heads, c.head_dim}, c.amplitude);
+  p.v = generate_tokens(c.seed, TensorTag::v, {c.batch, c.kv_tokens, c.kv_heads, c.head_dim});
+  p.d_out = generate_tokens(c.seed, TensorTag::d_out, {c.batch, c.q_tokens, c.heads, c.head_dim});
+
+  std::mt19937_64 rng(c.seed * 7919 + 13);
+  switch (c.positions) {
+    case Positions::contiguous: break;
+    case Positions::strided:
+      for (int64_t i = 0; i < c.q_tokens; ++i) p.q_positions.push_back(3 + 4 * i);
+      for (int64_t j = 0; j < c.kv_tokens; ++j) p.kv_positions.push_back(1 + 4 * j);
+      break;
+    case Positions::arbitrary:
+    case Positions::shuffled: {
+      std::uniform_int_distribution<int64_t> gap(1, 5);
+      int64_t q = 0, k = 0;
+      for (int64_t i = 0; i < c.q_tokens; ++i) p.q_positions.push_back(q += gap(rng));
+      for (int64_t j = 0; j < c.kv_tokens; ++j) p.kv_positions.push_back(k += gap(rng));
+      if (c.positions == Positions::shuffled) {
+        std::shuffle(p.q_positions.begin(), p.q_positions.end(), rng);
+        std::shuffle(p.kv_positions.begin(), p.kv_positions.end(), rng);
+      }
+      break;
+    }
+  }
+  return p;
+}
+
+Errors run_case(const Case& c, bool backward) {
+  const Problem p = make_problem(c);
+  const AttentionShape& s = p.shape;
+  std::vector<float> out(p.q.size()), lse(static_cast<size_t>(s.batch * s.heads * s.q_tokens));
+
+  ForwardArgs fwd;
+  fwd.shape = s;
+  fwd.mask = c.mask;
+  fwd.scale = p.scale;
+  fwd.q = dense_tokens(p.q.data(), s.q_tokens, s.heads, s.head_dim);
+  fwd.k = dense_tokens(p.k.data(), s.kv_tokens, s.kv_heads, s.head_dim);
+  fwd.v = dense_tokens(p.v.data(), s.kv_tokens, s.kv_heads, s.head_dim);
+  fwd.q_positions = p.q_pos();
+  fwd.kv_positions = p.kv_pos();
+  fwd.threads = c.threads;
+  attention_forward(fwd, dense_tokens(out.data(), s.q_tokens, s.heads, s.head_dim),
+                    dense_rows(lse.data(), s.heads, s.q_tokens));
+
+  const std::vector<double> q64 = widen(p.q), k64 = widen(p.k), v64 = widen(p.v);
+  reference::Inputs in{s, c.mask, static_cast<double>(p.scale), q64.data(), k64.data(), v64.data(),
+                       p.q_pos(), p.kv_pos(), 2};
+  std::vector<double> out64(out.size()), lse64(lse.size());
+  reference::forward(in, out64.data(), lse64.data());
+
+  Errors e;
+  e.out = relative_error(out.data(), out64.data(), static_cast<int64_t>(out.size()));
+  e.lse = relative_error(lse.data(), lse64.data(), static_cast<int64_t>(lse.size()));
+  if (!backward) return e;
+
+  std::vector<float> dq(p.q.size()), dk(p.k.size()), dv(p.v.size());
+  BackwardArgs bwd;
+  bwd.shape = s;
+  bwd.mask = c.mask;
+  bwd.scale = p.scale;
+  bwd.q = fwd.q;
+  bwd.k = fwd.k;
+  bwd.v = fwd.v;
+  bwd.out = dense_tokens(out.data(), s.q_tokens, s.heads, s.head_dim);
+  bwd.d_out = dense_tokens(p.d_out.data(), s.q_tokens, s.heads, s.head_dim);
+  bwd.lse = dense_rows(lse.data(), s.heads, s.q_tokens);
+  bwd.q_positions = p.q_pos();
+  bwd.kv_positions = p.kv_pos();
+  bwd.threads = c.threads;
+  attention_backward(bwd, dense_tokens(dq.data(), s.q_tokens, s.heads, s.head_dim),
+                     dense_tokens(dk.data(), s.kv_tokens, s.kv_heads, s.head_dim),
+                     dense_tokens(dv.data(), s.kv_tokens, s.kv_heads, s.head_dim));
+
+  const std::vector<double> do64 = widen(p.d_out);
+  std::vector<double> dq64(dq.size()), dk64(dk.size()), dv64(dv.size());
+  reference::backward(in, do64.data(), dq64.data(), dk64.data(), dv64.data());
+  e.dq = relative_error(dq.data(), dq64.data(), static_cast<int64_t>(dq.size()));
+  e.dk = relative_error(dk.data(), dk64.data(), static_cast<int64_t>(dk.size()));
+  e.dv = relative_error(dv.data(), dv64.data(), static_cast<int64_t>(dv.size()));
+  return e;
+}
+
+}  // namespace a2d::test

@@ -1,0 +1,59 @@
+// Test helper: one attention problem, run through the fp32 kernel and the fp64 reference, with
+// the relative error of every output.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "attention2d/kernel.hpp"
+
+namespace a2d::test {
+
+// How the global positions of query and key rows are laid out.
+enum class Positions {
+  contiguous,  // 0, 1, 2, ... (nullptr)
+  strided,     // queries 3 + 4i, keys 1 + 4j (like one rank of a cyclic layout)
+  arbitrary,   // increasing with random gaps, queries and keys interleaved
+  shuffled,    // arbitrary, then shuffled: no order at all
+};
+
+struct Case {
+  int64_t batch = 1;
+  int64_t heads = 1;
+  int64_t kv_heads = 1;
+  int64_t q_tokens = 64;
+  int64_t kv_tokens = 64;
+  int64_t head_dim = 64;
+  Mask mask;
+  Positions positions = Positions::contiguous;
+  int threads = 1;
+  float amplitude = 1.0f;  // scales Q and K: larger values make the softmax peakier
+  float scale = 0.0f;      // 0: 1/sqrt(head_dim)
+  uint64_t seed = 7;
+
+  std::string name() const;
+};
+std::ostream& operator<<(std::ostream& out, const Case& c);
+
+struct Errors {
+  double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;
+};
+
+// Generated inputs and positions of a case.
+struct Problem {
+  AttentionShape shape;
+  std::vector<float> q, k, v, d_out;
+  std::vector<int64_t> q_positions, kv_positions;  // empty = contiguous
+  float scale = 0;
+
+  const int64_t* q_pos() const { return q_positions.empty() ? nullptr : q_positions.data(); }
+  const int64_t* kv_pos() const { return kv_positions.empty() ? nullptr : kv_positions.data(); }
+};
+Problem make_problem(const Case& c);
+
+// Runs forward (and backward when asked) in fp32 and fp64 and compares.
+Errors run_case(const Case& c, bool backward);
+
+}  // namespace a2d::test

@@ -1,0 +1,119 @@
+// The fp32 CPU kernels against the fp64 reference: O, LSE, dQ, dK, dV separately, each within
+// kFp32RelativeBound (relative Frobenius error), over sequence lengths, head dims, head ratios
+// (MHA, GQA, MQA), masks, position layouts, Nq != Nk, batch > 1 and thread counts.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "attention2d/check.hpp"
+#include "attention_case.hpp"
+
+namespace a2d::test {
+namespace {
+
+std::vector<Mask> all_masks(int64_t window) {
+  return {Mask::none(), Mask::causal(), Mask::causal_window(window)};
+}
+
+std::vector<Case> kernel_cases() {
+  std::vector<Case> cases;
+  // Head ratios 1:1, 8:8, 12:4 (GQA), 8:1 (MQA) x every mask; 150 rows cut tiles raggedly.
+  for (const auto& [h, hkv] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {8, 8}, {12, 4}, {8, 1}}) {
+    for (const Mask& m : all_masks(17)) {
+      Case c;
+      c.batch = 2;
+      c.heads = h;
+      c.kv_heads = hkv;
+      c.q_tokens = c.kv_tokens = 150;
+      c.head_dim = 64;
+      c.mask = m;
+      cases.push_back(c);
+    }
+  }
+  // Head dims, including 80 and 96 (not powers of two) and 256.
+  for (const int64_t d : {32, 64, 80, 96, 128, 256}) {
+    for (const Mask& m : all_masks(33)) {
+      Case c;
+      c.heads = 2;
+      c.kv_heads = 1;
+      c.q_tokens = c.kv_tokens = 100;
+      c.head_dim = d;
+      c.mask = m;
+      cases.push_back(c);
+    }
+  }
+  // Sequence lengths 1, 7, 64, 1000, 4096.
+  for (const int64_t n : {1, 7, 64, 1000, 4096}) {
+    for (const Mask& m : all_masks(n >= 1000 ? 300 : 3)) {
+      Case c;
+      c.heads = n >= 4096 ? 1 : 4;
+      c.kv_heads = n >= 4096 ? 1 : 2;
+      c.q_tokens = c.kv_tokens = n;
+      c.head_dim = n >= 4096 ? 32 : 64;
+      c.mask = m;
+      cases.push_back(c);
+    }
+  }
+  // Strided, arbitrary and unordered positions; Nq != Nk both ways; GQA 12:4 at D = 80.
+  for (const Positions p : {Positions::strided, Positions::arbitrary, Positions::shuffled}) {
+    for (const Mask& m : all_masks(40)) {
+      for (const auto& [nq, nk] : std::vector<std::pair<int64_t, int64_t>>{{300, 200}, {70, 333}}) {
+        Case c;
+        c.heads = 12;
+        c.kv_heads = 4;
+        c.q_tokens = nq;
+        c.kv_tokens = nk;
+        c.head_dim = 80;
+        c.mask = m;
+        c.positions = p;
+        cases.push_back(c);
+      }
+    }
+  }
+  // Contiguous Nq != Nk, batch 3, two threads, peaky softmax (large scores), custom scale.
+  for (const Mask& m : all_masks(25)) {
+    Case c;
+    c.batch = 3;
+    c.heads = 6;
+    c.kv_heads = 2;
+    c.q_tokens = 333;
+    c.kv_tokens = 130;
+    c.head_dim = 96;
+    c.mask = m;
+    c.threads = 2;
+    cases.push_back(c);
+    c.amplitude = 3.0f;
+    c.threads = 1;
+    cases.push_back(c);
+    c.amplitude = 1.0f;
+    c.scale = 0.5f;
+    c.q_tokens = 97;
+    c.positions = Positions::arbitrary;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+class KernelTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(KernelTest, ForwardAndBackwardMatchFp64Reference) {
+  const Errors e = run_case(GetParam(), /*backward=*/true);
+  EXPECT_LE(e.out, kFp32RelativeBound) << "O";
+  EXPECT_LE(e.lse, kFp32RelativeBound) << "LSE";
+  EXPECT_LE(e.dq, kFp32RelativeBound) << "dQ";
+  EXPECT_LE(e.dk, kFp32RelativeBound) << "dK";
+  EXPECT_LE(e.dv, kFp32RelativeBound) << "dV";
+  for (const auto& [name, value] : {std::pair{"err_o", e.out}, {"err_lse", e.lse}, {"err_dq", e.dq},
+                                    {"err_dk", e.dk}, {"err_dv", e.dv}}) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3e", value);
+    RecordProperty(name, text);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix, KernelTest, ::testing::ValuesIn(kernel_cases()),
+                         [](const auto& p) { return p.param.name() + "_" + std::to_string(p.index); });
+
+}  // namespace
+}  // namespace a2d::test
