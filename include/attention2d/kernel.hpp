@@ -154,6 +154,9 @@ struct RowsShape {
 
 // into <- merge(into, from). Associative and commutative; rows with no key never produce NaN.
 void merge_partial(const RowsShape& rows, const PartialView& into, const ConstPartialView& from);
+// The same merge on flat records [row max, row sum, acc(record - 2)], `count` of them: the wire
+// format of partial results in the distributed algorithms.
+void merge_partial_records(float* into, const float* from, int64_t count, int64_t record);
 // O = acc / row_sum, LSE = row_max + log(row_sum); empty rows give O = 0, LSE = -inf.
 void finalize_partial(const RowsShape& rows, const ConstPartialView& partial, TokenView<float> out,
                       RowView<float> lse);

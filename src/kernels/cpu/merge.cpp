@@ -36,6 +36,14 @@ void merge_partial(const RowsShape& rows, const PartialView& into, const ConstPa
   }
 }
 
+void merge_partial_records(float* into, const float* from, int64_t count, int64_t record) {
+  const RowsShape rows{1, count, 1, record - 2};
+  const PartialView into_view{{into + 2, 0, record, 0}, {into, 0, 0, record}, {into + 1, 0, 0, record}};
+  const ConstPartialView from_view{
+      {from + 2, 0, record, 0}, {from, 0, 0, record}, {from + 1, 0, 0, record}};
+  merge_partial(rows, into_view, from_view);
+}
+
 void finalize_partial(const RowsShape& rows, const ConstPartialView& partial, TokenView<float> out,
                       RowView<float> lse) {
   for (int64_t b = 0; b < rows.batch; ++b) {

@@ -1,0 +1,100 @@
+// attention2d: distributed attention, the entry points a training framework calls.
+//
+//   Problem  the global attention problem (batch, heads, K/V heads, sequence, head dim, mask,
+//            scale): identical on every rank.
+//   Plan     how to distribute it (algorithm, grid R x C, token layout, kernel threads).
+//   DistributedAttention
+//            built collectively from both; its layout() says which global tokens each rank's
+//            shards hold. forward() takes this rank's Q, K, V shards and returns its O and LSE
+//            shards; backward() takes Q, K, V, O, LSE and dO shards and returns dQ, dK, dV.
+//            Between the two only these N/P-sized shards are kept (by the caller).
+//
+// Shards are [batch, local tokens, heads, head_dim] (TokenView; any strides) and LSE is
+// [batch, heads, local tokens] (RowView), with the local tokens in the order layout() lists them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "attention2d/comm.hpp"
+#include "attention2d/grid.hpp"
+#include "attention2d/kernel.hpp"
+#include "attention2d/layout.hpp"
+
+namespace a2d {
+
+enum class Algorithm { attention2d, attention2d_overlap, ring, allgather_kv, ulysses };
+
+Algorithm parse_algorithm(const std::string& name);  // throws a2d::Error naming the choices
+std::string algorithm_name(Algorithm algorithm);
+
+struct Problem {
+  int64_t batch = 1;
+  int64_t heads = 1;
+  int64_t kv_heads = 1;
+  int64_t seq = 0;
+  int64_t head_dim = 0;
+  Mask mask;
+  float scale = 0.0f;  // 0: 1/sqrt(head_dim)
+
+  float softmax_scale() const;
+  void validate() const;  // throws a2d::Error saying what to change
+  std::string describe() const;
+  // Shape of a local kernel call on q_tokens x kv_tokens rows of this problem.
+  AttentionShape local_shape(int64_t q_tokens, int64_t kv_tokens) const;
+};
+
+struct Plan {
+  Algorithm algorithm = Algorithm::attention2d;
+  GridShape grid;                         // ATTENTION2D: R x C; other algorithms: 1 x P
+  LayoutKind layout = LayoutKind::cyclic;  // the shard layout of Q, K, V, O (and gradients)
+  int64_t stripe = 1;                     // stripe width of the striped layout
+  // ATTENTION2D: exchange K/V into the paper's row-major cyclic layout before the column
+  // gathers (true), or gather K/V where they already are (false, one exchange less; see
+  // docs/attention2d.md).
+  bool kv_transpose = true;
+  int threads = 1;  // kernel threads per rank
+
+  std::string describe() const;
+};
+
+// The plan an algorithm uses when only the algorithm is chosen: ATTENTION2D on the most square
+// grid with the cyclic layout; Ring with zigzag (causal) or contiguous; and so on.
+Plan default_plan(Algorithm algorithm, const Problem& problem, int ranks);
+// Throws unless the plan can run `problem` on `ranks` ranks (grid size, layout allowed for the
+// algorithm, Ulysses head divisibility), with a message saying what to change.
+void check_plan(const Plan& plan, const Problem& problem, int ranks);
+
+struct ForwardShards {
+  TokenView<const float> q, k, v;
+  TokenView<float> out;
+  RowView<float> lse;
+};
+
+struct BackwardShards {
+  TokenView<const float> q, k, v, out, d_out;
+  RowView<const float> lse;
+  TokenView<float> dq, dk, dv;
+};
+
+class DistributedAttention {
+ public:
+  virtual ~DistributedAttention() = default;
+  DistributedAttention() = default;
+  DistributedAttention(const DistributedAttention&) = delete;
+  DistributedAttention& operator=(const DistributedAttention&) = delete;
+
+  virtual const Problem& problem() const = 0;
+  virtual const Plan& plan() const = 0;
+  // Which global tokens each world rank's shards hold (parts = world ranks).
+  virtual const TokenLayout& layout() const = 0;
+  virtual void forward(const ForwardShards& shards) = 0;
+  virtual void backward(const BackwardShards& shards) = 0;
+};
+
+// Collective over `world`: every rank passes the same problem and plan.
+std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, const Plan& plan,
+                                                     Communicator& world);
+
+}  // namespace a2d

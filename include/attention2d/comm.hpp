@@ -1,0 +1,174 @@
+// attention2d: the communicator interface every distributed algorithm is written against.
+//
+// Data are fp32 buffers; counts are in floats unless a `record` size is given. Each operation
+// has a non-blocking form returning a Request and a blocking form that waits for it. MPI
+// implements the interface (mpi_comm.hpp); a CountingCommunicator wraps any implementation and
+// records the bytes and messages this rank sends, per phase.
+//
+// Counting convention (docs/cost-model.md): each collective is charged what this rank sends in
+// the bandwidth-optimal ring schedule for it, which is also what the cost model assumes; a block
+// that is empty (a rank owning no token) is not sent and costs no message:
+//   all_gather      every block except the one of rank+1 (ring: own block first, then forward
+//                   what arrives from rank-1), one message per non-empty block
+//   reduce_scatter  every block except the rank's own, one message per non-empty block
+//   all_to_all      one message per other rank with a non-empty block; those blocks
+//   send_recv       one message with the send buffer, unless sent to itself or empty
+//   broadcast       the root is charged one message with the buffer
+//   all_reduce      2(P-1) messages, 2(P-1) * ceil(count / P) elements (reduce-scatter +
+//                   all-gather)
+// Messages and bytes to oneself are local copies and count as zero.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+
+namespace a2d {
+
+// How reduce_scatter and all_reduce combine contributions.
+//   sum, max:         element-wise
+//   attention_merge:  records of `record` floats [row max, row sum, acc(record - 2)], merged as
+//                     partial attention results (merge_partial in kernel.hpp)
+enum class Reduction { sum, max, attention_merge };
+
+// A posted non-blocking operation. wait() completes it; destroying a Request that was not
+// waited for waits for it.
+class Request {
+ public:
+  virtual ~Request() = default;
+  virtual void wait() = 0;
+};
+using RequestPtr = std::unique_ptr<Request>;
+
+// A request that is already complete (operations on one rank, empty transfers).
+RequestPtr completed_request();
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  Communicator() = default;
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Ranks with the same color form a new communicator, ordered by key (as MPI_Comm_split).
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+
+  // Rank i contributes counts[i] floats; recv receives all contributions in rank order
+  // (sum(counts) floats). `send` may point into recv at this rank's own offset.
+  virtual RequestPtr all_gather_async(const float* send, float* recv,
+                                      std::span<const int64_t> counts) = 0;
+  // send holds sum(counts) records, block i (counts[i] records of `record` floats) destined for
+  // rank i; recv receives counts[rank()] records, reduced over every rank's block.
+  virtual RequestPtr reduce_scatter_async(const float* send, float* recv,
+                                          std::span<const int64_t> counts, int64_t record,
+                                          Reduction reduction) = 0;
+  // Sends send_count floats to `dest` and receives recv_count floats from `source`. Both sides
+  // must agree on the counts; a zero count posts nothing. Concurrent exchanges between the same
+  // ranks are told apart by `tag`.
+  virtual RequestPtr send_recv_async(const float* send, int64_t send_count, int dest, float* recv,
+                                     int64_t recv_count, int source, int tag = 0) = 0;
+  // Block i of send (send_counts[i] floats) goes to rank i; block j of recv comes from rank j.
+  virtual RequestPtr all_to_all_async(const float* send, std::span<const int64_t> send_counts,
+                                      float* recv, std::span<const int64_t> recv_counts) = 0;
+
+  // Copies `bytes` bytes from `root` to every rank (used to distribute inputs and references,
+  // never inside an algorithm).
+  virtual void broadcast(void* data, int64_t bytes, int root) = 0;
+  virtual void all_reduce(float* data, int64_t count, Reduction reduction) = 0;
+  virtual void all_reduce(double* data, int64_t count, Reduction reduction) = 0;
+  virtual void all_reduce(int64_t* data, int64_t count, Reduction reduction) = 0;
+  virtual void barrier() = 0;
+  // Lets outstanding non-blocking operations advance (MPI progresses only inside MPI calls);
+  // called by long computations between tiles.
+  virtual void progress() {}
+
+  // Names the phase that following operations are charged to (see CountingCommunicator).
+  virtual void set_phase(const std::string& /*phase*/) {}
+
+  void all_gather(const float* send, float* recv, std::span<const int64_t> counts) {
+    all_gather_async(send, recv, counts)->wait();
+  }
+  void reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts,
+                      int64_t record, Reduction reduction) {
+    reduce_scatter_async(send, recv, counts, record, reduction)->wait();
+  }
+  void send_recv(const float* send, int64_t send_count, int dest, float* recv, int64_t recv_count,
+                 int source, int tag = 0) {
+    send_recv_async(send, send_count, dest, recv, recv_count, source, tag)->wait();
+  }
+  void all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
+                  std::span<const int64_t> recv_counts) {
+    all_to_all_async(send, send_counts, recv, recv_counts)->wait();
+  }
+};
+
+// Bytes and messages this rank sent, by phase name.
+struct Traffic {
+  int64_t bytes = 0;
+  int64_t messages = 0;
+};
+
+class TrafficLog {
+ public:
+  void add(const std::string& phase, int64_t bytes, int64_t messages);
+  const std::map<std::string, Traffic>& phases() const { return phases_; }
+  // Sum over the phases whose name starts with `prefix` ("" = everything).
+  Traffic total(const std::string& prefix = "") const;
+  void clear() { phases_.clear(); }
+
+ private:
+  std::map<std::string, Traffic> phases_;
+};
+
+// Forwards every operation to `inner` and charges it to the current phase of a shared log
+// (shared so the world, row and column communicators of a grid add into one log).
+class CountingCommunicator : public Communicator {
+ public:
+  CountingCommunicator(std::unique_ptr<Communicator> inner, std::shared_ptr<TrafficLog> log,
+                       std::shared_ptr<std::string> phase = nullptr);
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::unique_ptr<Communicator> split(int color, int key) override;
+  RequestPtr all_gather_async(const float* send, float* recv,
+                              std::span<const int64_t> counts) override;
+  RequestPtr reduce_scatter_async(const float* send, float* recv, std::span<const int64_t> counts,
+                                  int64_t record, Reduction reduction) override;
+  RequestPtr send_recv_async(const float* send, int64_t send_count, int dest, float* recv,
+                             int64_t recv_count, int source, int tag = 0) override;
+  RequestPtr all_to_all_async(const float* send, std::span<const int64_t> send_counts, float* recv,
+                              std::span<const int64_t> recv_counts) override;
+  void broadcast(void* data, int64_t bytes, int root) override;
+  void all_reduce(float* data, int64_t count, Reduction reduction) override;
+  void all_reduce(double* data, int64_t count, Reduction reduction) override;
+  void all_reduce(int64_t* data, int64_t count, Reduction reduction) override;
+  void barrier() override { inner_->barrier(); }
+  void progress() override { inner_->progress(); }
+  void set_phase(const std::string& phase) override;
+
+  const TrafficLog& log() const { return *log_; }
+
+ private:
+  void charge(int64_t bytes, int64_t messages);
+  void charge_all_reduce(int64_t count, int64_t element_bytes);
+
+  std::unique_ptr<Communicator> inner_;
+  std::shared_ptr<TrafficLog> log_;
+  std::shared_ptr<std::string> phase_;
+};
+
+// Ring-schedule charges of the counting convention above (elements as given in counts); shared
+// with the cost model.
+struct RingCharge {
+  int64_t elements = 0;
+  int64_t messages = 0;
+};
+RingCharge ring_all_gather_charge(std::span<const int64_t> counts, int rank);
+RingCharge ring_reduce_scatter_charge(std::span<const int64_t> counts, int rank);
+
+}  // namespace a2d

@@ -1,0 +1,65 @@
+// attention2d: which global tokens each part (rank) owns. Pure functions, no MPI.
+//
+// A layout splits the N tokens of a sequence among P parts. Every token belongs to exactly one
+// part; parts may own different numbers of tokens (N not a multiple of P) or none (N < P). Each
+// part's tokens are listed in increasing global order, which is the order of its shard.
+//
+//   cyclic      token t -> part t mod P                       (ATTENTION2D's initial layout)
+//   striped(w)  stripes of w tokens dealt round-robin:         part (t / w) mod P
+//   contiguous  consecutive blocks; the first N mod P parts get one extra token
+//   zigzag      2P near-equal chunks; part p gets chunks p and 2P-1-p (balances causal work)
+//
+// Example, N = 10, P = 3:
+//   cyclic      part 0: 0 3 6 9   part 1: 1 4 7     part 2: 2 5 8
+//   striped(2)  part 0: 0 1 6 7   part 1: 2 3 8 9   part 2: 4 5
+//   contiguous  part 0: 0 1 2 3   part 1: 4 5 6     part 2: 7 8 9
+//   zigzag      chunks {0,1} {2,3} {4,5} {6,7} {8} {9}:
+//               part 0: 0 1 9     part 1: 2 3 8     part 2: 4 5 6 7
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace a2d {
+
+enum class LayoutKind { cyclic, striped, contiguous, zigzag };
+
+LayoutKind parse_layout(const std::string& name);  // throws a2d::Error naming the choices
+std::string layout_name(LayoutKind kind);
+
+class TokenLayout {
+ public:
+  // stripe is the stripe width of `striped` (>= 1) and ignored otherwise.
+  TokenLayout(LayoutKind kind, int64_t tokens, int64_t parts, int64_t stripe = 1);
+
+  LayoutKind kind() const { return kind_; }
+  int64_t tokens() const { return tokens_; }
+  int64_t parts() const { return parts_; }
+  int64_t stripe() const { return stripe_; }
+
+  int64_t count(int64_t part) const;         // tokens owned by `part`
+  int64_t max_count() const;                 // the largest count(part)
+  std::vector<int64_t> tokens_of(int64_t part) const;  // increasing global indices
+
+  struct Owner {
+    int64_t part;
+    int64_t index;  // position within the part's shard
+  };
+  Owner owner(int64_t token) const;
+  // Global index of the `index`-th token of `part` (inverse of owner()).
+  int64_t token_at(int64_t part, int64_t index) const;
+
+  std::string describe() const;
+
+ private:
+  int64_t chunk_begin(int64_t chunk) const;  // zigzag: first token of chunk (of 2P)
+  int64_t chunk_size(int64_t chunk) const;
+
+  LayoutKind kind_;
+  int64_t tokens_;
+  int64_t parts_;
+  int64_t stripe_;
+};
+
+}  // namespace a2d

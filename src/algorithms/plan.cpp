@@ -1,0 +1,130 @@
+// Problems, plans and the algorithm factory.
+#include <cmath>
+#include <sstream>
+
+#include "algorithms.hpp"
+#include "attention2d/attention.hpp"
+#include "attention2d/error.hpp"
+
+namespace a2d {
+
+Algorithm parse_algorithm(const std::string& name) {
+  if (name == "attention2d") return Algorithm::attention2d;
+  if (name == "attention2d-overlap") return Algorithm::attention2d_overlap;
+  if (name == "ring") return Algorithm::ring;
+  if (name == "allgather-kv") return Algorithm::allgather_kv;
+  if (name == "ulysses") return Algorithm::ulysses;
+  A2D_FAIL("unknown algorithm '", name,
+           "'; choose attention2d, attention2d-overlap, ring, allgather-kv or ulysses");
+}
+
+std::string algorithm_name(Algorithm algorithm) {
+  switch (algorithm) {
+    case Algorithm::attention2d: return "attention2d";
+    case Algorithm::attention2d_overlap: return "attention2d-overlap";
+    case Algorithm::ring: return "ring";
+    case Algorithm::allgather_kv: return "allgather-kv";
+    case Algorithm::ulysses: return "ulysses";
+  }
+  return "?";
+}
+
+float Problem::softmax_scale() const { return scale > 0 ? scale : default_scale(head_dim); }
+
+void Problem::validate() const {
+  A2D_REQUIRE(seq >= 1, "the sequence length must be at least 1 (got ", seq, ")");
+  local_shape(seq, seq).validate();
+  mask.validate();
+  A2D_REQUIRE(std::isfinite(scale) && scale >= 0,
+              "the softmax scale must be positive (or 0 for 1/sqrt(head_dim)); got ", scale);
+}
+
+std::string Problem::describe() const {
+  std::ostringstream out;
+  out << "batch=" << batch << " heads=" << heads << " kv_heads=" << kv_heads << " seq=" << seq
+      << " head_dim=" << head_dim << " mask=" << mask.describe() << " scale=" << softmax_scale();
+  return out.str();
+}
+
+AttentionShape Problem::local_shape(int64_t q_tokens, int64_t kv_tokens) const {
+  return {batch, heads, kv_heads, q_tokens, kv_tokens, head_dim};
+}
+
+std::string Plan::describe() const {
+  std::ostringstream out;
+  out << algorithm_name(algorithm) << " grid=" << grid.describe() << " layout=" << layout_name(layout);
+  if (layout == LayoutKind::striped) out << "(" << stripe << ")";
+  if (algorithm == Algorithm::attention2d || algorithm == Algorithm::attention2d_overlap) {
+    out << " kv_transpose=" << (kv_transpose ? "yes" : "no");
+  }
+  out << " threads=" << threads;
+  return out.str();
+}
+
+Plan default_plan(Algorithm algorithm, const Problem& problem, int ranks) {
+  Plan plan;
+  plan.algorithm = algorithm;
+  switch (algorithm) {
+    case Algorithm::attention2d:
+    case Algorithm::attention2d_overlap:
+      plan.grid = default_grid(ranks);
+      plan.layout = LayoutKind::cyclic;
+      break;
+    case Algorithm::ring:
+      plan.grid = {1, ranks};
+      plan.layout = problem.mask.is_causal() ? LayoutKind::zigzag : LayoutKind::contiguous;
+      break;
+    case Algorithm::allgather_kv:
+      plan.grid = {1, ranks};
+      plan.layout = problem.mask.is_causal() ? LayoutKind::zigzag : LayoutKind::contiguous;
+      break;
+    case Algorithm::ulysses:
+      plan.grid = {1, ranks};
+      plan.layout = LayoutKind::contiguous;
+      break;
+  }
+  return plan;
+}
+
+void check_plan(const Plan& plan, const Problem& problem, int ranks) {
+  A2D_REQUIRE(plan.threads >= 1, "the kernel thread count must be at least 1 (got ", plan.threads,
+              ")");
+  A2D_REQUIRE(plan.stripe >= 1, "the stripe width must be at least 1 (got ", plan.stripe, ")");
+  const std::string algo = algorithm_name(plan.algorithm);
+  switch (plan.algorithm) {
+    case Algorithm::attention2d:
+    case Algorithm::attention2d_overlap:
+      check_grid(plan.grid, ranks);
+      A2D_REQUIRE(plan.layout == LayoutKind::cyclic, algo, " shards the sequence cyclically (token t "
+                  "on rank t mod P); --layout ", layout_name(plan.layout), " is not supported");
+      break;
+    case Algorithm::ring:
+    case Algorithm::allgather_kv:
+    case Algorithm::ulysses:
+      A2D_REQUIRE(plan.grid.rows == 1 && plan.grid.cols == ranks, algo,
+                  " runs on all ranks as one group; --grid applies to attention2d only (got ",
+                  plan.grid.describe(), " for ", ranks, " ranks)");
+      break;
+  }
+  (void)problem;
+}
+
+std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, const Plan& plan,
+                                                     Communicator& world) {
+  problem.validate();
+  check_plan(plan, problem, world.size());
+  switch (plan.algorithm) {
+    case Algorithm::attention2d:
+    case Algorithm::attention2d_overlap:
+      return algorithms::make_attention2d(problem, plan, world);
+    case Algorithm::ring:
+    case Algorithm::allgather_kv:
+    case Algorithm::ulysses:
+      break;
+  }
+  A2D_FAIL("the algorithm ", algorithm_name(plan.algorithm),
+           " is not implemented yet (tracked by the baselines issue); use attention2d or "
+           "attention2d-overlap");
+}
+
+}  // namespace a2d

@@ -1,0 +1,69 @@
+// Internal: the token-major record buffers that distributed algorithms send.
+//
+// A record buffer holds [tokens, batch, heads, record] floats: one record per (token, batch,
+// head), tokens outermost, so that concatenating the buffers of several ranks (an all-gather)
+// is again a record buffer whose rows are the union of their tokens. A record packs several
+// per-row quantities side by side, e.g. K and V as [k(D) v(D)], or a partial attention result
+// as [row max, row sum, acc(D)].
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "attention2d/kernel.hpp"
+
+namespace a2d::algorithms {
+
+struct RecordLayout {
+  int64_t batch = 1;
+  int64_t heads = 1;
+  int64_t record = 1;  // floats per (token, batch, head)
+
+  int64_t per_token() const { return batch * heads * record; }
+  int64_t floats(int64_t tokens) const { return tokens * per_token(); }
+
+  // The [batch, tokens, heads, width] tensor stored at `offset` inside each record.
+  template <typename T>
+  TokenView<T> tokens(T* base, int64_t offset) const {
+    return {base + offset, heads * record, batch * heads * record, record};
+  }
+  // The [batch, heads, tokens] statistic stored at `offset` inside each record.
+  template <typename T>
+  RowView<T> rows(T* base, int64_t offset) const {
+    return {base + offset, heads * record, record, batch * heads * record};
+  }
+};
+
+// Copies `width` floats per row of a [batch, tokens, heads, width] view into the records at
+// `offset`.
+inline void pack(TokenView<const float> from, int64_t tokens, int64_t width, const RecordLayout& to,
+                 float* base, int64_t offset) {
+  const TokenView<float> dst = to.tokens(base, offset);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t b = 0; b < to.batch; ++b)
+      for (int64_t h = 0; h < to.heads; ++h) std::copy_n(from.at(b, t, h), width, dst.at(b, t, h));
+}
+
+inline void unpack(const RecordLayout& from, const float* base, int64_t offset, int64_t tokens,
+                   int64_t width, TokenView<float> to) {
+  const TokenView<const float> src = from.tokens(base, offset);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t b = 0; b < from.batch; ++b)
+      for (int64_t h = 0; h < from.heads; ++h) std::copy_n(src.at(b, t, h), width, to.at(b, t, h));
+}
+
+inline void pack_rows(RowView<const float> from, int64_t tokens, const RecordLayout& to,
+                      float* base, int64_t offset) {
+  const RowView<float> dst = to.rows(base, offset);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t b = 0; b < to.batch; ++b)
+      for (int64_t h = 0; h < to.heads; ++h) dst.at(b, h, t) = from.at(b, h, t);
+}
+
+// Element-wise sum of `count` floats: into += from.
+inline void add_into(float* into, const float* from, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) into[i] += from[i];
+}
+
+}  // namespace a2d::algorithms

@@ -1,0 +1,226 @@
+#include "attention2d/harness.hpp"
+
+#include <algorithm>
+
+#include "attention2d/check.hpp"
+#include "attention2d/data.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/reference.hpp"
+
+namespace a2d {
+namespace {
+
+// Copies the rows of `tokens` (global indices) between a global [batch, seq, heads, dim] tensor
+// and a dense shard [batch, n, heads, dim].
+void copy_rows(const Problem& p, int64_t heads, const std::vector<int64_t>& tokens,
+               const float* from, float* to, bool global_to_shard) {
+  const int64_t row = heads * p.head_dim;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t global = (b * p.seq + tokens[i]) * row;
+      const int64_t local = (b * n + i) * row;
+      if (global_to_shard) {
+        std::copy_n(from + global, row, to + local);
+      } else {
+        std::copy_n(from + local, row, to + global);
+      }
+    }
+  }
+}
+
+// The same for [batch, heads, tokens] statistics.
+void copy_stats(const Problem& p, const std::vector<int64_t>& tokens, const float* shard,
+                float* global) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t i = 0; i < n; ++i)
+        global[(b * p.heads + h) * p.seq + tokens[i]] = shard[(b * p.heads + h) * n + i];
+}
+
+size_t elements(const Problem& p, int64_t tokens, int64_t heads) {
+  return static_cast<size_t>(p.batch * tokens * heads * p.head_dim);
+}
+
+}  // namespace
+
+GlobalTensors generate_global(const Problem& p, uint64_t seed, bool with_d_out) {
+  GlobalTensors g;
+  const GlobalTokens q_shape{p.batch, p.seq, p.heads, p.head_dim};
+  const GlobalTokens kv_shape{p.batch, p.seq, p.kv_heads, p.head_dim};
+  g.q = generate_tokens(seed, TensorTag::q, q_shape);
+  g.k = generate_tokens(seed, TensorTag::k, kv_shape);
+  g.v = generate_tokens(seed, TensorTag::v, kv_shape);
+  if (with_d_out) g.d_out = generate_tokens(seed, TensorTag::d_out, q_shape);
+  return g;
+}
+
+ForwardShards ShardSet::forward(const Problem& p) {
+  return {dense_tokens<const float>(q.data(), tokens, p.heads, p.head_dim),
+          dense_tokens<const float>(k.data(), tokens, p.kv_heads, p.head_dim),
+          dense_tokens<const float>(v.data(), tokens, p.kv_heads, p.head_dim),
+          dense_tokens(out.data(), tokens, p.heads, p.head_dim),
+          dense_rows(lse.data(), p.heads, tokens)};
+}
+
+BackwardShards ShardSet::backward(const Problem& p) {
+  return {dense_tokens<const float>(q.data(), tokens, p.heads, p.head_dim),
+          dense_tokens<const float>(k.data(), tokens, p.kv_heads, p.head_dim),
+          dense_tokens<const float>(v.data(), tokens, p.kv_heads, p.head_dim),
+          dense_tokens<const float>(out.data(), tokens, p.heads, p.head_dim),
+          dense_tokens<const float>(d_out.data(), tokens, p.heads, p.head_dim),
+          dense_rows<const float>(lse.data(), p.heads, tokens),
+          dense_tokens(dq.data(), tokens, p.heads, p.head_dim),
+          dense_tokens(dk.data(), tokens, p.kv_heads, p.head_dim),
+          dense_tokens(dv.data(), tokens, p.kv_heads, p.head_dim)};
+}
+
+ShardSet make_shards(const Problem& p, const TokenLayout& layout, int64_t part, uint64_t seed,
+                     bool generate, bool backward) {
+  ShardSet s;
+  const std::vector<int64_t> tokens = layout.tokens_of(part);
+  s.tokens = static_cast<int64_t>(tokens.size());
+  s.q.resize(elements(p, s.tokens, p.heads));
+  s.k.resize(elements(p, s.tokens, p.kv_heads));
+  s.v.resize(s.k.size());
+  s.out.resize(s.q.size());
+  s.lse.resize(static_cast<size_t>(p.batch * p.heads * s.tokens));
+  if (backward) {
+    s.d_out.resize(s.q.size());
+    s.dq.resize(s.q.size());
+    s.dk.resize(s.k.size());
+    s.dv.resize(s.k.size());
+  }
+  if (!generate) return s;
+  const GlobalTokens q_shape{p.batch, p.seq, p.heads, p.head_dim};
+  const GlobalTokens kv_shape{p.batch, p.seq, p.kv_heads, p.head_dim};
+  const int64_t* list = tokens.data();
+  fill_generated(seed, TensorTag::q, q_shape, list, s.tokens,
+                 dense_tokens(s.q.data(), s.tokens, p.heads, p.head_dim));
+  fill_generated(seed, TensorTag::k, kv_shape, list, s.tokens,
+                 dense_tokens(s.k.data(), s.tokens, p.kv_heads, p.head_dim));
+  fill_generated(seed, TensorTag::v, kv_shape, list, s.tokens,
+                 dense_tokens(s.v.data(), s.tokens, p.kv_heads, p.head_dim));
+  if (backward) {
+    fill_generated(seed, TensorTag::d_out, q_shape, list, s.tokens,
+                   dense_tokens(s.d_out.data(), s.tokens, p.heads, p.head_dim));
+  }
+  return s;
+}
+
+void scatter_inputs(Communicator& comm, int root, const Problem& p, const TokenLayout& layout,
+                    const GlobalTensors& global, ShardSet& shards, bool backward) {
+  struct Tensor {
+    const std::vector<float>* global;
+    std::vector<float>* shard;
+    int64_t heads;
+  };
+  std::vector<Tensor> tensors = {{&global.q, &shards.q, p.heads},
+                                 {&global.k, &shards.k, p.kv_heads},
+                                 {&global.v, &shards.v, p.kv_heads}};
+  if (backward) tensors.push_back({&global.d_out, &shards.d_out, p.heads});
+  for (const Tensor& t : tensors) {
+    for (int part = 0; part < comm.size(); ++part) {
+      if (comm.rank() == root) {
+        std::vector<float> buffer(elements(p, layout.count(part), t.heads));
+        copy_rows(p, t.heads, layout.tokens_of(part), t.global->data(), buffer.data(), true);
+        if (part == root) {
+          *t.shard = std::move(buffer);
+        } else {
+          comm.send_recv(buffer.data(), static_cast<int64_t>(buffer.size()), part, nullptr, 0, root);
+        }
+      } else if (comm.rank() == part) {
+        comm.send_recv(nullptr, 0, root, t.shard->data(), static_cast<int64_t>(t.shard->size()), root);
+      }
+    }
+  }
+}
+
+GlobalOutputs gather_outputs(Communicator& comm, int root, const Problem& p,
+                             const TokenLayout& layout, const ShardSet& shards, bool backward) {
+  GlobalOutputs g;
+  struct Tensor {
+    const std::vector<float>* shard;
+    std::vector<float>* global;
+    int64_t heads;
+    bool stats;
+  };
+  std::vector<Tensor> tensors = {{&shards.out, &g.out, p.heads, false},
+                                 {&shards.lse, &g.lse, p.heads, true}};
+  if (backward) {
+    tensors.push_back({&shards.dq, &g.dq, p.heads, false});
+    tensors.push_back({&shards.dk, &g.dk, p.kv_heads, false});
+    tensors.push_back({&shards.dv, &g.dv, p.kv_heads, false});
+  }
+  for (const Tensor& t : tensors) {
+    if (comm.rank() == root) {
+      t.global->resize(t.stats ? static_cast<size_t>(p.batch * p.heads * p.seq)
+                               : elements(p, p.seq, t.heads));
+    }
+    for (int part = 0; part < comm.size(); ++part) {
+      const int64_t n = layout.count(part);
+      const size_t size = t.stats ? static_cast<size_t>(p.batch * p.heads * n) : elements(p, n, t.heads);
+      if (comm.rank() == root) {
+        std::vector<float> buffer(size);
+        if (part == root) {
+          buffer = *t.shard;
+        } else {
+          comm.send_recv(nullptr, 0, part, buffer.data(), static_cast<int64_t>(size), part);
+        }
+        const std::vector<int64_t> tokens = layout.tokens_of(part);
+        if (t.stats) {
+          copy_stats(p, tokens, buffer.data(), t.global->data());
+        } else {
+          copy_rows(p, t.heads, tokens, buffer.data(), t.global->data(), false);
+        }
+      } else if (comm.rank() == part) {
+        comm.send_recv(t.shard->data(), static_cast<int64_t>(size), root, nullptr, 0, root);
+      }
+    }
+  }
+  return g;
+}
+
+ReferenceOutputs reference_outputs(const Problem& p, const GlobalTensors& in, bool backward,
+                                   int threads) {
+  const std::vector<double> q(in.q.begin(), in.q.end()), k(in.k.begin(), in.k.end()),
+      v(in.v.begin(), in.v.end());
+  const reference::Inputs inputs{p.local_shape(p.seq, p.seq), p.mask,
+                                 static_cast<double>(p.softmax_scale()), q.data(), k.data(),
+                                 v.data(), nullptr, nullptr, threads};
+  ReferenceOutputs r;
+  r.out.resize(q.size());
+  r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.seq));
+  reference::forward(inputs, r.out.data(), r.lse.data());
+  if (backward) {
+    A2D_REQUIRE(in.d_out.size() == in.q.size(), "the backward reference needs dO");
+    const std::vector<double> d_out(in.d_out.begin(), in.d_out.end());
+    r.dq.resize(q.size());
+    r.dk.resize(k.size());
+    r.dv.resize(v.size());
+    reference::backward(inputs, d_out.data(), r.dq.data(), r.dk.data(), r.dv.data());
+  }
+  return r;
+}
+
+double OutputErrors::max() const { return std::max({out, lse, dq, dk, dv}); }
+
+OutputErrors compare_outputs(const GlobalOutputs& got, const ReferenceOutputs& expected,
+                             bool backward) {
+  auto error = [](const std::vector<float>& g, const std::vector<double>& e) {
+    A2D_REQUIRE(g.size() == e.size(), "output of ", g.size(), " elements compared with ", e.size());
+    return relative_error(g.data(), e.data(), static_cast<int64_t>(g.size()));
+  };
+  OutputErrors errors;
+  errors.out = error(got.out, expected.out);
+  errors.lse = error(got.lse, expected.lse);
+  if (backward) {
+    errors.dq = error(got.dq, expected.dq);
+    errors.dk = error(got.dk, expected.dk);
+    errors.dv = error(got.dv, expected.dv);
+  }
+  return errors;
+}
+
+}  // namespace a2d

@@ -1,0 +1,129 @@
+#include "attention2d/layout.hpp"
+
+#include <algorithm>
+
+#include "attention2d/error.hpp"
+
+namespace a2d {
+
+LayoutKind parse_layout(const std::string& name) {
+  if (name == "cyclic") return LayoutKind::cyclic;
+  if (name == "striped") return LayoutKind::striped;
+  if (name == "contiguous") return LayoutKind::contiguous;
+  if (name == "zigzag") return LayoutKind::zigzag;
+  A2D_FAIL("unknown layout '", name, "'; choose cyclic, striped, contiguous or zigzag");
+}
+
+std::string layout_name(LayoutKind kind) {
+  switch (kind) {
+    case LayoutKind::cyclic: return "cyclic";
+    case LayoutKind::striped: return "striped";
+    case LayoutKind::contiguous: return "contiguous";
+    case LayoutKind::zigzag: return "zigzag";
+  }
+  return "?";
+}
+
+TokenLayout::TokenLayout(LayoutKind kind, int64_t tokens, int64_t parts, int64_t stripe)
+    : kind_(kind), tokens_(tokens), parts_(parts), stripe_(kind == LayoutKind::cyclic ? 1 : stripe) {
+  A2D_REQUIRE(tokens >= 0, "a layout needs a non-negative token count (got ", tokens, ")");
+  A2D_REQUIRE(parts >= 1, "a layout needs at least one part (got ", parts, ")");
+  A2D_REQUIRE(stripe_ >= 1, "the stripe width must be at least 1 (got ", stripe, ")");
+}
+
+int64_t TokenLayout::chunk_begin(int64_t chunk) const {
+  const int64_t chunks = 2 * parts_;
+  const int64_t base = tokens_ / chunks, extra = tokens_ % chunks;
+  return chunk * base + std::min(chunk, extra);
+}
+
+int64_t TokenLayout::chunk_size(int64_t chunk) const {
+  const int64_t chunks = 2 * parts_;
+  return tokens_ / chunks + (chunk < tokens_ % chunks ? 1 : 0);
+}
+
+int64_t TokenLayout::count(int64_t part) const {
+  A2D_REQUIRE(part >= 0 && part < parts_, "part ", part, " is outside 0..", parts_ - 1);
+  switch (kind_) {
+    case LayoutKind::cyclic:
+    case LayoutKind::striped: {
+      const int64_t round = stripe_ * parts_;
+      const int64_t full = tokens_ / round, rest = tokens_ % round;
+      return full * stripe_ + std::clamp<int64_t>(rest - part * stripe_, 0, stripe_);
+    }
+    case LayoutKind::contiguous:
+      return tokens_ / parts_ + (part < tokens_ % parts_ ? 1 : 0);
+    case LayoutKind::zigzag:
+      return chunk_size(part) + chunk_size(2 * parts_ - 1 - part);
+  }
+  return 0;
+}
+
+int64_t TokenLayout::max_count() const {
+  int64_t best = 0;
+  for (int64_t p = 0; p < parts_; ++p) best = std::max(best, count(p));
+  return best;
+}
+
+int64_t TokenLayout::token_at(int64_t part, int64_t index) const {
+  switch (kind_) {
+    case LayoutKind::cyclic:
+    case LayoutKind::striped:
+      return (index / stripe_) * stripe_ * parts_ + part * stripe_ + index % stripe_;
+    case LayoutKind::contiguous: {
+      const int64_t base = tokens_ / parts_, extra = tokens_ % parts_;
+      return part * base + std::min(part, extra) + index;
+    }
+    case LayoutKind::zigzag: {
+      const int64_t first = chunk_size(part);
+      return index < first ? chunk_begin(part) + index
+                           : chunk_begin(2 * parts_ - 1 - part) + (index - first);
+    }
+  }
+  return -1;
+}
+
+std::vector<int64_t> TokenLayout::tokens_of(int64_t part) const {
+  const int64_t n = count(part);
+  std::vector<int64_t> list(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) list[i] = token_at(part, i);
+  return list;
+}
+
+TokenLayout::Owner TokenLayout::owner(int64_t token) const {
+  A2D_REQUIRE(token >= 0 && token < tokens_, "token ", token, " is outside 0..", tokens_ - 1);
+  switch (kind_) {
+    case LayoutKind::cyclic:
+    case LayoutKind::striped: {
+      const int64_t stripe_index = token / stripe_;
+      return {stripe_index % parts_, (stripe_index / parts_) * stripe_ + token % stripe_};
+    }
+    case LayoutKind::contiguous: {
+      const int64_t base = tokens_ / parts_, extra = tokens_ % parts_;
+      // The first `extra` parts own base + 1 tokens.
+      const int64_t boundary = extra * (base + 1);
+      if (token < boundary) return {token / (base + 1), token % (base + 1)};
+      return {extra + (token - boundary) / base, (token - boundary) % base};
+    }
+    case LayoutKind::zigzag: {
+      const int64_t chunks = 2 * parts_;
+      const int64_t base = tokens_ / chunks, extra = tokens_ % chunks;
+      const int64_t boundary = extra * (base + 1);
+      const int64_t chunk =
+          token < boundary ? token / (base + 1) : extra + (token - boundary) / base;
+      const int64_t offset = token - chunk_begin(chunk);
+      if (chunk < parts_) return {chunk, offset};
+      const int64_t part = chunks - 1 - chunk;
+      return {part, chunk_size(part) + offset};
+    }
+  }
+  return {-1, -1};
+}
+
+std::string TokenLayout::describe() const {
+  std::string text = layout_name(kind_);
+  if (kind_ == LayoutKind::striped) text += "(" + std::to_string(stripe_) + ")";
+  return text + " over " + std::to_string(parts_) + " parts, " + std::to_string(tokens_) + " tokens";
+}
+
+}  // namespace a2d

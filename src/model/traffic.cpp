@@ -1,0 +1,96 @@
+// Words and messages per rank, phase by phase. The formulas follow the algorithms' schedules and
+// the counting convention of comm.hpp (ring charges; empty blocks are not sent); see
+// docs/attention2d.md for their derivation and closed forms.
+#include <numeric>
+#include <vector>
+
+#include "attention2d/decomposition.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/model.hpp"
+
+namespace a2d {
+namespace {
+
+std::vector<int64_t> times(const std::vector<int64_t>& tokens, int64_t per_token) {
+  std::vector<int64_t> out(tokens);
+  for (auto& x : out) x *= per_token;
+  return out;
+}
+
+Traffic ring(const RingCharge& charge) { return {4 * charge.elements, charge.messages}; }
+
+Traffic point_to_point(int64_t floats, bool to_self) {
+  if (to_self || floats == 0) return {0, 0};
+  return {4 * floats, 1};
+}
+
+std::map<std::string, Traffic> attention2d_traffic(const Problem& p, const Plan& plan, int rank) {
+  const Attention2DRank at = attention2d_rank(p, plan, rank);
+  const int64_t d = p.head_dim;
+  const int64_t q_token = p.batch * p.heads;       // query rows per token
+  const int64_t kv_token = p.batch * p.kv_heads;   // K/V rows per token
+  const int64_t held_kv = at.col_counts[static_cast<size_t>(at.row)];
+  const bool overlap = plan.algorithm == Algorithm::attention2d_overlap;
+  const Traffic transpose_in = point_to_point(at.own_tokens * kv_token * 2 * d, at.kv_dest == rank);
+  const Traffic transpose_out = point_to_point(held_kv * kv_token * 2 * d, at.kv_source == rank);
+  // The K/V gather, the Q gather and the merge are the same ring charges whether they run as
+  // collectives (no-overlap) or as point-to-point rings (overlapped).
+  const Traffic kv_gather = ring(ring_all_gather_charge(times(at.col_counts, kv_token * 2 * d), at.row));
+  const auto q_gather = [&](int64_t record) {
+    return ring(ring_all_gather_charge(times(at.row_counts, q_token * record), at.col));
+  };
+  const auto row_reduce = [&](int64_t record) {
+    return ring(ring_reduce_scatter_charge(times(at.row_counts, q_token * record), at.col));
+  };
+  const Traffic dkv_reduce =
+      ring(ring_reduce_scatter_charge(times(at.col_counts, kv_token * 2 * d), at.row));
+
+  std::map<std::string, Traffic> phases;
+  phases["forward.kv_transpose"] = transpose_in;
+  phases["backward.kv_transpose"] = transpose_in;
+  phases["backward.dkv_transpose"] = transpose_out;
+  phases["backward.dkv_reduce_scatter"] = dkv_reduce;
+  if (overlap) {
+    phases["forward.kv_ring"] = kv_gather;
+    phases["forward.q_ring"] = q_gather(d);
+    phases["forward.partial_ring"] = row_reduce(d + 2);
+    phases["backward.kv_ring"] = kv_gather;
+    phases["backward.q_ring"] = q_gather(2 * d + 2);
+    phases["backward.dq_ring"] = row_reduce(d);
+  } else {
+    phases["forward.kv_allgather"] = kv_gather;
+    phases["forward.q_allgather"] = q_gather(d);
+    phases["forward.merge_reduce_scatter"] = row_reduce(d + 2);
+    phases["backward.kv_allgather"] = kv_gather;
+    phases["backward.q_allgather"] = q_gather(2 * d + 2);
+    phases["backward.dq_reduce_scatter"] = row_reduce(d);
+  }
+  return phases;
+}
+
+}  // namespace
+
+std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Plan& plan, int rank) {
+  switch (plan.algorithm) {
+    case Algorithm::attention2d:
+    case Algorithm::attention2d_overlap:
+      return attention2d_traffic(problem, plan, rank);
+    case Algorithm::ring:
+    case Algorithm::allgather_kv:
+    case Algorithm::ulysses:
+      break;
+  }
+  A2D_FAIL("no traffic model for ", algorithm_name(plan.algorithm), " yet");
+}
+
+Traffic predicted_total(const std::map<std::string, Traffic>& phases, const std::string& prefix) {
+  Traffic sum;
+  for (const auto& [name, t] : phases) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    sum.bytes += t.bytes;
+    sum.messages += t.messages;
+  }
+  return sum;
+}
+
+}  // namespace a2d
