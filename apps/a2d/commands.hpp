@@ -5,5 +5,6 @@
 namespace a2d::commands {
 
 int kernel(int argc, char** argv, int first);
+int run(int argc, char** argv, int first);  // needs MPI
 
 }  // namespace a2d::commands

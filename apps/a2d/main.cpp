@@ -31,6 +31,10 @@ const Subcommand kSubcommands[] = {
     {"info", "what this build contains: version, MPI library, OpenMP, CUDA devices", info},
     {"kernel", "run, time and check the local attention kernel on generated inputs",
      a2d::commands::kernel},
+#ifdef A2D_WITH_MPI_COMMANDS
+    {"run", "distributed attention under mpiexec: time, bytes sent, --check, .npy in and out",
+     a2d::commands::run},
+#endif
 };
 
 void print_help() {

@@ -32,3 +32,9 @@ class MpiSession {
 };
 
 }  // namespace a2d
+
+namespace a2d {
+// A barrier on `comm` that waits without spinning: ranks that arrive early sleep between polls,
+// leaving the cores to a rank that is still computing (ranks may outnumber cores).
+void sleeping_barrier(MPI_Comm comm);
+}  // namespace a2d

@@ -3,6 +3,8 @@
 #include "attention2d/mpi_comm.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <climits>
 #include <cstring>
 #include <functional>
@@ -245,6 +247,16 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
   MPI_Comm copy;
   A2D_MPI(MPI_Comm_dup(comm, &copy));
   return std::make_unique<MpiCommunicator>(copy);
+}
+
+void sleeping_barrier(MPI_Comm comm) {
+  MPI_Request request;
+  A2D_MPI(MPI_Ibarrier(comm, &request));
+  for (int done = 0;;) {
+    A2D_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(500));
+  }
 }
 
 MpiSession::MpiSession(int* argc, char*** argv) {

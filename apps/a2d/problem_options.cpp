@@ -1,0 +1,58 @@
+#include "problem_options.hpp"
+
+#include "attention2d/error.hpp"
+
+namespace a2d::cli {
+
+void ProblemOptions::declare(Options& options) {
+  options.add_int("--batch", &batch, "batch size B");
+  options.add_int("--heads", &heads, "query heads H");
+  options.add_int("--kv-heads", &kv_heads, "key/value heads; H must be a multiple (0 = --heads)");
+  options.add_int("--seq", &seq, "sequence length N");
+  options.add_int("--head-dim", &head_dim, "head dimension D");
+  options.add_flag("--causal", &causal, "causal mask (key position <= query position)");
+  options.add_int("--window", &window,
+                  "causal with a window of W tokens: q - W < k <= q (implies --causal; 0 = none)");
+  options.add_double("--scale", &scale, "softmax scale (0 = 1/sqrt(D))");
+}
+
+Problem ProblemOptions::problem() const {
+  A2D_REQUIRE(window >= 0, "--window must be >= 1 (or 0 for no window), got ", window);
+  A2D_REQUIRE(scale >= 0, "--scale must be positive (or 0 for 1/sqrt(D)), got ", scale);
+  Problem p;
+  p.batch = batch;
+  p.heads = heads;
+  p.kv_heads = kv_heads == 0 ? heads : kv_heads;
+  p.seq = seq;
+  p.head_dim = head_dim;
+  p.mask = window > 0 ? Mask::causal_window(window) : (causal ? Mask::causal() : Mask::none());
+  p.scale = static_cast<float>(scale);
+  p.validate();
+  return p;
+}
+
+void PlanOptions::declare(Options& options) {
+  options.add_string("--algo", &algo,
+                     "attention2d, attention2d-overlap, ring, allgather-kv or ulysses");
+  options.add_string("--grid", &grid, "process grid RxC of ATTENTION2D (default: the most square)");
+  options.add_string("--layout", &layout,
+                     "token layout: cyclic, striped, contiguous or zigzag (default: the algorithm's)");
+  options.add_int("--stripe", &stripe, "stripe width of the striped layout");
+  options.add_flag("--no-kv-transpose", &no_kv_transpose,
+                   "ATTENTION2D: gather K/V where they are instead of the paper's transpose");
+  options.add_int("--threads", &threads, "kernel threads per rank");
+}
+
+Plan PlanOptions::plan(const Problem& problem, int ranks) const {
+  Plan p = default_plan(parse_algorithm(algo), problem, ranks);
+  if (!grid.empty()) p.grid = parse_grid(grid);
+  if (!layout.empty()) p.layout = parse_layout(layout);
+  p.stripe = stripe;
+  p.kv_transpose = !no_kv_transpose;
+  A2D_REQUIRE(threads >= 1 && threads <= 1024, "--threads must be between 1 and 1024, got ", threads);
+  p.threads = static_cast<int>(threads);
+  check_plan(p, problem, ranks);
+  return p;
+}
+
+}  // namespace a2d::cli

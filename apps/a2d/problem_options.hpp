@@ -1,0 +1,38 @@
+// Options shared by the distributed subcommands (run, bench, model, plan): the problem and the
+// plan, declared once.
+#pragma once
+
+#include <string>
+
+#include "attention2d/attention.hpp"
+#include "cli.hpp"
+
+namespace a2d::cli {
+
+struct ProblemOptions {
+  int64_t batch = 1;
+  int64_t heads = 8;
+  int64_t kv_heads = 0;  // 0: same as heads
+  int64_t seq = 4096;
+  int64_t head_dim = 64;
+  int64_t window = 0;
+  double scale = 0.0;
+  bool causal = false;
+
+  void declare(Options& options);
+  Problem problem() const;  // validated
+};
+
+struct PlanOptions {
+  std::string algo = "attention2d";
+  std::string grid;    // "" = the algorithm's default
+  std::string layout;  // "" = the algorithm's default
+  int64_t stripe = 1;
+  int64_t threads = 1;
+  bool no_kv_transpose = false;
+
+  void declare(Options& options);
+  Plan plan(const Problem& problem, int ranks) const;  // checked against the problem and ranks
+};
+
+}  // namespace a2d::cli

@@ -1,0 +1,238 @@
+// a2d run: one distributed attention job under mpiexec, with its report.
+//
+//   mpirun -np P a2d run --algo attention2d --grid RxC --seq N --heads H --head-dim D
+//          [--causal] [--backward] [--check] [--json] [--q q.npy --k k.npy --v v.npy [--do do.npy]]
+//          [--out DIR [--force]]
+#include <mpi.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+#include "attention2d/attention.hpp"
+#include "attention2d/check.hpp"
+#include "attention2d/collective.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/harness.hpp"
+#include "attention2d/mpi_comm.hpp"
+#include "attention2d/npy.hpp"
+#include "attention2d/timing.hpp"
+#include "commands.hpp"
+#include "problem_options.hpp"
+#include "run_support.hpp"
+
+namespace a2d::commands {
+namespace {
+
+struct RunOptions {
+  cli::ProblemOptions problem;
+  cli::PlanOptions plan;
+  bool backward = false;
+  bool check = false;
+  bool json = false;
+  bool force = false;
+  std::string q_file, k_file, v_file, do_file, out_dir;
+  int64_t seed = 42;
+  int64_t warmup = 1;
+  int64_t iters = 3;
+};
+
+// Rank 0 reads the input files; every rank learns the problem sizes from them.
+void load_inputs(Communicator& world, RunOptions& o, GlobalTensors& global) {
+  int64_t sizes[5] = {0, 0, 0, 0, 0};  // batch, seq, heads, kv_heads, head_dim
+  collective_check(world, [&] {
+    if (world.rank() != 0) return;
+    A2D_REQUIRE(!o.k_file.empty() && !o.v_file.empty(), "--q needs --k and --v as well");
+    A2D_REQUIRE(o.do_file.empty() || o.backward, "--do is the gradient of O: it needs --backward");
+    A2D_REQUIRE(!o.backward || !o.do_file.empty(),
+                "--backward with input files needs --do (the gradient of O)");
+    const npy::Array q = npy::read(o.q_file);
+    A2D_REQUIRE(q.shape.size() == 4, "--q ", o.q_file, " has shape ", npy::shape_string(q.shape),
+                "; it must be [batch, seq, heads, head_dim]");
+    const npy::Array k = npy::read(o.k_file);
+    A2D_REQUIRE(k.shape.size() == 4, "--k ", o.k_file, " has shape ", npy::shape_string(k.shape),
+                "; it must be [batch, seq, kv_heads, head_dim]");
+    const int64_t batch = q.shape[0], seq = q.shape[1], heads = q.shape[2], dim = q.shape[3];
+    const int64_t kv_heads = k.shape[2];
+    npy::require_shape(k, {batch, seq, kv_heads, dim}, "--k");
+    const npy::Array v = npy::read(o.v_file);
+    npy::require_shape(v, {batch, seq, kv_heads, dim}, "--v");
+    global.q = q.to_float();
+    global.k = k.to_float();
+    global.v = v.to_float();
+    if (!o.do_file.empty()) {
+      const npy::Array d_out = npy::read(o.do_file);
+      npy::require_shape(d_out, q.shape, "--do");
+      global.d_out = d_out.to_float();
+    }
+    const int64_t from_files[5] = {batch, seq, heads, kv_heads, dim};
+    std::copy(from_files, from_files + 5, sizes);
+  });
+  world.broadcast(sizes, sizeof sizes, 0);
+  o.problem.batch = sizes[0];
+  o.problem.seq = sizes[1];
+  o.problem.heads = sizes[2];
+  o.problem.kv_heads = sizes[3];
+  o.problem.head_dim = sizes[4];
+}
+
+std::vector<std::string> output_names(bool backward) {
+  std::vector<std::string> names = {"o.npy", "lse.npy"};
+  if (backward) names.insert(names.end(), {"dq.npy", "dk.npy", "dv.npy"});
+  return names;
+}
+
+// Before any work: the output directory exists (or is created), is writable, and holds none of
+// the output files unless --force.
+void prepare_output_dir(const RunOptions& o) {
+  if (::mkdir(o.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+    A2D_FAIL("cannot create the output directory ", o.out_dir, ": ", std::strerror(errno));
+  }
+  A2D_REQUIRE(::access(o.out_dir.c_str(), W_OK | X_OK) == 0, "the output directory ", o.out_dir,
+              " is not writable: ", std::strerror(errno));
+  if (o.force) return;
+  for (const std::string& name : output_names(o.backward)) {
+    const std::string path = o.out_dir + "/" + name;
+    A2D_REQUIRE(::access(path.c_str(), F_OK) != 0, path,
+                " already exists; pass --force to overwrite it or choose another --out");
+  }
+}
+
+void write_outputs(const RunOptions& o, const Problem& p, const GlobalOutputs& g) {
+  const auto overwrite = o.force ? npy::Overwrite::allow : npy::Overwrite::refuse;
+  const std::vector<int64_t> q_shape = {p.batch, p.seq, p.heads, p.head_dim};
+  const std::vector<int64_t> kv_shape = {p.batch, p.seq, p.kv_heads, p.head_dim};
+  struct File {
+    std::string name;
+    std::vector<int64_t> shape;
+    const std::vector<float>* data;
+  };
+  std::vector<File> files = {{"o.npy", q_shape, &g.out}, {"lse.npy", {p.batch, p.heads, p.seq}, &g.lse}};
+  if (o.backward) {
+    files.push_back({"dq.npy", q_shape, &g.dq});
+    files.push_back({"dk.npy", kv_shape, &g.dk});
+    files.push_back({"dv.npy", kv_shape, &g.dv});
+  }
+  for (const File& f : files) npy::write(o.out_dir + "/" + f.name, f.shape, f.data->data(), overwrite);
+}
+
+}  // namespace
+
+int run(int argc, char** argv, int first) {
+  MpiSession mpi(&argc, &argv);
+  auto log = std::make_shared<TrafficLog>();
+  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  return run_collectively(world, [&]() -> int {
+    RunOptions o;
+    cli::Options options(
+        "a2d run [options]",
+        "Runs distributed attention on every rank of the MPI job (start it with mpiexec) and\n"
+        "reports the slowest rank's time, the bytes each rank sent and, with --check, the error\n"
+        "of every output against a single-process fp64 reference.");
+    o.problem.declare(options);
+    o.plan.declare(options);
+    options.add_flag("--backward", &o.backward, "also run and time the backward pass");
+    options.add_string("--q", &o.q_file, "Q as .npy [batch, seq, heads, head_dim] (float32/64)");
+    options.add_string("--k", &o.k_file, "K as .npy [batch, seq, kv_heads, head_dim]");
+    options.add_string("--v", &o.v_file, "V as .npy [batch, seq, kv_heads, head_dim]");
+    options.add_string("--do", &o.do_file, "dO as .npy [batch, seq, heads, head_dim] (with --backward)");
+    options.add_string("--out", &o.out_dir, "write o.npy, lse.npy (dq, dk, dv.npy) here, global order");
+    options.add_flag("--force", &o.force, "overwrite existing output files");
+    options.add_flag("--check", &o.check, "compare every output with the fp64 reference; exit 1 over the bound");
+    options.add_flag("--json", &o.json, "one JSON object per line instead of the report");
+    options.add_int("--seed", &o.seed, "seed of the generated inputs");
+    options.add_int("--warmup", &o.warmup, "untimed iterations");
+    options.add_int("--iters", &o.iters, "timed iterations; the median is reported");
+    bool asked_help = false;
+    collective_check(world, [&] { asked_help = !options.parse(argc, argv, first); });
+    if (asked_help) return 0;
+
+    const bool from_files = !o.q_file.empty();
+    GlobalTensors global;
+    if (from_files) {
+      for (const char* option : {"--batch", "--seq", "--heads", "--kv-heads", "--head-dim"}) {
+        collective_check(world, [&] {
+          A2D_REQUIRE(!options.given(option), option, " conflicts with --q: with input files the "
+                      "sizes come from the files");
+        });
+      }
+      load_inputs(world, o, global);
+    } else {
+      collective_check(world, [&] {
+        A2D_REQUIRE(o.k_file.empty() && o.v_file.empty() && o.do_file.empty(),
+                    "--k, --v and --do need --q");
+      });
+    }
+
+    Problem problem;
+    Plan plan;
+    collective_check(world, [&] {
+      A2D_REQUIRE(o.warmup >= 0 && o.iters >= 1, "--warmup must be >= 0 and --iters >= 1");
+      problem = o.problem.problem();
+      plan = o.plan.plan(problem, world.size());
+    });
+    collective_check(world, [&] { agree_on_problem(world, problem, plan); });
+    if (!o.out_dir.empty()) {
+      collective_check(world, [&] {
+        if (world.rank() == 0) prepare_output_dir(o);
+      });
+    }
+
+    std::unique_ptr<DistributedAttention> attention;
+    collective_check(world, [&] { attention = make_attention(problem, plan, world); });
+    ShardSet shards = make_shards(problem, attention->layout(), world.rank(),
+                                  static_cast<uint64_t>(o.seed), !from_files, o.backward);
+    if (from_files) {
+      world.set_phase("io");
+      scatter_inputs(world, 0, problem, attention->layout(), global, shards, o.backward);
+    }
+
+    const Timings timings = time_attention(world, *log, *attention, problem, shards, o.backward,
+                                           o.warmup, o.iters);
+
+    // Outputs in global order on rank 0, then the check and the files.
+    OutputErrors errors;
+    GlobalOutputs outputs;
+    const bool need_outputs = o.check || !o.out_dir.empty();
+    if (need_outputs) {
+      world.set_phase("io");
+      outputs = gather_outputs(world, 0, problem, attention->layout(), shards, o.backward);
+    }
+    double error_values[5] = {-1, -1, -1, -1, -1};
+    if (o.check) {
+      if (world.rank() == 0) {
+        if (!from_files) global = generate_global(problem, static_cast<uint64_t>(o.seed), o.backward);
+        const ReferenceOutputs reference =
+            reference_outputs(problem, global, o.backward, reference_threads());
+        errors = compare_outputs(outputs, reference, o.backward);
+        const double values[5] = {errors.out, errors.lse, errors.dq, errors.dk, errors.dv};
+        std::copy(values, values + 5, error_values);
+      }
+      sleeping_barrier(MPI_COMM_WORLD);  // the other ranks sleep while rank 0 computes
+      world.broadcast(error_values, sizeof error_values, 0);
+      errors = {error_values[0], error_values[1], error_values[2], error_values[3], error_values[4]};
+    }
+    if (!o.out_dir.empty()) {
+      collective_check(world, [&] {
+        if (world.rank() == 0) write_outputs(o, problem, outputs);
+      });
+    }
+    const bool pass = !o.check || errors.max() <= kFp32RelativeBound;
+    if (world.rank() == 0) {
+      RunReport report{problem, plan, world.size(), o.backward, timings, o.check, errors};
+      if (o.json) {
+        std::cout << report.json() << std::endl;
+      } else {
+        std::cout << report.text();
+        if (!o.out_dir.empty()) std::cout << "outputs written to " << o.out_dir << "\n";
+      }
+    }
+    return pass ? 0 : 1;
+  });
+}
+
+}  // namespace a2d::commands

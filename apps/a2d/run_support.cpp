@@ -1,0 +1,239 @@
+#include "run_support.hpp"
+
+#include <mpi.h>
+
+#include <cstring>
+#include <iostream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "attention2d/check.hpp"
+#include "attention2d/collective.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/timing.hpp"
+#include "attention2d/version.hpp"
+#include "cli.hpp"
+
+namespace a2d::commands {
+
+int run_collectively(Communicator& world, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const CollectiveError& e) {
+    std::cerr << "a2d (rank " << world.rank() << " of " << world.size() << "): " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "a2d (rank " << world.rank() << " of " << world.size()
+              << "): " << e.what() << "\na2d: aborting the job so that no rank waits forever\n";
+    std::cerr.flush();
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    return 3;
+  }
+}
+
+namespace {
+
+struct Field {
+  const char* name;
+  int64_t value;
+};
+
+std::vector<Field> descriptor(const Problem& p, const Plan& plan) {
+  int32_t scale_bits = 0;
+  const float scale = p.softmax_scale();
+  std::memcpy(&scale_bits, &scale, sizeof scale_bits);
+  return {{"library version", A2D_VERSION_MAJOR * 10000 + A2D_VERSION_MINOR * 100 + A2D_VERSION_PATCH},
+          {"batch", p.batch},
+          {"heads", p.heads},
+          {"kv_heads", p.kv_heads},
+          {"seq", p.seq},
+          {"head_dim", p.head_dim},
+          {"mask", static_cast<int64_t>(p.mask.kind)},
+          {"window", p.mask.window},
+          {"scale", scale_bits},
+          {"algorithm", static_cast<int64_t>(plan.algorithm)},
+          {"grid rows", plan.grid.rows},
+          {"grid cols", plan.grid.cols},
+          {"layout", static_cast<int64_t>(plan.layout)},
+          {"stripe", plan.stripe},
+          {"kv_transpose", plan.kv_transpose ? 1 : 0},
+          {"threads", plan.threads}};
+}
+
+}  // namespace
+
+void agree_on_problem(Communicator& world, const Problem& problem, const Plan& plan) {
+  const std::vector<Field> mine = descriptor(problem, plan);
+  const int64_t fields = static_cast<int64_t>(mine.size());
+  // Every rank's descriptor, as raw bits in float slots (two per int64).
+  std::vector<float> packed(static_cast<size_t>(2 * fields));
+  for (int64_t i = 0; i < fields; ++i) std::memcpy(&packed[2 * i], &mine[i].value, 8);
+  std::vector<float> all(packed.size() * static_cast<size_t>(world.size()));
+  const std::vector<int64_t> counts(static_cast<size_t>(world.size()), 2 * fields);
+  world.all_gather(packed.data(), all.data(), counts);
+  std::ostringstream differences;
+  for (int64_t i = 0; i < fields; ++i) {
+    std::ostringstream values;
+    bool differs = false;
+    for (int rank = 0; rank < world.size(); ++rank) {
+      int64_t value;
+      std::memcpy(&value, &all[static_cast<size_t>(rank * 2 * fields + 2 * i)], 8);
+      if (value != mine[i].value) differs = true;
+      values << (rank ? ", " : "") << "rank " << rank << ": " << value;
+    }
+    if (differs) differences << "\n  " << mine[i].name << " differs (" << values.str() << ")";
+  }
+  A2D_REQUIRE(differences.str().empty(),
+              "the ranks were given different problems; every rank must pass the same options:",
+              differences.str());
+}
+
+int reference_threads() {
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+namespace {
+
+// One timed call on every rank: a barrier, the call, and the slowest rank's time.
+double timed(Communicator& world, const std::function<void()>& call, double& my_ms) {
+  world.set_phase("control");
+  world.barrier();
+  const double start = seconds_now();
+  call();
+  my_ms = 1e3 * (seconds_now() - start);
+  world.set_phase("control");  // the timing's own all-reduce is not the algorithm's traffic
+  double slowest = my_ms;
+  world.all_reduce(&slowest, 1, Reduction::max);
+  return slowest;
+}
+
+PhaseTiming summarize_phase(Communicator& world, const std::vector<double>& slowest,
+                            const std::vector<double>& mine, const Traffic& traffic) {
+  PhaseTiming t;
+  t.median_ms = summarize(slowest).median;
+  const double my_median = summarize(mine).median;
+  double stats[3] = {my_median, -my_median, my_median};
+  world.all_reduce(&stats[0], 2, Reduction::max);
+  world.all_reduce(&stats[2], 1, Reduction::sum);
+  t.rank_max_ms = stats[0];
+  t.rank_min_ms = -stats[1];
+  t.rank_avg_ms = stats[2] / world.size();
+  int64_t sent[2] = {traffic.bytes, traffic.messages};
+  world.all_reduce(sent, 2, Reduction::max);
+  t.bytes = sent[0];
+  t.messages = sent[1];
+  return t;
+}
+
+}  // namespace
+
+Timings time_attention(Communicator& world, TrafficLog& log, DistributedAttention& attention,
+                       const Problem& problem, ShardSet& shards, bool backward, int64_t warmup,
+                       int64_t iters) {
+  Timings timings;
+  std::vector<double> fwd_slowest, fwd_mine, bwd_slowest, bwd_mine;
+  Traffic fwd_traffic, bwd_traffic;
+  for (int64_t i = 0; i < warmup + iters; ++i) {
+    const bool measured = i >= warmup;
+    double mine = 0;
+    log.clear();
+    const double fwd = timed(world, [&] { attention.forward(shards.forward(problem)); }, mine);
+    if (measured) {
+      fwd_slowest.push_back(fwd);
+      fwd_mine.push_back(mine);
+      fwd_traffic = log.total("forward");
+    }
+    if (!backward) continue;
+    log.clear();
+    const double bwd = timed(world, [&] { attention.backward(shards.backward(problem)); }, mine);
+    if (measured) {
+      bwd_slowest.push_back(bwd);
+      bwd_mine.push_back(mine);
+      bwd_traffic = log.total("backward");
+    }
+  }
+  timings.forward = summarize_phase(world, fwd_slowest, fwd_mine, fwd_traffic);
+  if (backward) timings.backward = summarize_phase(world, bwd_slowest, bwd_mine, bwd_traffic);
+  return timings;
+}
+
+double forward_flops(const Problem& p) {
+  const double pairs = static_cast<double>(count_visible_pairs(p.mask, nullptr, p.seq, nullptr, p.seq));
+  return 4.0 * pairs * static_cast<double>(p.head_dim * p.heads * p.batch);
+}
+
+std::string RunReport::text() const {
+  std::ostringstream out;
+  out << "a2d run: " << problem.describe() << "\n"
+      << "plan: " << plan.describe() << " on " << ranks << " ranks\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "%-9s %10s %10s %10s %10s %12s %14s %9s\n", "phase", "ms(slow)",
+                "rank min", "rank avg", "rank max", "GFLOP/s/rank", "bytes sent/rank", "messages");
+  out << line;
+  const double flops = forward_flops(problem);
+  auto row = [&](const char* name, const PhaseTiming& t, double phase_flops) {
+    std::snprintf(line, sizeof line, "%-9s %10.3f %10.3f %10.3f %10.3f %12.2f %14lld %9lld\n", name,
+                  t.median_ms, t.rank_min_ms, t.rank_avg_ms, t.rank_max_ms,
+                  phase_flops / (t.median_ms * 1e-3) / 1e9 / ranks, static_cast<long long>(t.bytes),
+                  static_cast<long long>(t.messages));
+    out << line;
+  };
+  row("forward", timings.forward, flops);
+  if (backward) row("backward", timings.backward, 2.5 * flops);
+  if (checked) {
+    std::snprintf(line, sizeof line, "check: O %.2e  LSE %.2e", errors.out, errors.lse);
+    out << line;
+    if (backward) {
+      std::snprintf(line, sizeof line, "  dQ %.2e  dK %.2e  dV %.2e", errors.dq, errors.dk, errors.dv);
+      out << line;
+    }
+    std::snprintf(line, sizeof line, "  (relative Frobenius vs fp64 reference, bound %.0e): %s\n",
+                  kFp32RelativeBound, errors.max() <= kFp32RelativeBound ? "PASS" : "FAIL");
+    out << line;
+  }
+  return out.str();
+}
+
+std::string RunReport::json() const {
+  cli::JsonLine line;
+  const double flops = forward_flops(problem);
+  line.add("algo", algorithm_name(plan.algorithm))
+      .add("grid", plan.grid.describe())
+      .add("ranks", ranks)
+      .add("layout", layout_name(plan.layout))
+      .add("kv_transpose", plan.kv_transpose)
+      .add("batch", problem.batch)
+      .add("seq", problem.seq)
+      .add("heads", problem.heads)
+      .add("kv_heads", problem.kv_heads)
+      .add("head_dim", problem.head_dim)
+      .add("causal", problem.mask.is_causal())
+      .add("window", problem.mask.window)
+      .add("threads", plan.threads)
+      .add("fwd_ms", timings.forward.median_ms)
+      .add("fwd_ms_rank_min", timings.forward.rank_min_ms)
+      .add("fwd_ms_rank_avg", timings.forward.rank_avg_ms)
+      .add("fwd_ms_rank_max", timings.forward.rank_max_ms)
+      .add("fwd_gflops_per_rank", flops / (timings.forward.median_ms * 1e-3) / 1e9 / ranks)
+      .add("bytes_sent_fwd", timings.forward.bytes)
+      .add("messages_fwd", timings.forward.messages);
+  if (backward) {
+    line.add("bwd_ms", timings.backward.median_ms)
+        .add("bwd_ms_rank_min", timings.backward.rank_min_ms)
+        .add("bwd_ms_rank_avg", timings.backward.rank_avg_ms)
+        .add("bwd_ms_rank_max", timings.backward.rank_max_ms)
+        .add("bwd_gflops_per_rank", 2.5 * flops / (timings.backward.median_ms * 1e-3) / 1e9 / ranks)
+        .add("bytes_sent_bwd", timings.backward.bytes)
+        .add("messages_bwd", timings.backward.messages);
+  }
+  if (checked) {
+    line.add("err_o", errors.out).add("err_lse", errors.lse);
+    if (backward) line.add("err_dq", errors.dq).add("err_dk", errors.dk).add("err_dv", errors.dv);
+    line.add("max_rel_err", errors.max()).add("bound", kFp32RelativeBound)
+        .add("pass", errors.max() <= kFp32RelativeBound);
+  }
+  return line.str();
+}
+
+}  // namespace a2d::commands

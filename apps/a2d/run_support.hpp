@@ -1,0 +1,60 @@
+// Pieces shared by `a2d run` and `a2d bench`: running a subcommand body so errors never hang the
+// job, the collective agreement on the problem, timing distributed calls, and the report.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "attention2d/attention.hpp"
+#include "attention2d/comm.hpp"
+#include "attention2d/harness.hpp"
+
+namespace a2d::commands {
+
+// Runs `body` on every rank. A CollectiveError (every rank failed together) is printed and gives
+// exit code 2; any other error is printed and aborts the whole MPI job (exit 3), because the other
+// ranks may be waiting for this one.
+int run_collectively(Communicator& world, const std::function<int()>& body);
+
+// Every rank must pass the same problem and plan; throws naming the fields and ranks that differ.
+void agree_on_problem(Communicator& world, const Problem& problem, const Plan& plan);
+
+// Threads for the single-process fp64 reference (every core of this machine).
+int reference_threads();
+
+struct PhaseTiming {
+  double median_ms = 0;    // median over iterations of the slowest rank's time
+  double rank_min_ms = 0;  // per-rank medians: min, mean and max across ranks
+  double rank_avg_ms = 0;
+  double rank_max_ms = 0;
+  int64_t bytes = 0;       // sent by one call, max over ranks
+  int64_t messages = 0;    // sent by one call, max over ranks
+};
+
+struct Timings {
+  PhaseTiming forward, backward;
+};
+
+// warmup + iters calls of forward (and backward), each after a barrier; the traffic of one call
+// is read from `log`.
+Timings time_attention(Communicator& world, TrafficLog& log, DistributedAttention& attention,
+                       const Problem& problem, ShardSet& shards, bool backward, int64_t warmup,
+                       int64_t iters);
+
+// Unmasked FLOPs of one forward call of the whole problem (4 * pairs * D per head).
+double forward_flops(const Problem& problem);
+
+struct RunReport {
+  Problem problem;
+  Plan plan;
+  int ranks = 1;
+  bool backward = false;
+  Timings timings;
+  bool checked = false;
+  OutputErrors errors;
+
+  std::string text() const;
+  std::string json() const;
+};
+
+}  // namespace a2d::commands
