@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Small .npy helper for the command tests (no numpy needed).
+
+  npy_tool.py make FILE DTYPE SEED D0 D1 ...   write a random array (DTYPE f4 or f8)
+  npy_tool.py shape FILE                        print the shape as D0xD1x...
+  npy_tool.py compare A B BOUND                 exit 1 unless the relative Frobenius
+                                                difference of A and B is <= BOUND
+"""
+import ast
+import math
+import random
+import struct
+import sys
+
+
+def write(path, dtype, shape, values):
+    header = "{'descr': '<%s', 'fortran_order': False, 'shape': (%s), }" % (
+        dtype, "".join("%d, " % d for d in shape) if len(shape) != 1 else "%d," % shape[0])
+    pad = (64 - (10 + len(header) + 1) % 64) % 64
+    header = header + " " * pad + "\n"
+    with open(path, "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
+        f.write(struct.pack("<%d%s" % (len(values), "f" if dtype == "f4" else "d"), *values))
+
+
+def read(path):
+    data = open(path, "rb").read()
+    assert data[:6] == b"\x93NUMPY", path
+    length = struct.unpack("<H", data[8:10])[0]
+    header = ast.literal_eval(data[10:10 + length].decode())
+    shape = header["shape"]
+    count = math.prod(shape)
+    fmt = {"<f4": "f", "<f8": "d"}[header["descr"]]
+    values = struct.unpack_from("<%d%s" % (count, fmt), data, 10 + length)
+    return shape, values
+
+
+def main():
+    command = sys.argv[1]
+    if command == "make":
+        path, dtype, seed = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        shape = [int(x) for x in sys.argv[5:]]
+        rng = random.Random(seed)
+        write(path, dtype, shape, [rng.gauss(0.0, 1.0) for _ in range(math.prod(shape))])
+    elif command == "shape":
+        print("x".join(str(d) for d in read(sys.argv[2])[0]))
+    elif command == "compare":
+        (shape_a, a), (shape_b, b) = read(sys.argv[2]), read(sys.argv[3])
+        bound = float(sys.argv[4])
+        if shape_a != shape_b:
+            sys.exit("shapes differ: %s vs %s" % (shape_a, shape_b))
+        finite = [(x, y) for x, y in zip(a, b) if math.isfinite(x) or math.isfinite(y)]
+        if any(math.isfinite(x) != math.isfinite(y) for x, y in finite):
+            sys.exit("non-finite entries differ")
+        pairs = [(x, y) for x, y in finite if math.isfinite(x)]
+        diff = math.sqrt(sum((x - y) ** 2 for x, y in pairs))
+        norm = math.sqrt(sum(y * y for _, y in pairs)) or 1.0
+        print("relative difference %.3e" % (diff / norm))
+        if diff / norm > bound:
+            sys.exit("over the bound %g" % bound)
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# a2d run with .npy inputs and outputs: sizes from the files, outputs in global order that do not
+# depend on the number of ranks, no overwriting without --force, clear errors for bad files.
+#   run_files.sh A2D_BINARY MPIEXEC
+set -euo pipefail
+a2d=$1
+mpiexec=$2
+here=$(cd "$(dirname "$0")" && pwd)
+tool="python3 $here/npy_tool.py"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+run() { "$mpiexec" --oversubscribe -np "$1" "$a2d" run "${@:2}"; }
+fail() { echo "run_files.sh: $*" >&2; exit 1; }
+
+# Mixed dtypes on purpose: float32 Q and dO, float64 K and V. B=2, N=37, H=4, Hkv=2, D=16.
+$tool make "$work/q.npy" f4 1 2 37 4 16
+$tool make "$work/k.npy" f8 2 2 37 2 16
+$tool make "$work/v.npy" f8 3 2 37 2 16
+$tool make "$work/do.npy" f4 4 2 37 4 16
+inputs=(--q "$work/q.npy" --k "$work/k.npy" --v "$work/v.npy" --do "$work/do.npy" --backward)
+
+run 3 "${inputs[@]}" --causal --check --out "$work/p3" || fail "3-rank run failed"
+run 1 "${inputs[@]}" --causal --out "$work/p1" || fail "1-rank run failed"
+run 4 "${inputs[@]}" --causal --algo attention2d-overlap --grid 2x2 --check --out "$work/p4" ||
+  fail "4-rank overlapped run failed"
+[ "$($tool shape "$work/p3/o.npy")" = 2x37x4x16 ] || fail "o.npy has the wrong shape"
+[ "$($tool shape "$work/p3/lse.npy")" = 2x4x37 ] || fail "lse.npy has the wrong shape"
+[ "$($tool shape "$work/p3/dk.npy")" = 2x37x2x16 ] || fail "dk.npy has the wrong shape"
+for f in o lse dq dk dv; do
+  $tool compare "$work/p3/$f.npy" "$work/p1/$f.npy" 1e-5 || fail "$f differs between 3 and 1 ranks"
+  $tool compare "$work/p4/$f.npy" "$work/p1/$f.npy" 1e-5 || fail "$f differs between 4 and 1 ranks"
+done
+
+# Existing outputs are not overwritten without --force, and nothing is touched.
+before=$(md5sum "$work/p3/o.npy")
+if out=$(run 2 "${inputs[@]}" --out "$work/p3" 2>&1); then fail "overwrote without --force"; fi
+echo "$out" | grep -q "already exists; pass --force" || fail "no clear message: $out"
+[ "$(md5sum "$work/p3/o.npy")" = "$before" ] || fail "o.npy changed without --force"
+run 2 "${inputs[@]}" --out "$work/p3" --force >/dev/null || fail "--force did not overwrite"
+
+# Bad inputs: a clear error on every rank, exit code 2, no hang.
+$tool make "$work/k_bad.npy" f4 5 2 37 2 8
+if out=$(run 3 --q "$work/q.npy" --k "$work/k_bad.npy" --v "$work/v.npy" 2>&1); then fail "accepted a mismatched K"; fi
+[ "$(echo "$out" | grep -c 'has shape \[2, 37, 2, 8\] but \[2, 37, 2, 16\] is required')" = 3 ] ||
+  fail "mismatched K not reported on all 3 ranks: $out"
+echo "not numpy" > "$work/junk.npy"
+if out=$(run 2 --q "$work/junk.npy" --k "$work/k.npy" --v "$work/v.npy" 2>&1); then fail "read a junk file"; fi
+echo "$out" | grep -q "bad magic" || fail "junk file not reported: $out"
+if out=$(run 2 "${inputs[@]}" --seq 100 2>&1); then fail "accepted --seq with files"; fi
+echo "$out" | grep -q "conflicts with --q" || fail "conflict not reported: $out"
+if out=$(run 2 "${inputs[@]}" --out /proc/a2d-cannot-write 2>&1); then fail "wrote into /proc"; fi
+echo "$out" | grep -q "cannot create the output directory" || fail "unwritable dir not reported: $out"
+echo "run_files.sh: all checks passed"
