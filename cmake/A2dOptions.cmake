@@ -21,3 +21,16 @@ if(A2D_SANITIZE)
   add_compile_options(${A2D_SANITIZER_FLAGS})
   add_link_options(${A2D_SANITIZER_FLAGS})
 endif()
+
+# Fuzzing build (scripts/fuzz.sh): clang's coverage instrumentation everywhere, with ASan and
+# UBSan; the fuzz executables link libFuzzer.
+option(A2D_FUZZ "Build the libFuzzer targets in fuzz/ (needs clang)" OFF)
+if(A2D_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "A2D_FUZZ needs clang: configure with CXX=clang++")
+  endif()
+  # Sanitizer instrumentation stops some `omp simd` loops from vectorising; that is expected here.
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
+                      -fno-omit-frame-pointer -Wno-pass-failed)
+  add_link_options(-fsanitize=address,undefined)
+endif()

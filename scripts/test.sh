@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs dependencies, builds (warnings are errors),
 # runs every CTest test, then rebuilds with AddressSanitizer + UndefinedBehaviorSanitizer and runs
-# the fast tests again under them.
+# the fast tests again under them, then runs the fuzz targets for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -16,5 +16,8 @@ scripts/build.sh build
 scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DA2D_SANITIZE=ON -DA2D_BUILD_BENCH=OFF
 # The tests' environment (tests/CMakeLists.txt) turns leak checking on and fails on any report.
 (cd build-asan && ctest --output-on-failure -j "$(nproc)" --timeout 900 -LE heavy)
+
+# Fuzz targets (libFuzzer, clang), bounded: 30 s each. scripts/fuzz.sh 3600 runs them longer.
+scripts/fuzz.sh 30
 
 echo "test.sh: all tests passed in $(( $(date +%s) - start )) s"

@@ -106,18 +106,15 @@ void write_outputs(const RunOptions& o, const Problem& p, const GlobalOutputs& g
   const auto overwrite = o.force ? npy::Overwrite::allow : npy::Overwrite::refuse;
   const std::vector<int64_t> q_shape = {p.batch, p.seq, p.heads, p.head_dim};
   const std::vector<int64_t> kv_shape = {p.batch, p.seq, p.kv_heads, p.head_dim};
-  struct File {
-    std::string name;
-    std::vector<int64_t> shape;
-    const std::vector<float>* data;
-  };
-  std::vector<File> files = {{"o.npy", q_shape, &g.out}, {"lse.npy", {p.batch, p.heads, p.seq}, &g.lse}};
+  const std::string dir = o.out_dir + "/";
+  std::vector<npy::File> files = {{dir + "o.npy", q_shape, g.out.data()},
+                                  {dir + "lse.npy", {p.batch, p.heads, p.seq}, g.lse.data()}};
   if (o.backward) {
-    files.push_back({"dq.npy", q_shape, &g.dq});
-    files.push_back({"dk.npy", kv_shape, &g.dk});
-    files.push_back({"dv.npy", kv_shape, &g.dv});
+    files.push_back({dir + "dq.npy", q_shape, g.dq.data()});
+    files.push_back({dir + "dk.npy", kv_shape, g.dk.data()});
+    files.push_back({dir + "dv.npy", kv_shape, g.dv.data()});
   }
-  for (const File& f : files) npy::write(o.out_dir + "/" + f.name, f.shape, f.data->data(), overwrite);
+  npy::write_all(files, overwrite);
 }
 
 }  // namespace
@@ -216,19 +213,23 @@ int run(int argc, char** argv, int first) {
       world.broadcast(error_values, sizeof error_values, 0);
       errors = {error_values[0], error_values[1], error_values[2], error_values[3], error_values[4]};
     }
-    if (!o.out_dir.empty()) {
+    const bool pass = !o.check || errors.max() <= kFp32RelativeBound;
+    // A failed check writes nothing: a failed run leaves no output behind.
+    if (!o.out_dir.empty() && pass) {
       collective_check(world, [&] {
         if (world.rank() == 0) write_outputs(o, problem, outputs);
       });
     }
-    const bool pass = !o.check || errors.max() <= kFp32RelativeBound;
     if (world.rank() == 0) {
       RunReport report{problem, plan, world.size(), o.backward, timings, o.check, errors};
       if (o.json) {
         std::cout << report.json() << std::endl;
       } else {
         std::cout << report.text();
-        if (!o.out_dir.empty()) std::cout << "outputs written to " << o.out_dir << "\n";
+        if (!o.out_dir.empty()) {
+          std::cout << (pass ? "outputs written to " : "check failed: nothing written to ")
+                    << o.out_dir << "\n";
+        }
       }
     }
     return pass ? 0 : 1;

@@ -42,6 +42,16 @@ void write(const std::string& path, const std::vector<int64_t>& shape, const flo
 void write(const std::string& path, const std::vector<int64_t>& shape, const double* data,
            Overwrite overwrite);
 
+// Writes several files as one unit: every file is first written to a temporary beside its target;
+// only when all are complete are they moved into place. On any failure the temporaries (and, when
+// not overwriting, the files already moved) are removed, so a failed write leaves no partial set.
+struct File {
+  std::string path;
+  std::vector<int64_t> shape;
+  const float* data;
+};
+void write_all(const std::vector<File>& files, Overwrite overwrite);
+
 // The bytes write() would put in a file, for tests and fuzzing.
 std::vector<std::byte> encode(const std::vector<int64_t>& shape, DType dtype, const void* data);
 

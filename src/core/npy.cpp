@@ -171,7 +171,8 @@ std::vector<float> Array::to_float() const {
   const int64_t n = element_count();
   std::vector<float> out(static_cast<std::size_t>(n));
   if (dtype == DType::float32) {
-    std::memcpy(out.data(), bytes.data(), static_cast<std::size_t>(n) * 4);
+    // n == 0: both pointers may be null, which memcpy does not allow (found by fuzz_npy).
+    if (n > 0) std::memcpy(out.data(), bytes.data(), static_cast<std::size_t>(n) * 4);
   } else {
     for (int64_t i = 0; i < n; ++i) {
       double value;
@@ -186,7 +187,7 @@ std::vector<double> Array::to_double() const {
   const int64_t n = element_count();
   std::vector<double> out(static_cast<std::size_t>(n));
   if (dtype == DType::float64) {
-    std::memcpy(out.data(), bytes.data(), static_cast<std::size_t>(n) * 8);
+    if (n > 0) std::memcpy(out.data(), bytes.data(), static_cast<std::size_t>(n) * 8);
   } else {
     for (int64_t i = 0; i < n; ++i) {
       float value;
@@ -304,37 +305,76 @@ std::vector<std::byte> encode(const std::vector<int64_t>& shape, DType dtype, co
 }
 
 namespace {
+
+std::string temporary_path(const std::string& path) {
+  return path + ".tmp." + std::to_string(getpid());
+}
+
+void write_temporary(const std::string& path, const std::vector<std::byte>& bytes) {
+  const std::string temporary = temporary_path(path);
+  std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+  if (!out) A2D_FAIL("cannot write ", path, ": ", errno_text());
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.flush();
+  if (!out) {
+    const std::string reason = errno_text();
+    unlink(temporary.c_str());
+    A2D_FAIL("cannot write ", path, ": ", reason);
+  }
+}
+
+// Moves a complete temporary into place. Refusing to overwrite uses link(), which fails if the
+// target appeared meanwhile: a file we were not asked to replace is never clobbered.
+void commit_temporary(const std::string& path, Overwrite overwrite) {
+  const std::string temporary = temporary_path(path);
+  if (overwrite == Overwrite::refuse) {
+    if (link(temporary.c_str(), path.c_str()) != 0) {
+      const std::string reason = errno == EEXIST ? "it already exists; pass --force to overwrite it"
+                                                 : errno_text();
+      A2D_FAIL("cannot create ", path, ": ", reason);
+    }
+    unlink(temporary.c_str());
+  } else if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    A2D_FAIL("cannot move the output into ", path, ": ", errno_text());
+  }
+}
+
+}  // namespace
+
+void write_all(const std::vector<File>& files, Overwrite overwrite) {
+  for (const File& f : files) {
+    if (overwrite == Overwrite::refuse && access(f.path.c_str(), F_OK) == 0) {
+      A2D_FAIL(f.path, " already exists; pass --force to overwrite it");
+    }
+  }
+  size_t written = 0, committed = 0;
+  try {
+    for (; written < files.size(); ++written) {
+      write_temporary(files[written].path,
+                      encode(files[written].shape, DType::float32, files[written].data));
+    }
+    for (; committed < files.size(); ++committed) commit_temporary(files[committed].path, overwrite);
+  } catch (const Error&) {
+    for (size_t i = committed; i < written; ++i) unlink(temporary_path(files[i].path).c_str());
+    if (overwrite == Overwrite::refuse) {
+      for (size_t i = 0; i < committed; ++i) unlink(files[i].path.c_str());
+    }
+    throw;
+  }
+}
+
+namespace {
 void write_bytes(const std::string& path, const std::vector<std::byte>& bytes,
                  Overwrite overwrite) {
   if (overwrite == Overwrite::refuse && access(path.c_str(), F_OK) == 0) {
     A2D_FAIL(path, " already exists; pass --force to overwrite it");
   }
-  // Write beside the target and rename into place, so a failure never leaves a partial file.
-  const std::string temporary = path + ".tmp." + std::to_string(getpid());
-  {
-    std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-    if (!out) A2D_FAIL("cannot write ", path, ": ", errno_text());
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out) {
-      const std::string reason = errno_text();
-      unlink(temporary.c_str());
-      A2D_FAIL("cannot write ", path, ": ", reason);
-    }
-  }
-  if (overwrite == Overwrite::refuse) {
-    // link() fails if the target appeared meanwhile: never clobber a file we were not asked to.
-    if (link(temporary.c_str(), path.c_str()) != 0) {
-      const std::string reason = errno == EEXIST ? "it already exists; pass --force to overwrite it"
-                                                 : errno_text();
-      unlink(temporary.c_str());
-      A2D_FAIL("cannot create ", path, ": ", reason);
-    }
-    unlink(temporary.c_str());
-  } else if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string reason = errno_text();
-    unlink(temporary.c_str());
-    A2D_FAIL("cannot move the output into ", path, ": ", reason);
+  write_temporary(path, bytes);
+  try {
+    commit_temporary(path, overwrite);
+  } catch (const Error&) {
+    unlink(temporary_path(path).c_str());
+    throw;
   }
 }
 }  // namespace

@@ -26,9 +26,14 @@ std::string layout_name(LayoutKind kind) {
 
 TokenLayout::TokenLayout(LayoutKind kind, int64_t tokens, int64_t parts, int64_t stripe)
     : kind_(kind), tokens_(tokens), parts_(parts), stripe_(kind == LayoutKind::cyclic ? 1 : stripe) {
-  A2D_REQUIRE(tokens >= 0, "a layout needs a non-negative token count (got ", tokens, ")");
-  A2D_REQUIRE(parts >= 1, "a layout needs at least one part (got ", parts, ")");
-  A2D_REQUIRE(stripe_ >= 1, "the stripe width must be at least 1 (got ", stripe, ")");
+  // The limits keep every intermediate product (stripe * parts, chunk offsets) far from
+  // overflowing 64 bits.
+  A2D_REQUIRE(tokens >= 0 && tokens <= (int64_t{1} << 50), "a layout needs between 0 and 2^50 "
+              "tokens (got ", tokens, ")");
+  A2D_REQUIRE(parts >= 1 && parts <= (int64_t{1} << 30), "a layout needs between 1 and 2^30 "
+              "parts (got ", parts, ")");
+  A2D_REQUIRE(stripe_ >= 1 && stripe_ <= (int64_t{1} << 30), "the stripe width must be between 1 "
+              "and 2^30 (got ", stripe, ")");
 }
 
 int64_t TokenLayout::chunk_begin(int64_t chunk) const {

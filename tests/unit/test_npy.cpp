@@ -161,6 +161,28 @@ TEST_F(NpyTest, NeverOverwritesWithoutBeingAsked) {
   EXPECT_EQ(files, 1);
 }
 
+TEST_F(NpyTest, WriteAllLeavesNoPartialSetBehind) {
+  const std::vector<float> x = {1, 2, 3};
+  // The third file cannot be written: none of the set may remain.
+  EXPECT_THROW(npy::write_all({{path("a.npy"), {3}, x.data()},
+                               {path("b.npy"), {3}, x.data()},
+                               {path("missing/c.npy"), {3}, x.data()}},
+                              npy::Overwrite::refuse),
+               Error);
+  int files = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir_)) ++files;
+  EXPECT_EQ(files, 0);
+  // An existing member is refused before anything is written.
+  npy::write(path("b.npy"), {3}, x.data(), npy::Overwrite::refuse);
+  EXPECT_THROW(npy::write_all({{path("a.npy"), {3}, x.data()}, {path("b.npy"), {3}, x.data()}},
+                              npy::Overwrite::refuse),
+               Error);
+  EXPECT_FALSE(fs::exists(path("a.npy")));
+  npy::write_all({{path("a.npy"), {3}, x.data()}, {path("b.npy"), {3}, x.data()}},
+                 npy::Overwrite::allow);
+  EXPECT_EQ(npy::read(path("a.npy")).to_float(), x);
+}
+
 TEST_F(NpyTest, UnwritableDirectoryAndMissingFileAreClearErrors) {
   const std::vector<float> x = {1};
   EXPECT_THROW(npy::write(path("missing/dir/o.npy"), {1}, x.data(), npy::Overwrite::refuse), Error);

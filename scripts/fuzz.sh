@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a bounded time.
+#   scripts/fuzz.sh [SECONDS_PER_TARGET]      (default 30; CI runs the default, run longer by hand)
+# New corpus entries go to build-fuzz/corpus/<target> (seeded from fuzz/corpus/<target>). A crash
+# leaves build-fuzz/artifacts/<target>/crash-* and fails the script: fix the bug, then commit the
+# input under fuzz/regressions/<target>/ so tests/unit/test_fuzz_regressions.cpp replays it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+seconds=${1:-30}
+scripts/setup.sh >/dev/null
+CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DA2D_FUZZ=ON \
+  -DA2D_WITH_MPI=OFF -DA2D_BUILD_TESTS=OFF -DA2D_BUILD_BENCH=OFF -DA2D_WERROR=ON >build-fuzz.configure.log 2>&1 ||
+  { cat build-fuzz.configure.log; exit 1; }
+cmake --build build-fuzz -j "$(nproc)" --target fuzz_npy fuzz_layout
+for target in npy layout; do
+  corpus=build-fuzz/corpus/$target
+  artifacts=build-fuzz/artifacts/$target
+  mkdir -p "$corpus" "$artifacts"
+  cp -n fuzz/corpus/$target/* "$corpus"/ 2>/dev/null || true
+  echo "fuzz.sh: $target for ${seconds} s"
+  status=0
+  build-fuzz/fuzz/fuzz_$target -max_total_time="$seconds" -max_len=4096 -timeout=10 \
+    -print_final_stats=1 -artifact_prefix="$artifacts/" "$corpus" fuzz/regressions/$target \
+    >"build-fuzz/$target.log" 2>&1 || status=$?
+  grep -E "^(Done|stat::number_of_executed_units|SUMMARY)|Test unit written" "build-fuzz/$target.log" || true
+  if [ "$status" -ne 0 ] || [ -n "$(find "$artifacts" -type f)" ]; then
+    echo "fuzz.sh: $target failed (exit $status); inputs in $artifacts, log in build-fuzz/$target.log" >&2
+    exit 1
+  fi
+done
+echo "fuzz.sh: no crashes"
