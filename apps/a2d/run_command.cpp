@@ -21,6 +21,7 @@
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/npy.hpp"
 #include "attention2d/timing.hpp"
+#include "attention2d/watchdog.hpp"
 #include "commands.hpp"
 #include "problem_options.hpp"
 #include "run_support.hpp"
@@ -39,6 +40,7 @@ struct RunOptions {
   int64_t seed = 42;
   int64_t warmup = 1;
   int64_t iters = 3;
+  double timeout = 300;
 };
 
 // Rank 0 reads the input files; every rank learns the problem sizes from them.
@@ -144,9 +146,16 @@ int run(int argc, char** argv, int first) {
     options.add_int("--seed", &o.seed, "seed of the generated inputs");
     options.add_int("--warmup", &o.warmup, "untimed iterations");
     options.add_int("--iters", &o.iters, "timed iterations; the median is reported");
+    options.add_double("--timeout", &o.timeout,
+                       "watchdog: abort the job, naming the phase and the ranks that did not "
+                       "arrive, when no rank made progress for this many seconds (0 = off)");
     bool asked_help = false;
-    collective_check(world, [&] { asked_help = !options.parse(argc, argv, first); });
+    collective_check(world, [&] {
+      asked_help = !options.parse(argc, argv, first);
+      A2D_REQUIRE(o.timeout >= 0, "--timeout must be >= 0 seconds (0 turns the watchdog off)");
+    });
     if (asked_help) return 0;
+    Watchdog watchdog(MPI_COMM_WORLD, o.timeout);
 
     const bool from_files = !o.q_file.empty();
     GlobalTensors global;
@@ -172,7 +181,6 @@ int run(int argc, char** argv, int first) {
       problem = o.problem.problem();
       plan = o.plan.plan(problem, world.size());
     });
-    collective_check(world, [&] { agree_on_problem(world, problem, plan); });
     if (!o.out_dir.empty()) {
       collective_check(world, [&] {
         if (world.rank() == 0) prepare_output_dir(o);

@@ -2,6 +2,9 @@
 
 #include <mpi.h>
 
+#include <unistd.h>
+
+#include <cstdio>
 #include <cstring>
 #include <iostream>
 #include <sstream>
@@ -12,81 +15,32 @@
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/timing.hpp"
-#include "attention2d/version.hpp"
 #include "cli.hpp"
 
 namespace a2d::commands {
 
+namespace {
+// One write per message, so that the lines of several ranks sharing a terminal do not interleave.
+void print_error(const std::string& text) {
+  std::fflush(stdout);
+  const ssize_t written = ::write(STDERR_FILENO, text.data(), text.size());
+  (void)written;
+}
+}  // namespace
+
 int run_collectively(Communicator& world, const std::function<int()>& body) {
+  const std::string who =
+      "a2d (rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()) + "): ";
   try {
     return body();
   } catch (const CollectiveError& e) {
-    std::cerr << "a2d (rank " << world.rank() << " of " << world.size() << "): " << e.what() << "\n";
+    print_error(who + e.what() + "\n");
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "a2d (rank " << world.rank() << " of " << world.size()
-              << "): " << e.what() << "\na2d: aborting the job so that no rank waits forever\n";
-    std::cerr.flush();
+    print_error(who + e.what() + "\na2d: aborting the job so that no rank waits forever\n");
     MPI_Abort(MPI_COMM_WORLD, 3);
     return 3;
   }
-}
-
-namespace {
-
-struct Field {
-  const char* name;
-  int64_t value;
-};
-
-std::vector<Field> descriptor(const Problem& p, const Plan& plan) {
-  int32_t scale_bits = 0;
-  const float scale = p.softmax_scale();
-  std::memcpy(&scale_bits, &scale, sizeof scale_bits);
-  return {{"library version", A2D_VERSION_MAJOR * 10000 + A2D_VERSION_MINOR * 100 + A2D_VERSION_PATCH},
-          {"batch", p.batch},
-          {"heads", p.heads},
-          {"kv_heads", p.kv_heads},
-          {"seq", p.seq},
-          {"head_dim", p.head_dim},
-          {"mask", static_cast<int64_t>(p.mask.kind)},
-          {"window", p.mask.window},
-          {"scale", scale_bits},
-          {"algorithm", static_cast<int64_t>(plan.algorithm)},
-          {"grid rows", plan.grid.rows},
-          {"grid cols", plan.grid.cols},
-          {"layout", static_cast<int64_t>(plan.layout)},
-          {"stripe", plan.stripe},
-          {"kv_transpose", plan.kv_transpose ? 1 : 0},
-          {"threads", plan.threads}};
-}
-
-}  // namespace
-
-void agree_on_problem(Communicator& world, const Problem& problem, const Plan& plan) {
-  const std::vector<Field> mine = descriptor(problem, plan);
-  const int64_t fields = static_cast<int64_t>(mine.size());
-  // Every rank's descriptor, as raw bits in float slots (two per int64).
-  std::vector<float> packed(static_cast<size_t>(2 * fields));
-  for (int64_t i = 0; i < fields; ++i) std::memcpy(&packed[2 * i], &mine[i].value, 8);
-  std::vector<float> all(packed.size() * static_cast<size_t>(world.size()));
-  const std::vector<int64_t> counts(static_cast<size_t>(world.size()), 2 * fields);
-  world.all_gather(packed.data(), all.data(), counts);
-  std::ostringstream differences;
-  for (int64_t i = 0; i < fields; ++i) {
-    std::ostringstream values;
-    bool differs = false;
-    for (int rank = 0; rank < world.size(); ++rank) {
-      int64_t value;
-      std::memcpy(&value, &all[static_cast<size_t>(rank * 2 * fields + 2 * i)], 8);
-      if (value != mine[i].value) differs = true;
-      values << (rank ? ", " : "") << "rank " << rank << ": " << value;
-    }
-    if (differs) differences << "\n  " << mine[i].name << " differs (" << values.str() << ")";
-  }
-  A2D_REQUIRE(differences.str().empty(),
-              "the ranks were given different problems; every rank must pass the same options:",
-              differences.str());
 }
 
 int reference_threads() {

@@ -16,9 +16,6 @@ namespace a2d::commands {
 // ranks may be waiting for this one.
 int run_collectively(Communicator& world, const std::function<int()>& body);
 
-// Every rank must pass the same problem and plan; throws naming the fields and ranks that differ.
-void agree_on_problem(Communicator& world, const Problem& problem, const Plan& plan);
-
 // Threads for the single-process fp64 reference (every core of this machine).
 int reference_threads();
 

@@ -93,8 +93,14 @@ class DistributedAttention {
   virtual void backward(const BackwardShards& shards) = 0;
 };
 
-// Collective over `world`: every rank passes the same problem and plan.
+// Collective over `world`. Before any data moves, every rank validates its problem and plan and
+// all ranks check that they agree (check_agreement); any failure raises the same CollectiveError
+// on every rank.
 std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, const Plan& plan,
                                                      Communicator& world);
+
+// Collective: throws CollectiveError on every rank, naming each field and the ranks that hold
+// each value, unless all ranks pass the same problem and plan (kernel threads may differ).
+void check_agreement(Communicator& world, const Problem& problem, const Plan& plan);
 
 }  // namespace a2d

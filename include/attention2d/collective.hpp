@@ -15,7 +15,13 @@ namespace a2d {
 
 class CollectiveError : public Error {
  public:
-  using Error::Error;
+  // `text` is the complete report (the failing rank's own what(), which names that rank).
+  CollectiveError(std::string text, const char* file, int line)
+      : Error(text, file, line), text_(std::move(text)) {}
+  const char* what() const noexcept override { return text_.c_str(); }
+
+ private:
+  std::string text_;
 };
 
 void collective_check(Communicator& comm, const std::function<void()>& stage);

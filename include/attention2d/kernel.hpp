@@ -118,6 +118,11 @@ struct ForwardArgs {
   const int64_t* q_positions = nullptr;
   const int64_t* kv_positions = nullptr;
   int threads = 1;
+  // Called now and then (between work items, from the calling thread only) while the kernel
+  // runs: distributed callers let MPI advance transfers in flight and tell the watchdog they are
+  // alive. nullptr: not called.
+  void (*progress)(void* context) = nullptr;
+  void* progress_context = nullptr;
 };
 
 // The online-softmax state of a set of query rows against a subset of the keys:
@@ -183,6 +188,8 @@ struct BackwardArgs {
   const int64_t* q_positions = nullptr;
   const int64_t* kv_positions = nullptr;
   int threads = 1;
+  void (*progress)(void* context) = nullptr;  // as in ForwardArgs
+  void* progress_context = nullptr;
   // false: dq, dk, dv are overwritten; true: the gradients are added to what they hold
   // (distributed callers sum partial gradients).
   bool accumulate = false;

@@ -13,8 +13,9 @@ namespace a2d {
 // returned, not fatal, and become a2d::Error with MPI's message.
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 
-// Initialises MPI (thread level FUNNELED) unless it already is, and finalises it on destruction
-// if it initialised it. Sets the rank that a2d::Error reports.
+// Initialises MPI unless it already is (thread level MULTIPLE, which the watchdog's helper thread
+// needs), and finalises it on destruction if it initialised it. Sets the rank that a2d::Error
+// reports.
 class MpiSession {
  public:
   MpiSession(int* argc, char*** argv);

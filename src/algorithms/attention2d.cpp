@@ -84,6 +84,10 @@ class Attention2D final : public DistributedAttention {
   }
 
  private:
+  // The kernels' progress callback: lets MPI advance the transfers in flight (MPI progresses only
+  // inside MPI calls) and tells the watchdog this rank is alive.
+  static void progress(void* self) { static_cast<Attention2D*>(self)->grid_.world().progress(); }
+
   int row() const { return grid_.row(); }
   int col() const { return grid_.col(); }
   int64_t head_dim() const { return problem_.head_dim; }
@@ -128,6 +132,8 @@ class Attention2D final : public DistributedAttention {
     args.q_positions = q_pos;
     args.kv_positions = kv_pos;
     args.threads = plan_.threads;
+    args.progress = &Attention2D::progress;
+    args.progress_context = const_cast<Attention2D*>(this);
     return args;
   }
 
@@ -171,6 +177,8 @@ class Attention2D final : public DistributedAttention {
     args.q_positions = q_pos;
     args.kv_positions = kv_pos;
     args.threads = plan_.threads;
+    args.progress = &Attention2D::progress;
+    args.progress_context = const_cast<Attention2D*>(this);
     args.accumulate = accumulate;
     attention_backward(args, dq_rec.tokens(dq, 0), kv_rec_.tokens(dkv, 0), kv_rec_.tokens(dkv, d));
   }
@@ -198,6 +206,7 @@ class Attention2D final : public DistributedAttention {
     q_gather->wait();
 
     // 4. The (N/R) x (N/C) block.
+    grid_.world().set_phase("forward.kernel");
     std::vector<float> partial(static_cast<size_t>(partial_rec_.floats(q_rows_)));
     attention_forward_partial(kernel_forward_args(q.data(), q_rows_, q_positions_.data(), kv.data(),
                                                   kv_rows_, kv_positions_.data()),
@@ -234,6 +243,7 @@ class Attention2D final : public DistributedAttention {
     const RecordLayout dq_rec{problem_.batch, problem_.heads, d};
     std::vector<float> dq(static_cast<size_t>(dq_rec.floats(q_rows_)));
     std::vector<float> dkv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
+    grid_.world().set_phase("backward.kernel");
     kernel_backward(q_back.data(), q_rows_, q_positions_.data(), kv.data(), kv_rows_,
                     kv_positions_.data(), dq.data(), dkv.data(), false);
 
@@ -297,6 +307,7 @@ class Attention2D final : public DistributedAttention {
             prev, kTagKv);
       }
       work(slot);
+      col_comm.set_phase(phase + ".kv_ring");
       shift->wait();
     }
   }
@@ -327,13 +338,13 @@ class Attention2D final : public DistributedAttention {
   const float* advance_q_ring(QRing& ring, const RecordLayout& rec, int step,
                               const std::string& phase) {
     const int cols = plan_.grid.cols;
+    Communicator& row_comm = grid_.row_comm();
+    row_comm.set_phase(phase + ".q_ring");
     ring.inflight->wait();
     const int part = q_part_at(step);
     float* here = ring.buffers[ring.current].data();
     if (step + 1 < cols) {
       const int incoming = q_part_at(step + 1);
-      Communicator& row_comm = grid_.row_comm();
-      row_comm.set_phase(phase + ".q_ring");
       ring.inflight = row_comm.send_recv_async(
           here, rec.floats(row_counts_[part]), (col() + 1) % cols,
           ring.buffers[1 - ring.current].data(), rec.floats(row_counts_[incoming]),
@@ -359,6 +370,7 @@ class Attention2D final : public DistributedAttention {
     std::vector<float> own_partial(static_cast<size_t>(partial_rec_.floats(own_tokens_)));
     const int64_t* own_positions = q_positions_.data() + row_offsets_[static_cast<size_t>(col())];
     column_ring(kv, "forward", [&](int slot) {
+      grid_.world().set_phase("forward.kernel");
       attention_forward_partial(
           kernel_forward_args(q_own.data(), own_tokens_, own_positions,
                               kv.data() + kv_rec_.floats(col_offsets_[slot]), col_counts_[slot],
@@ -384,10 +396,12 @@ class Attention2D final : public DistributedAttention {
                                               partial_rec_.floats(row_counts_[part]), prev, kTagPartial);
       }
       std::vector<float>& result = computed[step % 2];
+      grid_.world().set_phase("forward.kernel");
       attention_forward_partial(
           kernel_forward_args(q_part, row_counts_[part], q_positions_.data() + row_offsets_[part],
                               kv.data(), kv_rows_, kv_positions_.data()),
           partial_view(result.data()), false);
+      row_comm.set_phase("forward.partial_ring");
       partial_in->wait();
       if (step >= 2) {
         merge_partial_records(result.data(), incoming.data(), row_counts_[part] * rows_per_token,
@@ -428,6 +442,7 @@ class Attention2D final : public DistributedAttention {
     std::vector<float> dkv(static_cast<size_t>(kv_rec_.floats(kv_rows_)), 0.0f);
     const int64_t* own_positions = q_positions_.data() + row_offsets_[static_cast<size_t>(col())];
     column_ring(kv, "backward", [&](int slot) {
+      grid_.world().set_phase("backward.kernel");
       kernel_backward(q_own.data(), own_tokens_, own_positions,
                       kv.data() + kv_rec_.floats(col_offsets_[slot]), col_counts_[slot],
                       kv_positions_.data() + col_offsets_[slot], dq_own.data(),
@@ -453,8 +468,10 @@ class Attention2D final : public DistributedAttention {
       dq_out->wait();  // computed[step % 2] was sent two steps ago
       std::vector<float>& result = computed[step % 2];
       std::fill_n(result.begin(), dq_rec.floats(row_counts_[part]), 0.0f);
+      grid_.world().set_phase("backward.kernel");
       kernel_backward(q_part, row_counts_[part], q_positions_.data() + row_offsets_[part], kv.data(),
                       kv_rows_, kv_positions_.data(), result.data(), dkv.data(), true);
+      row_comm.set_phase("backward.dq_ring");
       dq_in->wait();
       if (step >= 2) add_into(result.data(), incoming.data(), dq_rec.floats(row_counts_[part]));
       row_comm.set_phase("backward.dq_ring");

@@ -4,6 +4,7 @@
 
 #include "algorithms.hpp"
 #include "attention2d/attention.hpp"
+#include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
 
 namespace a2d {
@@ -111,8 +112,11 @@ void check_plan(const Plan& plan, const Problem& problem, int ranks) {
 
 std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, const Plan& plan,
                                                      Communicator& world) {
-  problem.validate();
-  check_plan(plan, problem, world.size());
+  collective_check(world, [&] {
+    problem.validate();
+    check_plan(plan, problem, world.size());
+  });
+  check_agreement(world, problem, plan);
   switch (plan.algorithm) {
     case Algorithm::attention2d:
     case Algorithm::attention2d_overlap:

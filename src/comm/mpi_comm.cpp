@@ -13,6 +13,7 @@
 
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "attention2d/watchdog.hpp"
 
 namespace a2d {
 namespace {
@@ -198,7 +199,9 @@ class MpiCommunicator final : public Communicator {
     A2D_MPI(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_INT64_T, plain_op(reduction), comm_));
   }
   void barrier() override { A2D_MPI(MPI_Barrier(comm_)); }
+  void set_phase(const std::string& phase) override { Watchdog::note_phase(phase); }
   void progress() override {
+    Watchdog::heartbeat();
     int flag = 0;
     MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE);
   }
@@ -264,7 +267,7 @@ MpiSession::MpiSession(int* argc, char*** argv) {
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
-    A2D_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided));
+    A2D_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
     owns_ = true;
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);

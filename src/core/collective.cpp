@@ -11,6 +11,8 @@ void collective_check(Communicator& comm, const std::function<void()>& stage) {
   bool failed = false;
   try {
     stage();
+  } catch (const CollectiveError&) {
+    throw;  // already raised on every rank together
   } catch (const Error& e) {
     failed = true;
     message = e.what();
@@ -33,7 +35,11 @@ void collective_check(Communicator& comm, const std::function<void()>& stage) {
   if (comm.rank() == first) text.assign(message.begin(), message.end());
   if (length > 0) comm.broadcast(text.data(), length, static_cast<int>(first));
   std::string shared(text.begin(), text.end());
-  if (failures > 1) shared += " (and " + std::to_string(failures - 1) + " more ranks failed)";
+  if (failures == comm.size() && failures > 1) {
+    shared += " (on every rank)";
+  } else if (failures > 1) {
+    shared += " (and " + std::to_string(failures - 1) + " more ranks failed)";
+  }
   throw CollectiveError(shared, __FILE__, __LINE__);
 }
 

@@ -159,6 +159,7 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
       const int64_t kvh = (item / tiles_per_head) % shape.kv_heads;
       const int64_t b = item / (tiles_per_head * shape.kv_heads);
       const cpu::Tile& kt = k_tiles[t];
+      if (args.progress && thread == 0) args.progress(args.progress_context);
       std::fill(ws.dk.begin(), ws.dk.end(), 0.0f);
       std::fill(ws.dv.begin(), ws.dv.end(), 0.0f);
       for (int64_t h = kvh * shape.group_size(); h < (kvh + 1) * shape.group_size(); ++h) {

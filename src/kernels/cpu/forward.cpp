@@ -121,6 +121,7 @@ void run_forward(const ForwardArgs& args, Begin begin, Finish finish) {
       const int64_t h = (item / static_cast<int64_t>(q_tiles.size())) % shape.heads;
       const int64_t b = item / (static_cast<int64_t>(q_tiles.size()) * shape.heads);
       const cpu::Tile& qt = q_tiles[t];
+      if (args.progress && cpu::is_calling_thread()) args.progress(args.progress_context);
       begin(b, h, qt, state);
       for (int64_t i = 0; i < qt.size(); ++i) {
         const float* q = args.q.at(b, qt.begin + i, h);

@@ -8,6 +8,10 @@
 
 #include "attention2d/kernel.hpp"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 namespace a2d::cpu {
 
 // A run of consecutive rows [begin, end) and the smallest and largest global position in it.
@@ -41,6 +45,16 @@ inline int64_t position_of(const int64_t* positions, int64_t index) {
 
 inline BlockVisibility classify(const Mask& mask, const Tile& q, const Tile& k) {
   return classify_block(mask, q.min_position, q.max_position, k.min_position, k.max_position);
+}
+
+// True on the thread that called the kernel (OpenMP's master thread of the kernel's team): the
+// only one allowed to call the progress callback, which may call MPI.
+inline bool is_calling_thread() {
+#ifdef _OPENMP
+  return omp_get_thread_num() == 0;
+#else
+  return true;
+#endif
 }
 
 // Shared validation of shape, mask, scale, thread count and the presence of input pointers.

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# No hangs: a rank that stalls mid-run makes the watchdog abort the whole job, naming the phase
+# and the rank that did not arrive; a rank that dies ends the job; ranks given different problems
+# all stop with the same error.
+#   watchdog.sh A2D_BINARY MPIEXEC
+set -uo pipefail
+a2d=$1
+mpiexec=$2
+fail() { echo "watchdog.sh: $*" >&2; exit 1; }
+
+# Rank 2 sleeps 600 s in its first kernel call; the timeout is 3 s: the job must end, non-zero,
+# well before the stall would.
+start=$(date +%s)
+out=$(A2D_FAULT_STALL=2:forward.kernel:600 timeout 120 "$mpiexec" --oversubscribe -np 4 "$a2d" run \
+        --seq 1024 --heads 2 --head-dim 32 --timeout 3 2>&1)
+code=$?
+elapsed=$(( $(date +%s) - start ))
+echo "$out"
+[ "$code" -ne 0 ] || fail "a stalled job exited 0"
+[ "$code" -ne 124 ] || [ "$elapsed" -lt 60 ] || fail "the job needed ${elapsed} s"
+[ "$elapsed" -lt 60 ] || fail "the watchdog took ${elapsed} s for a 3 s timeout"
+echo "$out" | grep -q "did not arrive (furthest behind): rank 2 (phase [0-9]* forward.kernel" ||
+  fail "the report does not name rank 2 and its phase"
+
+# A rank that exits in the middle of the backward: the job ends non-zero.
+out=$(A2D_FAULT_EXIT=1:backward.kernel timeout 120 "$mpiexec" --oversubscribe -np 3 "$a2d" run \
+        --seq 512 --heads 2 --head-dim 32 --backward --timeout 3 2>&1)
+code=$?
+[ "$code" -ne 0 ] && [ "$code" -ne 124 ] || [ "$code" -eq 124 ] || fail "unexpected exit $code"
+[ "$code" -ne 0 ] || fail "a job with a dead rank exited 0"
+
+# Different problems on different ranks (MPMD): every rank reports the same error, exit code 2.
+out=$(timeout 120 "$mpiexec" --oversubscribe -np 1 "$a2d" run --seq 256 --heads 8 --head-dim 32 : \
+        -np 2 "$a2d" run --seq 256 --heads 4 --head-dim 32 2>&1)
+code=$?
+echo "$out"
+[ "$code" -eq 2 ] || fail "mismatched ranks gave exit code $code, not 2"
+[ "$(echo "$out" | grep -c '^  heads: 4 on ranks 1-2; 8 on rank 0')" -eq 3 ] ||
+  fail "the mismatch is not named on all 3 ranks"
+echo "watchdog.sh: all checks passed"
