@@ -36,6 +36,7 @@ struct RunOptions {
   bool check = false;
   bool json = false;
   bool force = false;
+  bool check_finite = false;
   std::string q_file, k_file, v_file, do_file, out_dir;
   int64_t seed = 42;
   int64_t warmup = 1;
@@ -143,6 +144,8 @@ int run(int argc, char** argv, int first) {
     options.add_flag("--force", &o.force, "overwrite existing output files");
     options.add_flag("--check", &o.check, "compare every output with the fp64 reference; exit 1 over the bound");
     options.add_flag("--json", &o.json, "one JSON object per line instead of the report");
+    options.add_flag("--check-finite", &o.check_finite,
+                     "refuse inputs holding NaN or Inf, naming the first one and its rank");
     options.add_int("--seed", &o.seed, "seed of the generated inputs");
     options.add_int("--warmup", &o.warmup, "untimed iterations");
     options.add_int("--iters", &o.iters, "timed iterations; the median is reported");
@@ -194,6 +197,15 @@ int run(int argc, char** argv, int first) {
     if (from_files) {
       world.set_phase("io");
       scatter_inputs(world, 0, problem, attention->layout(), global, shards, o.backward);
+    }
+
+    if (o.check_finite) {
+      world.set_phase("io");
+      const NonFiniteInput bad = find_nonfinite(world, problem, attention->layout(), shards, o.backward);
+      collective_check(world, [&] {
+        A2D_REQUIRE(!bad.found || world.rank() != bad.rank, bad.describe(),
+                    " (--check-finite; global index order [batch, seq, heads, head_dim])");
+      });
     }
 
     const Timings timings = time_attention(world, *log, *attention, problem, shards, o.backward,

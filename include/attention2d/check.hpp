@@ -6,9 +6,12 @@
 
 namespace a2d {
 
-// Relative Frobenius error ||got - expected|| / ||expected|| over the finite entries. An entry
-// where exactly one side is infinite (a row that sees no key has LSE = -inf), or where `got` is
-// NaN, makes the error infinite. When ||expected|| = 0 the absolute norm is returned.
+// Relative Frobenius error ||got - expected|| / ||expected|| over the entries where `expected` is
+// finite. The other entries must match in kind, or the error is infinite:
+//   expected -inf (LSE of a row that sees no key)  ->  got must be -inf
+//   expected NaN or +-inf (poisoned by a non-finite input)  ->  got must be NaN or +-inf
+//   expected finite  ->  got must be finite
+// When ||expected|| = 0 the absolute norm is returned.
 double relative_error(const float* got, const double* expected, int64_t count);
 
 // The bound every fp32 kernel output (O, LSE, dQ, dK, dV) must meet against the fp64 reference,

@@ -44,6 +44,19 @@ void scatter_inputs(Communicator& comm, int root, const Problem& problem, const 
 GlobalOutputs gather_outputs(Communicator& comm, int root, const Problem& problem,
                              const TokenLayout& layout, const ShardSet& shards, bool backward);
 
+// The first non-finite input element in global order (Q, then K, V and dO; within a tensor by
+// global index), over every rank's shards, and the rank that holds it. Collective.
+struct NonFiniteInput {
+  bool found = false;
+  std::string tensor;  // "Q", "K", "V" or "dO"
+  int64_t batch = 0, token = 0, head = 0, dim = 0;
+  int rank = -1;
+  double value = 0;
+  std::string describe() const;
+};
+NonFiniteInput find_nonfinite(Communicator& comm, const Problem& problem, const TokenLayout& layout,
+                              const ShardSet& shards, bool backward);
+
 struct ReferenceOutputs {
   std::vector<double> out, lse, dq, dk, dv;
 };

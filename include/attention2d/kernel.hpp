@@ -45,6 +45,13 @@ struct Mask {
   std::string describe() const;  // "none", "causal", "causal-window(W)"
 };
 
+// The maximum the kernels, the merge and the reference use for row maxima: a NaN wins (as in
+// IEEE softmax implementations), so a NaN score poisons its row instead of being skipped.
+template <typename T>
+inline T max_keep_nan(T a, T b) {
+  return (b > a || b != b) ? b : a;
+}
+
 // How a block of queries (positions in [q_min, q_max]) relates to a block of keys.
 enum class BlockVisibility { hidden, partial, full };
 BlockVisibility classify_block(const Mask& mask, int64_t q_min, int64_t q_max, int64_t k_min,

@@ -35,6 +35,15 @@ float Problem::softmax_scale() const { return scale > 0 ? scale : default_scale(
 void Problem::validate() const {
   A2D_REQUIRE(seq >= 1, "the sequence length must be at least 1 (got ", seq, ")");
   local_shape(seq, seq).validate();
+  // Upper limits keep every buffer size and index far from 64-bit overflow.
+  A2D_REQUIRE(seq <= (int64_t{1} << 40), "the sequence length ", seq, " exceeds 2^40 tokens");
+  A2D_REQUIRE(head_dim <= 4096, "head_dim ", head_dim, " exceeds 4096, the largest supported");
+  A2D_REQUIRE(batch <= (1 << 20) && heads <= (1 << 20), "batch (", batch, ") and heads (", heads,
+              ") must each be at most 2^20");
+  const double elements = static_cast<double>(batch) * static_cast<double>(seq) *
+                          static_cast<double>(heads) * static_cast<double>(head_dim);
+  A2D_REQUIRE(elements <= 0x1p56, "Q would hold ", elements, " elements; at most 2^56 are "
+              "supported");
   mask.validate();
   A2D_REQUIRE(std::isfinite(scale) && scale >= 0,
               "the softmax scale must be positive (or 0 for 1/sqrt(head_dim)); got ", scale);

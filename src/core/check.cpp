@@ -11,11 +11,16 @@ double relative_error(const float* got, const double* expected, int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     const double g = got[i];
     const double e = expected[i];
-    if (std::isnan(g) || std::isnan(e)) return std::numeric_limits<double>::infinity();
-    if (std::isinf(g) || std::isinf(e)) {
-      if (g != e) return std::numeric_limits<double>::infinity();
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    if (e == -kInf) {
+      if (g != -kInf) return kInf;
       continue;
     }
+    if (!std::isfinite(e)) {
+      if (std::isfinite(g)) return kInf;
+      continue;
+    }
+    if (!std::isfinite(g)) return kInf;
     diff += (g - e) * (g - e);
     norm += e * e;
   }

@@ -1,6 +1,9 @@
 #include "attention2d/harness.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
 
 #include "attention2d/check.hpp"
 #include "attention2d/data.hpp"
@@ -180,6 +183,64 @@ GlobalOutputs gather_outputs(Communicator& comm, int root, const Problem& p,
     }
   }
   return g;
+}
+
+NonFiniteInput find_nonfinite(Communicator& comm, const Problem& p, const TokenLayout& layout,
+                              const ShardSet& shards, bool backward) {
+  struct Tensor {
+    const char* name;
+    const std::vector<float>* shard;
+    int64_t heads;
+  };
+  std::vector<Tensor> tensors = {{"Q", &shards.q, p.heads}, {"K", &shards.k, p.kv_heads},
+                                 {"V", &shards.v, p.kv_heads}};
+  if (backward) tensors.push_back({"dO", &shards.d_out, p.heads});
+  const std::vector<int64_t> tokens = layout.tokens_of(comm.rank());
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+  for (const Tensor& t : tensors) {
+    // The smallest global index [batch, seq, heads, head_dim] of a non-finite element here.
+    const int64_t row = t.heads * p.head_dim;
+    int64_t first = kNone;
+    double value = 0;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float* x = t.shard->data() + (b * n + i) * row;
+        for (int64_t e = 0; e < row; ++e) {
+          if (std::isfinite(x[e])) continue;
+          const int64_t global = (b * p.seq + tokens[i]) * row + e;
+          if (global < first) first = global, value = x[e];
+          break;  // later elements of this row have larger indices
+        }
+      }
+    }
+    int64_t global_first = -first;  // max of the negation = min
+    comm.all_reduce(&global_first, 1, Reduction::max);
+    global_first = -global_first;
+    if (global_first == kNone) continue;
+    int64_t owner = first == global_first ? comm.rank() : -1;
+    comm.all_reduce(&owner, 1, Reduction::max);
+    comm.broadcast(&value, sizeof value, static_cast<int>(owner));
+    NonFiniteInput found;
+    found.found = true;
+    found.tensor = t.name;
+    found.dim = global_first % p.head_dim;
+    found.head = (global_first / p.head_dim) % t.heads;
+    found.token = (global_first / row) % p.seq;
+    found.batch = global_first / (row * p.seq);
+    found.rank = static_cast<int>(owner);
+    found.value = value;
+    return found;
+  }
+  return {};
+}
+
+std::string NonFiniteInput::describe() const {
+  if (!found) return "all inputs are finite";
+  std::ostringstream out;
+  out << "non-finite value " << value << " in " << tensor << " at (batch " << batch << ", token "
+      << token << ", head " << head << ", dim " << dim << "), held by rank " << rank;
+  return out.str();
 }
 
 ReferenceOutputs reference_outputs(const Problem& p, const GlobalTensors& in, bool backward,

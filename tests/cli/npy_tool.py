@@ -5,6 +5,11 @@
   npy_tool.py shape FILE                        print the shape as D0xD1x...
   npy_tool.py compare A B BOUND                 exit 1 unless the relative Frobenius
                                                 difference of A and B is <= BOUND
+  npy_tool.py set FILE INDEX VALUE              set the element with flat index INDEX
+                                                (VALUE may be nan, inf, -inf)
+  npy_tool.py nonfinite-rows FILE               print the indices along axis 1 of the
+                                                [B, N, ...] array whose rows hold a
+                                                non-finite value, comma-separated
 """
 import ast
 import math
@@ -58,6 +63,24 @@ def main():
         print("relative difference %.3e" % (diff / norm))
         if diff / norm > bound:
             sys.exit("over the bound %g" % bound)
+    elif command == "set":
+        path, index, value = sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+        data = open(path, "rb").read()
+        length = struct.unpack("<H", data[8:10])[0]
+        header = ast.literal_eval(data[10:10 + length].decode())
+        size = {"<f4": 4, "<f8": 8}[header["descr"]]
+        fmt = "<f" if size == 4 else "<d"
+        offset = 10 + length + index * size
+        data = data[:offset] + struct.pack(fmt, value) + data[offset + size:]
+        open(path, "wb").write(data)
+    elif command == "nonfinite-rows":
+        shape, values = read(sys.argv[2])
+        per_row = math.prod(shape[2:])
+        rows = set()
+        for i, x in enumerate(values):
+            if not math.isfinite(x):
+                rows.add((i // per_row) % shape[1])
+        print(",".join(str(r) for r in sorted(rows)))
     else:
         sys.exit(__doc__)
 

@@ -1,6 +1,7 @@
 #include "attention_case.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -35,6 +36,7 @@ std::string Case::name() const {
       << "_T" << threads;
   if (amplitude != 1.0f) out << "_amp" << static_cast<int>(amplitude);
   if (scale > 0) out << "_customscale";
+  if (nan_q_row >= 0 || inf_k_row >= 0 || nan_v_row >= 0) out << "_nonfinite";
   return out.str();
 }
 
@@ -48,6 +50,11 @@ Problem make_problem(const Case& c) {
   p.k = generate_tokens(c.seed, TensorTag::k, {c.batch, c.kv_tokens, c.kv_heads, c.head_dim}, c.amplitude);
   p.v = generate_tokens(c.seed, TensorTag::v, {c.batch, c.kv_tokens, c.kv_heads, c.head_dim});
   p.d_out = generate_tokens(c.seed, TensorTag::d_out, {c.batch, c.q_tokens, c.heads, c.head_dim});
+
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  if (c.nan_q_row >= 0) p.q[(c.nan_q_row * c.heads) * c.head_dim + 1] = nan;
+  if (c.inf_k_row >= 0) p.k[(c.inf_k_row * c.kv_heads) * c.head_dim] = std::numeric_limits<float>::infinity();
+  if (c.nan_v_row >= 0) p.v[(c.nan_v_row * c.kv_heads) * c.head_dim] = nan;
 
   std::mt19937_64 rng(c.seed * 7919 + 13);
   switch (c.positions) {

@@ -32,6 +32,11 @@ struct Case {
   float amplitude = 1.0f;  // scales Q and K: larger values make the softmax peakier
   float scale = 0.0f;      // 0: 1/sqrt(head_dim)
   uint64_t seed = 7;
+  // Non-finite inputs (-1: none): a NaN in Q row `nan_q_row` (batch 0, head 0, dim 1), +Inf in
+  // K row `inf_k_row` and a NaN in V row `nan_v_row` (batch 0, K/V head 0, dim 0).
+  int64_t nan_q_row = -1;
+  int64_t inf_k_row = -1;
+  int64_t nan_v_row = -1;
 
   std::string name() const;
 };

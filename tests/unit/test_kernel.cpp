@@ -95,6 +95,34 @@ std::vector<Case> kernel_cases() {
   return cases;
 }
 
+// Non-finite inputs: the kernel's poisoned entries must be exactly the reference's (relative_error
+// requires matching non-finite entries), with key and value rows inside partial (diagonal) tiles
+// and inside tiles the mask hides, for every mask and layout of positions.
+std::vector<Case> nonfinite_cases() {
+  std::vector<Case> cases;
+  for (const Mask& m : all_masks(37)) {
+    for (const Positions p : {Positions::contiguous, Positions::arbitrary}) {
+      Case c;
+      c.heads = 4;
+      c.kv_heads = 2;
+      c.q_tokens = c.kv_tokens = 150;
+      c.head_dim = 64;
+      c.mask = m;
+      c.positions = p;
+      c.nan_q_row = 70;
+      c.inf_k_row = 100;
+      c.nan_v_row = 90;
+      cases.push_back(c);
+      c.threads = 2;
+      c.nan_q_row = -1;
+      c.inf_k_row = 3;
+      c.nan_v_row = 129;
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
 class KernelTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(KernelTest, ForwardAndBackwardMatchFp64Reference) {
@@ -112,6 +140,8 @@ TEST_P(KernelTest, ForwardAndBackwardMatchFp64Reference) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(NonFinite, KernelTest, ::testing::ValuesIn(nonfinite_cases()),
+                         [](const auto& p) { return p.param.name() + "_" + std::to_string(p.index); });
 INSTANTIATE_TEST_SUITE_P(Matrix, KernelTest, ::testing::ValuesIn(kernel_cases()),
                          [](const auto& p) { return p.param.name() + "_" + std::to_string(p.index); });
 

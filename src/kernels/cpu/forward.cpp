@@ -72,9 +72,9 @@ void attend_key_tile(const ForwardArgs& args, int64_t b, int64_t h, const cpu::T
   for (int64_t i = 0; i < rows; ++i) {
     float* s = scores + i * kBlockK;
     float tile_max = kNegInf;
-    for (int64_t j = 0; j < cols; ++j) tile_max = std::max(tile_max, s[j]);
+    for (int64_t j = 0; j < cols; ++j) tile_max = max_keep_nan(tile_max, s[j]);
     const float old_max = state.row_max[i];
-    const float new_max = std::max(old_max, tile_max);
+    const float new_max = max_keep_nan(old_max, tile_max);
     if (new_max == kNegInf) continue;  // the row has still seen no key
     // exp(-inf - finite) = 0: a row that had seen nothing keeps nothing.
     const float rescale = std::exp(old_max - new_max);

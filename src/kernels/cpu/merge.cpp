@@ -23,7 +23,7 @@ void merge_partial(const RowsShape& rows, const PartialView& into, const ConstPa
         const float m_from = from.row_max.at(b, h, t);
         if (m_from == kNegInf) continue;  // nothing to add
         float& m_into = into.row_max.at(b, h, t);
-        const float m = std::max(m_into, m_from);
+        const float m = max_keep_nan(m_into, m_from);
         const float w_into = weight(m_into, m);
         const float w_from = std::exp(m_from - m);
         into.row_sum.at(b, h, t) = w_into * into.row_sum.at(b, h, t) + w_from * from.row_sum.at(b, h, t);
@@ -73,7 +73,7 @@ void merge_output(const RowsShape& rows, TokenView<float> out_a, RowView<float> 
         const float l_b = lse_b.at(b, h, t);
         if (l_b == kNegInf) continue;
         float& l_a = lse_a.at(b, h, t);
-        const float m = std::max(l_a, l_b);
+        const float m = max_keep_nan(l_a, l_b);
         const float w_a = weight(l_a, m);
         const float w_b = std::exp(l_b - m);
         const float total = w_a + w_b;  // >= 1: the larger side has weight 1

@@ -50,7 +50,7 @@ double row_scores(const Inputs& in, const Layout& at, int64_t b, int64_t h, int6
       continue;
     }
     scores[j] = in.scale * dot(q, in.k + at.kv_index(b, j, kvh), s.head_dim);
-    row_max = std::max(row_max, scores[j]);
+    row_max = max_keep_nan(row_max, scores[j]);
   }
   if (row_max == kNegInf) return kNegInf;
   double sum = 0.0;
