@@ -8,9 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-30}
 scripts/setup.sh >/dev/null
+mkdir -p build-fuzz
 CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DA2D_FUZZ=ON \
-  -DA2D_WITH_MPI=OFF -DA2D_BUILD_TESTS=OFF -DA2D_BUILD_BENCH=OFF -DA2D_WERROR=ON >build-fuzz.configure.log 2>&1 ||
-  { cat build-fuzz.configure.log; exit 1; }
+  -DA2D_WITH_MPI=OFF -DA2D_BUILD_TESTS=OFF -DA2D_BUILD_BENCH=OFF -DA2D_WERROR=ON >build-fuzz/configure.log 2>&1 ||
+  { cat build-fuzz/configure.log; exit 1; }
 cmake --build build-fuzz -j "$(nproc)" --target fuzz_npy fuzz_layout
 for target in npy layout; do
   corpus=build-fuzz/corpus/$target
