@@ -23,18 +23,6 @@ namespace {
 // Tags keep concurrent point-to-point streams between the same ranks apart.
 enum Tag : int { kTagTranspose = 1, kTagKv = 2, kTagQ = 3, kTagPartial = 4 };
 
-std::vector<int64_t> scaled(const std::vector<int64_t>& tokens, int64_t per_token) {
-  std::vector<int64_t> out(tokens);
-  for (auto& x : out) x *= per_token;
-  return out;
-}
-
-std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
-  std::vector<int64_t> offsets(counts.size() + 1, 0);
-  std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
-  return offsets;
-}
-
 class Attention2D final : public DistributedAttention {
  public:
   Attention2D(const Problem& problem, const Plan& plan, Communicator& world)
