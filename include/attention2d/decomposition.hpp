@@ -64,8 +64,9 @@ int64_t ring_step_unmasked_pairs(const Problem& problem, const Plan& plan, int r
 // all-gather K/V rank, which computes the same pairs in one call.
 int64_t sequence_parallel_unmasked_pairs(const Problem& problem, const Plan& plan, int rank);
 // The ring's critical path under a step-synchronous schedule: sum over steps of the busiest
-// rank's entries at that step (a step cannot finish before its K/V block has been used by the
-// rank that forwards it, so per-step imbalance is not absorbed by later steps).
+// rank's entries at that step. Neighbours are coupled every step (the exchange with both must
+// complete; in the backward a dK, dV accumulator is ready only when rank - 1 has finished the
+// previous step), so per-step imbalance is not absorbed by later steps.
 int64_t ring_critical_path_pairs(const Problem& problem, const Plan& plan);
 
 // Ulysses: the heads a rank attends to after the all-to-all. Rank j gets K/V heads

@@ -24,10 +24,12 @@ run 1 "${inputs[@]}" --causal --out "$work/p1" || fail "1-rank run failed"
 run 4 "${inputs[@]}" --causal --algo attention2d-overlap --grid 2x2 --check --out "$work/p4" ||
   fail "4-rank overlapped run failed"
 # The baselines read the same files and must write the same outputs (docs/baselines.md).
-run 3 "${inputs[@]}" --causal --algo ring --check --out "$work/ring3" || fail "3-rank ring run failed"
-run 4 "${inputs[@]}" --causal --algo allgather-kv --layout striped --stripe 2 --check \
+once=(--warmup 0 --iters 1)
+run 3 "${inputs[@]}" "${once[@]}" --causal --algo ring --check --out "$work/ring3" ||
+  fail "3-rank ring run failed"
+run 4 "${inputs[@]}" "${once[@]}" --causal --algo allgather-kv --layout striped --stripe 2 --check \
   --out "$work/allgather4" || fail "4-rank allgather-kv run failed"
-run 2 "${inputs[@]}" --causal --algo ulysses --check --out "$work/ulysses2" ||
+run 2 "${inputs[@]}" "${once[@]}" --causal --algo ulysses --check --out "$work/ulysses2" ||
   fail "2-rank ulysses run failed"
 [ "$($tool shape "$work/p3/o.npy")" = 2x37x4x16 ] || fail "o.npy has the wrong shape"
 [ "$($tool shape "$work/p3/lse.npy")" = 2x4x37 ] || fail "lse.npy has the wrong shape"
