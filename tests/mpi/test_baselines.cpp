@@ -55,7 +55,7 @@ std::vector<Config> configs(int ranks) {
   list.push_back({"causal_gqa", make_problem(1, 2 * p, p, 13 * p + 5, 32, Mask::causal())});
   list.push_back({"none_mqa_batch2", make_problem(2, 4, 1, 9 * p + 2, 16, Mask::none())});
   list.push_back(
-      {"window_mha", make_problem(1, p, p, 11 * p + 4, 24, Mask::causal_window(2 * p + 3))});
+      {"window_mha_batch2", make_problem(2, p, p, 11 * p + 4, 24, Mask::causal_window(2 * p + 3))});
   if (ranks > 1) {
     list.push_back({"fewer_tokens_than_ranks_causal_gqa",
                     make_problem(1, 2 * p, p, p - 1, 16, Mask::causal())});
