@@ -36,4 +36,48 @@ Attention2DRank attention2d_rank(const Problem& problem, const Plan& plan, int r
 // measure of docs/attention2d.md.
 int64_t attention2d_unmasked_pairs(const Problem& problem, const Plan& plan, int rank);
 
+// ---- Baselines (docs/baselines.md) ----------------------------------------------------------
+//
+// Ring Attention, all-gather K/V and Ulysses run on all P ranks as one group, with the tokens of
+// Q, K, V (and O, the gradients) in the plan's layout. Part i = the shard of world rank i.
+
+// The parts of the plan's layout in rank order: the order in which Ring Attention's K/V blocks
+// visit a rank and in which the all-gather and Ulysses' all-to-all concatenate them.
+struct SequenceParts {
+  std::vector<int64_t> counts;     // tokens of part i (P entries)
+  std::vector<int64_t> offsets;    // offset of part i in the concatenation (P + 1 entries; N last)
+  std::vector<int64_t> positions;  // global positions of part 0's tokens, then part 1's, ... (N)
+
+  int parts() const { return static_cast<int>(counts.size()); }
+  const int64_t* positions_of(int part) const;
+};
+SequenceParts sequence_parts(const Problem& problem, const Plan& plan);
+
+// Ring Attention: the K/V part that `rank` attends to at step `step` (0 .. P-1). K/V blocks
+// travel to rank + 1, so step s brings the part of rank - s; step 0 is the rank's own.
+int ring_part_at(int ranks, int rank, int step);
+
+// Unmasked score entries per batch and head that `rank` computes at ring step `step`: its own
+// queries against part ring_part_at(P, rank, step).
+int64_t ring_step_unmasked_pairs(const Problem& problem, const Plan& plan, int rank, int step);
+// The same over all steps: the rank's queries against every key. This is also the work of an
+// all-gather K/V rank, which computes the same pairs in one call.
+int64_t sequence_parallel_unmasked_pairs(const Problem& problem, const Plan& plan, int rank);
+// The ring's critical path under a step-synchronous schedule: sum over steps of the busiest
+// rank's entries at that step. Neighbours are coupled every step (the exchange with both must
+// complete; in the backward a dK, dV accumulator is ready only when rank - 1 has finished the
+// previous step), so per-step imbalance is not absorbed by later steps.
+int64_t ring_critical_path_pairs(const Problem& problem, const Plan& plan);
+
+// Ulysses: the heads a rank attends to after the all-to-all. Rank j gets K/V heads
+// [j Hkv/P, (j+1) Hkv/P) and the query heads of those groups, [j H/P, (j+1) H/P); each K/V head
+// goes to one rank only (GQA and MQA are not expanded). Requires P | Hkv (check_plan).
+struct UlyssesHeads {
+  int64_t first_head = 0;
+  int64_t heads = 0;
+  int64_t first_kv_head = 0;
+  int64_t kv_heads = 0;
+};
+UlyssesHeads ulysses_heads(const Problem& problem, int ranks, int rank);
+
 }  // namespace a2d

@@ -23,18 +23,6 @@ namespace {
 // Tags keep concurrent point-to-point streams between the same ranks apart.
 enum Tag : int { kTagTranspose = 1, kTagKv = 2, kTagQ = 3, kTagPartial = 4 };
 
-std::vector<int64_t> scaled(const std::vector<int64_t>& tokens, int64_t per_token) {
-  std::vector<int64_t> out(tokens);
-  for (auto& x : out) x *= per_token;
-  return out;
-}
-
-std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
-  std::vector<int64_t> offsets(counts.size() + 1, 0);
-  std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
-  return offsets;
-}
-
 class Attention2D final : public DistributedAttention {
  public:
   Attention2D(const Problem& problem, const Plan& plan, Communicator& world)
@@ -84,10 +72,6 @@ class Attention2D final : public DistributedAttention {
   }
 
  private:
-  // The kernels' progress callback: lets MPI advance the transfers in flight (MPI progresses only
-  // inside MPI calls) and tells the watchdog this rank is alive.
-  static void progress(void* self) { static_cast<Attention2D*>(self)->grid_.world().progress(); }
-
   int row() const { return grid_.row(); }
   int col() const { return grid_.col(); }
   int64_t head_dim() const { return problem_.head_dim; }
@@ -120,8 +104,7 @@ class Attention2D final : public DistributedAttention {
   }
 
   ForwardArgs kernel_forward_args(const float* q, int64_t q_tokens, const int64_t* q_pos,
-                                  const float* kv, int64_t kv_tokens,
-                                  const int64_t* kv_pos) const {
+                                  const float* kv, int64_t kv_tokens, const int64_t* kv_pos) {
     ForwardArgs args;
     args.shape = problem_.local_shape(q_tokens, kv_tokens);
     args.mask = problem_.mask;
@@ -132,8 +115,7 @@ class Attention2D final : public DistributedAttention {
     args.q_positions = q_pos;
     args.kv_positions = kv_pos;
     args.threads = plan_.threads;
-    args.progress = &Attention2D::progress;
-    args.progress_context = const_cast<Attention2D*>(this);
+    progress_through(args, grid_.world());
     return args;
   }
 
@@ -161,7 +143,7 @@ class Attention2D final : public DistributedAttention {
   // K/V records. accumulate: add to the gradient buffers instead of overwriting them.
   void kernel_backward(const float* q_back, int64_t q_tokens, const int64_t* q_pos,
                        const float* kv, int64_t kv_tokens, const int64_t* kv_pos, float* dq,
-                       float* dkv, bool accumulate) const {
+                       float* dkv, bool accumulate) {
     const int64_t d = head_dim();
     const RecordLayout dq_rec{problem_.batch, problem_.heads, d};
     BackwardArgs args;
@@ -177,8 +159,7 @@ class Attention2D final : public DistributedAttention {
     args.q_positions = q_pos;
     args.kv_positions = kv_pos;
     args.threads = plan_.threads;
-    args.progress = &Attention2D::progress;
-    args.progress_context = const_cast<Attention2D*>(this);
+    progress_through(args, grid_.world());
     args.accumulate = accumulate;
     attention_backward(args, dq_rec.tokens(dq, 0), kv_rec_.tokens(dkv, 0), kv_rec_.tokens(dkv, d));
   }

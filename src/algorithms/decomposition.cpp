@@ -1,6 +1,9 @@
 #include "attention2d/decomposition.hpp"
 
+#include <algorithm>
 #include <numeric>
+
+#include "attention2d/error.hpp"
 
 namespace a2d {
 
@@ -44,6 +47,72 @@ int64_t attention2d_unmasked_pairs(const Problem& problem, const Plan& plan, int
   const Attention2DRank work = attention2d_rank(problem, plan, rank);
   return count_visible_pairs(problem.mask, work.q_positions.data(), work.q_rows(),
                              work.kv_positions.data(), work.kv_rows());
+}
+
+const int64_t* SequenceParts::positions_of(int part) const {
+  return positions.data() + offsets[static_cast<size_t>(part)];
+}
+
+SequenceParts sequence_parts(const Problem& problem, const Plan& plan) {
+  const int ranks = plan.grid.size();
+  const TokenLayout layout(plan.layout, problem.seq, ranks, plan.stripe);
+  SequenceParts out;
+  out.offsets.push_back(0);
+  for (int part = 0; part < ranks; ++part) {
+    out.counts.push_back(layout.count(part));
+    out.offsets.push_back(out.offsets.back() + out.counts.back());
+    for (const int64_t t : layout.tokens_of(part)) out.positions.push_back(t);
+  }
+  return out;
+}
+
+int ring_part_at(int ranks, int rank, int step) { return ((rank - step) % ranks + ranks) % ranks; }
+
+namespace {
+int64_t pairs_between(const Problem& problem, const SequenceParts& parts, int q_part, int kv_part) {
+  return count_visible_pairs(problem.mask, parts.positions_of(q_part),
+                             parts.counts[static_cast<size_t>(q_part)], parts.positions_of(kv_part),
+                             parts.counts[static_cast<size_t>(kv_part)]);
+}
+}  // namespace
+
+int64_t ring_step_unmasked_pairs(const Problem& problem, const Plan& plan, int rank, int step) {
+  const SequenceParts parts = sequence_parts(problem, plan);
+  return pairs_between(problem, parts, rank, ring_part_at(parts.parts(), rank, step));
+}
+
+int64_t sequence_parallel_unmasked_pairs(const Problem& problem, const Plan& plan, int rank) {
+  const SequenceParts parts = sequence_parts(problem, plan);
+  return count_visible_pairs(problem.mask, parts.positions_of(rank),
+                             parts.counts[static_cast<size_t>(rank)], parts.positions.data(),
+                             problem.seq);
+}
+
+int64_t ring_critical_path_pairs(const Problem& problem, const Plan& plan) {
+  const SequenceParts parts = sequence_parts(problem, plan);
+  const int ranks = parts.parts();
+  int64_t path = 0;
+  for (int step = 0; step < ranks; ++step) {
+    int64_t busiest = 0;
+    for (int rank = 0; rank < ranks; ++rank) {
+      const int part = ring_part_at(ranks, rank, step);
+      busiest = std::max(busiest, pairs_between(problem, parts, rank, part));
+    }
+    path += busiest;
+  }
+  return path;
+}
+
+UlyssesHeads ulysses_heads(const Problem& problem, int ranks, int rank) {
+  A2D_REQUIRE(ranks >= 1 && problem.kv_heads % ranks == 0,
+              "Ulysses needs the number of K/V heads (", problem.kv_heads,
+              ") to be a multiple of the number of ranks (", ranks, ")");
+  UlyssesHeads out;
+  out.kv_heads = problem.kv_heads / ranks;
+  out.heads = problem.heads / ranks;
+  out.first_kv_head = rank * out.kv_heads;
+  out.first_head = rank * out.heads;
+  return out;
 }
 
 }  // namespace a2d

@@ -111,12 +111,20 @@ void check_plan(const Plan& plan, const Problem& problem, int ranks) {
     case Algorithm::ring:
     case Algorithm::allgather_kv:
     case Algorithm::ulysses:
+      // Any layout is exact for these (the kernel masks by global position); zigzag or striped
+      // balances causal work for ring and allgather-kv, contiguous does not (docs/baselines.md).
       A2D_REQUIRE(plan.grid.rows == 1 && plan.grid.cols == ranks, algo,
                   " runs on all ranks as one group; --grid applies to attention2d only (got ",
                   plan.grid.describe(), " for ", ranks, " ranks)");
       break;
   }
-  (void)problem;
+  if (plan.algorithm == Algorithm::ulysses) {
+    // Ulysses gives every rank whole K/V heads, each to one rank only.
+    A2D_REQUIRE(problem.kv_heads % ranks == 0, "ulysses shards the heads: the number of ranks (",
+                ranks, ") must divide the number of K/V heads (", problem.kv_heads,
+                "); use a number of ranks that divides ", problem.kv_heads,
+                ", or --algo ring, allgather-kv or attention2d");
+  }
 }
 
 std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, const Plan& plan,
@@ -131,13 +139,13 @@ std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, con
     case Algorithm::attention2d_overlap:
       return algorithms::make_attention2d(problem, plan, world);
     case Algorithm::ring:
+      return algorithms::make_ring(problem, plan, world);
     case Algorithm::allgather_kv:
+      return algorithms::make_allgather_kv(problem, plan, world);
     case Algorithm::ulysses:
-      break;
+      return algorithms::make_ulysses(problem, plan, world);
   }
-  A2D_FAIL("the algorithm ", algorithm_name(plan.algorithm),
-           " is not implemented yet (tracked by the baselines issue); use attention2d or "
-           "attention2d-overlap");
+  A2D_FAIL("unknown algorithm ", static_cast<int>(plan.algorithm));
 }
 
 }  // namespace a2d

@@ -9,11 +9,21 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
+#include "attention2d/comm.hpp"
 #include "attention2d/kernel.hpp"
 
 namespace a2d::algorithms {
+
+// Points a kernel's progress callback at `comm`: while the kernel runs, MPI advances the
+// transfers in flight (it progresses only inside MPI calls) and the watchdog sees this rank alive.
+template <typename KernelArgs>
+void progress_through(KernelArgs& args, Communicator& comm) {
+  args.progress = [](void* context) { static_cast<Communicator*>(context)->progress(); };
+  args.progress_context = &comm;
+}
 
 struct RecordLayout {
   int64_t batch = 1;
@@ -59,6 +69,47 @@ inline void pack_rows(RowView<const float> from, int64_t tokens, const RecordLay
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t b = 0; b < to.batch; ++b)
       for (int64_t h = 0; h < to.heads; ++h) dst.at(b, h, t) = from.at(b, h, t);
+}
+
+// Copies `heads` x `width` floats per (batch, token) between two views of any strides.
+inline void copy_tokens(TokenView<const float> from, TokenView<float> to, int64_t batch,
+                        int64_t tokens, int64_t heads, int64_t width) {
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < heads; ++h) std::copy_n(from.at(b, t, h), width, to.at(b, t, h));
+}
+
+inline void copy_rows(RowView<const float> from, RowView<float> to, int64_t batch, int64_t heads,
+                      int64_t tokens) {
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t h = 0; h < heads; ++h) to.at(b, h, t) = from.at(b, h, t);
+}
+
+// The heads first_head, first_head + 1, ... of a view (the same tensor, fewer heads).
+template <typename T>
+TokenView<T> from_head(TokenView<T> view, int64_t first_head) {
+  return {view.data + first_head * view.head_stride, view.batch_stride, view.token_stride,
+          view.head_stride};
+}
+template <typename T>
+RowView<T> from_head(RowView<T> view, int64_t first_head) {
+  return {view.data + first_head * view.head_stride, view.batch_stride, view.head_stride,
+          view.token_stride};
+}
+
+// Token counts times a per-token size (floats or records per token).
+inline std::vector<int64_t> scaled(const std::vector<int64_t>& tokens, int64_t per_token) {
+  std::vector<int64_t> out(tokens);
+  for (auto& x : out) x *= per_token;
+  return out;
+}
+
+// Offsets of consecutive blocks of `counts`: counts.size() + 1 entries, the last the total.
+inline std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> offsets(counts.size() + 1, 0);
+  std::partial_sum(counts.begin(), counts.end(), offsets.begin() + 1);
+  return offsets;
 }
 
 // Element-wise sum of `count` floats: into += from.

@@ -1,6 +1,6 @@
 // Words and messages per rank, phase by phase. The formulas follow the algorithms' schedules and
 // the counting convention of comm.hpp (ring charges; empty blocks are not sent); see
-// docs/attention2d.md for their derivation and closed forms.
+// docs/attention2d.md and docs/baselines.md for their derivation and closed forms.
 #include <numeric>
 #include <vector>
 
@@ -22,6 +22,10 @@ Traffic ring(const RingCharge& charge) { return {4 * charge.elements, charge.mes
 Traffic point_to_point(int64_t floats, bool to_self) {
   if (to_self || floats == 0) return {0, 0};
   return {4 * floats, 1};
+}
+
+Traffic add(const Traffic& a, const Traffic& b) {
+  return {a.bytes + b.bytes, a.messages + b.messages};
 }
 
 std::map<std::string, Traffic> attention2d_traffic(const Problem& p, const Plan& plan, int rank) {
@@ -68,6 +72,62 @@ std::map<std::string, Traffic> attention2d_traffic(const Problem& p, const Plan&
   return phases;
 }
 
+// Ring Attention and all-gather K/V send the same blocks: every rank's [k v] part once around
+// (all but the part of rank + 1, the all-gather ring charge) and, in the backward, every part's
+// dK, dV accumulator except the rank's own (the reduce-scatter ring charge). docs/baselines.md.
+std::map<std::string, Traffic> sequence_parallel_traffic(const Problem& p, const Plan& plan,
+                                                         int rank) {
+  const SequenceParts parts = sequence_parts(p, plan);
+  const auto kv_floats = times(parts.counts, p.batch * p.kv_heads * 2 * p.head_dim);
+  const Traffic kv = ring(ring_all_gather_charge(kv_floats, rank));
+  const Traffic dkv = ring(ring_reduce_scatter_charge(kv_floats, rank));
+  std::map<std::string, Traffic> phases;
+  if (plan.algorithm == Algorithm::ring) {
+    phases["forward.kv_ring"] = kv;
+    phases["backward.kv_ring"] = kv;
+    phases["backward.dkv_ring"] = dkv;
+  } else {
+    phases["forward.kv_allgather"] = kv;
+    phases["backward.kv_allgather"] = kv;
+    phases["backward.dkv_reduce_scatter"] = dkv;
+  }
+  return phases;
+}
+
+// Ulysses: to the head shards, each rank sends its own tokens' floats for the heads of every
+// other rank (P - 1 equal blocks); back to the sequence shards, the results of rank i's tokens to
+// every other rank i. Per (token, batch), with hq = H/P and hkv = Hkv/P heads per rank:
+//   forward   in  (hq + 2 hkv) D          out  hq (D + 1)
+//   backward  in  hq (2D + 2) + 2 hkv D   out  (hq + 2 hkv) D
+std::map<std::string, Traffic> ulysses_traffic(const Problem& p, const Plan& plan, int rank) {
+  const SequenceParts parts = sequence_parts(p, plan);
+  const int ranks = parts.parts();
+  const UlyssesHeads group = ulysses_heads(p, ranks, rank);
+  const int64_t d = p.head_dim, hq = group.heads, hkv = group.kv_heads;
+  const int64_t own = parts.counts[static_cast<size_t>(rank)];
+  const auto to_heads = [&](int64_t floats_per_token) {
+    Traffic t;
+    for (int peer = 0; peer < ranks; ++peer) {
+      if (peer != rank) t = add(t, point_to_point(own * p.batch * floats_per_token, false));
+    }
+    return t;
+  };
+  const auto to_sequence = [&](int64_t floats_per_token) {
+    Traffic t;
+    for (int peer = 0; peer < ranks; ++peer) {
+      const int64_t tokens = parts.counts[static_cast<size_t>(peer)];
+      if (peer != rank) t = add(t, point_to_point(tokens * p.batch * floats_per_token, false));
+    }
+    return t;
+  };
+  std::map<std::string, Traffic> phases;
+  phases["forward.to_heads_all_to_all"] = to_heads((hq + 2 * hkv) * d);
+  phases["forward.to_sequence_all_to_all"] = to_sequence(hq * (d + 1));
+  phases["backward.to_heads_all_to_all"] = to_heads(hq * (2 * d + 2) + 2 * hkv * d);
+  phases["backward.to_sequence_all_to_all"] = to_sequence((hq + 2 * hkv) * d);
+  return phases;
+}
+
 }  // namespace
 
 std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Plan& plan, int rank) {
@@ -77,10 +137,11 @@ std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Pla
       return attention2d_traffic(problem, plan, rank);
     case Algorithm::ring:
     case Algorithm::allgather_kv:
+      return sequence_parallel_traffic(problem, plan, rank);
     case Algorithm::ulysses:
-      break;
+      return ulysses_traffic(problem, plan, rank);
   }
-  A2D_FAIL("no traffic model for ", algorithm_name(plan.algorithm), " yet");
+  A2D_FAIL("no traffic model for ", algorithm_name(plan.algorithm));
 }
 
 Traffic predicted_total(const std::map<std::string, Traffic>& phases, const std::string& prefix) {

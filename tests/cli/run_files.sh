@@ -23,12 +23,23 @@ run 3 "${inputs[@]}" --causal --check --out "$work/p3" || fail "3-rank run faile
 run 1 "${inputs[@]}" --causal --out "$work/p1" || fail "1-rank run failed"
 run 4 "${inputs[@]}" --causal --algo attention2d-overlap --grid 2x2 --check --out "$work/p4" ||
   fail "4-rank overlapped run failed"
+# The baselines read the same files and must write the same outputs (docs/baselines.md).
+once=(--warmup 0 --iters 1)
+run 3 "${inputs[@]}" "${once[@]}" --causal --algo ring --check --out "$work/ring3" ||
+  fail "3-rank ring run failed"
+run 4 "${inputs[@]}" "${once[@]}" --causal --algo allgather-kv --layout striped --stripe 2 --check \
+  --out "$work/allgather4" || fail "4-rank allgather-kv run failed"
+run 2 "${inputs[@]}" "${once[@]}" --causal --algo ulysses --check --out "$work/ulysses2" ||
+  fail "2-rank ulysses run failed"
 [ "$($tool shape "$work/p3/o.npy")" = 2x37x4x16 ] || fail "o.npy has the wrong shape"
 [ "$($tool shape "$work/p3/lse.npy")" = 2x4x37 ] || fail "lse.npy has the wrong shape"
 [ "$($tool shape "$work/p3/dk.npy")" = 2x37x2x16 ] || fail "dk.npy has the wrong shape"
 for f in o lse dq dk dv; do
   $tool compare "$work/p3/$f.npy" "$work/p1/$f.npy" 1e-5 || fail "$f differs between 3 and 1 ranks"
   $tool compare "$work/p4/$f.npy" "$work/p1/$f.npy" 1e-5 || fail "$f differs between 4 and 1 ranks"
+  for algo in ring3 allgather4 ulysses2; do
+    $tool compare "$work/$algo/$f.npy" "$work/p1/$f.npy" 1e-5 || fail "$f of $algo differs from 1 rank"
+  done
 done
 
 # Existing outputs are not overwritten without --force, and nothing is touched.
@@ -50,4 +61,8 @@ if out=$(run 2 "${inputs[@]}" --seq 100 2>&1); then fail "accepted --seq with fi
 echo "$out" | grep -q "conflicts with --q" || fail "conflict not reported: $out"
 if out=$(run 2 "${inputs[@]}" --out /proc/a2d-cannot-write 2>&1); then fail "wrote into /proc"; fi
 echo "$out" | grep -q "cannot create the output directory" || fail "unwritable dir not reported: $out"
+# Ulysses with K/V heads the ranks do not divide (2 heads, 3 ranks): refused on every rank.
+if out=$(run 3 "${inputs[@]}" --algo ulysses 2>&1); then fail "ulysses accepted 2 K/V heads on 3 ranks"; fi
+[ "$(echo "$out" | grep -c 'the number of ranks (3) must divide the number of K/V heads (2)')" = 3 ] ||
+  fail "ulysses refusal not reported on all 3 ranks: $out"
 echo "run_files.sh: all checks passed"

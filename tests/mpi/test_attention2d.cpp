@@ -16,6 +16,7 @@
 #include "attention2d/harness.hpp"
 #include "attention2d/model.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "mpi_checks.hpp"
 
 namespace a2d {
 namespace {
@@ -48,26 +49,6 @@ std::vector<Config> configs(int ranks) {
   add("window_mha_d64", 1, 3, 3, 17 * p + 4, 64, Mask::causal_window(2 * p + 3));
   if (ranks > 1) add("fewer_tokens_than_ranks_causal", 1, 4, 2, p - 1, 80, Mask::causal());
   return list;
-}
-
-std::string traffic_mismatches(const TrafficLog& log, const Problem& problem, const Plan& plan,
-                               int rank) {
-  std::ostringstream out;
-  const auto predicted = predict_traffic(problem, plan, rank);
-  for (const auto& [phase, expected] : predicted) {
-    const auto it = log.phases().find(phase);
-    const Traffic got = it == log.phases().end() ? Traffic{} : it->second;
-    if (got.bytes != expected.bytes || got.messages != expected.messages) {
-      out << " " << phase << ": counted " << got.bytes << " B/" << got.messages
-          << " msgs, predicted " << expected.bytes << " B/" << expected.messages << " msgs;";
-    }
-  }
-  for (const auto& [phase, got] : log.phases()) {
-    if (!predicted.count(phase) && (got.bytes || got.messages)) {
-      out << " unpredicted phase " << phase << ": " << got.bytes << " B;";
-    }
-  }
-  return out.str();
 }
 
 TEST(Attention2DMpi, EveryGridAndVariantMatchesTheReferenceAndTheTrafficModel) {

@@ -1,0 +1,222 @@
+// The baselines over MPI, at the process count this program was started with: Ring Attention in
+// every layout (zigzag, striped with stripes 1 and 3, contiguous), all-gather K/V (its default
+// layout and striped) and Ulysses (contiguous and zigzag, wherever P divides the K/V heads), on
+// causal, windowed and unmasked problems with GQA, MQA and MHA, batch 2, N not a multiple of P
+// and N < P. O, LSE, dQ, dK and dV must match the fp64 reference within kFp32RelativeBound, and
+// every rank's counted traffic must equal the cost model phase by phase. Then every algorithm of
+// the library (both ATTENTION2D variants included) runs on the same inputs and their outputs
+// must agree with each other; and Ulysses must refuse, on every rank, head counts P does not
+// divide.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <iostream>
+#include <memory>
+#include <vector>
+
+#include "attention2d/attention.hpp"
+#include "attention2d/check.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/harness.hpp"
+#include "attention2d/mpi_comm.hpp"
+#include "mpi_checks.hpp"
+
+namespace a2d {
+namespace {
+
+// Outputs of two fp32 algorithms on the same inputs may differ by twice the reference bound's
+// typical error; 2e-5 leaves room for that and still catches any wrong block (which moves the
+// relative error to ~1e-2 or more).
+constexpr double kAgreementBound = 2e-5;
+constexpr uint64_t kSeed = 1234;
+
+Problem make_problem(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t dim,
+                     Mask mask) {
+  Problem problem;
+  problem.batch = batch;
+  problem.heads = heads;
+  problem.kv_heads = kv_heads;
+  problem.seq = seq;
+  problem.head_dim = dim;
+  problem.mask = mask;
+  return problem;
+}
+
+struct Config {
+  std::string name;
+  Problem problem;
+};
+
+// Small problems (the suite runs them at up to 16 ranks on two cores). K/V heads are multiples
+// of P where Ulysses should run; N is never a multiple of P (nor of 2P, zigzag's chunk count).
+std::vector<Config> configs(int ranks) {
+  const int64_t p = ranks;
+  std::vector<Config> list;
+  list.push_back({"causal_gqa", make_problem(1, 2 * p, p, 13 * p + 5, 32, Mask::causal())});
+  list.push_back({"none_mqa_batch2", make_problem(2, 4, 1, 9 * p + 2, 16, Mask::none())});
+  list.push_back(
+      {"window_mha_batch2", make_problem(2, p, p, 11 * p + 4, 24, Mask::causal_window(2 * p + 3))});
+  if (ranks > 1) {
+    list.push_back({"fewer_tokens_than_ranks_causal_gqa",
+                    make_problem(1, 2 * p, p, p - 1, 16, Mask::causal())});
+  }
+  return list;
+}
+
+Plan plan_for(Algorithm algorithm, const Problem& problem, int ranks, LayoutKind layout,
+              int64_t stripe = 1) {
+  Plan plan = default_plan(algorithm, problem, ranks);
+  plan.layout = layout;
+  plan.stripe = stripe;
+  return plan;
+}
+
+// Every baseline plan this problem allows on `ranks` ranks.
+std::vector<Plan> baseline_plans(const Problem& problem, int ranks) {
+  std::vector<Plan> plans;
+  for (const LayoutKind layout :
+       {LayoutKind::zigzag, LayoutKind::striped, LayoutKind::contiguous}) {
+    plans.push_back(plan_for(Algorithm::ring, problem, ranks, layout));
+  }
+  plans.push_back(plan_for(Algorithm::ring, problem, ranks, LayoutKind::striped, 3));
+  plans.push_back(default_plan(Algorithm::allgather_kv, problem, ranks));
+  plans.push_back(plan_for(Algorithm::allgather_kv, problem, ranks, LayoutKind::striped));
+  if (problem.kv_heads % ranks == 0) {
+    plans.push_back(default_plan(Algorithm::ulysses, problem, ranks));
+    plans.push_back(plan_for(Algorithm::ulysses, problem, ranks, LayoutKind::zigzag));
+  }
+  return plans;
+}
+
+// Runs forward and backward of `plan` on the generated inputs, checks every rank's counted
+// traffic against the model (the verdict is shared), and returns the outputs in global order on
+// rank 0 (empty elsewhere).
+GlobalOutputs run_and_check_traffic(CountingCommunicator& world, TrafficLog& log,
+                                    const Problem& problem, const Plan& plan,
+                                    const std::string& what) {
+  auto attention = make_attention(problem, plan, world);
+  ShardSet shards = make_shards(problem, attention->layout(), world.rank(), kSeed, true, true);
+  log.clear();
+  attention->forward(shards.forward(problem));
+  attention->backward(shards.backward(problem));
+
+  const std::string mismatch = traffic_mismatches(log, problem, plan, world.rank());
+  if (!mismatch.empty())
+    std::cerr << "rank " << world.rank() << " " << what << ":" << mismatch << "\n";
+  int64_t bad = mismatch.empty() ? 0 : 1;
+  world.all_reduce(&bad, 1, Reduction::sum);
+  EXPECT_EQ(bad, 0) << what << ": counted traffic differs from the model on " << bad
+                    << " ranks (details on stderr)";
+
+  world.set_phase("io");
+  return gather_outputs(world, 0, problem, attention->layout(), shards, true);
+}
+
+const char* const kOutputNames[5] = {"O", "LSE", "dQ", "dK", "dV"};
+
+// Rank 0's five errors, shared with every rank so that every rank reports the same verdict.
+void expect_all_ranks(Communicator& world, double (&errors)[5], double bound,
+                      const std::string& what) {
+  world.broadcast(errors, sizeof errors, 0);
+  for (int i = 0; i < 5; ++i)
+    EXPECT_LE(errors[i], bound) << what << ": " << kOutputNames[i];
+}
+
+TEST(BaselinesMpi, EveryBaselineAndLayoutMatchesTheReferenceAndTheTrafficModel) {
+  auto log = std::make_shared<TrafficLog>();
+  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  const int ranks = world.size();
+  int runs = 0;
+  for (const Config& config : configs(ranks)) {
+    const Problem& problem = config.problem;
+    ReferenceOutputs reference;
+    if (world.rank() == 0) {
+      reference = reference_outputs(problem, generate_global(problem, kSeed, true), true, 1);
+    }
+    for (const Plan& plan : baseline_plans(problem, ranks)) {
+      const std::string what = config.name + " " + plan.describe();
+      const GlobalOutputs outputs = run_and_check_traffic(world, *log, problem, plan, what);
+      double errors[5] = {0, 0, 0, 0, 0};
+      if (world.rank() == 0) {
+        const OutputErrors e = compare_outputs(outputs, reference, true);
+        errors[0] = e.out, errors[1] = e.lse, errors[2] = e.dq, errors[3] = e.dk, errors[4] = e.dv;
+      }
+      expect_all_ranks(world, errors, kFp32RelativeBound, what);
+      ++runs;
+    }
+  }
+  if (world.rank() == 0)
+    std::cout << "checked " << runs << " baseline runs on " << ranks << " ranks\n";
+}
+
+// Relative Frobenius difference of two fp32 outputs, `b` taken as the reference.
+double difference(const std::vector<float>& a, const std::vector<float>& b) {
+  const std::vector<double> expected(b.begin(), b.end());
+  EXPECT_EQ(a.size(), b.size());
+  return relative_error(a.data(), expected.data(), static_cast<int64_t>(a.size()));
+}
+
+TEST(BaselinesMpi, EveryAlgorithmAgreesWithEveryOtherOnTheSameInputs) {
+  auto log = std::make_shared<TrafficLog>();
+  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  const int ranks = world.size();
+  const int64_t p = ranks;
+  // Causal GQA that every algorithm runs at every P (Ulysses: Hkv = P); N = 16P + 3.
+  const Problem problem = make_problem(1, 2 * p, p, 16 * p + 3, 32, Mask::causal());
+  std::vector<Plan> plans = {default_plan(Algorithm::attention2d, problem, ranks),
+                             default_plan(Algorithm::attention2d_overlap, problem, ranks)};
+  for (const LayoutKind layout :
+       {LayoutKind::zigzag, LayoutKind::striped, LayoutKind::contiguous}) {
+    plans.push_back(plan_for(Algorithm::ring, problem, ranks, layout));
+  }
+  plans.push_back(default_plan(Algorithm::allgather_kv, problem, ranks));
+  plans.push_back(default_plan(Algorithm::ulysses, problem, ranks));
+
+  std::vector<GlobalOutputs> outputs;
+  for (const Plan& plan : plans) {
+    outputs.push_back(run_and_check_traffic(world, *log, problem, plan, plan.describe()));
+  }
+  for (size_t a = 0; a < plans.size(); ++a) {
+    for (size_t b = a + 1; b < plans.size(); ++b) {
+      double errors[5] = {0, 0, 0, 0, 0};
+      if (world.rank() == 0) {
+        const GlobalOutputs& x = outputs[a];
+        const GlobalOutputs& y = outputs[b];
+        errors[0] = difference(x.out, y.out), errors[1] = difference(x.lse, y.lse);
+        errors[2] = difference(x.dq, y.dq), errors[3] = difference(x.dk, y.dk);
+        errors[4] = difference(x.dv, y.dv);
+      }
+      expect_all_ranks(world, errors, kAgreementBound,
+                       plans[a].describe() + " vs " + plans[b].describe());
+    }
+  }
+  if (world.rank() == 0) {
+    std::cout << "compared " << plans.size() << " algorithms pairwise on " << ranks << " ranks\n";
+  }
+}
+
+TEST(BaselinesMpi, UlyssesRefusesKvHeadsTheRanksDoNotDivideOnEveryRank) {
+  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  const int ranks = world->size();
+  if (ranks == 1) GTEST_SKIP() << "one rank divides every head count";
+  // Hkv = P + 1 is never a multiple of P > 1; H = 2 Hkv (GQA).
+  const Problem problem =
+      make_problem(1, 2 * (ranks + 1), ranks + 1, 8 * ranks, 16, Mask::causal());
+  const Plan plan = default_plan(Algorithm::ulysses, problem, ranks);
+  int64_t refused = 0;
+  try {
+    make_attention(problem, plan, *world);
+  } catch (const Error& e) {
+    refused = 1;
+    const std::string expected = "the number of ranks (" + std::to_string(ranks) +
+                                 ") must divide the number of K/V heads (" +
+                                 std::to_string(ranks + 1) + ")";
+    EXPECT_NE(e.message().find(expected), std::string::npos) << e.message();
+  }
+  // No rank may have started: every one refused by itself, before any communication.
+  world->all_reduce(&refused, 1, Reduction::sum);
+  EXPECT_EQ(refused, ranks);
+}
+
+}  // namespace
+}  // namespace a2d
