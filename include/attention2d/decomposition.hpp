@@ -30,7 +30,10 @@ struct Attention2DRank {
   int64_t kv_rows() const;
 };
 
-Attention2DRank attention2d_rank(const Problem& problem, const Plan& plan, int rank);
+// with_positions = false leaves q_positions and kv_positions empty (counts only: what the cost
+// model needs, in O(R + C) instead of O(N/R + N/C)).
+Attention2DRank attention2d_rank(const Problem& problem, const Plan& plan, int rank,
+                                 bool with_positions = true);
 
 // Unmasked (query, key) score entries a rank computes, per batch and head: the load-balance
 // measure of docs/attention2d.md.
@@ -51,7 +54,8 @@ struct SequenceParts {
   int parts() const { return static_cast<int>(counts.size()); }
   const int64_t* positions_of(int part) const;
 };
-SequenceParts sequence_parts(const Problem& problem, const Plan& plan);
+SequenceParts sequence_parts(const Problem& problem, const Plan& plan,
+                             bool with_positions = true);  // false: counts and offsets only
 
 // Ring Attention: the K/V part that `rank` attends to at step `step` (0 .. P-1). K/V blocks
 // travel to rank + 1, so step s brings the part of rank - s; step 0 is the rank's own.

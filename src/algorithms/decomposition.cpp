@@ -14,7 +14,8 @@ int64_t Attention2DRank::kv_rows() const {
   return std::accumulate(col_counts.begin(), col_counts.end(), int64_t{0});
 }
 
-Attention2DRank attention2d_rank(const Problem& problem, const Plan& plan, int rank) {
+Attention2DRank attention2d_rank(const Problem& problem, const Plan& plan, int rank,
+                                 bool with_positions) {
   const GridShape& shape = plan.grid;
   const GridCoords at{shape, rank};
   const TokenLayout layout(LayoutKind::cyclic, problem.seq, shape.size());
@@ -32,10 +33,12 @@ Attention2DRank attention2d_rank(const Problem& problem, const Plan& plan, int r
   }
   for (const int part : out.row_parts) {
     out.row_counts.push_back(layout.count(part));
+    if (!with_positions) continue;
     for (const int64_t t : layout.tokens_of(part)) out.q_positions.push_back(t);
   }
   for (const int part : out.col_parts) {
     out.col_counts.push_back(layout.count(part));
+    if (!with_positions) continue;
     for (const int64_t t : layout.tokens_of(part)) out.kv_positions.push_back(t);
   }
   out.kv_source = plan.kv_transpose ? at.kv_source_rank() : rank;
@@ -53,7 +56,7 @@ const int64_t* SequenceParts::positions_of(int part) const {
   return positions.data() + offsets[static_cast<size_t>(part)];
 }
 
-SequenceParts sequence_parts(const Problem& problem, const Plan& plan) {
+SequenceParts sequence_parts(const Problem& problem, const Plan& plan, bool with_positions) {
   const int ranks = plan.grid.size();
   const TokenLayout layout(plan.layout, problem.seq, ranks, plan.stripe);
   SequenceParts out;
@@ -61,6 +64,7 @@ SequenceParts sequence_parts(const Problem& problem, const Plan& plan) {
   for (int part = 0; part < ranks; ++part) {
     out.counts.push_back(layout.count(part));
     out.offsets.push_back(out.offsets.back() + out.counts.back());
+    if (!with_positions) continue;
     for (const int64_t t : layout.tokens_of(part)) out.positions.push_back(t);
   }
   return out;

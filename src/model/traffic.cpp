@@ -29,7 +29,7 @@ Traffic add(const Traffic& a, const Traffic& b) {
 }
 
 std::map<std::string, Traffic> attention2d_traffic(const Problem& p, const Plan& plan, int rank) {
-  const Attention2DRank at = attention2d_rank(p, plan, rank);
+  const Attention2DRank at = attention2d_rank(p, plan, rank, /*with_positions=*/false);
   const int64_t d = p.head_dim;
   const int64_t q_token = p.batch * p.heads;       // query rows per token
   const int64_t kv_token = p.batch * p.kv_heads;   // K/V rows per token
@@ -77,7 +77,7 @@ std::map<std::string, Traffic> attention2d_traffic(const Problem& p, const Plan&
 // dK, dV accumulator except the rank's own (the reduce-scatter ring charge). docs/baselines.md.
 std::map<std::string, Traffic> sequence_parallel_traffic(const Problem& p, const Plan& plan,
                                                          int rank) {
-  const SequenceParts parts = sequence_parts(p, plan);
+  const SequenceParts parts = sequence_parts(p, plan, /*with_positions=*/false);
   const auto kv_floats = times(parts.counts, p.batch * p.kv_heads * 2 * p.head_dim);
   const Traffic kv = ring(ring_all_gather_charge(kv_floats, rank));
   const Traffic dkv = ring(ring_reduce_scatter_charge(kv_floats, rank));
@@ -100,7 +100,7 @@ std::map<std::string, Traffic> sequence_parallel_traffic(const Problem& p, const
 //   forward   in  (hq + 2 hkv) D          out  hq (D + 1)
 //   backward  in  hq (2D + 2) + 2 hkv D   out  (hq + 2 hkv) D
 std::map<std::string, Traffic> ulysses_traffic(const Problem& p, const Plan& plan, int rank) {
-  const SequenceParts parts = sequence_parts(p, plan);
+  const SequenceParts parts = sequence_parts(p, plan, /*with_positions=*/false);
   const int ranks = parts.parts();
   const UlyssesHeads group = ulysses_heads(p, ranks, rank);
   const int64_t d = p.head_dim, hq = group.heads, hkv = group.kv_heads;

@@ -1,0 +1,112 @@
+// attention2d: the alpha-beta-gamma cost model. Pure functions of (problem, plan, machine): FLOPs,
+// words and messages per rank and phase, peak memory per rank, and time with separate intra-node
+// and inter-node links, counting overlap where the algorithm overlaps. docs/cost-model.md derives
+// every formula; tests check the counts against the counting communicator and the exact
+// decomposition functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "attention2d/attention.hpp"
+#include "attention2d/model.hpp"
+
+namespace a2d {
+
+// Element type of the modelled run: bf16 halves the bytes of every tensor on the wire and the
+// kernel runs at the machine's bf16 rate; statistics (row max, row sum, LSE) stay fp32.
+enum class Precision { fp32, bf16 };
+Precision parse_precision(const std::string& name);
+std::string precision_name(Precision precision);
+
+// A link: each message costs `latency_s` plus bytes / `bytes_per_s` (per direction, per rank).
+struct Link {
+  double latency_s = 0;
+  double bytes_per_s = 1;
+};
+
+struct Machine {
+  std::string name;
+  std::string description;
+  // Attention kernel throughput per rank (FLOP/s, unmasked FLOPs), forward and backward.
+  double kernel_forward_flops = 1;
+  double kernel_backward_flops = 1;
+  Link intra;  // between ranks of one node
+  Link inter;  // between nodes
+  // CPUs: ranks share the cores, so communication and computation do not overlap once every core
+  // is busy. 0: one accelerator per rank.
+  int shared_cores = 0;
+};
+
+// `a100-hdr`, `h100-ndr` (datasheet numbers, docs/cost-model.md cites each one).
+Machine preset_machine(const std::string& name, Precision precision);
+std::vector<std::string> preset_names();
+
+// This machine, as measured by `a2d calibrate` at `ranks` ranks (the calibration file holds one
+// section per rank count it was run at). Throws, saying which command to run, when the file or
+// the section is missing.
+Machine local_machine(const std::string& calibration_file, int ranks);
+// Where `a2d calibrate` writes and the model reads by default: $A2D_CALIBRATION if set, else
+// a2d-calibration.txt in the working directory.
+std::string default_calibration_file();
+
+struct Calibration {
+  int ranks = 1;
+  int cores = 1;
+  int64_t head_dim = 64;
+  double kernel_forward_flops = 0;   // per rank, all ranks computing at once
+  double kernel_backward_flops = 0;
+  double latency_s = 0;               // point-to-point, all ranks exchanging at once
+  double bytes_per_s = 0;
+};
+// Adds or replaces the section of `c.ranks` in the file.
+void save_calibration(const std::string& file, const Calibration& c);
+
+struct PhaseCost {
+  std::string name;
+  Traffic traffic;   // of the busiest rank
+  bool inter_node = false;
+  double seconds = 0;
+};
+
+struct Prediction {
+  double forward_s = 0;
+  double backward_s = 0;
+  double forward_compute_s = 0;
+  double backward_compute_s = 0;
+  double forward_flops = 0;   // busiest rank, unmasked
+  double backward_flops = 0;
+  Traffic forward;            // busiest rank
+  Traffic backward;
+  int64_t memory_bytes = 0;   // peak per rank: shards plus the algorithm's transient buffers
+  std::vector<PhaseCost> phases;
+};
+
+// ranks_per_node: consecutive world ranks share a node (so ATTENTION2D's columns, which hold
+// consecutive ranks, lie inside a node when R divides ranks_per_node).
+Prediction predict(const Problem& problem, const Plan& plan, const Machine& machine,
+                   int ranks_per_node, Precision precision);
+
+// Every algorithm and every grid of P that can run the problem, fastest (forward + backward)
+// first; skipped ones are listed with the reason.
+struct RankedPlan {
+  Plan plan;
+  Prediction prediction;
+};
+struct PlanSearch {
+  std::vector<RankedPlan> ranked;
+  std::vector<std::pair<std::string, std::string>> skipped;  // (algorithm, reason)
+};
+PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machine,
+                        int ranks_per_node, Precision precision, bool include_backward = true);
+
+// Unmasked forward FLOPs (4 * pairs * D per batch and head) of one rank, in closed form: no token
+// lists, so instant for N up to 2^40 and P up to 2^20. The backward is 2.5 times this.
+double rank_forward_flops(const Problem& problem, const Plan& plan, int rank);
+// The largest over the ranks (evaluated on a sample of ranks that contains the busiest one for
+// every layout: the first, middle and last rows and columns of the grid, or of the ring), or, for
+// Ring Attention on the contiguous layout, its step-synchronous critical path.
+double busiest_forward_flops(const Problem& problem, const Plan& plan);
+
+}  // namespace a2d

@@ -1,0 +1,426 @@
+// The alpha-beta-gamma model: machines, calibration files, per-phase costs and the composition of
+// phases into forward and backward times per algorithm (docs/cost-model.md).
+#include "attention2d/cost_model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "attention2d/decomposition.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/grid.hpp"
+#include "attention2d/layout.hpp"
+
+namespace a2d {
+
+Precision parse_precision(const std::string& name) {
+  if (name == "fp32") return Precision::fp32;
+  if (name == "bf16") return Precision::bf16;
+  A2D_FAIL("unknown precision '", name, "'; choose bf16 or fp32");
+}
+
+std::string precision_name(Precision precision) {
+  return precision == Precision::bf16 ? "bf16" : "fp32";
+}
+
+// ---- Machines ------------------------------------------------------------------------------
+//
+// Every number below is a datasheet value or a published measurement; docs/cost-model.md cites
+// each. Kernel throughput = peak tensor rate x the attention kernel's published efficiency.
+
+std::vector<std::string> preset_names() { return {"a100-hdr", "h100-ndr"}; }
+
+Machine preset_machine(const std::string& name, Precision precision) {
+  Machine m;
+  m.name = name;
+  const bool bf16 = precision == Precision::bf16;
+  // NCCL's own latency model (src/graph/tuning.cc, ring/simple): 3.4 us per step over NVLink,
+  // 9.6 us over the network.
+  m.intra.latency_s = 3.4e-6;
+  m.inter.latency_s = 9.6e-6;
+  if (name == "a100-hdr") {
+    // A100 SXM: 312 TFLOP/s dense bf16, 19.5 TFLOP/s fp32; FlashAttention-2 reaches 73 % of peak
+    // forward and 50 % at the low end of its range (we take it for the backward).
+    const double peak = bf16 ? 312e12 : 19.5e12;
+    m.kernel_forward_flops = 0.73 * peak;
+    m.kernel_backward_flops = 0.50 * peak;
+    m.intra.bytes_per_s = 300e9;  // NVLink 3: 600 GB/s bidirectional per GPU
+    m.inter.bytes_per_s = 25e9;   // one HDR InfiniBand port (200 Gb/s) per GPU
+    m.description = "A100 SXM, NVLink 3 in the node, one HDR 200 Gb/s port per GPU";
+  } else if (name == "h100-ndr") {
+    // H100 SXM: 989 TFLOP/s dense bf16, 67 TFLOP/s fp32; FlashAttention-3 reaches 75 % forward;
+    // backward assumed at the same backward/forward ratio as FlashAttention-2 on A100 (50/73).
+    const double peak = bf16 ? 989e12 : 67e12;
+    m.kernel_forward_flops = 0.75 * peak;
+    m.kernel_backward_flops = 0.75 * (0.50 / 0.73) * peak;
+    m.intra.bytes_per_s = 450e9;  // NVLink 4: 900 GB/s bidirectional per GPU
+    m.inter.bytes_per_s = 50e9;   // one NDR InfiniBand port (400 Gb/s) per GPU
+    m.description = "H100 SXM, NVLink 4 in the node, one NDR 400 Gb/s port per GPU";
+  } else if (name == "local") {
+    A2D_FAIL("the local machine comes from a calibration file: use local_machine()");
+  } else {
+    A2D_FAIL("unknown machine '", name, "'; choose local, a100-hdr or h100-ndr");
+  }
+  return m;
+}
+
+// ---- Calibration files -----------------------------------------------------------------------
+//
+//   # written by a2d calibrate
+//   [ranks 4]
+//   cores = 2
+//   head_dim = 64
+//   kernel_forward_gflops = 20.5      (per rank, all ranks computing at once)
+//   kernel_backward_gflops = 18.1
+//   latency_us = 1.9                  (per message, all ranks exchanging at once)
+//   bandwidth_gbs = 3.2
+
+std::string default_calibration_file() {
+  const char* env = std::getenv("A2D_CALIBRATION");
+  return env && *env ? env : "a2d-calibration.txt";
+}
+
+namespace {
+
+std::map<int, std::map<std::string, double>> read_sections(const std::string& file) {
+  std::map<int, std::map<std::string, double>> sections;
+  std::ifstream in(file);
+  if (!in) return sections;
+  std::string line;
+  int current = -1;
+  while (std::getline(in, line)) {
+    line = line.substr(0, line.find('#'));
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (line.find('[') != std::string::npos) {
+      A2D_REQUIRE(std::sscanf(line.c_str(), " [ranks %d]", &current) == 1, "malformed section '",
+                  line, "' in ", file, "; expected [ranks P]");
+      continue;
+    }
+    const auto eq = line.find('=');
+    A2D_REQUIRE(eq != std::string::npos && current >= 1, "malformed line '", line, "' in ", file);
+    std::string key = line.substr(0, eq);
+    key.erase(key.find_last_not_of(" \t") + 1);
+    key.erase(0, key.find_first_not_of(" \t"));
+    sections[current][key] = std::atof(line.c_str() + eq + 1);
+  }
+  return sections;
+}
+
+}  // namespace
+
+void save_calibration(const std::string& file, const Calibration& c) {
+  auto sections = read_sections(file);
+  sections[c.ranks] = {{"cores", c.cores},
+                       {"head_dim", static_cast<double>(c.head_dim)},
+                       {"kernel_forward_gflops", c.kernel_forward_flops / 1e9},
+                       {"kernel_backward_gflops", c.kernel_backward_flops / 1e9},
+                       {"latency_us", c.latency_s * 1e6},
+                       {"bandwidth_gbs", c.bytes_per_s / 1e9}};
+  const std::string temporary = file + ".tmp";
+  {
+    std::ofstream out(temporary);
+    A2D_REQUIRE(out, "cannot write the calibration file ", file);
+    out << "# written by a2d calibrate; one section per rank count. Throughputs are per rank with\n"
+           "# every rank computing (or exchanging) at once, so they include the sharing of cores.\n";
+    for (const auto& [ranks, values] : sections) {
+      out << "[ranks " << ranks << "]\n";
+      for (const auto& [key, value] : values) out << key << " = " << value << "\n";
+    }
+    A2D_REQUIRE(out.good(), "cannot write the calibration file ", file);
+  }
+  A2D_REQUIRE(std::rename(temporary.c_str(), file.c_str()) == 0, "cannot replace ", file);
+}
+
+Machine local_machine(const std::string& file, int ranks) {
+  const auto sections = read_sections(file);
+  const auto it = sections.find(ranks);
+  A2D_REQUIRE(it != sections.end(), "no calibration for ", ranks, " ranks in ", file,
+              "; run: mpirun -np ", ranks, " a2d calibrate --out ", file);
+  const auto value = [&](const char* key) {
+    const auto v = it->second.find(key);
+    A2D_REQUIRE(v != it->second.end() && v->second > 0, "the calibration of ", ranks, " ranks in ",
+                file, " has no positive '", key, "'; run a2d calibrate again");
+    return v->second;
+  };
+  Machine m;
+  m.name = "local";
+  m.kernel_forward_flops = value("kernel_forward_gflops") * 1e9;
+  m.kernel_backward_flops = value("kernel_backward_gflops") * 1e9;
+  m.intra.latency_s = value("latency_us") * 1e-6;
+  m.intra.bytes_per_s = value("bandwidth_gbs") * 1e9;
+  m.inter = m.intra;  // one node
+  m.shared_cores = static_cast<int>(value("cores"));
+  std::ostringstream text;
+  text << "this machine as calibrated at " << ranks << " ranks on " << m.shared_cores << " cores ("
+       << file << ")";
+  m.description = text.str();
+  return m;
+}
+
+// ---- Communication groups ---------------------------------------------------------------------
+
+namespace {
+
+enum class Group { pair, row, column, world };
+
+// Which communicator a phase uses, from its name (the algorithms' phase names).
+Group group_of(const Plan& plan, const std::string& phase) {
+  const std::string step = phase.substr(phase.find('.') + 1);
+  if (plan.algorithm != Algorithm::attention2d && plan.algorithm != Algorithm::attention2d_overlap) {
+    return Group::world;
+  }
+  if (step == "kv_transpose" || step == "dkv_transpose") return Group::pair;
+  if (step == "kv_allgather" || step == "kv_ring" || step == "dkv_reduce_scatter") return Group::column;
+  return Group::row;
+}
+
+// Whether some rank's `group` spans two nodes (ranks q and q' share a node iff q / G == q' / G).
+bool crosses_nodes(const Plan& plan, Group group, int ranks_per_node) {
+  const int ranks = plan.grid.size(), rows = plan.grid.rows, cols = plan.grid.cols;
+  const auto node = [&](int rank) { return rank / ranks_per_node; };
+  switch (group) {
+    case Group::world: return node(0) != node(ranks - 1);
+    case Group::row:
+      for (int r = 0; r < rows; ++r) {
+        if (node(r) != node(r + (cols - 1) * rows)) return true;
+      }
+      return false;
+    case Group::column:
+      for (int c = 0; c < cols; ++c) {
+        if (node(c * rows) != node(c * rows + rows - 1)) return true;
+      }
+      return false;
+    case Group::pair:
+      for (int rank = 0; rank < ranks; ++rank) {
+        if (node(rank) != node(GridCoords{plan.grid, rank}.kv_dest_rank())) return true;
+      }
+      return false;
+  }
+  return true;
+}
+
+// Ranks whose traffic is evaluated; the maximum per phase is taken.
+std::vector<int> sample_ranks(const Plan& plan) {
+  const int ranks = plan.grid.size();
+  std::vector<int> sample;
+  for (int rank = 0; rank < ranks; rank += std::max(1, ranks / 64)) sample.push_back(rank);
+  sample.push_back(ranks - 1);
+  return sample;
+}
+
+double element_factor(Precision precision) { return precision == Precision::bf16 ? 0.5 : 1.0; }
+
+// ---- Memory per rank (floats) ----------------------------------------------------------------
+
+double memory_floats(const Problem& p, const Plan& plan) {
+  const double b = static_cast<double>(p.batch), h = static_cast<double>(p.heads);
+  const double hkv = static_cast<double>(p.kv_heads), d = static_cast<double>(p.head_dim);
+  const int ranks = plan.grid.size();
+  const TokenLayout layout(plan.algorithm == Algorithm::attention2d ||
+                                   plan.algorithm == Algorithm::attention2d_overlap
+                               ? LayoutKind::cyclic
+                               : plan.layout,
+                           p.seq, ranks, plan.stripe);
+  const double n = static_cast<double>(layout.max_count());
+  const double big_n = static_cast<double>(p.seq);
+  // Shards the caller keeps: Q, O, dO, dQ; K, V, dK, dV; LSE.
+  const double shards = b * n * (4 * h * d + 4 * hkv * d + h);
+  const double kv_row = b * hkv * 2 * d;  // one [k v] record row
+  double forward = 0, backward = 0;
+  switch (plan.algorithm) {
+    case Algorithm::attention2d:
+    case Algorithm::attention2d_overlap: {
+      const double q_rows = std::ceil(big_n / plan.grid.rows), kv_rows = std::ceil(big_n / plan.grid.cols);
+      if (plan.algorithm == Algorithm::attention2d) {
+        forward = n * kv_row + kv_rows * kv_row + q_rows * b * h * d + q_rows * b * h * (d + 2) +
+                  n * b * h * (d + 2);
+        backward = q_rows * b * h * (2 * d + 2) + n * kv_row + kv_rows * kv_row + q_rows * b * h * d +
+                   kv_rows * kv_row + n * b * h * d + 2 * n * kv_row;
+      } else {
+        forward = n * kv_row + kv_rows * kv_row + 3 * n * b * h * d + 4 * n * b * h * (d + 2);
+        backward = n * kv_row + kv_rows * kv_row + 3 * n * b * h * (2 * d + 2) + 4 * n * b * h * d +
+                   kv_rows * kv_row + 2 * n * kv_row;
+      }
+      break;
+    }
+    case Algorithm::ring:
+      forward = 2 * n * kv_row + n * b * h * (d + 2);
+      backward = 2 * n * kv_row + n * b * h + 4 * n * kv_row;
+      break;
+    case Algorithm::allgather_kv:
+      forward = big_n * kv_row;
+      backward = 2 * big_n * kv_row + n * kv_row;
+      break;
+    case Algorithm::ulysses: {
+      const double hq = h / ranks, hk = hkv / ranks;
+      forward = n * b * (h + 2 * hkv) * d + big_n * b * (hq + 2 * hk) * d + big_n * b * hq * (d + 1) +
+                n * b * h * (d + 1);
+      backward = n * b * (h * (2 * d + 2) + 2 * hkv * d) + big_n * b * (hq * (2 * d + 2) + 2 * hk * d) +
+                 2 * big_n * b * (hq + 2 * hk) * d;
+      break;
+    }
+  }
+  return shards + std::max(forward, backward);
+}
+
+struct Step {
+  double latency_s;
+  double bytes_per_s;
+  double time(double bytes, double messages) const { return messages * latency_s + bytes / bytes_per_s; }
+};
+
+}  // namespace
+
+// ---- Prediction ------------------------------------------------------------------------------
+
+Prediction predict(const Problem& problem, const Plan& plan, const Machine& machine,
+                   int ranks_per_node, Precision precision) {
+  problem.validate();
+  check_plan(plan, problem, plan.grid.size());
+  A2D_REQUIRE(ranks_per_node >= 1, "ranks per node must be at least 1 (got ", ranks_per_node, ")");
+  Prediction out;
+  const int ranks = plan.grid.size();
+  const double factor = element_factor(precision);
+
+  // Busiest rank's traffic per phase.
+  std::map<std::string, Traffic> phases;
+  for (const int rank : sample_ranks(plan)) {
+    for (const auto& [name, t] : predict_traffic(problem, plan, rank)) {
+      Traffic& worst = phases[name];
+      worst.bytes = std::max(worst.bytes, t.bytes);
+      worst.messages = std::max(worst.messages, t.messages);
+    }
+  }
+  std::map<std::string, double> seconds;
+  for (const auto& [name, t] : phases) {
+    PhaseCost cost;
+    cost.name = name;
+    cost.traffic = t;
+    cost.inter_node = crosses_nodes(plan, group_of(plan, name), ranks_per_node);
+    const Link& link = cost.inter_node ? machine.inter : machine.intra;
+    cost.seconds = t.messages * link.latency_s + factor * static_cast<double>(t.bytes) / link.bytes_per_s;
+    seconds[name] = cost.seconds;
+    out.phases.push_back(cost);
+    (name.rfind("forward", 0) == 0 ? out.forward : out.backward).bytes +=
+        static_cast<int64_t>(factor * static_cast<double>(t.bytes));
+    (name.rfind("forward", 0) == 0 ? out.forward : out.backward).messages += t.messages;
+  }
+  const auto t = [&](const std::string& name) {
+    const auto it = seconds.find(name);
+    return it == seconds.end() ? 0.0 : it->second;
+  };
+  const auto messages = [&](const std::string& name) {
+    const auto it = phases.find(name);
+    return it == phases.end() ? int64_t{0} : it->second.messages;
+  };
+  // Per message of a ring phase: its time divided over its messages.
+  const auto per_step = [&](const std::string& name) {
+    const int64_t m = messages(name);
+    return m > 0 ? t(name) / static_cast<double>(m) : 0.0;
+  };
+
+  out.forward_flops = busiest_forward_flops(problem, plan);
+  out.backward_flops = 2.5 * out.forward_flops;
+  const double cf = out.forward_flops / machine.kernel_forward_flops;
+  const double cb = out.backward_flops / machine.kernel_backward_flops;
+  out.forward_compute_s = cf;
+  out.backward_compute_s = cb;
+  // Overlap hides the shorter of computation and communication, unless the ranks share cores
+  // that are all busy (then the CPU does both, one after the other).
+  const bool can_overlap = machine.shared_cores == 0 || ranks < machine.shared_cores;
+  const auto overlapped = [&](double compute, double comm) {
+    return can_overlap ? std::max(compute, comm) : compute + comm;
+  };
+
+  const int rows = plan.grid.rows, cols = plan.grid.cols;
+  switch (plan.algorithm) {
+    case Algorithm::attention2d:
+      out.forward_s = t("forward.kv_transpose") + t("forward.kv_allgather") + t("forward.q_allgather") +
+                      cf + t("forward.merge_reduce_scatter");
+      out.backward_s = t("backward.kv_transpose") + t("backward.q_allgather") +
+                       t("backward.kv_allgather") + cb + t("backward.dq_reduce_scatter") +
+                       t("backward.dkv_reduce_scatter") + t("backward.dkv_transpose");
+      break;
+    case Algorithm::attention2d_overlap: {
+      // Phase A: R steps of (own queries x one K/V part) hiding the next part's transfer.
+      // Phase B: C - 1 steps of (one visiting Q part x all gathered K/V) hiding the Q and
+      // partial transfers; the last partial arrives after the last step.
+      const auto phases_ab = [&](double compute, const std::string& kv, const std::string& q,
+                                 const std::string& partial) {
+        double time = 0;
+        for (int s = 0; s < rows; ++s) {
+          time += overlapped(compute / (rows * cols), s + 1 < rows ? per_step(kv) : 0.0);
+        }
+        for (int s = 1; s < cols; ++s) time += overlapped(compute / cols, per_step(q) + per_step(partial));
+        if (cols > 1) time += per_step(partial);
+        return time;
+      };
+      out.forward_s = t("forward.kv_transpose") +
+                      phases_ab(cf, "forward.kv_ring", "forward.q_ring", "forward.partial_ring");
+      out.backward_s = t("backward.kv_transpose") +
+                       phases_ab(cb, "backward.kv_ring", "backward.q_ring", "backward.dq_ring") +
+                       t("backward.dkv_reduce_scatter") + t("backward.dkv_transpose");
+      break;
+    }
+    case Algorithm::ring: {
+      double forward = 0, backward = 0;
+      for (int s = 0; s < ranks; ++s) {
+        const bool shift = s + 1 < ranks;
+        forward += overlapped(cf / ranks, shift ? per_step("forward.kv_ring") : 0.0);
+        backward += overlapped(cb / ranks, (shift ? per_step("backward.kv_ring") : 0.0) +
+                                               (s >= 1 ? per_step("backward.dkv_ring") : 0.0));
+      }
+      out.forward_s = forward;
+      out.backward_s = backward + (ranks > 1 ? per_step("backward.dkv_ring") : 0.0);
+      break;
+    }
+    case Algorithm::allgather_kv:
+      out.forward_s = t("forward.kv_allgather") + cf;
+      out.backward_s = t("backward.kv_allgather") + cb + t("backward.dkv_reduce_scatter");
+      break;
+    case Algorithm::ulysses:
+      out.forward_s = t("forward.to_heads_all_to_all") + cf + t("forward.to_sequence_all_to_all");
+      out.backward_s = t("backward.to_heads_all_to_all") + cb + t("backward.to_sequence_all_to_all");
+      break;
+  }
+  const double element_bytes = precision == Precision::bf16 ? 2.0 : 4.0;
+  out.memory_bytes = static_cast<int64_t>(element_bytes * memory_floats(problem, plan));
+  return out;
+}
+
+PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machine,
+                        int ranks_per_node, Precision precision, bool include_backward) {
+  PlanSearch search;
+  std::vector<Plan> candidates;
+  for (const Algorithm algorithm : {Algorithm::attention2d, Algorithm::attention2d_overlap}) {
+    for (const GridShape& shape : grid_shapes(ranks)) {
+      for (const bool transpose : {true, false}) {
+        Plan plan = default_plan(algorithm, problem, ranks);
+        plan.grid = shape;
+        plan.kv_transpose = transpose;
+        candidates.push_back(plan);
+      }
+    }
+  }
+  for (const Algorithm algorithm : {Algorithm::ring, Algorithm::allgather_kv, Algorithm::ulysses}) {
+    candidates.push_back(default_plan(algorithm, problem, ranks));
+  }
+  for (const Plan& plan : candidates) {
+    try {
+      search.ranked.push_back({plan, predict(problem, plan, machine, ranks_per_node, precision)});
+    } catch (const Error& e) {
+      search.skipped.emplace_back(algorithm_name(plan.algorithm), e.message());
+    }
+  }
+  const auto total = [&](const RankedPlan& r) {
+    return r.prediction.forward_s + (include_backward ? r.prediction.backward_s : 0.0);
+  };
+  std::stable_sort(search.ranked.begin(), search.ranked.end(),
+                   [&](const RankedPlan& a, const RankedPlan& b) { return total(a) < total(b); });
+  return search;
+}
+
+}  // namespace a2d

@@ -1,0 +1,195 @@
+// Unmasked work per rank in closed form. Every count is a sum over a rank's query positions of
+// the number of keys the mask lets it see among the keys it holds; the query positions of every
+// layout are unions of arithmetic progressions, and the visible-key count is either linear in the
+// position or a floor of a linear function, so each sum is a closed form or a floor_sum.
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "attention2d/cost_model.hpp"
+#include "attention2d/decomposition.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/grid.hpp"
+#include "attention2d/layout.hpp"
+
+namespace a2d {
+namespace {
+
+// 128-bit sums: pair counts reach N^2 ~ 2^80 before the division by P.
+__extension__ typedef __int128 Wide;
+
+// sum_{i=0}^{n-1} floor((a i + b) / m) for n >= 0, m >= 1, a >= 0, b >= 0 (the classic
+// Euclid-like recursion; O(log) steps).
+Wide floor_sum(Wide n, Wide m, Wide a, Wide b) {
+  Wide total = 0;
+  while (n > 0) {
+    if (a >= m) {
+      total += (n - 1) * n / 2 * (a / m);
+      a %= m;
+    }
+    if (b >= m) {
+      total += n * (b / m);
+      b %= m;
+    }
+    const Wide y_max = a * n + b;
+    if (y_max < m) break;
+    n = y_max / m;
+    b = y_max % m;
+    std::swap(m, a);
+  }
+  return total;
+}
+
+Wide ceil_div(Wide a, Wide b) { return a <= 0 ? 0 : (a + b - 1) / b; }
+
+// Queries q = first + i * step (i < count), keys t = key_class (mod modulus), 0 <= t < n_tokens:
+// the visible (q, k) pairs.
+Wide progression_vs_class(const Mask& mask, Wide n_tokens, Wide first, Wide step, Wide count,
+                          Wide key_class, Wide modulus) {
+  if (count <= 0 || key_class >= n_tokens) return 0;
+  if (mask.kind == MaskKind::none) return count * ceil_div(n_tokens - key_class, modulus);
+  // Keys of the class at or below q: F(q) = floor((q + modulus - key_class) / modulus).
+  Wide visible = floor_sum(count, modulus, step, first + modulus - key_class);
+  if (mask.kind == MaskKind::causal_window) {
+    // Minus those at or below q - W, for the queries with q >= W.
+    const Wide w = mask.window;
+    const Wide skip = first >= w ? 0 : ceil_div(w - first, step);
+    if (skip < count) {
+      visible -= floor_sum(count - skip, modulus, step, first + skip * step - w + modulus - key_class);
+    }
+  }
+  return visible;
+}
+
+// Queries q = first + i * step (i < count) against all keys 0 .. n_tokens - 1.
+Wide progression_vs_all(const Mask& mask, Wide n_tokens, Wide first, Wide step, Wide count) {
+  if (count <= 0) return 0;
+  const auto linear = [&](Wide k) { return k * (first + 1) + step * k * (k - 1) / 2; };  // sum q+1
+  switch (mask.kind) {
+    case MaskKind::none: return count * n_tokens;
+    case MaskKind::causal: return linear(count);
+    case MaskKind::causal_window: {
+      // q + 1 while q + 1 <= W, then W.
+      const Wide w = mask.window;
+      const Wide below = first + 1 > w ? 0 : std::min<Wide>(count, (w - 1 - first) / step + 1);
+      return linear(below) + (count - below) * w;
+    }
+  }
+  return 0;
+}
+
+// A layout part as arithmetic progressions of positions (first, step, count).
+struct Progression {
+  Wide first, step, count;
+};
+
+std::vector<Progression> part_progressions(const TokenLayout& layout, int64_t part) {
+  std::vector<Progression> runs;
+  const int64_t n = layout.count(part);
+  if (n == 0) return runs;
+  switch (layout.kind()) {
+    case LayoutKind::contiguous:
+      runs.push_back({layout.token_at(part, 0), 1, n});
+      break;
+    case LayoutKind::zigzag: {
+      // Chunks `part` and 2P - 1 - part of 2P near-equal chunks (layout.hpp).
+      const int64_t chunks = 2 * layout.parts();
+      const int64_t base = layout.tokens() / chunks, extra = layout.tokens() % chunks;
+      for (const int64_t chunk : {part, chunks - 1 - part}) {
+        const int64_t size = base + (chunk < extra ? 1 : 0);
+        if (size > 0) runs.push_back({chunk * base + std::min(chunk, extra), 1, size});
+      }
+      break;
+    }
+    case LayoutKind::cyclic:
+    case LayoutKind::striped: {
+      // Offset j inside the stripe: positions part * w + j + k * w * P.
+      const int64_t w = layout.stripe(), round = w * layout.parts();
+      for (int64_t j = 0; j < std::min(w, n); ++j) {
+        const int64_t first = part * w + j;
+        if (first >= layout.tokens()) break;
+        runs.push_back({first, round, (layout.tokens() - first + round - 1) / round});
+      }
+      break;
+    }
+  }
+  return runs;
+}
+
+double flops(const Problem& p, Wide pairs_all_heads) {
+  return 4.0 * static_cast<double>(pairs_all_heads) * static_cast<double>(p.head_dim * p.batch);
+}
+
+Wide total_pairs(const Problem& p) { return progression_vs_all(p.mask, p.seq, 0, 1, p.seq); }
+
+}  // namespace
+
+double rank_forward_flops(const Problem& p, const Plan& plan, int rank) {
+  switch (plan.algorithm) {
+    case Algorithm::attention2d:
+    case Algorithm::attention2d_overlap: {
+      const GridCoords at{plan.grid, rank};
+      const Wide rows = plan.grid.rows, cols = plan.grid.cols, ranks = plan.grid.size();
+      const Wide r = at.row(), c = at.col();
+      const Wide queries = ceil_div(p.seq - r, rows);  // t = r (mod R)
+      Wide pairs = 0;
+      if (plan.kv_transpose) {
+        pairs = progression_vs_class(p.mask, p.seq, r, rows, queries, c, cols);  // keys t = c (mod C)
+      } else {
+        for (Wide k = 0; k < rows; ++k) {  // keys t mod P in [c R, c R + R)
+          pairs += progression_vs_class(p.mask, p.seq, r, rows, queries, c * rows + k, ranks);
+        }
+      }
+      return flops(p, pairs * p.heads);
+    }
+    case Algorithm::ring:
+    case Algorithm::allgather_kv: {
+      const TokenLayout layout(plan.layout, p.seq, plan.grid.size(), plan.stripe);
+      Wide pairs = 0;
+      for (const Progression& run : part_progressions(layout, rank)) {
+        pairs += progression_vs_all(p.mask, p.seq, run.first, run.step, run.count);
+      }
+      return flops(p, pairs * p.heads);
+    }
+    case Algorithm::ulysses: {
+      const UlyssesHeads group = ulysses_heads(p, plan.grid.size(), rank);
+      return flops(p, total_pairs(p) * group.heads);
+    }
+  }
+  return 0;
+}
+
+double busiest_forward_flops(const Problem& p, const Plan& plan) {
+  const int ranks = plan.grid.size();
+  std::vector<int> sample;
+  if (plan.algorithm == Algorithm::attention2d || plan.algorithm == Algorithm::attention2d_overlap) {
+    // The first, middle and last of every row and column index: the causal work of a rank grows
+    // with its row and shrinks with its column, so the extremes lie on these lines.
+    const int rows = plan.grid.rows, cols = plan.grid.cols;
+    const int pick_rows[] = {0, rows / 2, rows - 1};
+    const int pick_cols[] = {0, cols / 2, cols - 1};
+    for (const int r : pick_rows)
+      for (int c = 0; c < cols; c += std::max(1, cols / 64)) sample.push_back(GridCoords::rank_of(plan.grid, r, c));
+    for (const int c : pick_cols)
+      for (int r = 0; r < rows; r += std::max(1, rows / 64)) sample.push_back(GridCoords::rank_of(plan.grid, r, c));
+    for (const int r : pick_rows)
+      for (const int c : pick_cols) sample.push_back(GridCoords::rank_of(plan.grid, r, c));
+  } else {
+    for (int rank = 0; rank < ranks; rank += std::max(1, ranks / 128)) sample.push_back(rank);
+    sample.push_back(ranks - 1);
+  }
+  double busiest = 0;
+  for (const int rank : sample) busiest = std::max(busiest, rank_forward_flops(p, plan, rank));
+  if (plan.algorithm == Algorithm::ring && plan.layout == LayoutKind::contiguous &&
+      p.mask.kind == MaskKind::causal && ranks > 1) {
+    // Step-synchronous critical path of the contiguous ring: at step 0 the busiest rank does its
+    // diagonal block, at every later step some rank has a full block of an earlier chunk.
+    const TokenLayout layout(plan.layout, p.seq, ranks, plan.stripe);
+    const Wide n = layout.max_count();
+    const Wide critical = n * (n + 1) / 2 + static_cast<Wide>(ranks - 1) * n * n;
+    busiest = std::max(busiest, flops(p, critical * p.heads));
+  }
+  return busiest;
+}
+
+}  // namespace a2d

@@ -1,0 +1,150 @@
+// The cost model's closed forms against the exact, token-by-token decomposition, and the model's
+// basic properties.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "attention2d/cost_model.hpp"
+#include "attention2d/decomposition.hpp"
+#include "attention2d/error.hpp"
+
+namespace a2d {
+namespace {
+
+Problem problem_of(int64_t seq, Mask mask, int64_t heads = 4, int64_t kv_heads = 2) {
+  Problem p;
+  p.batch = 2;
+  p.seq = seq;
+  p.heads = heads;
+  p.kv_heads = kv_heads;
+  p.head_dim = 8;
+  p.mask = mask;
+  return p;
+}
+
+double exact_flops(const Problem& p, const Plan& plan, int rank) {
+  const double per_pair = 4.0 * p.head_dim * p.batch;
+  switch (plan.algorithm) {
+    case Algorithm::attention2d:
+    case Algorithm::attention2d_overlap:
+      return per_pair * p.heads * attention2d_unmasked_pairs(p, plan, rank);
+    case Algorithm::ring:
+    case Algorithm::allgather_kv:
+      return per_pair * p.heads * sequence_parallel_unmasked_pairs(p, plan, rank);
+    case Algorithm::ulysses:
+      return per_pair * ulysses_heads(p, plan.grid.size(), rank).heads *
+             count_visible_pairs(p.mask, nullptr, p.seq, nullptr, p.seq);
+  }
+  return 0;
+}
+
+TEST(CostModel, ClosedFormFlopsEqualTheExactDecompositionForEveryRank) {
+  int checked = 0;
+  for (const Mask& mask : {Mask::none(), Mask::causal(), Mask::causal_window(7)}) {
+    for (const int ranks : {1, 2, 3, 4, 6, 9}) {
+      for (const int64_t seq : {int64_t{1}, int64_t{ranks - 1 > 0 ? ranks - 1 : 1}, int64_t{37},
+                                int64_t{64 * ranks + 5}}) {
+        const Problem p = problem_of(seq, mask, 2 * ranks, ranks);
+        std::vector<Plan> plans;
+        for (const GridShape& shape : grid_shapes(ranks)) {
+          for (const bool transpose : {true, false}) {
+            Plan plan = default_plan(Algorithm::attention2d, p, ranks);
+            plan.grid = shape;
+            plan.kv_transpose = transpose;
+            plans.push_back(plan);
+          }
+        }
+        for (const LayoutKind layout :
+             {LayoutKind::contiguous, LayoutKind::zigzag, LayoutKind::striped, LayoutKind::cyclic}) {
+          for (const int64_t stripe : {1, 3}) {
+            Plan plan = default_plan(Algorithm::ring, p, ranks);
+            plan.layout = layout;
+            plan.stripe = stripe;
+            plans.push_back(plan);
+          }
+        }
+        plans.push_back(default_plan(Algorithm::ulysses, p, ranks));
+        for (const Plan& plan : plans) {
+          double busiest = 0;
+          for (int rank = 0; rank < ranks; ++rank) {
+            const double exact = exact_flops(p, plan, rank);
+            ASSERT_DOUBLE_EQ(rank_forward_flops(p, plan, rank), exact)
+                << plan.describe() << " " << mask.describe() << " N=" << seq << " rank " << rank;
+            busiest = std::max(busiest, exact);
+            ++checked;
+          }
+          // Small grids are sampled completely: the busiest rank is found (the contiguous causal
+          // ring reports its larger step-synchronous critical path).
+          EXPECT_GE(busiest_forward_flops(p, plan), busiest) << plan.describe();
+          if (!(plan.algorithm == Algorithm::ring && plan.layout == LayoutKind::contiguous)) {
+            EXPECT_DOUBLE_EQ(busiest_forward_flops(p, plan), busiest) << plan.describe();
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
+}
+
+TEST(CostModel, ContiguousRingCriticalPathMatchesTheStepSynchronousSchedule) {
+  const Problem p = problem_of(64 * 8, Mask::causal());
+  Plan plan = default_plan(Algorithm::ring, p, 8);
+  plan.layout = LayoutKind::contiguous;
+  const double per_pair = 4.0 * p.head_dim * p.batch * p.heads;
+  EXPECT_DOUBLE_EQ(busiest_forward_flops(p, plan), per_pair * ring_critical_path_pairs(p, plan));
+}
+
+TEST(CostModel, PredictionsArePositiveAndAttention2DSendsLessThanRing) {
+  Problem p = problem_of(1 << 15, Mask::causal(), 32, 32);
+  p.head_dim = 128;
+  p.batch = 1;
+  const Machine machine = preset_machine("a100-hdr", Precision::bf16);
+  const Prediction ring = predict(p, default_plan(Algorithm::ring, p, 64), machine, 4, Precision::bf16);
+  const Prediction a2d = predict(p, default_plan(Algorithm::attention2d, p, 64), machine, 4, Precision::bf16);
+  EXPECT_GT(ring.forward_s, 0);
+  EXPECT_GT(a2d.backward_s, 0);
+  EXPECT_LT(a2d.forward.bytes * 2, ring.forward.bytes);  // 8x8 grid: ~4ND/8 vs 2ND words
+  EXPECT_DOUBLE_EQ(a2d.forward_flops * 2.5, a2d.backward_flops);
+  EXPECT_GT(a2d.memory_bytes, 0);
+}
+
+TEST(CostModel, SearchListsEveryCandidateAndSkipsUlyssesWithAReason) {
+  const Problem p = problem_of(4096, Mask::causal(), 12, 4);
+  const PlanSearch search = search_plans(p, 6, preset_machine("h100-ndr", Precision::bf16), 8,
+                                         Precision::bf16);
+  // 4 grids x 2 variants x 2 transposes + ring + allgather-kv; Ulysses cannot (6 does not divide 4).
+  EXPECT_EQ(search.ranked.size(), 18u);
+  ASSERT_EQ(search.skipped.size(), 1u);
+  EXPECT_EQ(search.skipped[0].first, "ulysses");
+  for (size_t i = 1; i < search.ranked.size(); ++i) {
+    const auto total = [](const RankedPlan& r) { return r.prediction.forward_s + r.prediction.backward_s; };
+    EXPECT_LE(total(search.ranked[i - 1]), total(search.ranked[i]));
+  }
+}
+
+TEST(CostModel, MachinesAndCalibrationFiles) {
+  EXPECT_THROW(preset_machine("tpu", Precision::bf16), Error);
+  const std::string file = ::testing::TempDir() + "/a2d-calibration-test.txt";
+  std::remove(file.c_str());
+  EXPECT_THROW(local_machine(file, 4), Error);
+  Calibration c;
+  c.ranks = 4;
+  c.cores = 2;
+  c.kernel_forward_flops = 20e9;
+  c.kernel_backward_flops = 15e9;
+  c.latency_s = 2e-6;
+  c.bytes_per_s = 3e9;
+  save_calibration(file, c);
+  c.ranks = 9;
+  c.kernel_forward_flops = 7e9;
+  save_calibration(file, c);
+  const Machine four = local_machine(file, 4), nine = local_machine(file, 9);
+  EXPECT_DOUBLE_EQ(four.kernel_forward_flops, 20e9);
+  EXPECT_DOUBLE_EQ(nine.kernel_forward_flops, 7e9);
+  EXPECT_DOUBLE_EQ(four.intra.bytes_per_s, 3e9);
+  EXPECT_EQ(four.shared_cores, 2);
+  EXPECT_THROW(local_machine(file, 16), Error);
+}
+
+}  // namespace
+}  // namespace a2d
