@@ -31,6 +31,9 @@ const Subcommand kSubcommands[] = {
     {"info", "what this build contains: version, MPI library, OpenMP, CUDA devices", info},
     {"kernel", "run, time and check the local attention kernel on generated inputs",
      a2d::commands::kernel},
+    {"model", "predicted times, words, messages and memory of every algorithm and grid (--plot)",
+     a2d::commands::model},
+    {"plan", "the fastest algorithm and grid for a run, by the cost model", a2d::commands::plan},
 #ifdef A2D_WITH_MPI_COMMANDS
     {"run", "distributed attention under mpiexec: time, bytes sent, --check, .npy in and out",
      a2d::commands::run},

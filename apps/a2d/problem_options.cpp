@@ -1,6 +1,7 @@
 #include "problem_options.hpp"
 
 #include "attention2d/error.hpp"
+#include "planning.hpp"
 
 namespace a2d::cli {
 
@@ -33,8 +34,13 @@ Problem ProblemOptions::problem() const {
 
 void PlanOptions::declare(Options& options) {
   options.add_string("--algo", &algo,
-                     "attention2d, attention2d-overlap, ring, allgather-kv or ulysses");
-  options.add_string("--grid", &grid, "process grid RxC of ATTENTION2D (default: the most square)");
+                     "attention2d, attention2d-overlap, ring, allgather-kv or ulysses "
+                     "(default: the fastest by the cost model)");
+  options.add_string("--grid", &grid,
+                     "process grid RxC of ATTENTION2D (default: the fastest by the cost model)");
+  options.add_string("--calibration", &calibration,
+                     "calibration file the planner reads (default $A2D_CALIBRATION or "
+                     "./a2d-calibration.txt)");
   options.add_string("--layout", &layout,
                      "token layout: cyclic, striped, contiguous or zigzag (default: the algorithm's)");
   options.add_int("--stripe", &stripe, "stripe width of the striped layout");
@@ -43,12 +49,24 @@ void PlanOptions::declare(Options& options) {
   options.add_int("--threads", &threads, "kernel threads per rank");
 }
 
-Plan PlanOptions::plan(const Problem& problem, int ranks) const {
-  Plan p = default_plan(parse_algorithm(algo), problem, ranks);
-  if (!grid.empty()) p.grid = parse_grid(grid);
+Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen) const {
+  if (!algo.empty()) parse_algorithm(algo);  // a clear error for an unknown name, first
+  Plan p;
+  const bool grid_matters = algo.empty() || algo == "attention2d" || algo == "attention2d-overlap";
+  if (algo.empty() || (grid.empty() && grid_matters)) {
+    const commands::MachineChoice machine{
+        "", calibration.empty() ? default_calibration_file() : calibration, Precision::fp32};
+    const commands::PlannedRun planned =
+        commands::choose_plan(problem, ranks, ranks, machine, algo, grid_matters ? grid : "");
+    p = planned.plan;
+    if (chosen) *chosen = "plan chosen by the cost model (" + planned.machine_description + ")";
+  } else {
+    p = default_plan(parse_algorithm(algo), problem, ranks);
+    if (!grid.empty()) p.grid = parse_grid(grid);
+  }
   if (!layout.empty()) p.layout = parse_layout(layout);
   p.stripe = stripe;
-  p.kv_transpose = !no_kv_transpose;
+  if (no_kv_transpose) p.kv_transpose = false;
   A2D_REQUIRE(threads >= 1 && threads <= 1024, "--threads must be between 1 and 1024, got ", threads);
   p.threads = static_cast<int>(threads);
   check_plan(p, problem, ranks);

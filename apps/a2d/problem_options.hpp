@@ -24,15 +24,18 @@ struct ProblemOptions {
 };
 
 struct PlanOptions {
-  std::string algo = "attention2d";
-  std::string grid;    // "" = the algorithm's default
+  std::string algo;    // "" = the fastest by the cost model (a2d plan)
+  std::string grid;    // "" = the fastest grid by the cost model
   std::string layout;  // "" = the algorithm's default
   int64_t stripe = 1;
   int64_t threads = 1;
   bool no_kv_transpose = false;
+  std::string calibration;  // "" = default_calibration_file()
 
   void declare(Options& options);
-  Plan plan(const Problem& problem, int ranks) const;  // checked against the problem and ranks
+  // Checked against the problem and ranks. Without --algo or --grid the cost model chooses
+  // (this machine's calibration if there is one); `chosen` then says so.
+  Plan plan(const Problem& problem, int ranks, std::string* chosen = nullptr) const;
 };
 
 }  // namespace a2d::cli

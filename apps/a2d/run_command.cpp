@@ -179,10 +179,11 @@ int run(int argc, char** argv, int first) {
 
     Problem problem;
     Plan plan;
+    std::string chosen;
     collective_check(world, [&] {
       A2D_REQUIRE(o.warmup >= 0 && o.iters >= 1, "--warmup must be >= 0 and --iters >= 1");
       problem = o.problem.problem();
-      plan = o.plan.plan(problem, world.size());
+      plan = o.plan.plan(problem, world.size(), &chosen);
     });
     if (!o.out_dir.empty()) {
       collective_check(world, [&] {
@@ -245,6 +246,7 @@ int run(int argc, char** argv, int first) {
       if (o.json) {
         std::cout << report.json() << std::endl;
       } else {
+        if (!chosen.empty()) std::cout << chosen << "\n";
         std::cout << report.text();
         if (!o.out_dir.empty()) {
           std::cout << (pass ? "outputs written to " : "check failed: nothing written to ")

@@ -77,8 +77,10 @@ struct Prediction {
   double backward_compute_s = 0;
   double forward_flops = 0;   // busiest rank, unmasked
   double backward_flops = 0;
-  Traffic forward;            // busiest rank
+  Traffic forward;            // busiest rank; bytes in the modelled precision
   Traffic backward;
+  double words_forward = 0;   // elements sent by the busiest rank (the paper's "words")
+  double words_backward = 0;
   int64_t memory_bytes = 0;   // peak per rank: shards plus the algorithm's transient buffers
   std::vector<PhaseCost> phases;
 };

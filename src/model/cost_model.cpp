@@ -307,6 +307,8 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     (name.rfind("forward", 0) == 0 ? out.forward : out.backward).bytes +=
         static_cast<int64_t>(factor * static_cast<double>(t.bytes));
     (name.rfind("forward", 0) == 0 ? out.forward : out.backward).messages += t.messages;
+    // The algorithms send fp32; every element is one word.
+    (name.rfind("forward", 0) == 0 ? out.words_forward : out.words_backward) += t.bytes / 4.0;
   }
   const auto t = [&](const std::string& name) {
     const auto it = seconds.find(name);

@@ -1,0 +1,239 @@
+// a2d model and a2d plan: the cost model from the command line (no MPI, no data).
+#include <sys/wait.h>
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <sstream>
+
+#include "attention2d/cost_model.hpp"
+#include "attention2d/error.hpp"
+#include "cli.hpp"
+#include "commands.hpp"
+#include "planning.hpp"
+#include "problem_options.hpp"
+
+namespace a2d::commands {
+namespace {
+
+struct ModelOptions {
+  cli::ProblemOptions problem;
+  std::string machine = "h100-ndr";
+  std::string calibration;  // "" = default_calibration_file()
+  std::string dtype = "bf16";
+  std::string plot;
+  std::string plot_x = "gpus";
+  int64_t gpus = 16;
+  int64_t gpus_per_node = 8;
+  bool json = false;
+  bool forward_only = false;
+
+  void declare(cli::Options& options) {
+    problem.declare(options);
+    options.add_string("--machine", &machine, "a100-hdr, h100-ndr or local (from a2d calibrate)");
+    options.add_string("--calibration", &calibration,
+                       "calibration file of --machine local (default $A2D_CALIBRATION or "
+                       "./a2d-calibration.txt)");
+    options.add_string("--dtype", &dtype, "bf16 or fp32");
+    options.add_int("--gpus", &gpus, "ranks P (GPUs, or processes on this machine)");
+    options.add_int("--gpus-per-node", &gpus_per_node, "ranks per node (consecutive ranks share one)");
+    options.add_flag("--forward-only", &forward_only, "rank by the forward time alone");
+    options.add_flag("--json", &json, "one JSON object per line");
+  }
+
+  MachineChoice machine_choice() const {
+    return {machine, calibration.empty() ? default_calibration_file() : calibration,
+            parse_precision(dtype)};
+  }
+};
+
+std::string grid_text(const Plan& plan) {
+  if (plan.algorithm == Algorithm::attention2d || plan.algorithm == Algorithm::attention2d_overlap) {
+    return plan.grid.describe() + (plan.kv_transpose ? "" : " no-transpose");
+  }
+  return layout_name(plan.layout);
+}
+
+void print_table(const PlanSearch& search, const Problem& problem, const Machine& machine,
+                 int ranks, int per_node, const std::string& dtype) {
+  std::printf("a2d model: %s dtype=%s\nmachine: %s (%s)\n%d ranks, %d per node\n\n",
+              problem.describe().c_str(), dtype.c_str(), machine.name.c_str(),
+              machine.description.c_str(), ranks, per_node);
+  std::printf("%-4s %-20s %-16s %10s %10s %10s %14s %14s %9s %12s\n", "#", "algorithm",
+              "grid/layout", "fwd ms", "bwd ms", "total ms", "words fwd", "words bwd", "messages",
+              "memory MiB");
+  int index = 1;
+  for (const RankedPlan& r : search.ranked) {
+    const Prediction& p = r.prediction;
+    std::printf("%-4d %-20s %-16s %10.3f %10.3f %10.3f %14.4g %14.4g %9lld %12.1f\n", index++,
+                algorithm_name(r.plan.algorithm).c_str(), grid_text(r.plan).c_str(),
+                1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * (p.forward_s + p.backward_s),
+                p.words_forward, p.words_backward,
+                static_cast<long long>(p.forward.messages + p.backward.messages),
+                p.memory_bytes / 1048576.0);
+  }
+  for (const auto& [algorithm, reason] : search.skipped) {
+    std::printf("skipped %s: %s\n", algorithm.c_str(), reason.c_str());
+  }
+  std::printf("\nwords: elements the busiest rank sends; messages: forward + backward; "
+              "memory: peak per rank\n");
+}
+
+std::string json_row(const RankedPlan& r, int rank_in_list, int ranks) {
+  const Prediction& p = r.prediction;
+  cli::JsonLine line;
+  line.add("rank", rank_in_list)
+      .add("algo", algorithm_name(r.plan.algorithm))
+      .add("grid", r.plan.grid.describe())
+      .add("layout", layout_name(r.plan.layout))
+      .add("kv_transpose", r.plan.kv_transpose)
+      .add("ranks", ranks)
+      .add("fwd_ms", 1e3 * p.forward_s)
+      .add("bwd_ms", 1e3 * p.backward_s)
+      .add("fwd_compute_ms", 1e3 * p.forward_compute_s)
+      .add("bwd_compute_ms", 1e3 * p.backward_compute_s)
+      .add("words_per_rank", p.words_forward + p.words_backward)
+      .add("words_fwd", p.words_forward)
+      .add("words_bwd", p.words_backward)
+      .add("bytes_fwd", p.forward.bytes)
+      .add("bytes_bwd", p.backward.bytes)
+      .add("messages", p.forward.messages + p.backward.messages)
+      .add("memory_bytes", p.memory_bytes);
+  return line.str();
+}
+
+// The best plan of each algorithm family, for the plot's curves.
+std::map<std::string, double> best_per_algorithm(const PlanSearch& search, bool forward_only) {
+  std::map<std::string, double> best;
+  for (const RankedPlan& r : search.ranked) {
+    const std::string name = algorithm_name(r.plan.algorithm);
+    const double total = r.prediction.forward_s + (forward_only ? 0 : r.prediction.backward_s);
+    if (!best.count(name) || total < best[name]) best[name] = total;
+  }
+  return best;
+}
+
+void plot(const ModelOptions& o, const Problem& base) {
+  const MachineChoice choice = o.machine_choice();
+  const bool over_gpus = o.plot_x == "gpus";
+  A2D_REQUIRE(over_gpus || o.plot_x == "seq", "--plot-x is gpus or seq, got '", o.plot_x, "'");
+  std::vector<int64_t> xs;
+  if (over_gpus) {
+    for (int64_t p = 2; p <= std::max<int64_t>(o.gpus, 64); p *= 2) xs.push_back(p);
+  } else {
+    for (int64_t n = std::max<int64_t>(base.seq / 16, 1024); n <= base.seq * 16; n *= 2) xs.push_back(n);
+  }
+  std::vector<std::string> names = {"attention2d", "attention2d-overlap", "ring", "allgather-kv", "ulysses"};
+  std::ostringstream data;
+  for (const int64_t x : xs) {
+    Problem problem = base;
+    int ranks = static_cast<int>(o.gpus);
+    if (over_gpus) ranks = static_cast<int>(x);
+    else problem.seq = x;
+    const Machine machine = choice.machine(ranks);
+    const auto best = best_per_algorithm(
+        search_plans(problem, ranks, machine, static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)),
+                     choice.precision, !o.forward_only),
+        o.forward_only);
+    data << x;
+    for (const std::string& name : names) {
+      const auto it = best.find(name);
+      data << " " << (it == best.end() ? std::string("NaN") : cli::format_double(1e3 * it->second, 6));
+    }
+    data << "\n";
+  }
+  const bool svg = o.plot.size() > 4 && o.plot.substr(o.plot.size() - 4) == ".svg";
+  const bool png = o.plot.size() > 4 && o.plot.substr(o.plot.size() - 4) == ".png";
+  A2D_REQUIRE(svg || png, "--plot needs a .svg or .png file name, got '", o.plot, "'");
+  std::ostringstream script;
+  script << "set terminal " << (svg ? "svg size 900,560 dynamic" : "pngcairo size 900,560") << "\n"
+         << "set output '" << o.plot << "'\n"
+         << "set title 'Predicted " << (o.forward_only ? "forward" : "forward + backward")
+         << " time, " << choice.name << " (" << precision_name(choice.precision) << "), N="
+         << base.seq << " H=" << base.heads << " D=" << base.head_dim
+         << (base.mask.is_causal() ? " causal" : "") << "' noenhanced\n"
+         << "set xlabel '" << (over_gpus ? "ranks P" : "sequence length N") << "'\n"
+         << "set ylabel 'time per layer (ms)'\nset logscale xy 2\nset grid\nset key left top\n"
+         << "$data << EOD\n" << data.str() << "EOD\nplot";
+  for (size_t i = 0; i < names.size(); ++i) {
+    script << (i ? "," : "") << " $data using 1:" << i + 2 << " with linespoints title '"
+           << names[i] << "'";
+  }
+  script << "\n";
+  FILE* gnuplot = ::popen("gnuplot", "w");
+  A2D_REQUIRE(gnuplot, "cannot start gnuplot (scripts/setup.sh installs gnuplot-nox)");
+  std::fputs(script.str().c_str(), gnuplot);
+  const int status = ::pclose(gnuplot);
+  A2D_REQUIRE(status == 0, "gnuplot failed (exit status ", WEXITSTATUS(status), ") writing ", o.plot);
+  std::cerr << "a2d model: wrote " << o.plot << "\n";
+}
+
+}  // namespace
+
+int model(int argc, char** argv, int first) {
+  ModelOptions o;
+  cli::Options options(
+      "a2d model [options]",
+      "Predicts, for every algorithm and every grid shape of P, the forward and backward time,\n"
+      "the words and messages each rank sends and the peak memory per rank, best first. Pure\n"
+      "arithmetic: instant for P up to 16384 and N up to 2^24. docs/cost-model.md derives it.");
+  o.declare(options);
+  options.add_string("--plot", &o.plot, "also draw predicted time against --plot-x (.svg or .png)");
+  options.add_string("--plot-x", &o.plot_x, "gpus (powers of two up to --gpus) or seq (N/16 .. 16N)");
+  if (!options.parse(argc, argv, first)) return 0;
+  const Problem problem = o.problem.problem();
+  A2D_REQUIRE(o.gpus >= 1 && o.gpus <= (1 << 20), "--gpus must be between 1 and 2^20");
+  A2D_REQUIRE(o.gpus_per_node >= 1, "--gpus-per-node must be at least 1");
+  const MachineChoice choice = o.machine_choice();
+  const int ranks = static_cast<int>(o.gpus);
+  const int per_node = static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks));
+  const Machine machine = choice.machine(ranks);
+  const PlanSearch search = search_plans(problem, ranks, machine, per_node, choice.precision, !o.forward_only);
+  if (o.json) {
+    int index = 1;
+    for (const RankedPlan& r : search.ranked) std::cout << json_row(r, index++, ranks) << "\n";
+    for (const auto& [algorithm, reason] : search.skipped) {
+      std::cout << cli::JsonLine().add("algo", algorithm).add("skipped", reason).str() << "\n";
+    }
+  } else {
+    print_table(search, problem, machine, ranks, per_node, o.dtype);
+  }
+  if (!o.plot.empty()) plot(o, problem);
+  return 0;
+}
+
+int plan(int argc, char** argv, int first) {
+  ModelOptions o;
+  o.machine = "";
+  cli::Options options("a2d plan [options]",
+                       "Names the fastest algorithm and grid for a run, by the cost model. Without\n"
+                       "--machine: this machine's calibration if there is one (a2d calibrate).");
+  o.declare(options);
+  if (!options.parse(argc, argv, first)) return 0;
+  const Problem problem = o.problem.problem();
+  const int ranks = static_cast<int>(o.gpus);
+  const int per_node = static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks));
+  const PlannedRun planned = choose_plan(problem, ranks, per_node, o.machine_choice(), "", "");
+  if (o.json) {
+    std::cout << json_row({planned.plan, planned.prediction}, 1, ranks) << "\n";
+    return 0;
+  }
+  std::printf("%s\nplan: %s\npredicted: forward %.3f ms, backward %.3f ms on %s\n",
+              problem.describe().c_str(), planned.plan.describe().c_str(),
+              1e3 * planned.prediction.forward_s, 1e3 * planned.prediction.backward_s,
+              planned.machine_description.c_str());
+  std::printf("run it: mpirun -np %d a2d run --algo %s", ranks,
+              algorithm_name(planned.plan.algorithm).c_str());
+  if (planned.plan.algorithm == Algorithm::attention2d ||
+      planned.plan.algorithm == Algorithm::attention2d_overlap) {
+    std::printf(" --grid %s%s", planned.plan.grid.describe().c_str(),
+                planned.plan.kv_transpose ? "" : " --no-kv-transpose");
+  } else {
+    std::printf(" --layout %s", layout_name(planned.plan.layout).c_str());
+  }
+  std::printf(" ...\n");
+  return 0;
+}
+
+}  // namespace a2d::commands

@@ -1,0 +1,45 @@
+#include "planning.hpp"
+
+#include <fstream>
+
+#include "attention2d/error.hpp"
+
+namespace a2d::commands {
+
+Machine MachineChoice::machine(int ranks) const {
+  if (name == "local") return local_machine(calibration_file, ranks);
+  if (!name.empty()) return preset_machine(name, precision);
+  try {
+    return local_machine(calibration_file, ranks);
+  } catch (const Error&) {
+    Machine generic;
+    generic.name = "generic";
+    generic.description = "uncalibrated placeholder (run a2d calibrate for this machine's numbers)";
+    generic.kernel_forward_flops = 50e9;
+    generic.kernel_backward_flops = 40e9;
+    generic.intra = {1e-6, 10e9};
+    generic.inter = generic.intra;
+    return generic;
+  }
+}
+
+PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
+                       const MachineChoice& choice, const std::string& algo,
+                       const std::string& grid) {
+  const Machine machine = choice.machine(ranks);
+  const PlanSearch search = search_plans(problem, ranks, machine, ranks_per_node, choice.precision);
+  for (const RankedPlan& r : search.ranked) {
+    if (!algo.empty() && algorithm_name(r.plan.algorithm) != algo) continue;
+    if (!grid.empty() && r.plan.grid.describe() != parse_grid(grid).describe()) continue;
+    return {r.plan, r.prediction, machine.name + ": " + machine.description};
+  }
+  std::string reasons;
+  for (const auto& [name, reason] : search.skipped) {
+    if (algo.empty() || name == algo) reasons += "\n  " + name + ": " + reason;
+  }
+  A2D_FAIL("no plan can run this problem on ", ranks, " ranks",
+           algo.empty() ? std::string() : " with --algo " + algo,
+           grid.empty() ? std::string() : " and --grid " + grid, reasons);
+}
+
+}  // namespace a2d::commands

@@ -1,0 +1,33 @@
+// Choosing a machine model and a plan for the commands: a2d plan, and a2d run / a2d bench when
+// --algo or --grid is not given.
+#pragma once
+
+#include <string>
+
+#include "attention2d/cost_model.hpp"
+
+namespace a2d::commands {
+
+struct MachineChoice {
+  // a100-hdr, h100-ndr, local (needs the calibration), or "" = local if calibrated for the rank
+  // count, else `generic`: a placeholder machine (1 us, 10 GB/s, 50 GFLOP/s per rank) used only to
+  // rank plans when nothing was calibrated; docs/cost-model.md.
+  std::string name;
+  std::string calibration_file;
+  Precision precision = Precision::fp32;
+
+  Machine machine(int ranks) const;
+};
+
+struct PlannedRun {
+  Plan plan;
+  Prediction prediction;
+  std::string machine_description;
+};
+
+// The fastest plan by the model; `algo` and `grid` ("" = free) restrict the search.
+PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
+                       const MachineChoice& choice, const std::string& algo,
+                       const std::string& grid);
+
+}  // namespace a2d::commands
