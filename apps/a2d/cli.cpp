@@ -137,14 +137,8 @@ std::string Options::help() const {
   return out.str();
 }
 
-void JsonLine::append_key(const std::string& key) {
-  if (!body_.empty()) body_.append(", ");
-  body_.append(1, '"').append(escape(key)).append("\": ");
-}
-
 JsonLine& JsonLine::add(const std::string& key, const std::string& value) {
-  append_key(key);
-  body_.append(1, '"').append(escape(value)).append(1, '"');
+  fields_.emplace_back(key, "\"" + escape(value) + "\"");
   return *this;
 }
 
@@ -153,24 +147,28 @@ JsonLine& JsonLine::add(const std::string& key, const char* value) {
 }
 
 JsonLine& JsonLine::add(const std::string& key, int64_t value) {
-  append_key(key);
-  body_ += std::to_string(value);
+  fields_.emplace_back(key, std::to_string(value));
   return *this;
 }
 
 JsonLine& JsonLine::add(const std::string& key, double value) {
-  append_key(key);
-  body_ += std::isfinite(value) ? format_double(value, 6) : "null";
+  fields_.emplace_back(key, std::isfinite(value) ? format_double(value, 6) : "null");
   return *this;
 }
 
 JsonLine& JsonLine::add(const std::string& key, bool value) {
-  append_key(key);
-  body_ += value ? "true" : "false";
+  fields_.emplace_back(key, value ? "true" : "false");
   return *this;
 }
 
-std::string JsonLine::str() const { return "{" + body_ + "}"; }
+std::string JsonLine::str() const {
+  std::string out = "{";
+  for (size_t i = 0; i < fields_.size(); ++i) {
+    if (i) out.append(", ");
+    out.append(1, '"').append(escape(fields_[i].first)).append("\": ").append(fields_[i].second);
+  }
+  return out.append(1, '}');
+}
 
 std::string format_double(double value, int precision) {
   char buffer[64];

@@ -50,10 +50,11 @@ class JsonLine {
   JsonLine& add(const std::string& key, double value);
   JsonLine& add(const std::string& key, bool value);
   std::string str() const;
+  // (key, JSON-rendered value) in insertion order, for other output formats such as CSV.
+  const std::vector<std::pair<std::string, std::string>>& fields() const { return fields_; }
 
  private:
-  void append_key(const std::string& key);
-  std::string body_;
+  std::vector<std::pair<std::string, std::string>> fields_;
 };
 
 std::string format_double(double value, int precision);

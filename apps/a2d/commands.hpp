@@ -6,6 +6,8 @@ namespace a2d::commands {
 
 int kernel(int argc, char** argv, int first);
 int run(int argc, char** argv, int first);        // needs MPI
+int calibrate(int argc, char** argv, int first);  // needs MPI
+int bench(int argc, char** argv, int first);      // needs MPI
 int model(int argc, char** argv, int first);
 int plan(int argc, char** argv, int first);
 

@@ -37,6 +37,10 @@ const Subcommand kSubcommands[] = {
 #ifdef A2D_WITH_MPI_COMMANDS
     {"run", "distributed attention under mpiexec: time, bytes sent, --check, .npy in and out",
      a2d::commands::run},
+    {"bench", "every algorithm and grid side by side under mpiexec, with the model's prediction",
+     a2d::commands::bench},
+    {"calibrate", "measure this machine (kernel rate, latency, bandwidth) for the cost model",
+     a2d::commands::calibrate},
 #endif
 };
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <sstream>
@@ -110,6 +111,45 @@ Timings time_attention(Communicator& world, TrafficLog& log, DistributedAttentio
   timings.forward = summarize_phase(world, fwd_slowest, fwd_mine, fwd_traffic);
   if (backward) timings.backward = summarize_phase(world, bwd_slowest, bwd_mine, bwd_traffic);
   return timings;
+}
+
+namespace {
+// A "VmXXX:  1234 kB" line of /proc/self/status, in bytes; -1 if absent.
+int64_t proc_status_bytes(const char* key) {
+  std::FILE* status = std::fopen("/proc/self/status", "r");
+  if (!status) return -1;
+  char line[256];
+  int64_t value = -1;
+  const size_t length = std::strlen(key);
+  while (std::fgets(line, sizeof line, status)) {
+    if (std::strncmp(line, key, length) == 0) {
+      value = 1024 * std::atoll(line + length + 1);
+      break;
+    }
+  }
+  std::fclose(status);
+  return value;
+}
+}  // namespace
+
+int64_t peak_memory_growth(const std::function<void()>& body) {
+  // "5" resets the peak resident set size (Linux >= 4.0).
+  std::FILE* clear = std::fopen("/proc/self/clear_refs", "w");
+  const bool reset = clear && std::fputs("5", clear) >= 0;
+  if (clear) std::fclose(clear);
+  const int64_t before = proc_status_bytes("VmRSS:");
+  body();
+  const int64_t peak = proc_status_bytes("VmHWM:");
+  if (!reset || before < 0 || peak < 0) return -1;
+  return std::max<int64_t>(0, peak - before);
+}
+
+int64_t shard_bytes(const ShardSet& s) {
+  size_t floats = 0;
+  for (const auto* v : {&s.q, &s.k, &s.v, &s.d_out, &s.out, &s.lse, &s.dq, &s.dk, &s.dv}) {
+    floats += v->size();
+  }
+  return static_cast<int64_t>(4 * floats);
 }
 
 double forward_flops(const Problem& p) {

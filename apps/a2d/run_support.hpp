@@ -38,6 +38,14 @@ Timings time_attention(Communicator& world, TrafficLog& log, DistributedAttentio
                        const Problem& problem, ShardSet& shards, bool backward, int64_t warmup,
                        int64_t iters);
 
+// Peak resident memory growth of this process while `body` runs: the kernel's high-water mark is
+// reset first (/proc/self/clear_refs), then VmHWM - VmRSS(before) is read back. Returns -1 where
+// /proc does not allow it.
+int64_t peak_memory_growth(const std::function<void()>& body);
+
+// Bytes of a rank's shard buffers (inputs, outputs and gradients).
+int64_t shard_bytes(const ShardSet& shards);
+
 // Unmasked FLOPs of one forward call of the whole problem (4 * pairs * D per head).
 double forward_flops(const Problem& problem);
 

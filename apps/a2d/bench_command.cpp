@@ -1,0 +1,327 @@
+// a2d bench: every algorithm (and every grid of ATTENTION2D) on the same seeded problem, side by
+// side in one MPI job, with the cost model's prediction beside each measurement.
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <sstream>
+#include <vector>
+
+#include "attention2d/check.hpp"
+#include "attention2d/collective.hpp"
+#include "attention2d/cost_model.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/harness.hpp"
+#include "attention2d/mpi_comm.hpp"
+#include "attention2d/watchdog.hpp"
+#include "cli.hpp"
+#include "commands.hpp"
+#include "problem_options.hpp"
+#include "run_support.hpp"
+
+namespace a2d::commands {
+namespace {
+
+struct BenchOptions {
+  cli::ProblemOptions problem;
+  std::string algos = "attention2d,attention2d-overlap,ring,allgather-kv,ulysses";
+  std::string grid, layout, calibration;
+  int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42;
+  bool no_kv_transpose = false, backward = false, check = false, json = false, csv = false;
+  double timeout = 300;
+};
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> items;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    if (!item.empty()) items.push_back(item);
+  }
+  return items;
+}
+
+struct Row {
+  Plan plan;
+  std::string skipped;  // reason, if the plan cannot run
+  Timings timings;
+  int64_t peak_bytes = -1;
+  bool predicted = false;
+  Prediction prediction;
+  OutputErrors errors;
+};
+
+// Every plan the options ask for; plans that cannot run carry the reason.
+std::vector<Row> candidate_rows(const BenchOptions& o, const Problem& problem, int ranks) {
+  std::vector<Row> rows;
+  for (const std::string& name : split_list(o.algos)) {
+    const Algorithm algorithm = parse_algorithm(name);
+    std::vector<Plan> plans;
+    if (algorithm == Algorithm::attention2d || algorithm == Algorithm::attention2d_overlap) {
+      const std::vector<GridShape> shapes =
+          o.grid.empty() ? grid_shapes(ranks) : std::vector<GridShape>{parse_grid(o.grid)};
+      for (const GridShape& shape : shapes) {
+        Plan plan = default_plan(algorithm, problem, ranks);
+        plan.grid = shape;
+        plans.push_back(plan);
+      }
+    } else {
+      Plan plan = default_plan(algorithm, problem, ranks);
+      if (!o.layout.empty()) plan.layout = parse_layout(o.layout);
+      plans.push_back(plan);
+    }
+    for (Plan& plan : plans) {
+      plan.stripe = o.stripe;
+      plan.threads = static_cast<int>(o.threads);
+      if (o.no_kv_transpose) plan.kv_transpose = false;
+      Row row;
+      row.plan = plan;
+      try {
+        check_plan(plan, problem, ranks);
+      } catch (const Error& e) {
+        row.skipped = e.message();
+      }
+      rows.push_back(row);
+    }
+  }
+  return rows;
+}
+
+std::string grid_column(const Plan& plan) {
+  if (plan.algorithm == Algorithm::attention2d || plan.algorithm == Algorithm::attention2d_overlap) {
+    return plan.grid.describe() + (plan.kv_transpose ? "" : "-nt");
+  }
+  return layout_name(plan.layout);
+}
+
+double ratio(double measured, double predicted) { return predicted > 0 ? measured / predicted : NAN; }
+
+cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool backward, bool check) {
+  cli::JsonLine line;
+  line.add("algo", algorithm_name(r.plan.algorithm))
+      .add("grid", r.plan.grid.describe())
+      .add("layout", layout_name(r.plan.layout))
+      .add("kv_transpose", r.plan.kv_transpose)
+      .add("ranks", ranks)
+      .add("batch", problem.batch)
+      .add("seq", problem.seq)
+      .add("heads", problem.heads)
+      .add("kv_heads", problem.kv_heads)
+      .add("head_dim", problem.head_dim)
+      .add("causal", problem.mask.is_causal())
+      .add("window", problem.mask.window);
+  if (!r.skipped.empty()) return line.add("skipped", r.skipped);
+  const double flops = forward_flops(problem);
+  const PhaseTiming& f = r.timings.forward;
+  const PhaseTiming& b = r.timings.backward;
+  line.add("fwd_ms", f.median_ms)
+      .add("fwd_ms_rank_min", f.rank_min_ms)
+      .add("fwd_ms_rank_avg", f.rank_avg_ms)
+      .add("fwd_ms_rank_max", f.rank_max_ms)
+      .add("fwd_gflops_per_rank", flops / (f.median_ms * 1e-3) / 1e9 / ranks)
+      .add("bytes_sent_fwd", f.bytes)
+      .add("messages_fwd", f.messages);
+  if (backward) {
+    line.add("bwd_ms", b.median_ms)
+        .add("bwd_ms_rank_min", b.rank_min_ms)
+        .add("bwd_ms_rank_avg", b.rank_avg_ms)
+        .add("bwd_ms_rank_max", b.rank_max_ms)
+        .add("bwd_gflops_per_rank", 2.5 * flops / (b.median_ms * 1e-3) / 1e9 / ranks)
+        .add("bytes_sent_bwd", b.bytes)
+        .add("messages_bwd", b.messages);
+  } else {
+    line.add("bwd_ms", NAN).add("bytes_sent_bwd", int64_t{0}).add("messages_bwd", int64_t{0});
+  }
+  line.add("peak_mem_bytes", r.peak_bytes);
+  const double pred_fwd = r.predicted ? 1e3 * r.prediction.forward_s : NAN;
+  const double pred_bwd = r.predicted && backward ? 1e3 * r.prediction.backward_s : NAN;
+  line.add("pred_fwd_ms", pred_fwd)
+      .add("pred_bwd_ms", pred_bwd)
+      .add("ratio_fwd", ratio(f.median_ms, pred_fwd))
+      .add("ratio_bwd", backward ? ratio(b.median_ms, pred_bwd) : NAN)
+      .add("model_mem_bytes", r.predicted ? r.prediction.memory_bytes : int64_t{-1});
+  if (check) line.add("max_rel_err", r.errors.max()).add("pass", r.errors.max() <= kFp32RelativeBound);
+  return line;
+}
+
+void print_table(const std::vector<Row>& rows, const Problem& problem, int ranks, bool backward,
+                 bool check, const std::string& machine) {
+  std::printf("a2d bench: %s on %d ranks\nprediction: %s\n", problem.describe().c_str(), ranks,
+              machine.c_str());
+  std::printf("%-20s %-11s %9s %9s %9s %9s %8s %11s %11s %8s %9s %9s %7s %7s%s\n", "algorithm",
+              "grid", "fwd ms", "(rank", "avg", "max)", "GF/s/rk", "bytes fwd", "bytes bwd",
+              "msgs", "bwd ms", "peak MiB", "fwd m/p", "bwd m/p", check ? "  max err" : "");
+  const double flops = forward_flops(problem);
+  for (const Row& r : rows) {
+    if (!r.skipped.empty()) {
+      std::printf("%-20s %-11s skipped: %s\n", algorithm_name(r.plan.algorithm).c_str(),
+                  grid_column(r.plan).c_str(), r.skipped.c_str());
+      continue;
+    }
+    const PhaseTiming& f = r.timings.forward;
+    const PhaseTiming& b = r.timings.backward;
+    std::printf("%-20s %-11s %9.2f %9.2f %9.2f %9.2f %8.2f %11lld %11lld %8lld %9.2f %9.1f %7.2f %7.2f",
+                algorithm_name(r.plan.algorithm).c_str(), grid_column(r.plan).c_str(), f.median_ms,
+                f.rank_min_ms, f.rank_avg_ms, f.rank_max_ms,
+                flops / (f.median_ms * 1e-3) / 1e9 / ranks, static_cast<long long>(f.bytes),
+                static_cast<long long>(b.bytes), static_cast<long long>(f.messages + b.messages),
+                backward ? b.median_ms : NAN, r.peak_bytes / 1048576.0,
+                r.predicted ? ratio(f.median_ms, 1e3 * r.prediction.forward_s) : NAN,
+                r.predicted && backward ? ratio(b.median_ms, 1e3 * r.prediction.backward_s) : NAN);
+    if (check) std::printf("  %.2e", r.errors.max());
+    std::printf("\n");
+  }
+  std::printf("\nfwd ms: median over iterations of the slowest rank; (rank min avg max): per-rank "
+              "medians. bytes, msgs: sent per rank and call (max over ranks), msgs fwd+bwd.\n"
+              "peak MiB: shards + peak resident growth during the calls (max over ranks). m/p: "
+              "measured / predicted.\n");
+}
+
+void print_csv(const std::vector<Row>& rows, const Problem& problem, int ranks, bool backward,
+               bool check) {
+  // The keys of the JSON rows as columns (the union, in first-seen order); strings unquoted.
+  std::vector<cli::JsonLine> lines;
+  std::vector<std::string> keys;
+  for (const Row& r : rows) {
+    lines.push_back(json_of(r, problem, ranks, backward, check));
+    for (const auto& [key, value] : lines.back().fields()) {
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+    }
+  }
+  for (size_t i = 0; i < keys.size(); ++i) std::printf("%s%s", i ? "," : "", keys[i].c_str());
+  std::printf("\n");
+  for (const cli::JsonLine& line : lines) {
+    for (size_t i = 0; i < keys.size(); ++i) {
+      std::string value;
+      for (const auto& [key, v] : line.fields()) {
+        if (key == keys[i]) value = v;
+      }
+      if (value.size() >= 2 && value.front() == '"') value = value.substr(1, value.size() - 2);
+      if (value == "null") value.clear();
+      // Quote a field holding a comma (skip reasons).
+      if (value.find(',') != std::string::npos) value = "\"" + value + "\"";
+      std::printf("%s%s", i ? "," : "", value.c_str());
+    }
+    std::printf("\n");
+  }
+}
+
+}  // namespace
+
+int bench(int argc, char** argv, int first) {
+  MpiSession mpi(&argc, &argv);
+  auto log = std::make_shared<TrafficLog>();
+  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  return run_collectively(world, [&]() -> int {
+    BenchOptions o;
+    cli::Options options(
+        "a2d bench [options]",
+        "Runs every algorithm (--algo a,b,...; all by default) and every grid shape of P for\n"
+        "ATTENTION2D (unless --grid) on the same seeded problem, under mpiexec, and reports per row\n"
+        "the slowest rank's median time, the spread across ranks, GFLOP/s per rank, the bytes and\n"
+        "messages each rank sent, its peak memory, and the cost model's prediction for this\n"
+        "machine (from a2d calibrate) with measured / predicted.");
+    o.problem.declare(options);
+    options.add_string("--algo", &o.algos, "comma-separated algorithms");
+    options.add_string("--grid", &o.grid, "only this ATTENTION2D grid RxC (default: every one)");
+    options.add_string("--layout", &o.layout, "layout of ring and allgather-kv (default: theirs)");
+    options.add_int("--stripe", &o.stripe, "stripe width of the striped layout");
+    options.add_flag("--no-kv-transpose", &o.no_kv_transpose, "ATTENTION2D without the K/V transpose");
+    options.add_int("--threads", &o.threads, "kernel threads per rank");
+    options.add_flag("--backward", &o.backward, "also time the backward pass");
+    options.add_int("--warmup", &o.warmup, "untimed iterations per row");
+    options.add_int("--iters", &o.iters, "timed iterations per row (median)");
+    options.add_int("--seed", &o.seed, "seed of the generated inputs");
+    options.add_flag("--check", &o.check, "compare every row's outputs with the fp64 reference");
+    options.add_flag("--json", &o.json, "one JSON object per row");
+    options.add_flag("--csv", &o.csv, "the JSON keys as CSV");
+    options.add_string("--calibration", &o.calibration,
+                       "calibration file for the predictions (default $A2D_CALIBRATION or "
+                       "./a2d-calibration.txt)");
+    options.add_double("--timeout", &o.timeout, "watchdog timeout in seconds (0 = off)");
+    bool help = false;
+    Problem problem;
+    std::vector<Row> rows;
+    collective_check(world, [&] {
+      help = !options.parse(argc, argv, first);
+      if (help) return;
+      A2D_REQUIRE(o.warmup >= 0 && o.iters >= 1, "--warmup must be >= 0 and --iters >= 1");
+      A2D_REQUIRE(o.threads >= 1, "--threads must be at least 1");
+      A2D_REQUIRE(!(o.json && o.csv), "choose one of --json and --csv");
+      problem = o.problem.problem();
+      rows = candidate_rows(o, problem, world.size());
+    });
+    if (help) return 0;
+    Watchdog watchdog(MPI_COMM_WORLD, o.timeout);
+
+    std::string machine_text = "none: no calibration for this rank count (run a2d calibrate)";
+    Machine machine;
+    bool have_machine = false;
+    try {
+      machine = local_machine(o.calibration.empty() ? default_calibration_file() : o.calibration,
+                              world.size());
+      machine_text = machine.description;
+      have_machine = true;
+    } catch (const Error&) {
+    }
+
+    ReferenceOutputs reference;
+    if (o.check) {
+      if (world.rank() == 0) {
+        reference = reference_outputs(
+            problem, generate_global(problem, static_cast<uint64_t>(o.seed), o.backward),
+            o.backward, reference_threads());
+      }
+      sleeping_barrier(MPI_COMM_WORLD);
+    }
+
+    for (Row& row : rows) {
+      if (!row.skipped.empty()) continue;
+      std::unique_ptr<DistributedAttention> attention;
+      collective_check(world, [&] { attention = make_attention(problem, row.plan, world); });
+      ShardSet shards = make_shards(problem, attention->layout(), world.rank(),
+                                    static_cast<uint64_t>(o.seed), true, o.backward);
+      int64_t growth = peak_memory_growth([&] {
+        row.timings = time_attention(world, *log, *attention, problem, shards, o.backward, o.warmup,
+                                     o.iters);
+      });
+      int64_t peak = growth < 0 ? -1 : shard_bytes(shards) + growth;
+      world.all_reduce(&peak, 1, Reduction::max);
+      row.peak_bytes = peak;
+      if (have_machine) {
+        row.prediction = predict(problem, row.plan, machine, world.size(), Precision::fp32);
+        row.predicted = true;
+      }
+      if (o.check) {
+        world.set_phase("io");
+        const GlobalOutputs outputs =
+            gather_outputs(world, 0, problem, attention->layout(), shards, o.backward);
+        double errors[5] = {0, 0, 0, 0, 0};
+        if (world.rank() == 0) {
+          const OutputErrors e = compare_outputs(outputs, reference, o.backward);
+          const double values[5] = {e.out, e.lse, e.dq, e.dk, e.dv};
+          std::copy(values, values + 5, errors);
+        }
+        world.broadcast(errors, sizeof errors, 0);
+        row.errors = {errors[0], errors[1], errors[2], errors[3], errors[4]};
+      }
+    }
+
+    bool pass = true;
+    for (const Row& row : rows) pass = pass && (!o.check || !row.skipped.empty() || row.errors.max() <= kFp32RelativeBound);
+    if (world.rank() == 0) {
+      if (o.json) {
+        for (const Row& r : rows) std::cout << json_of(r, problem, world.size(), o.backward, o.check).str() << "\n";
+      } else if (o.csv) {
+        print_csv(rows, problem, world.size(), o.backward, o.check);
+      } else {
+        print_table(rows, problem, world.size(), o.backward, o.check, machine_text);
+      }
+      std::cout.flush();
+    }
+    return pass ? 0 : 1;
+  });
+}
+
+}  // namespace a2d::commands

@@ -1,0 +1,145 @@
+// a2d calibrate: measures this machine for the cost model's `local` preset, with every rank of the
+// MPI job working at once (so sharing cores between ranks is part of the numbers).
+#include <mpi.h>
+
+#include <cstdio>
+#include <iostream>
+#include <thread>
+#include <vector>
+
+#include "attention2d/collective.hpp"
+#include "attention2d/cost_model.hpp"
+#include "attention2d/data.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/kernel.hpp"
+#include "attention2d/mpi_comm.hpp"
+#include "attention2d/timing.hpp"
+#include "cli.hpp"
+#include "commands.hpp"
+#include "run_support.hpp"
+
+namespace a2d::commands {
+namespace {
+
+// Seconds per call of `body` on the slowest rank, median of `iters` timed calls.
+double slowest_seconds(Communicator& world, int64_t iters, const std::function<void()>& body) {
+  body();  // warm-up
+  std::vector<double> samples;
+  for (int64_t i = 0; i < iters; ++i) {
+    world.barrier();
+    const double start = seconds_now();
+    body();
+    double elapsed = seconds_now() - start;
+    world.all_reduce(&elapsed, 1, Reduction::max);
+    samples.push_back(elapsed);
+  }
+  return summarize(samples).median;
+}
+
+}  // namespace
+
+int calibrate(int argc, char** argv, int first) {
+  MpiSession mpi(&argc, &argv);
+  auto world_ptr = make_mpi_communicator(MPI_COMM_WORLD);
+  Communicator& world = *world_ptr;
+  return run_collectively(world, [&]() -> int {
+    std::string out = default_calibration_file();
+    int64_t block = 1024, heads = 4, head_dim = 64, iters = 3, threads = 1;
+    cli::Options options(
+        "a2d calibrate [options]",
+        "Measures, with every rank of the MPI job busy at once, the attention kernel's throughput\n"
+        "per rank (forward and backward, unmasked) and the point-to-point latency and bandwidth of\n"
+        "a ring shift, and saves them as the section for this rank count in the calibration file\n"
+        "that `a2d model --machine local` and the planner read. Run it at every rank count you\n"
+        "benchmark: mpirun -np P a2d calibrate.");
+    options.add_string("--out", &out, "calibration file (a section per rank count is kept)");
+    options.add_int("--block", &block, "query and key rows of the timed kernel call");
+    options.add_int("--heads", &heads, "heads of the timed kernel call");
+    options.add_int("--head-dim", &head_dim, "head dimension of the timed kernel call");
+    options.add_int("--iters", &iters, "timed repetitions (median)");
+    options.add_int("--threads", &threads, "kernel threads per rank");
+    bool help = false;
+    collective_check(world, [&] {
+      help = !options.parse(argc, argv, first);
+      A2D_REQUIRE(block >= 64 && heads >= 1 && head_dim >= 1 && iters >= 1 && threads >= 1,
+                  "--block must be >= 64 and --heads, --head-dim, --iters, --threads >= 1");
+    });
+    if (help) return 0;
+
+    // The kernel, on every rank at once.
+    const GlobalTokens shape{1, block, heads, head_dim};
+    const std::vector<float> q = generate_tokens(1, TensorTag::q, shape);
+    const std::vector<float> k = generate_tokens(1, TensorTag::k, shape);
+    const std::vector<float> v = generate_tokens(1, TensorTag::v, shape);
+    const std::vector<float> d_out = generate_tokens(1, TensorTag::d_out, shape);
+    std::vector<float> o(q.size()), lse(static_cast<size_t>(heads * block)), dq(q.size()),
+        dk(q.size()), dv(q.size());
+    ForwardArgs fwd;
+    fwd.shape = {1, heads, heads, block, block, head_dim};
+    fwd.scale = default_scale(head_dim);
+    fwd.q = dense_tokens(q.data(), block, heads, head_dim);
+    fwd.k = dense_tokens(k.data(), block, heads, head_dim);
+    fwd.v = dense_tokens(v.data(), block, heads, head_dim);
+    fwd.threads = static_cast<int>(threads);
+    const auto o_view = dense_tokens(o.data(), block, heads, head_dim);
+    const auto lse_view = dense_rows(lse.data(), heads, block);
+    const double flops = 4.0 * static_cast<double>(block * block * head_dim * heads);
+    const double forward_s = slowest_seconds(world, iters, [&] { attention_forward(fwd, o_view, lse_view); });
+    BackwardArgs bwd;
+    bwd.shape = fwd.shape;
+    bwd.scale = fwd.scale;
+    bwd.q = fwd.q;
+    bwd.k = fwd.k;
+    bwd.v = fwd.v;
+    bwd.out = o_view;
+    bwd.d_out = dense_tokens(d_out.data(), block, heads, head_dim);
+    bwd.lse = lse_view;
+    bwd.threads = fwd.threads;
+    const double backward_s = slowest_seconds(world, iters, [&] {
+      attention_backward(bwd, dense_tokens(dq.data(), block, heads, head_dim),
+                         dense_tokens(dk.data(), block, heads, head_dim),
+                         dense_tokens(dv.data(), block, heads, head_dim));
+    });
+
+    // A ring shift on every rank at once: 8 bytes for the latency, 4 MiB for the bandwidth.
+    const int next = (world.rank() + 1) % world.size();
+    const int prev = (world.rank() - 1 + world.size()) % world.size();
+    const int64_t large = int64_t{1} << 20;
+    std::vector<float> send(static_cast<size_t>(large), 1.0f), recv(send.size());
+    double latency_s = 0, bytes_per_s = 1e12;
+    if (world.size() > 1) {
+      const int repeats = 200;
+      latency_s = slowest_seconds(world, 5, [&] {
+                    for (int i = 0; i < repeats; ++i) world.send_recv(send.data(), 2, next, recv.data(), 2, prev);
+                  }) / repeats;
+      const double large_s = slowest_seconds(world, 5, [&] {
+        for (int i = 0; i < 4; ++i) world.send_recv(send.data(), large, next, recv.data(), large, prev);
+      }) / 4;
+      bytes_per_s = 4.0 * static_cast<double>(large) / std::max(large_s - latency_s, 1e-9);
+    }
+
+    Calibration c;
+    c.ranks = world.size();
+    c.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    c.head_dim = head_dim;
+    c.kernel_forward_flops = flops / forward_s;
+    c.kernel_backward_flops = 2.5 * flops / backward_s;
+    c.latency_s = latency_s;
+    c.bytes_per_s = bytes_per_s;
+    collective_check(world, [&] {
+      if (world.rank() == 0) save_calibration(out, c);
+    });
+    if (world.rank() == 0) {
+      std::printf("a2d calibrate: %d ranks on %d cores, kernel %lldx%lld rows, %lld heads, D=%lld\n"
+                  "  kernel forward  %.3f GFLOP/s per rank\n  kernel backward %.3f GFLOP/s per rank\n"
+                  "  latency %.2f us per message, bandwidth %.3f GB/s per rank\nsaved to %s [ranks %d]\n",
+                  c.ranks, c.cores, static_cast<long long>(block), static_cast<long long>(block),
+                  static_cast<long long>(heads), static_cast<long long>(head_dim),
+                  c.kernel_forward_flops / 1e9, c.kernel_backward_flops / 1e9, c.latency_s * 1e6,
+                  c.bytes_per_s / 1e9, out.c_str(), c.ranks);
+    }
+    return 0;
+  });
+}
+
+}  // namespace a2d::commands
