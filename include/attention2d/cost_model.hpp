@@ -77,12 +77,14 @@ struct Prediction {
   double backward_compute_s = 0;
   double forward_flops = 0;   // busiest rank, unmasked
   double backward_flops = 0;
-  Traffic forward;            // busiest rank; bytes in the modelled precision
+  // Bytes (in the modelled precision) and messages of the rank that sends the most; words = the
+  // elements that rank sends (the paper's unit).
+  Traffic forward;
   Traffic backward;
-  double words_forward = 0;   // elements sent by the busiest rank (the paper's "words")
+  double words_forward = 0;
   double words_backward = 0;
   int64_t memory_bytes = 0;   // peak per rank: shards plus the algorithm's transient buffers
-  std::vector<PhaseCost> phases;
+  std::vector<PhaseCost> phases;  // each with the most any rank sends in it
 };
 
 // ranks_per_node: consecutive world ranks share a node (so ATTENTION2D's columns, which hold

@@ -285,14 +285,28 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
   const int ranks = plan.grid.size();
   const double factor = element_factor(precision);
 
-  // Busiest rank's traffic per phase.
+  // Per phase, the most any rank sends (phases synchronise the ranks, so the slowest sets the
+  // time); per direction, the rank that sends the most over all phases (the words per rank).
   std::map<std::string, Traffic> phases;
   for (const int rank : sample_ranks(plan)) {
+    Traffic forward, backward;
+    double words_forward = 0, words_backward = 0;
     for (const auto& [name, t] : predict_traffic(problem, plan, rank)) {
       Traffic& worst = phases[name];
       worst.bytes = std::max(worst.bytes, t.bytes);
       worst.messages = std::max(worst.messages, t.messages);
+      const bool is_forward = name.rfind("forward", 0) == 0;
+      Traffic& total = is_forward ? forward : backward;
+      total.bytes += static_cast<int64_t>(factor * static_cast<double>(t.bytes));
+      total.messages += t.messages;
+      (is_forward ? words_forward : words_backward) += t.bytes / 4.0;  // fp32: one word each
     }
+    if (forward.bytes > out.forward.bytes) out.words_forward = words_forward;
+    if (backward.bytes > out.backward.bytes) out.words_backward = words_backward;
+    out.forward.bytes = std::max(out.forward.bytes, forward.bytes);
+    out.forward.messages = std::max(out.forward.messages, forward.messages);
+    out.backward.bytes = std::max(out.backward.bytes, backward.bytes);
+    out.backward.messages = std::max(out.backward.messages, backward.messages);
   }
   std::map<std::string, double> seconds;
   for (const auto& [name, t] : phases) {
@@ -304,11 +318,6 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     cost.seconds = t.messages * link.latency_s + factor * static_cast<double>(t.bytes) / link.bytes_per_s;
     seconds[name] = cost.seconds;
     out.phases.push_back(cost);
-    (name.rfind("forward", 0) == 0 ? out.forward : out.backward).bytes +=
-        static_cast<int64_t>(factor * static_cast<double>(t.bytes));
-    (name.rfind("forward", 0) == 0 ? out.forward : out.backward).messages += t.messages;
-    // The algorithms send fp32; every element is one word.
-    (name.rfind("forward", 0) == 0 ? out.words_forward : out.words_backward) += t.bytes / 4.0;
   }
   const auto t = [&](const std::string& name) {
     const auto it = seconds.find(name);

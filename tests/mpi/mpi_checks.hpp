@@ -13,4 +13,9 @@ namespace a2d {
 std::string traffic_mismatches(const TrafficLog& log, const Problem& problem, const Plan& plan,
                                int rank);
 
+// The cost model's words and messages per rank (predict(), which the planner and a2d model use)
+// equal the largest counted totals over the ranks, forward and backward. Collective.
+void expect_model_totals(Communicator& world, const TrafficLog& log, const Problem& problem,
+                         const Plan& plan, const std::string& what);
+
 }  // namespace a2d
