@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# a2d calibrate writes a calibration section per rank count; a2d bench runs every algorithm and
+# grid with the model's prediction beside each row, as a table, JSON and CSV; a2d model reads the
+# calibration; --plot draws an SVG.
+#   bench_calibrate.sh A2D_BINARY MPIEXEC
+set -euo pipefail
+a2d=$1
+mpiexec=$2
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "bench_calibrate.sh: $*" >&2; exit 1; }
+cal="$work/calibration.txt"
+
+"$mpiexec" --oversubscribe -np 4 "$a2d" calibrate --out "$cal" --block 256 --iters 1 >/dev/null
+"$mpiexec" --oversubscribe -np 2 "$a2d" calibrate --out "$cal" --block 256 --iters 1 >/dev/null
+grep -q '^\[ranks 4\]' "$cal" && grep -q '^\[ranks 2\]' "$cal" || fail "calibration sections missing"
+
+problem=(--seq 300 --heads 4 --kv-heads 2 --head-dim 32 --causal --backward --iters 1 --warmup 0)
+python3 "$here/check_json.py" \
+  algo,grid,ranks,fwd_ms,bwd_ms,pred_fwd_ms,pred_bwd_ms,bytes_sent_fwd,bytes_sent_bwd,messages_fwd,messages_bwd,peak_mem_bytes \
+  -- "$mpiexec" --oversubscribe -np 4 "$a2d" bench "${problem[@]}" --calibration "$cal" --check --json \
+  > "$work/bench.json" || fail "bench --json"
+# 3 ATTENTION2D grids x 2 variants + ring + allgather-kv + ulysses (4 ranks do not divide 2 K/V heads).
+[ "$(grep -c '"fwd_ms"' "$work/bench.json")" -eq 8 ] || fail "expected 8 measured rows"
+grep -q '"skipped": "ulysses shards the heads' "$work/bench.json" || fail "ulysses not skipped with its reason"
+grep -q '"pass": false' "$work/bench.json" && fail "a row failed --check"
+"$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$cal" --csv --algo ring,attention2d \
+  > "$work/bench.csv"
+head -1 "$work/bench.csv" | grep -q '^algo,grid,layout' || fail "CSV header"
+[ "$(wc -l < "$work/bench.csv")" -eq 4 ] || fail "CSV rows"
+"$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$cal" | grep -q "measured / predicted" ||
+  fail "bench table"
+
+"$a2d" model --machine local --calibration "$cal" --gpus 4 --seq 4096 --heads 8 --head-dim 64 --causal \
+  | grep -q "calibrated at 4 ranks" || fail "model --machine local"
+if out=$("$a2d" model --machine local --calibration "$cal" --gpus 9 --seq 4096 2>&1); then fail "no calibration for 9"; fi
+echo "$out" | grep -q "mpirun -np 9 a2d calibrate" || fail "missing calibration not explained: $out"
+"$a2d" model --machine a100-hdr --gpus 16 --gpus-per-node 4 --seq 8192 --heads 16 --head-dim 96 --causal \
+  --plot "$work/p.svg" >/dev/null
+grep -q "<svg" "$work/p.svg" || fail "no SVG written"
+"$a2d" model --machine h100-ndr --gpus 64 --gpus-per-node 1 --seq 32768 --heads 32 --head-dim 80 --causal \
+  --plot "$work/n.png" --plot-x seq >/dev/null
+[ -s "$work/n.png" ] || fail "no PNG written"
+echo "bench_calibrate.sh: all checks passed"
