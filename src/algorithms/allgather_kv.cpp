@@ -20,22 +20,12 @@
 namespace a2d::algorithms {
 namespace {
 
-class AllGatherKvAttention final : public DistributedAttention {
+class AllGatherKvAttention final : public SequenceParallel {
  public:
   AllGatherKvAttention(const Problem& problem, const Plan& plan, Communicator& world)
-      : problem_(problem),
-        plan_(plan),
-        comm_(world.split(0, world.rank())),
-        layout_(plan.layout, problem.seq, world.size(), plan.stripe),
-        parts_(sequence_parts(problem, plan)) {
-    rank_ = comm_->rank();
-    own_tokens_ = parts_.counts[static_cast<size_t>(rank_)];
+      : SequenceParallel(problem, plan, world) {
     kv_rec_ = {problem_.batch, problem_.kv_heads, 2 * problem_.head_dim};
   }
-
-  const Problem& problem() const override { return problem_; }
-  const Plan& plan() const override { return plan_; }
-  const TokenLayout& layout() const override { return layout_; }
 
   void forward(const ForwardShards& s) override {
     const std::vector<float> kv = gather_kv(s.k, s.v, "forward");
@@ -100,13 +90,6 @@ class AllGatherKvAttention final : public DistributedAttention {
     return kv;
   }
 
-  Problem problem_;
-  Plan plan_;
-  std::unique_ptr<Communicator> comm_;  // a private copy of the world
-  TokenLayout layout_;
-  SequenceParts parts_;
-  int rank_ = 0;
-  int64_t own_tokens_ = 0;
   RecordLayout kv_rec_;
 };
 

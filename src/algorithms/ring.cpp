@@ -29,25 +29,14 @@ namespace {
 // Tags keep the K/V stream and the dK/dV stream between the same neighbours apart.
 enum Tag : int { kTagKv = 21, kTagDkv = 22 };
 
-class RingAttention final : public DistributedAttention {
+class RingAttention final : public SequenceParallel {
  public:
   RingAttention(const Problem& problem, const Plan& plan, Communicator& world)
-      : problem_(problem),
-        plan_(plan),
-        comm_(world.split(0, world.rank())),
-        layout_(plan.layout, problem.seq, world.size(), plan.stripe),
-        parts_(sequence_parts(problem, plan)) {
-    rank_ = comm_->rank();
-    ranks_ = comm_->size();
-    own_tokens_ = parts_.counts[static_cast<size_t>(rank_)];
+      : SequenceParallel(problem, plan, world) {
     largest_part_ = *std::max_element(parts_.counts.begin(), parts_.counts.end());
     kv_rec_ = {problem_.batch, problem_.kv_heads, 2 * problem_.head_dim};
     partial_rec_ = {problem_.batch, problem_.heads, problem_.head_dim + 2};
   }
-
-  const Problem& problem() const override { return problem_; }
-  const Plan& plan() const override { return plan_; }
-  const TokenLayout& layout() const override { return layout_; }
 
   void forward(const ForwardShards& s) override {
     KvBuffers kv = own_kv(s.k, s.v);
@@ -189,14 +178,6 @@ class RingAttention final : public DistributedAttention {
     }
   }
 
-  Problem problem_;
-  Plan plan_;
-  std::unique_ptr<Communicator> comm_;  // a private copy of the world: its messages never mix
-  TokenLayout layout_;
-  SequenceParts parts_;
-  int rank_ = 0;
-  int ranks_ = 1;
-  int64_t own_tokens_ = 0;
   int64_t largest_part_ = 0;
   RecordLayout kv_rec_, partial_rec_;
 };

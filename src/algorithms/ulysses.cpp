@@ -45,23 +45,12 @@ struct HeadRecords {
   }
 };
 
-class UlyssesAttention final : public DistributedAttention {
+class UlyssesAttention final : public SequenceParallel {
  public:
   UlyssesAttention(const Problem& problem, const Plan& plan, Communicator& world)
-      : problem_(problem),
-        plan_(plan),
-        comm_(world.split(0, world.rank())),
-        layout_(plan.layout, problem.seq, world.size(), plan.stripe),
-        parts_(sequence_parts(problem, plan)) {
-    rank_ = comm_->rank();
-    ranks_ = comm_->size();
-    own_tokens_ = parts_.counts[static_cast<size_t>(rank_)];
+      : SequenceParallel(problem, plan, world) {
     group_ = ulysses_heads(problem_, ranks_, rank_);
   }
-
-  const Problem& problem() const override { return problem_; }
-  const Plan& plan() const override { return plan_; }
-  const TokenLayout& layout() const override { return layout_; }
 
   void forward(const ForwardShards& s) override {
     const int64_t d = problem_.head_dim, hq = group_.heads, hkv = group_.kv_heads;
@@ -192,14 +181,6 @@ class UlyssesAttention final : public DistributedAttention {
     return scaled(parts_.counts, records.floats(1));
   }
 
-  Problem problem_;
-  Plan plan_;
-  std::unique_ptr<Communicator> comm_;  // a private copy of the world
-  TokenLayout layout_;
-  SequenceParts parts_;
-  int rank_ = 0;
-  int ranks_ = 1;
-  int64_t own_tokens_ = 0;
   UlyssesHeads group_;
 };
 
