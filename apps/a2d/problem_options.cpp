@@ -50,7 +50,9 @@ void PlanOptions::declare(Options& options) {
 }
 
 Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen) const {
-  if (!algo.empty()) parse_algorithm(algo);  // a clear error for an unknown name, first
+  // Clear errors for an unknown algorithm or a grid that does not fit the ranks, first.
+  if (!algo.empty()) parse_algorithm(algo);
+  if (!grid.empty()) check_grid(parse_grid(grid), ranks);
   Plan p;
   const bool grid_matters = algo.empty() || algo == "attention2d" || algo == "attention2d-overlap";
   if (algo.empty() || (grid.empty() && grid_matters)) {
