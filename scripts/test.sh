@@ -17,7 +17,7 @@ scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DA2D_SANITIZE=ON 
 # The tests' environment (tests/CMakeLists.txt) turns leak checking on and fails on any report.
 (cd build-asan && ctest --output-on-failure -j "$(nproc)" --timeout 900 -LE heavy)
 
-# Fuzz targets (libFuzzer, clang), bounded: 30 s each. scripts/fuzz.sh 3600 runs them longer.
-scripts/fuzz.sh 30
+# Fuzz targets (libFuzzer, clang), bounded: 20 s each. scripts/fuzz.sh 3600 runs them longer.
+scripts/fuzz.sh 20
 
 echo "test.sh: all tests passed in $(( $(date +%s) - start )) s"
