@@ -213,6 +213,10 @@ KernelPath parse_kernel_path(const std::string& name);
 // grow with q_tokens, and grows with kv_tokens only by 16 bytes per 4 keys (the table of key
 // micro-block positions), so the forward never needs memory of the order of Nq x Nk.
 int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
+// The same for the backward: per-thread tiles, threads - 1 private dQ buffers (dQ rows get
+// contributions from every key tile; the buffers keep the sum deterministic) and, when delta is
+// computed from O (BackwardArgs::delta not set), the delta rows.
+int64_t backward_workspace_bytes(const AttentionShape& shape, int threads, bool delta_from_out);
 
 // Number of (query, key) pairs the mask leaves visible, per batch and head. This is what the
 // FLOP counts use: forward 4 * pairs * head_dim per head, backward 2.5 times that.

@@ -100,6 +100,15 @@ void backward_block(const BackwardArgs& args, RowView<const float> delta, int64_
 
 }  // namespace
 
+int64_t backward_workspace_bytes(const AttentionShape& shape, int threads) {
+  const int64_t tiles = (shape.q_tokens + kBlockQ - 1) / kBlockQ +
+                        (shape.kv_tokens + kBlockK - 1) / kBlockK;
+  const int64_t per_thread = 2 * kBlockK * shape.head_dim + 2 * kBlockQ * kBlockK;
+  const int64_t dq = shape.batch * shape.q_tokens * shape.heads * shape.head_dim;
+  return (threads * per_thread + (threads - 1) * dq) * static_cast<int64_t>(sizeof(float)) +
+         tiles * static_cast<int64_t>(sizeof(cpu::Tile));
+}
+
 void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk,
               TokenView<float> dv) {
   const BackwardArgs& args = *in.args;

@@ -114,6 +114,18 @@ int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
   return cpu::portable::forward_workspace_bytes(shape, threads);
 }
 
+int64_t backward_workspace_bytes(const AttentionShape& shape, int threads, bool delta_from_out) {
+  const int64_t delta_bytes =
+      delta_from_out ? shape.batch * shape.heads * shape.q_tokens * static_cast<int64_t>(sizeof(float))
+                     : 0;
+#if A2D_HAVE_AVX2_PATH
+  if (kernel_path() == KernelPath::avx2) {
+    return delta_bytes + cpu::avx2::backward_workspace_bytes(shape, threads);
+  }
+#endif
+  return delta_bytes + cpu::portable::backward_workspace_bytes(shape, threads);
+}
+
 void attention_forward(const ForwardArgs& args, TokenView<float> out, RowView<float> lse) {
   run_forward(args, {out, lse, nullptr, false});
 }

@@ -28,6 +28,7 @@ void forward(const ForwardArgs& args, const ForwardResult& result);
 void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk,
               TokenView<float> dv);
 int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
+int64_t backward_workspace_bytes(const AttentionShape& shape, int threads);
 }  // namespace portable
 
 #if A2D_HAVE_AVX2_PATH
@@ -36,6 +37,7 @@ void forward(const ForwardArgs& args, const ForwardResult& result);
 void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk,
               TokenView<float> dv);
 int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
+int64_t backward_workspace_bytes(const AttentionShape& shape, int threads);
 float fma_chains(int64_t iterations);  // the AVX2 loop of measure_fma_peak
 }  // namespace avx2
 #endif

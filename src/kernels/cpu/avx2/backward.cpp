@@ -374,6 +374,12 @@ int owner(int64_t item, int threads) {
 
 }  // namespace
 
+int64_t backward_workspace_bytes(const AttentionShape& shape, int threads) {
+  const int64_t dq = shape.batch * shape.q_tokens * shape.heads * shape.head_dim;
+  return (threads * Layout(shape.head_dim).total + cache_lines_of_floats((threads - 1) * dq)) *
+         static_cast<int64_t>(sizeof(float));
+}
+
 void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk,
               TokenView<float> dv) {
   const BackwardArgs& args = *in.args;
@@ -403,6 +409,9 @@ void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk
       my_dq = dense_tokens(mine, shape.q_tokens, shape.heads, shape.head_dim);
     }
     AlignedFloats workspace(layout.total);
+    // Zeroed once so that the unused corners of the tiles (columns past a short key tile) hold
+    // finite values; they are multiplied only into rows that are never written out.
+    zero(workspace.data(), layout.total);
     for (int64_t item = 0; item < items; ++item) {
       if (owner(item, team) != thread) continue;
       const int64_t t = item % key_tiles;
