@@ -52,11 +52,12 @@ void expect_all_paths_within_bound(const Case& c) {
 }
 
 TEST(KernelPaths, TileAndMicroKernelEdges) {
-  // Query counts around 24 (panel), 48 (backward query tile), 96 (forward query tile); key
-  // counts around 4 (block), 16, 96 (backward key tile) and 256 (forward key tile).
+  // Query counts around 24 (forward panel), 48 (backward query tile), 96 and 192 (forward query
+  // tiles for D = 256 and D <= 128); key counts around 4 (block), 16, 96 (backward key tile) and
+  // 256 (forward key tile).
   const std::vector<std::pair<int64_t, int64_t>> sizes = {
-      {1, 1},   {23, 5},  {24, 4},  {25, 3},  {47, 95},  {48, 96},  {49, 97},
-      {95, 17}, {96, 16}, {97, 15}, {2, 255}, {30, 256}, {31, 257}, {100, 513}};
+      {1, 1},   {23, 5},  {24, 4},  {25, 3},   {47, 95},  {48, 96},   {49, 97},  {95, 17},
+      {96, 16}, {97, 15}, {2, 255}, {30, 256}, {31, 257}, {100, 513}, {191, 40}, {193, 260}};
   for (const auto& [nq, nk] : sizes) {
     for (const Mask& mask : {Mask::none(), Mask::causal()}) {
       Case c;

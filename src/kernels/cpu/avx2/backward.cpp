@@ -102,10 +102,10 @@ void zero(float* x, int64_t count) {
 class KeyTile {
  public:
   KeyTile(const BackwardInputs& in, const Layout& layout, float* workspace, TokenView<float> dq,
-          int64_t batch, int64_t kv_head, const Tile& keys)
+          int64_t batch, int64_t kv_head, const Tile& keys, unsigned skip)
       : args_(*in.args),
         delta_(in.delta),
-        layout_(layout),
+        skip_(skip),
         dim_(args_.shape.head_dim),
         padded_dim_(layout.padded_dim),
         batch_(batch),
@@ -126,7 +126,7 @@ class KeyTile {
         row_delta_(workspace + layout.delta) {}
 
   void run(TokenView<float> dk_out, TokenView<float> dv_out) {
-    load_keys();
+    if (!(skip_ & kSkipCopies)) load_keys();
     const AttentionShape& shape = args_.shape;
     const int64_t group = shape.group_size();
     for (int64_t head = kv_head_ * group; head < (kv_head_ + 1) * group; ++head) {
@@ -215,17 +215,27 @@ class KeyTile {
   }
 
   void block(int64_t head, const Tile& queries, BlockVisibility visibility) {
-    const int64_t rows = load_queries(head, queries);
+    const int64_t rows =
+        skip_ & kSkipCopies ? round_up(queries.size, kRows) : load_queries(head, queries);
     const int64_t columns = round_up(keys_.size, kColumns);
-    probabilities(rows, columns);
-    if (visibility == BlockVisibility::partial || keys_.size < kTileK)
+    if (!(skip_ & kSkipScores)) {
+      if (skip_ & kSkipExp) {
+        probabilities<false>(rows, columns);
+      } else {
+        probabilities<true>(rows, columns);
+      }
+    }
+    if (visibility == BlockVisibility::partial || keys_.size < kTileK) {
       mask(queries, rows, visibility);
-    score_gradients(rows, columns);
-    key_value_gradients(rows);
-    query_gradients(head, queries);
+    }
+    if (!(skip_ & kSkipScoreGradients)) score_gradients(rows, columns);
+    if (!(skip_ & kSkipKeyValueGradients)) key_value_gradients(rows);
+    if (!(skip_ & kSkipQueryGradients)) query_gradients(head, queries);
   }
 
-  // P[i][j] = exp(scale q_i . k_j - LSE_i) = 2^(s log2 e - lse2_i).
+  // P[i][j] = exp(scale q_i . k_j - LSE_i) = 2^(s log2 e - lse2_i). (kExp = false stores the
+  // exponent instead, for timing experiments only.)
+  template <bool kExp>
   void probabilities(int64_t rows, int64_t columns) {
     for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
       for (int64_t j0 = 0; j0 < columns; j0 += kColumns) {
@@ -241,7 +251,7 @@ class KeyTile {
           for (int n = 0; n < kVectors; ++n) {
             const __m256 x =
                 _mm256_sub_ps(_mm256_fmsub_ps(c.v[m][n], _mm256_set1_ps(kLog2e), hi), lo);
-            _mm256_store_ps(prob_ + (i0 + m) * kTileK + j0 + n * kLanes, exp2_lanes(x));
+            _mm256_store_ps(prob_ + (i0 + m) * kTileK + j0 + n * kLanes, kExp ? exp2_lanes(x) : x);
           }
         }
       }
@@ -345,7 +355,7 @@ class KeyTile {
 
   const BackwardArgs& args_;
   const RowView<const float> delta_;
-  const Layout& layout_;
+  const unsigned skip_;
   const int64_t dim_, padded_dim_, batch_, kv_head_;
   const Tile keys_;
   const TokenView<float> dq_;
@@ -381,7 +391,7 @@ int64_t backward_workspace_bytes(const AttentionShape& shape, int threads) {
 }
 
 void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk,
-              TokenView<float> dv) {
+              TokenView<float> dv, unsigned skip) {
   const BackwardArgs& args = *in.args;
   const AttentionShape& shape = args.shape;
   const int64_t key_tiles = (shape.kv_tokens + kTileK - 1) / kTileK;
@@ -418,7 +428,7 @@ void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk
       const int64_t kv_head = (item / key_tiles) % shape.kv_heads;
       const int64_t batch = item / (key_tiles * shape.kv_heads);
       const Tile keys = make_tile(args.kv_positions, shape.kv_tokens, t * kTileK, kTileK);
-      KeyTile(in, layout, workspace.data(), my_dq, batch, kv_head, keys).run(dk, dv);
+      KeyTile(in, layout, workspace.data(), my_dq, batch, kv_head, keys, skip).run(dk, dv);
     }
   }
 

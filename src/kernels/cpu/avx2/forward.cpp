@@ -1,16 +1,24 @@
-// The AVX2/FMA forward kernel (FlashAttention-2 order, fp32), built around one register-blocked
-// micro-kernel (simd.hpp) in a transposed layout where every vector runs over 24 query rows:
+// The AVX2/FMA forward kernel (FlashAttention-2 order, fp32), built from register-blocked
+// micro-kernels (simd.hpp). Scores live transposed, so that every vector of the softmax runs over
+// 24 query rows:
 //
-//   work item   (batch, head, query tile of kTileQ = 4 panels x 24 rows)
+//   work item   (batch, head, query tile of up to 8 panels x 24 rows; fewer for D > 128, so
+//               that the tile's Qt and O stay within kQueryTileBytes)
 //   Qt panel    [head_dim][24]      scale * Q, transposed once per item, zero rows as padding
-//   key tile    kTileK = 256 keys; V tile copied to [256][head_dim] (contiguous rows: a few TLB
-//               pages instead of one page per key)
-//   St          [256][24]           St = K Qt: 4 keys (broadcast from K's rows) x 24 queries
-//                                   (3 vectors) per micro-kernel call, depth head_dim
+//   key tile    kTileK = 256 keys, copied once per (item, key tile) into contiguous K [256][D]
+//               and V [256][Dp] tiles (Dp = D rounded up to 16, zero columns as padding)
+//   St          [256][24]           St = K Qt: 4 keys (broadcast from K rows) x 24 queries
+//                                   (3 vectors) per micro-kernel call, depth D
 //   softmax     column-wise over St: the max, exp and sum of 24 queries are 3 vectors each, no
 //               horizontal reductions; P overwrites St
-//   Ot          [head_dim][24]      Ot = alpha * Ot + V^T P: 4 dims (broadcast from the V tile)
-//               x 24 queries per call, depth = keys; the rescale by alpha rides on the load of Ot
+//   O panel     [24][Dp]            O = alpha O + P^T V: 6 queries (broadcast from P) x 16 dims
+//                                   (2 vectors of a V row) per call, depth = keys; the rescale by
+//                                   alpha rides on the load of O
+//
+// Why the copies: K and V rows of one token lie head_count * D floats apart, for 8 heads of 128
+// dims exactly 4 KiB, so the rows of a key tile all fall into the same few sets of the L1 and L2
+// caches and evict each other (and every row sits on its own TLB page). Read from contiguous
+// tiles, the two products run near the FMA peak (docs/performance.md).
 //
 // The running maximum is kept in log2 units (max2 = max * log2 e), so exp(s - max) =
 // 2^(s log2 e - max2) is one FMA plus exp2_lanes, and alpha = 2^(max2_old - max2_new) is exactly 1
@@ -30,11 +38,16 @@ namespace {
 
 constexpr int kPanel = 24;  // query rows per panel
 constexpr int kPanelVectors = kPanel / kLanes;
-constexpr int64_t kPanelsPerTile = 4;
-constexpr int64_t kTileQ = kPanel * kPanelsPerTile;
-constexpr int64_t kTileK = 256;  // keys per key tile
-constexpr int kKeyStep = 4;      // keys per S micro-kernel call; the mask's block
-constexpr int kDimStep = 4;      // head dims per P V micro-kernel call
+constexpr int64_t kMaxPanelsPerTile = 8;
+// Bytes of Qt and O of one query tile. Every query tile streams all K and V tiles through the
+// cache, so taller tiles copy and read K and V less often; 192 KiB leaves room in a 512 KiB L2
+// for the 256-key K and V tiles (8 panels up to D = 128).
+constexpr int64_t kQueryTileBytes = 192 << 10;
+constexpr int64_t kTileK = 256;   // keys per key tile
+constexpr int kKeyStep = 4;       // keys per S micro-kernel call; the mask's block
+constexpr int kValueRows = 6;     // queries per P V micro-kernel call
+constexpr int kValueVectors = 2;  // 16 head dims per P V micro-kernel call
+constexpr int kValueColumns = kValueVectors * kLanes;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr double kLn2 = 0.69314718055994530942;
 constexpr double kLog2eDouble = 1.44269504088896340736;
@@ -51,23 +64,32 @@ int64_t position(const int64_t* positions, int64_t index) {
 int64_t smaller(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
+int64_t round_up(int64_t x, int64_t to) {
+  return (x + to - 1) / to * to;
+}
 
 // Per-thread memory, in floats, one AlignedFloats slice each (cache-line aligned).
 struct Layout {
-  int64_t q_panels, acc, max2, sum, scores, v_tile, total;
-  explicit Layout(int64_t dim) {
+  int64_t padded_dim, panels_per_tile, tile_rows;
+  int64_t q_panels, acc, max2, sum, scores, k_tile, v_tile, total;
+  explicit Layout(int64_t dim) : padded_dim(round_up(dim, kValueColumns)) {
+    const int64_t panel_bytes = kPanel * (dim + padded_dim) * static_cast<int64_t>(sizeof(float));
+    panels_per_tile = kQueryTileBytes / panel_bytes;
+    panels_per_tile = panels_per_tile < 1 ? 1 : smaller(panels_per_tile, kMaxPanelsPerTile);
+    tile_rows = panels_per_tile * kPanel;
     int64_t offset = 0;
     auto take = [&](int64_t floats) {
       const int64_t at = offset;
       offset += cache_lines_of_floats(floats);
       return at;
     };
-    q_panels = take(kPanelsPerTile * dim * kPanel);
-    acc = take(kPanelsPerTile * dim * kPanel);
-    max2 = take(kTileQ);
-    sum = take(kTileQ);
+    q_panels = take(panels_per_tile * dim * kPanel);
+    acc = take(panels_per_tile * kPanel * padded_dim);
+    max2 = take(tile_rows);
+    sum = take(tile_rows);
     scores = take(kTileK * kPanel);
-    v_tile = take(kTileK * dim);
+    k_tile = take(kTileK * dim);
+    v_tile = take(kTileK * padded_dim);
     total = offset;
   }
 };
@@ -79,7 +101,53 @@ struct Call {
   const Bounds* key_blocks;  // [ceil(kv_tokens / kKeyStep)] min/max position of 4 keys
   const Bounds* key_tiles;   // [ceil(kv_tokens / kTileK)]
   Layout layout;
+  unsigned skip;  // kSkip* flags of a timing experiment; 0 normally
 };
+
+// St rows of M keys: out[m][r] = sum_d k[m * k_stride + d] * panel[d * 24 + r], d < dim.
+template <int M>
+A2D_NOINLINE void score_rows(const float* k, int64_t k_stride, const float* panel, int64_t dim,
+                             float* out) {
+  Block<M, kPanelVectors> c;
+  c.zero();
+  multiply<M, kPanelVectors, true>(c, k, k_stride, panel, kPanel, dim);
+#pragma GCC unroll 4
+  for (int m = 0; m < M; ++m)
+#pragma GCC unroll 3
+    for (int n = 0; n < kPanelVectors; ++n)
+      _mm256_store_ps(out + m * kPanel + n * kLanes, c.v[m][n]);
+}
+
+// Rows i0..i0+5 of an O panel, 16 dims: out[m][n] = alpha[m] out[m][n] + sum_j prob[j * 24 + m]
+// v[j * v_stride + n], j < depth (prob: P as [key][24] from row i0; v: V tile from column d0).
+A2D_NOINLINE void value_block(const float* prob, const float* v, int64_t v_stride, int64_t depth,
+                              const float* alpha, float* out, int64_t out_stride) {
+  Block<kValueRows, kValueVectors> c;
+#pragma GCC unroll 6
+  for (int m = 0; m < kValueRows; ++m) {
+    const __m256 a = _mm256_broadcast_ss(alpha + m);
+#pragma GCC unroll 2
+    for (int n = 0; n < kValueVectors; ++n) {
+      c.v[m][n] = _mm256_mul_ps(a, _mm256_load_ps(out + m * out_stride + n * kLanes));
+    }
+  }
+  multiply<kValueRows, kValueVectors, false>(c, prob, kPanel, v, v_stride, depth);
+#pragma GCC unroll 6
+  for (int m = 0; m < kValueRows; ++m)
+#pragma GCC unroll 2
+    for (int n = 0; n < kValueVectors; ++n) {
+      _mm256_store_ps(out + m * out_stride + n * kLanes, c.v[m][n]);
+    }
+}
+
+// to[0, count) = from[0, count).
+void copy_floats(const float* from, float* to, int64_t count) {
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes)
+    _mm256_storeu_ps(to + i, _mm256_loadu_ps(from + i));
+  for (; i < count; ++i)
+    to[i] = from[i];
+}
 
 // Runs `body.template operator()<M>()` for M = count in 1..4 (a compile-time block height).
 template <typename Body>
@@ -100,7 +168,7 @@ void with_rows(int count, Body&& body) {
   }
 }
 
-// One work item: the state of up to kTileQ query rows while it meets every key tile.
+// One work item: the state of up to layout.tile_rows query rows while it meets every key tile.
 class QueryTile {
  public:
   QueryTile(const Call& call, float* workspace, int64_t batch, int64_t head, int64_t row_begin)
@@ -111,14 +179,16 @@ class QueryTile {
         head_(head),
         kv_head_(args_.shape.kv_head_of(head)),
         row_begin_(row_begin),
-        rows_(smaller(kTileQ, args_.shape.q_tokens - row_begin)),
+        rows_(smaller(call.layout.tile_rows, args_.shape.q_tokens - row_begin)),
         panels_((rows_ + kPanel - 1) / kPanel),
         q_panels_(workspace + call.layout.q_panels),
         acc_(workspace + call.layout.acc),
         max2_(workspace + call.layout.max2),
         sum_(workspace + call.layout.sum),
         scores_(workspace + call.layout.scores),
-        v_tile_(workspace + call.layout.v_tile) {}
+        k_tile_(workspace + call.layout.k_tile),
+        v_tile_(workspace + call.layout.v_tile),
+        padded_dim_(call.layout.padded_dim) {}
 
   void run() {
     load_queries();
@@ -160,8 +230,8 @@ class QueryTile {
   void load_state() {
     const ForwardResult& result = call_.result;
     for (int64_t p = 0; p < panels_; ++p) {
-      float* acc = acc_ + p * dim_ * kPanel;
       for (int64_t r = 0; r < kPanel; ++r) {
+        float* acc = acc_ + (p * kPanel + r) * padded_dim_;
         float* max2 = max2_ + p * kPanel + r;
         float* sum = sum_ + p * kPanel + r;
         *max2 = kNegInf;
@@ -171,8 +241,8 @@ class QueryTile {
         const float row_max =
             from_partial ? result.partial->row_max.at(batch_, head_, row) : kNegInf;
         if (row_max == kNegInf) {
-          for (int64_t d = 0; d < dim_; ++d)
-            acc[d * kPanel + r] = 0.0f;
+          for (int64_t d = 0; d < padded_dim_; ++d)
+            acc[d] = 0.0f;
           continue;
         }
         // The triple holds exp(s - row_max); the kernel continues with 2^(s log2 e - max2), so
@@ -182,7 +252,9 @@ class QueryTile {
         *sum = factor * result.partial->row_sum.at(batch_, head_, row);
         const float* in = result.partial->acc.at(batch_, row, head_);
         for (int64_t d = 0; d < dim_; ++d)
-          acc[d * kPanel + r] = factor * in[d];
+          acc[d] = factor * in[d];
+        for (int64_t d = dim_; d < padded_dim_; ++d)
+          acc[d] = 0.0f;
       }
     }
   }
@@ -190,8 +262,8 @@ class QueryTile {
   void store_state() const {
     const ForwardResult& result = call_.result;
     for (int64_t p = 0; p < panels_; ++p) {
-      const float* acc = acc_ + p * dim_ * kPanel;
       for (int64_t r = 0; r < panel_rows(p); ++r) {
+        const float* acc = acc_ + (p * kPanel + r) * padded_dim_;
         const int64_t row = row_begin_ + p * kPanel + r;
         const float max2 = max2_[p * kPanel + r];
         const float sum = sum_[p * kPanel + r];
@@ -200,7 +272,7 @@ class QueryTile {
           float* o = result.out.at(batch_, row, head_);
           const float inverse = empty ? 0.0f : 1.0f / sum;
           for (int64_t d = 0; d < dim_; ++d)
-            o[d] = acc[d * kPanel + r] * inverse;
+            o[d] = acc[d] * inverse;
           result.lse.at(batch_, head_, row) =
               empty ? kNegInf
                     : static_cast<float>((max2 + std::log2(static_cast<double>(sum))) * kLn2);
@@ -220,7 +292,7 @@ class QueryTile {
         result.partial->row_max.at(batch_, head_, row) = row_max;
         result.partial->row_sum.at(batch_, head_, row) = factor * sum;
         for (int64_t d = 0; d < dim_; ++d)
-          out[d] = factor * acc[d * kPanel + r];
+          out[d] = factor * acc[d];
       }
     }
   }
@@ -234,18 +306,40 @@ class QueryTile {
     }
     const int64_t key_begin = t * kTileK;
     const int64_t cols = smaller(kTileK, args_.shape.kv_tokens - key_begin);
-    for (int64_t j = 0; j < cols; ++j) {
-      const float* v = args_.v.at(batch_, key_begin + j, kv_head_);
-      float* to = v_tile_ + j * dim_;
-      for (int64_t d = 0; d < dim_; ++d)
-        to[d] = v[d];
-    }
+    if (!(call_.skip & kSkipCopies)) copy_keys_and_values(key_begin, cols);
+    const int64_t next_begin = key_begin + kTileK;
+    const int64_t next_cols = smaller(kTileK, args_.shape.kv_tokens - next_begin);
     for (int64_t p = 0; p < panels_; ++p) {
+      // While this tile is computed, each panel pulls a share of the next tile's K and V rows
+      // towards the core, so the copy of V and the first reads of K find them in the cache.
+      const int64_t share = (next_cols + panels_ - 1) / panels_;
+      prefetch_rows(next_begin + p * share, smaller(share, next_cols - p * share));
       const Bounds& rows = panel_bounds_[p];
       const BlockVisibility visibility =
           classify_block(mask, rows.min, rows.max, keys.min, keys.max);
       if (visibility == BlockVisibility::hidden) continue;
       attend_panel(p, key_begin, cols, visibility);
+    }
+  }
+
+  // Prefetches K and V rows [begin, begin + count) into the L2 cache.
+  void prefetch_rows(int64_t begin, int64_t count) const {
+    for (int64_t j = begin; j < begin + count; ++j) {
+      const char* k = reinterpret_cast<const char*>(args_.k.at(batch_, j, kv_head_));
+      const char* v = reinterpret_cast<const char*>(args_.v.at(batch_, j, kv_head_));
+      for (int64_t byte = 0; byte < dim_ * static_cast<int64_t>(sizeof(float)); byte += 64) {
+        _mm_prefetch(k + byte, _MM_HINT_T1);
+        _mm_prefetch(v + byte, _MM_HINT_T1);
+      }
+    }
+  }
+
+  // K rows to k_tile_[j][0, D), V rows to v_tile_[j][0, D); the padding columns of the V tile
+  // were zeroed with the workspace and are never written.
+  void copy_keys_and_values(int64_t key_begin, int64_t cols) {
+    for (int64_t j = 0; j < cols; ++j) {
+      copy_floats(args_.k.at(batch_, key_begin + j, kv_head_), k_tile_ + j * dim_, dim_);
+      copy_floats(args_.v.at(batch_, key_begin + j, kv_head_), v_tile_ + j * padded_dim_, dim_);
     }
   }
 
@@ -268,9 +362,16 @@ class QueryTile {
     }
     const int64_t key_first = first * kKeyStep;
     const int64_t key_last = smaller(last * kKeyStep, cols);
-    compute_scores(p, key_begin, first, last, cols, visibility);
-    const PanelScale scale = softmax(p, key_first, key_last);
-    accumulate_values(p, key_first, key_last, scale);
+    const unsigned skip = call_.skip;
+    if (!(skip & kSkipScores)) compute_scores(p, key_begin, first, last, cols, visibility);
+    PanelScale scale;
+    for (float& alpha : scale.alpha)
+      alpha = 1.0f;
+    if (!(skip & kSkipSoftmax)) {
+      scale = skip & kSkipExp ? softmax<false>(p, key_first, key_last)
+                              : softmax<true>(p, key_first, key_last);
+    }
+    if (!(skip & kSkipValues)) accumulate_values(p, key_first, key_last, scale);
   }
 
   // St[j][r] = sum_d K[key_begin + j][d] * Qt[d][r] for the blocks [first, last).
@@ -292,18 +393,8 @@ class QueryTile {
           out[e] = kNegInf;
         continue;
       }
-      const float* k = args_.k.at(batch_, key_begin + j0, kv_head_);
-      const int64_t k_stride = args_.k.token_stride;
-      with_rows(keys, [&]<int M>() {
-        Block<M, kPanelVectors> c;
-        c.zero();
-        multiply<M, kPanelVectors, true>(c, k, k_stride, panel, kPanel, dim_);
-#pragma GCC unroll 4
-        for (int m = 0; m < M; ++m)
-#pragma GCC unroll 3
-          for (int n = 0; n < kPanelVectors; ++n)
-            _mm256_store_ps(out + m * kPanel + n * kLanes, c.v[m][n]);
-      });
+      const float* k = k_tile_ + j0 * dim_;
+      with_rows(keys, [&]<int M>() { score_rows<M>(k, dim_, panel, dim_, out); });
       if (block_visibility == BlockVisibility::partial) {
         for (int m = 0; m < keys; ++m) {
           const int64_t key_pos = position(args_.kv_positions, key_begin + j0 + m);
@@ -317,11 +408,13 @@ class QueryTile {
   }
 
   struct PanelScale {
-    __m256 alpha[kPanelVectors];  // 2^(max2_old - max2_new) per query
+    alignas(32) float alpha[kPanel];  // 2^(max2_old - max2_new) per query
   };
 
   // Column-wise online softmax of St rows [key_first, key_last): raises the running maximum,
-  // turns scores into P in place and adds them to the running sum.
+  // turns scores into P in place and adds them to the running sum. (kExp = false replaces the
+  // exp by the identity, for timing experiments only.)
+  template <bool kExp>
   PanelScale softmax(int64_t p, int64_t key_first, int64_t key_last) {
     const __m256 negative_infinity = _mm256_set1_ps(kNegInf);
     __m256 column_max[kPanelVectors];
@@ -344,13 +437,14 @@ class QueryTile {
       // instead, which gives P = 0 and alpha = 0 rather than exp(-inf + inf) = NaN.
       const __m256 empty = _mm256_cmp_ps(new_max2, negative_infinity, _CMP_EQ_OQ);
       offset[n] = _mm256_blendv_ps(new_max2, _mm256_setzero_ps(), empty);
-      scale.alpha[n] = exp2_lanes(_mm256_sub_ps(old_max2, offset[n]));
+      _mm256_store_ps(scale.alpha + n * kLanes, exp2_lanes(_mm256_sub_ps(old_max2, offset[n])));
       row_sum[n] = _mm256_setzero_ps();
     }
     for (int64_t j = key_first; j < key_last; ++j) {
       float* s = scores_ + j * kPanel;
       for (int n = 0; n < kPanelVectors; ++n) {
-        const __m256 prob = exp_shifted(_mm256_load_ps(s + n * kLanes), offset[n]);
+        const __m256 score = _mm256_load_ps(s + n * kLanes);
+        const __m256 prob = kExp ? exp_shifted(score, offset[n]) : score;
         _mm256_store_ps(s + n * kLanes, prob);
         row_sum[n] = _mm256_add_ps(row_sum[n], prob);
       }
@@ -358,34 +452,24 @@ class QueryTile {
     float* sum = sum_ + p * kPanel;
     for (int n = 0; n < kPanelVectors; ++n) {
       const __m256 old_sum = _mm256_load_ps(sum + n * kLanes);
-      _mm256_store_ps(sum + n * kLanes, _mm256_fmadd_ps(scale.alpha[n], old_sum, row_sum[n]));
+      const __m256 alpha = _mm256_load_ps(scale.alpha + n * kLanes);
+      _mm256_store_ps(sum + n * kLanes, _mm256_fmadd_ps(alpha, old_sum, row_sum[n]));
     }
     return scale;
   }
 
-  // Ot[d][r] = alpha[r] Ot[d][r] + sum_j V[j][d] P[j][r] over keys [key_first, key_last).
+  // O[r][d] = alpha[r] O[r][d] + sum_j P[j][r] V[j][d] over keys [key_first, key_last), for
+  // the panel's rows in blocks of 6 (the padding rows of a short last panel are skipped).
   void accumulate_values(int64_t p, int64_t key_first, int64_t key_last, const PanelScale& scale) {
-    float* acc = acc_ + p * dim_ * kPanel;
+    float* acc = acc_ + p * kPanel * padded_dim_;
     const float* prob = scores_ + key_first * kPanel;
-    const float* v = v_tile_ + key_first * dim_;
+    const float* v = v_tile_ + key_first * padded_dim_;
     const int64_t depth = key_last - key_first;
-    for (int64_t d0 = 0; d0 < dim_; d0 += kDimStep) {
-      float* out = acc + d0 * kPanel;
-      with_rows(static_cast<int>(smaller(kDimStep, dim_ - d0)), [&]<int M>() {
-        Block<M, kPanelVectors> c;
-#pragma GCC unroll 4
-        for (int m = 0; m < M; ++m)
-#pragma GCC unroll 3
-          for (int n = 0; n < kPanelVectors; ++n)
-            c.v[m][n] =
-                _mm256_mul_ps(scale.alpha[n], _mm256_load_ps(out + m * kPanel + n * kLanes));
-        multiply<M, kPanelVectors, false>(c, v + d0, dim_, prob, kPanel, depth);
-#pragma GCC unroll 4
-        for (int m = 0; m < M; ++m)
-#pragma GCC unroll 3
-          for (int n = 0; n < kPanelVectors; ++n)
-            _mm256_store_ps(out + m * kPanel + n * kLanes, c.v[m][n]);
-      });
+    for (int64_t i0 = 0; i0 < panel_rows(p); i0 += kValueRows) {
+      for (int64_t d0 = 0; d0 < padded_dim_; d0 += kValueColumns) {
+        value_block(prob + i0, v + d0, padded_dim_, depth, scale.alpha + i0,
+                    acc + i0 * padded_dim_ + d0, padded_dim_);
+      }
     }
   }
 
@@ -397,8 +481,10 @@ class QueryTile {
   float* const max2_;
   float* const sum_;
   float* const scores_;
+  float* const k_tile_;
   float* const v_tile_;
-  Bounds panel_bounds_[kPanelsPerTile];
+  const int64_t padded_dim_;
+  Bounds panel_bounds_[kMaxPanelsPerTile];
   Bounds tile_bounds_;
 };
 
@@ -429,9 +515,10 @@ int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
-void forward(const ForwardArgs& args, const ForwardResult& result) {
+void forward(const ForwardArgs& args, const ForwardResult& result, unsigned skip) {
   const AttentionShape& shape = args.shape;
-  const int64_t q_tiles = (shape.q_tokens + kTileQ - 1) / kTileQ;
+  const Layout layout(shape.head_dim);
+  const int64_t q_tiles = (shape.q_tokens + layout.tile_rows - 1) / layout.tile_rows;
   const int64_t items = shape.batch * shape.heads * q_tiles;
   if (items == 0) return;
 
@@ -442,21 +529,26 @@ void forward(const ForwardArgs& args, const ForwardResult& result) {
   Bounds* key_tiles = reinterpret_cast<Bounds*>(tables.data() + block_floats);
   fill_bounds(args.kv_positions, shape.kv_tokens, kKeyStep, key_blocks);
   fill_bounds(args.kv_positions, shape.kv_tokens, kTileK, key_tiles);
-  const Call call{args, result, key_blocks, key_tiles, Layout(shape.head_dim)};
+  const Call call{args, result, key_blocks, key_tiles, layout, skip};
   const int threads = static_cast<int>(smaller(args.threads, items));
 
 #pragma omp parallel num_threads(threads)
   {
     AlignedFloats workspace(call.layout.total);
-    // Items are independent (each writes only its own rows), so a dynamic schedule keeps the
-    // results deterministic. Query tiles run last to first: under a causal mask the late tiles
-    // carry the most keys, and starting with them balances the threads.
+    // Zeroed once: the padding columns of the V tile and of O must hold zeros (finite values).
+    for (int64_t i = 0; i < call.layout.total; ++i)
+      workspace.data()[i] = 0.0f;
+      // Items are independent (each writes only its own rows), so a dynamic schedule keeps the
+      // results deterministic. Items run head by head, so the K and V of one head stay in the
+      // cache while all its query tiles pass over them; within a head the query tiles run last to
+      // first: under a causal mask the late tiles carry the most keys, and ending with the
+      // smallest ones balances the threads.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
-      const int64_t tile = q_tiles - 1 - item / (shape.batch * shape.heads);
-      const int64_t head = item % shape.heads;
-      const int64_t batch = (item / shape.heads) % shape.batch;
-      QueryTile(call, workspace.data(), batch, head, tile * kTileQ).run();
+      const int64_t tile = q_tiles - 1 - item % q_tiles;
+      const int64_t head = (item / q_tiles) % shape.heads;
+      const int64_t batch = item / (q_tiles * shape.heads);
+      QueryTile(call, workspace.data(), batch, head, tile * layout.tile_rows).run();
     }
   }
 }

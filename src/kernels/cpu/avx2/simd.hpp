@@ -17,6 +17,10 @@ namespace {
 constexpr int kLanes = 8;  // fp32 lanes of a ymm register
 
 #define A2D_INLINE inline __attribute__((always_inline))
+// The functions that run a micro-kernel over a whole depth are kept out of line: compiled on
+// their own, the 12 accumulators, the B vectors and the broadcast fill the 16 ymm registers
+// without spilling, which inlined into a large caller they did not always do.
+#define A2D_NOINLINE __attribute__((noinline))
 
 // 2^x for 8 lanes. x is split into n = round(x) and f = x - n in [-0.5, 0.5]; 2^f is a degree-6
 // polynomial (near-minimax: Chebyshev interpolation of 2^f, approximation error 2.5e-9 relative;
