@@ -4,14 +4,19 @@
 //
 //   work item  (batch, K/V head, key tile of kTileK = 96 keys); it owns dK and dV of its keys,
 //              summed over the group's query heads and every visible query tile
-//   per item   Kt = scale K^T [D][96], Vt = V^T [D][96], Ks = scale K [96][Dp]  (Dp = D rounded
+//   per item   Kt = scale K^T [D][96], Vt = V^T [D][96], Ks = scale K [96][Dp] (Dp = D rounded
 //              up to 16; padding is zero), dK, dV accumulators [96][Dp]
 //   per block  query tile of kTileQ = 48 rows: Q, dO copied to [48][Dp]
 //     P  = exp(Q Kt - LSE)     [48][96]  depth D; exp in the micro-kernel's epilogue
 //     dS = P * (dO Vt - delta) [48][96]  depth D; dS in the epilogue
 //     dV += P^T dO             [96][Dp]  depth 48
 //     dK += dS^T Q             [96][Dp]  depth 48 (times scale once at the end of the item)
-//     dQ += dS Ks              [48][Dp]  depth 96, added straight into the dQ rows
+//     dQ  = dS Ks              [48][Dp]  depth 96, then added row by row into the dq rows
+// Rows of the [.][Dp] tiles are kRowStride = Dp + 16 floats apart: with Dp = 128 a stride of
+// 512 bytes would put 96 rows of a tile into 8 of the 64 L1 sets. The copies exist for the same
+// reason (see forward.cpp): rows of Q, dO, K, V and dQ at their natural stride, 4 KiB for 8
+// heads of 128 dims, compete for a few cache sets; every query tile's rows are prefetched while
+// the previous block computes.
 // Padded query rows get LSE = +inf (so P = 0); padded keys and masked pairs get P = 0 in a
 // per-element pass that runs only on blocks the mask cuts and on the last, short key tile.
 //
@@ -54,9 +59,11 @@ int64_t position(const int64_t* positions, int64_t index) {
 }
 
 struct Layout {
-  int64_t padded_dim;
-  int64_t k_t, v_t, k_rows, dk, dv, q_rows, do_rows, prob, d_score, lse_hi, lse_lo, delta, total;
-  explicit Layout(int64_t dim) : padded_dim(round_up(dim, kColumns)) {
+  int64_t padded_dim, row_stride;
+  int64_t k_t, v_t, k_rows, dk, dv, q_rows, do_rows, dq, prob, d_score, lse_hi, lse_lo, delta;
+  int64_t total;
+  explicit Layout(int64_t dim)
+      : padded_dim(round_up(dim, kColumns)), row_stride(padded_dim + kColumns) {
     int64_t offset = 0;
     auto take = [&](int64_t floats) {
       const int64_t at = offset;
@@ -65,11 +72,12 @@ struct Layout {
     };
     k_t = take(dim * kTileK);
     v_t = take(dim * kTileK);
-    k_rows = take(kTileK * padded_dim);
-    dk = take(kTileK * padded_dim);
-    dv = take(kTileK * padded_dim);
-    q_rows = take(kTileQ * padded_dim);
-    do_rows = take(kTileQ * padded_dim);
+    k_rows = take(kTileK * row_stride);
+    dk = take(kTileK * row_stride);
+    dv = take(kTileK * row_stride);
+    q_rows = take(kTileQ * row_stride);
+    do_rows = take(kTileQ * row_stride);
+    dq = take(kTileQ * row_stride);
     prob = take(kTileQ * kTileK);
     d_score = take(kTileQ * kTileK);
     lse_hi = take(kTileQ);
@@ -99,6 +107,83 @@ void zero(float* x, int64_t count) {
     x[i] = 0.0f;
 }
 
+// Prefetches `bytes` from `at` into the L2 cache.
+void prefetch(const float* at, int64_t bytes) {
+  const char* p = reinterpret_cast<const char*>(at);
+  for (int64_t b = 0; b < bytes; b += 64)
+    _mm_prefetch(p + b, _MM_HINT_T1);
+}
+
+// The block products, out of line (see A2D_NOINLINE). Each computes one 6 x 16 block
+// C[m][n] = sum_k A(m, k) B(k, n) and differs in A's layout and in what it does with C.
+
+// P[m][n] = 2^(C log2 e - hi[m] - lo[m]), C = Q rows (a, a_stride apart) times Kt columns.
+template <bool kExp>
+A2D_NOINLINE void probability_block(const float* a, int64_t a_stride, const float* b, int64_t depth,
+                                    const float* hi, const float* lo, float* out) {
+  Block<kRows, kVectors> c;
+  c.zero();
+  multiply<kRows, kVectors, true>(c, a, a_stride, b, kTileK, depth);
+#pragma GCC unroll 6
+  for (int m = 0; m < kRows; ++m) {
+    const __m256 h = _mm256_broadcast_ss(hi + m);
+    const __m256 l = _mm256_broadcast_ss(lo + m);
+#pragma GCC unroll 2
+    for (int n = 0; n < kVectors; ++n) {
+      const __m256 x = _mm256_sub_ps(_mm256_fmsub_ps(c.v[m][n], _mm256_set1_ps(kLog2e), h), l);
+      _mm256_store_ps(out + m * kTileK + n * kLanes, kExp ? exp2_lanes(x) : x);
+    }
+  }
+}
+
+// dS[m][n] = P[m][n] (C - delta[m]), C = dO rows times Vt columns.
+A2D_NOINLINE void score_gradient_block(const float* a, int64_t a_stride, const float* b,
+                                       int64_t depth, const float* delta, const float* prob,
+                                       float* out) {
+  Block<kRows, kVectors> c;
+  c.zero();
+  multiply<kRows, kVectors, true>(c, a, a_stride, b, kTileK, depth);
+#pragma GCC unroll 6
+  for (int m = 0; m < kRows; ++m) {
+    const __m256 d = _mm256_broadcast_ss(delta + m);
+#pragma GCC unroll 2
+    for (int n = 0; n < kVectors; ++n) {
+      const __m256 p = _mm256_load_ps(prob + m * kTileK + n * kLanes);
+      _mm256_store_ps(out + m * kTileK + n * kLanes, _mm256_mul_ps(p, _mm256_sub_ps(c.v[m][n], d)));
+    }
+  }
+}
+
+// out[m][n] += sum_i a[i * kTileK + m] b[i * b_step + n]: dV += P^T dO and dK += dS^T Q.
+A2D_NOINLINE void update_block(const float* a, const float* b, int64_t b_step, int64_t depth,
+                               float* out, int64_t out_stride) {
+  Block<kRows, kVectors> c;
+#pragma GCC unroll 6
+  for (int m = 0; m < kRows; ++m)
+#pragma GCC unroll 2
+    for (int n = 0; n < kVectors; ++n)
+      c.v[m][n] = _mm256_load_ps(out + m * out_stride + n * kLanes);
+  multiply<kRows, kVectors, false>(c, a, kTileK, b, b_step, depth);
+#pragma GCC unroll 6
+  for (int m = 0; m < kRows; ++m)
+#pragma GCC unroll 2
+    for (int n = 0; n < kVectors; ++n)
+      _mm256_store_ps(out + m * out_stride + n * kLanes, c.v[m][n]);
+}
+
+// out[m][n] = sum_j a[m * kTileK + j] b[j * b_step + n]: dQ = dS Ks.
+A2D_NOINLINE void product_block(const float* a, const float* b, int64_t b_step, int64_t depth,
+                                float* out, int64_t out_stride) {
+  Block<kRows, kVectors> c;
+  c.zero();
+  multiply<kRows, kVectors, true>(c, a, kTileK, b, b_step, depth);
+#pragma GCC unroll 6
+  for (int m = 0; m < kRows; ++m)
+#pragma GCC unroll 2
+    for (int n = 0; n < kVectors; ++n)
+      _mm256_store_ps(out + m * out_stride + n * kLanes, c.v[m][n]);
+}
+
 class KeyTile {
  public:
   KeyTile(const BackwardInputs& in, const Layout& layout, float* workspace, TokenView<float> dq,
@@ -108,6 +193,7 @@ class KeyTile {
         skip_(skip),
         dim_(args_.shape.head_dim),
         padded_dim_(layout.padded_dim),
+        stride_(layout.row_stride),
         batch_(batch),
         kv_head_(kv_head),
         keys_(keys),
@@ -119,6 +205,7 @@ class KeyTile {
         dv_(workspace + layout.dv),
         q_rows_(workspace + layout.q_rows),
         do_rows_(workspace + layout.do_rows),
+        dq_tile_(workspace + layout.dq),
         prob_(workspace + layout.prob),
         d_score_(workspace + layout.d_score),
         lse_hi_(workspace + layout.lse_hi),
@@ -142,8 +229,8 @@ class KeyTile {
     for (int64_t j = 0; j < keys_.size; ++j) {
       float* dk = dk_out.at(batch_, keys_.begin + j, kv_head_);
       float* dv = dv_out.at(batch_, keys_.begin + j, kv_head_);
-      const float* dk_acc = dk_ + j * padded_dim_;
-      const float* dv_acc = dv_ + j * padded_dim_;
+      const float* dk_acc = dk_ + j * stride_;
+      const float* dv_acc = dv_ + j * stride_;
       for (int64_t d = 0; d < dim_; ++d) {
         dk[d] = (args_.accumulate ? dk[d] : 0.0f) + scale * dk_acc[d];
         dv[d] = (args_.accumulate ? dv[d] : 0.0f) + dv_acc[d];
@@ -155,7 +242,7 @@ class KeyTile {
   void load_keys() {
     const float scale = args_.scale;
     for (int64_t j = 0; j < kTileK; ++j) {
-      float* k_row = k_rows_ + j * padded_dim_;
+      float* k_row = k_rows_ + j * stride_;
       if (j >= keys_.size) {
         for (int64_t d = 0; d < dim_; ++d)
           k_t_[d * kTileK + j] = v_t_[d * kTileK + j] = 0.0f;
@@ -171,8 +258,10 @@ class KeyTile {
       }
       zero(k_row + dim_, padded_dim_ - dim_);
     }
-    zero(dk_, kTileK * padded_dim_);
-    zero(dv_, kTileK * padded_dim_);
+    for (int64_t j = 0; j < kTileK; ++j) {
+      zero(dk_ + j * stride_, padded_dim_);
+      zero(dv_ + j * stride_, padded_dim_);
+    }
   }
 
   // Q and dO rows of the block, zero-padded to kRows-row blocks and padded_dim columns, and the
@@ -181,8 +270,8 @@ class KeyTile {
   int64_t load_queries(int64_t head, const Tile& queries) {
     const int64_t padded_rows = round_up(queries.size, kRows);
     for (int64_t i = 0; i < padded_rows; ++i) {
-      float* q_row = q_rows_ + i * padded_dim_;
-      float* do_row = do_rows_ + i * padded_dim_;
+      float* q_row = q_rows_ + i * stride_;
+      float* do_row = do_rows_ + i * stride_;
       if (i >= queries.size) {
         zero(q_row, padded_dim_);
         zero(do_row, padded_dim_);
@@ -214,9 +303,23 @@ class KeyTile {
     return padded_rows;
   }
 
+  // Pulls the rows the next block of this head will read (Q, dO) and the dq rows this block will
+  // add to towards the core while the block computes.
+  void prefetch_rows(int64_t head, const Tile& queries) const {
+    const int64_t bytes = dim_ * static_cast<int64_t>(sizeof(float));
+    for (int64_t i = 0; i < queries.size; ++i)
+      prefetch(dq_.at(batch_, queries.begin + i, head), bytes);
+    const int64_t next = queries.begin + kTileQ;
+    for (int64_t i = next; i < smaller(next + kTileQ, args_.shape.q_tokens); ++i) {
+      prefetch(args_.q.at(batch_, i, head), bytes);
+      prefetch(args_.d_out.at(batch_, i, head), bytes);
+    }
+  }
+
   void block(int64_t head, const Tile& queries, BlockVisibility visibility) {
     const int64_t rows =
         skip_ & kSkipCopies ? round_up(queries.size, kRows) : load_queries(head, queries);
+    prefetch_rows(head, queries);
     const int64_t columns = round_up(keys_.size, kColumns);
     if (!(skip_ & kSkipScores)) {
       if (skip_ & kSkipExp) {
@@ -239,21 +342,8 @@ class KeyTile {
   void probabilities(int64_t rows, int64_t columns) {
     for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
       for (int64_t j0 = 0; j0 < columns; j0 += kColumns) {
-        Block<kRows, kVectors> c;
-        c.zero();
-        multiply<kRows, kVectors, true>(c, q_rows_ + i0 * padded_dim_, padded_dim_, k_t_ + j0,
-                                        kTileK, dim_);
-#pragma GCC unroll 6
-        for (int m = 0; m < kRows; ++m) {
-          const __m256 hi = _mm256_set1_ps(lse_hi_[i0 + m]);
-          const __m256 lo = _mm256_set1_ps(lse_lo_[i0 + m]);
-#pragma GCC unroll 2
-          for (int n = 0; n < kVectors; ++n) {
-            const __m256 x =
-                _mm256_sub_ps(_mm256_fmsub_ps(c.v[m][n], _mm256_set1_ps(kLog2e), hi), lo);
-            _mm256_store_ps(prob_ + (i0 + m) * kTileK + j0 + n * kLanes, kExp ? exp2_lanes(x) : x);
-          }
-        }
+        probability_block<kExp>(q_rows_ + i0 * stride_, stride_, k_t_ + j0, dim_, lse_hi_ + i0,
+                                lse_lo_ + i0, prob_ + i0 * kTileK + j0);
       }
     }
   }
@@ -267,8 +357,9 @@ class KeyTile {
       if (visibility != BlockVisibility::partial || i >= queries.size) continue;
       const int64_t query_pos = position(args_.q_positions, queries.begin + i);
       for (int64_t j = 0; j < keys_.size; ++j) {
-        if (!args_.mask.visible(query_pos, position(args_.kv_positions, keys_.begin + j)))
+        if (!args_.mask.visible(query_pos, position(args_.kv_positions, keys_.begin + j))) {
           p[j] = 0.0f;
+        }
       }
     }
   }
@@ -277,20 +368,9 @@ class KeyTile {
   void score_gradients(int64_t rows, int64_t columns) {
     for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
       for (int64_t j0 = 0; j0 < columns; j0 += kColumns) {
-        Block<kRows, kVectors> c;
-        c.zero();
-        multiply<kRows, kVectors, true>(c, do_rows_ + i0 * padded_dim_, padded_dim_, v_t_ + j0,
-                                        kTileK, dim_);
-#pragma GCC unroll 6
-        for (int m = 0; m < kRows; ++m) {
-          const __m256 delta = _mm256_set1_ps(row_delta_[i0 + m]);
-#pragma GCC unroll 2
-          for (int n = 0; n < kVectors; ++n) {
-            const int64_t at = (i0 + m) * kTileK + j0 + n * kLanes;
-            const __m256 p = _mm256_load_ps(prob_ + at);
-            _mm256_store_ps(d_score_ + at, _mm256_mul_ps(p, _mm256_sub_ps(c.v[m][n], delta)));
-          }
-        }
+        const int64_t at = i0 * kTileK + j0;
+        score_gradient_block(do_rows_ + i0 * stride_, stride_, v_t_ + j0, dim_, row_delta_ + i0,
+                             prob_ + at, d_score_ + at);
       }
     }
   }
@@ -300,63 +380,38 @@ class KeyTile {
     const int64_t key_rows = round_up(keys_.size, kRows);
     for (int64_t j0 = 0; j0 < key_rows; j0 += kRows) {
       for (int64_t d0 = 0; d0 < padded_dim_; d0 += kColumns) {
-        update(dv_ + j0 * padded_dim_ + d0, prob_ + j0, do_rows_ + d0, rows);
-        update(dk_ + j0 * padded_dim_ + d0, d_score_ + j0, q_rows_ + d0, rows);
+        update_block(prob_ + j0, do_rows_ + d0, stride_, rows, dv_ + j0 * stride_ + d0, stride_);
+        update_block(d_score_ + j0, q_rows_ + d0, stride_, rows, dk_ + j0 * stride_ + d0, stride_);
       }
     }
   }
 
-  // out[m][n] += sum_i a[i * kTileK + m] * b[i * padded_dim + n] for a 6 x 16 block.
-  void update(float* out, const float* a, const float* b, int64_t depth) {
-    Block<kRows, kVectors> c;
-#pragma GCC unroll 6
-    for (int m = 0; m < kRows; ++m)
-#pragma GCC unroll 2
-      for (int n = 0; n < kVectors; ++n)
-        c.v[m][n] = _mm256_load_ps(out + m * padded_dim_ + n * kLanes);
-    multiply<kRows, kVectors, false>(c, a, kTileK, b, padded_dim_, depth);
-#pragma GCC unroll 6
-    for (int m = 0; m < kRows; ++m)
-#pragma GCC unroll 2
-      for (int n = 0; n < kVectors; ++n)
-        _mm256_store_ps(out + m * padded_dim_ + n * kLanes, c.v[m][n]);
-  }
-
-  // dQ[i][d] += sum_j dS[i][j] Ks[j][d], added into the dq rows (masked at the row's end).
+  // dQ[i][d] += sum_j dS[i][j] Ks[j][d]: the block's dQ tile, then added into the dq rows.
   void query_gradients(int64_t head, const Tile& queries) {
     // Exactly the tile's keys: dS of padding keys is never computed.
     const int64_t depth = keys_.size;
     for (int64_t i0 = 0; i0 < queries.size; i0 += kRows) {
       for (int64_t d0 = 0; d0 < dim_; d0 += kColumns) {
-        Block<kRows, kVectors> c;
-        c.zero();
-        multiply<kRows, kVectors, true>(c, d_score_ + i0 * kTileK, kTileK, k_rows_ + d0,
-                                        padded_dim_, depth);
-        const int64_t valid_rows = smaller(kRows, queries.size - i0);
-        for (int m = 0; m < valid_rows; ++m) {
-          float* dq = dq_.at(batch_, queries.begin + i0 + m, head) + d0;
-#pragma GCC unroll 2
-          for (int n = 0; n < kVectors; ++n) {
-            const int64_t lanes = smaller(kLanes, dim_ - d0 - n * kLanes);
-            if (lanes == kLanes) {
-              _mm256_storeu_ps(dq + n * kLanes,
-                               _mm256_add_ps(_mm256_loadu_ps(dq + n * kLanes), c.v[m][n]));
-            } else if (lanes > 0) {
-              const __m256i active = first_lanes(lanes);
-              const __m256 sum =
-                  _mm256_add_ps(_mm256_maskload_ps(dq + n * kLanes, active), c.v[m][n]);
-              _mm256_maskstore_ps(dq + n * kLanes, active, sum);
-            }
-          }
-        }
+        product_block(d_score_ + i0 * kTileK, k_rows_ + d0, stride_, depth,
+                      dq_tile_ + i0 * stride_ + d0, stride_);
       }
+    }
+    for (int64_t i = 0; i < queries.size; ++i) {
+      float* dq = dq_.at(batch_, queries.begin + i, head);
+      const float* add = dq_tile_ + i * stride_;
+      int64_t d = 0;
+      for (; d + kLanes <= dim_; d += kLanes) {
+        _mm256_storeu_ps(dq + d, _mm256_add_ps(_mm256_loadu_ps(dq + d), _mm256_load_ps(add + d)));
+      }
+      for (; d < dim_; ++d)
+        dq[d] += add[d];
     }
   }
 
   const BackwardArgs& args_;
   const RowView<const float> delta_;
   const unsigned skip_;
-  const int64_t dim_, padded_dim_, batch_, kv_head_;
+  const int64_t dim_, padded_dim_, stride_, batch_, kv_head_;
   const Tile keys_;
   const TokenView<float> dq_;
   float* const k_t_;
@@ -366,6 +421,7 @@ class KeyTile {
   float* const dv_;
   float* const q_rows_;
   float* const do_rows_;
+  float* const dq_tile_;
   float* const prob_;
   float* const d_score_;
   float* const lse_hi_;
