@@ -338,10 +338,11 @@ class KeyTile {
 
   // P[i][j] = exp(scale q_i . k_j - LSE_i) = 2^(s log2 e - lse2_i). (kExp = false stores the
   // exponent instead, for timing experiments only.)
+  // Keys outer: the 16 columns of Kt a block reads stay in L1 across all query rows.
   template <bool kExp>
   void probabilities(int64_t rows, int64_t columns) {
-    for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
-      for (int64_t j0 = 0; j0 < columns; j0 += kColumns) {
+    for (int64_t j0 = 0; j0 < columns; j0 += kColumns) {
+      for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
         probability_block<kExp>(q_rows_ + i0 * stride_, stride_, k_t_ + j0, dim_, lse_hi_ + i0,
                                 lse_lo_ + i0, prob_ + i0 * kTileK + j0);
       }
@@ -366,8 +367,8 @@ class KeyTile {
 
   // dS[i][j] = P[i][j] (dO_i . v_j - delta_i).
   void score_gradients(int64_t rows, int64_t columns) {
-    for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
-      for (int64_t j0 = 0; j0 < columns; j0 += kColumns) {
+    for (int64_t j0 = 0; j0 < columns; j0 += kColumns) {
+      for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
         const int64_t at = i0 * kTileK + j0;
         score_gradient_block(do_rows_ + i0 * stride_, stride_, v_t_ + j0, dim_, row_delta_ + i0,
                              prob_ + at, d_score_ + at);
@@ -377,9 +378,10 @@ class KeyTile {
 
   // dV[j][d] += sum_i P[i][j] dO[i][d] and dK[j][d] += sum_i dS[i][j] Q[i][d].
   void key_value_gradients(int64_t rows) {
+    // Dims outer: the 16 columns of Q and dO a block reads stay in L1 across all key rows.
     const int64_t key_rows = round_up(keys_.size, kRows);
-    for (int64_t j0 = 0; j0 < key_rows; j0 += kRows) {
-      for (int64_t d0 = 0; d0 < padded_dim_; d0 += kColumns) {
+    for (int64_t d0 = 0; d0 < padded_dim_; d0 += kColumns) {
+      for (int64_t j0 = 0; j0 < key_rows; j0 += kRows) {
         update_block(prob_ + j0, do_rows_ + d0, stride_, rows, dv_ + j0 * stride_ + d0, stride_);
         update_block(d_score_ + j0, q_rows_ + d0, stride_, rows, dk_ + j0 * stride_ + d0, stride_);
       }
@@ -390,8 +392,9 @@ class KeyTile {
   void query_gradients(int64_t head, const Tile& queries) {
     // Exactly the tile's keys: dS of padding keys is never computed.
     const int64_t depth = keys_.size;
-    for (int64_t i0 = 0; i0 < queries.size; i0 += kRows) {
-      for (int64_t d0 = 0; d0 < dim_; d0 += kColumns) {
+    // Dims outer: the 16 columns of Ks a block reads stay in L1 across all query rows.
+    for (int64_t d0 = 0; d0 < dim_; d0 += kColumns) {
+      for (int64_t i0 = 0; i0 < queries.size; i0 += kRows) {
         product_block(d_score_ + i0 * kTileK, k_rows_ + d0, stride_, depth,
                       dq_tile_ + i0 * stride_ + d0, stride_);
       }

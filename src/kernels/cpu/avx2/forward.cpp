@@ -70,10 +70,13 @@ int64_t round_up(int64_t x, int64_t to) {
 
 // Per-thread memory, in floats, one AlignedFloats slice each (cache-line aligned).
 struct Layout {
-  int64_t padded_dim, panels_per_tile, tile_rows;
+  // Rows of the V tile and of O are row_stride = Dp + 16 floats apart: at Dp = 128, 512-byte
+  // rows would fall into 8 of the 64 L1 sets.
+  int64_t padded_dim, row_stride, panels_per_tile, tile_rows;
   int64_t q_panels, acc, max2, sum, scores, k_tile, v_tile, total;
-  explicit Layout(int64_t dim) : padded_dim(round_up(dim, kValueColumns)) {
-    const int64_t panel_bytes = kPanel * (dim + padded_dim) * static_cast<int64_t>(sizeof(float));
+  explicit Layout(int64_t dim)
+      : padded_dim(round_up(dim, kValueColumns)), row_stride(padded_dim + kValueColumns) {
+    const int64_t panel_bytes = kPanel * (dim + row_stride) * static_cast<int64_t>(sizeof(float));
     panels_per_tile = kQueryTileBytes / panel_bytes;
     panels_per_tile = panels_per_tile < 1 ? 1 : smaller(panels_per_tile, kMaxPanelsPerTile);
     tile_rows = panels_per_tile * kPanel;
@@ -84,12 +87,12 @@ struct Layout {
       return at;
     };
     q_panels = take(panels_per_tile * dim * kPanel);
-    acc = take(panels_per_tile * kPanel * padded_dim);
+    acc = take(panels_per_tile * kPanel * row_stride);
     max2 = take(tile_rows);
     sum = take(tile_rows);
     scores = take(kTileK * kPanel);
     k_tile = take(kTileK * dim);
-    v_tile = take(kTileK * padded_dim);
+    v_tile = take(kTileK * row_stride);
     total = offset;
   }
 };
@@ -188,7 +191,8 @@ class QueryTile {
         scores_(workspace + call.layout.scores),
         k_tile_(workspace + call.layout.k_tile),
         v_tile_(workspace + call.layout.v_tile),
-        padded_dim_(call.layout.padded_dim) {}
+        padded_dim_(call.layout.padded_dim),
+        stride_(call.layout.row_stride) {}
 
   void run() {
     load_queries();
@@ -231,7 +235,7 @@ class QueryTile {
     const ForwardResult& result = call_.result;
     for (int64_t p = 0; p < panels_; ++p) {
       for (int64_t r = 0; r < kPanel; ++r) {
-        float* acc = acc_ + (p * kPanel + r) * padded_dim_;
+        float* acc = acc_ + (p * kPanel + r) * stride_;
         float* max2 = max2_ + p * kPanel + r;
         float* sum = sum_ + p * kPanel + r;
         *max2 = kNegInf;
@@ -263,7 +267,7 @@ class QueryTile {
     const ForwardResult& result = call_.result;
     for (int64_t p = 0; p < panels_; ++p) {
       for (int64_t r = 0; r < panel_rows(p); ++r) {
-        const float* acc = acc_ + (p * kPanel + r) * padded_dim_;
+        const float* acc = acc_ + (p * kPanel + r) * stride_;
         const int64_t row = row_begin_ + p * kPanel + r;
         const float max2 = max2_[p * kPanel + r];
         const float sum = sum_[p * kPanel + r];
@@ -339,7 +343,7 @@ class QueryTile {
   void copy_keys_and_values(int64_t key_begin, int64_t cols) {
     for (int64_t j = 0; j < cols; ++j) {
       copy_floats(args_.k.at(batch_, key_begin + j, kv_head_), k_tile_ + j * dim_, dim_);
-      copy_floats(args_.v.at(batch_, key_begin + j, kv_head_), v_tile_ + j * padded_dim_, dim_);
+      copy_floats(args_.v.at(batch_, key_begin + j, kv_head_), v_tile_ + j * stride_, dim_);
     }
   }
 
@@ -461,14 +465,15 @@ class QueryTile {
   // O[r][d] = alpha[r] O[r][d] + sum_j P[j][r] V[j][d] over keys [key_first, key_last), for
   // the panel's rows in blocks of 6 (the padding rows of a short last panel are skipped).
   void accumulate_values(int64_t p, int64_t key_first, int64_t key_last, const PanelScale& scale) {
-    float* acc = acc_ + p * kPanel * padded_dim_;
+    float* acc = acc_ + p * kPanel * stride_;
     const float* prob = scores_ + key_first * kPanel;
-    const float* v = v_tile_ + key_first * padded_dim_;
+    const float* v = v_tile_ + key_first * stride_;
     const int64_t depth = key_last - key_first;
-    for (int64_t i0 = 0; i0 < panel_rows(p); i0 += kValueRows) {
-      for (int64_t d0 = 0; d0 < padded_dim_; d0 += kValueColumns) {
-        value_block(prob + i0, v + d0, padded_dim_, depth, scale.alpha + i0,
-                    acc + i0 * padded_dim_ + d0, padded_dim_);
+    // Dims outer: the 16 columns of the V tile a block reads stay in L1 across the panel's rows.
+    for (int64_t d0 = 0; d0 < padded_dim_; d0 += kValueColumns) {
+      for (int64_t i0 = 0; i0 < panel_rows(p); i0 += kValueRows) {
+        value_block(prob + i0, v + d0, stride_, depth, scale.alpha + i0, acc + i0 * stride_ + d0,
+                    stride_);
       }
     }
   }
@@ -483,7 +488,7 @@ class QueryTile {
   float* const scores_;
   float* const k_tile_;
   float* const v_tile_;
-  const int64_t padded_dim_;
+  const int64_t padded_dim_, stride_;
   Bounds panel_bounds_[kMaxPanelsPerTile];
   Bounds tile_bounds_;
 };
