@@ -114,18 +114,5 @@ A2D_INLINE void multiply(Block<M, NV>& c, const float* a, int64_t a_stride, cons
   }
 }
 
-A2D_INLINE float horizontal_max(__m256 x) {
-  __m128 v = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-  v = _mm_max_ps(v, _mm_movehl_ps(v, v));
-  v = _mm_max_ss(v, _mm_shuffle_ps(v, v, 1));
-  return _mm_cvtss_f32(v);
-}
-
-// Lane mask of the first `count` lanes (0 <= count <= 8), for maskload/maskstore at a row's end.
-A2D_INLINE __m256i first_lanes(int64_t count) {
-  const __m256i index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(count)), index);
-}
-
 }  // namespace
 }  // namespace a2d::cpu::avx2
