@@ -92,9 +92,9 @@ int run(int argc, char** argv) {
     variants = {{"full forward", kSkipNothing, 0},
                 {"without exp (P = S)", kSkipExp, 0},
                 {"without softmax (max, exp, sum, rescale)", kSkipSoftmax, 0},
-                {"without the V tile copy", kSkipCopies, 0},
+                {"without the K and V tile copies", kSkipCopies, 0},
                 {"S = K Qt alone", kSkipSoftmax | kSkipValues | kSkipCopies, 0.5},
-                {"O += V^T P alone (with V copy)", kSkipSoftmax | kSkipScores, 0.5},
+                {"O += P^T V alone (with the copies)", kSkipSoftmax | kSkipScores, 0.5},
                 {"both products alone", kSkipSoftmax | kSkipCopies, 1.0}};
   } else {
     const unsigned products = kSkipScores | kSkipScoreGradients | kSkipKeyValueGradients |

@@ -108,7 +108,8 @@ int kernel(int argc, char** argv, int first) {
       "Runs the local (single-process) attention kernel on generated inputs and reports its time\n"
       "and GFLOP/s, counting only unmasked work: 4*Nq*Nk*D per head forward, 2.5x that backward.\n"
       "It also measures the FP32 FMA peak of --threads cores (12 independent FMA chains per\n"
-      "thread, best of 5) and reports the kernel's share of it, and the memory one kernel call\n"
+      "thread, best of 5, before and after the timings) and reports the kernel's share of it\n"
+      "(GFLOP/s / peak of all threads), and the memory one kernel call\n"
       "adds (its workspace, and the growth of the process's peak resident set where Linux allows).");
   options.add_int("--seq", &o.seq, "query sequence length N");
   options.add_int("--kv-seq", &o.kv_seq, "key/value sequence length (0 = --seq)");
@@ -139,7 +140,10 @@ int kernel(int argc, char** argv, int first) {
   A2D_REQUIRE(o.threads >= 1, "--threads must be at least 1, got ", o.threads);
   if (!o.path.empty()) set_kernel_path(parse_kernel_path(o.path));
   const KernelPath path = kernel_path();
-  const FmaPeak peak = measure_fma_peak(static_cast<int>(o.threads));
+  // The peak is measured before and after the kernel timings and the higher value is kept: on a
+  // machine shared with other work, a peak measured while something else ran would flatter the
+  // kernel's share of it.
+  FmaPeak peak = measure_fma_peak(static_cast<int>(o.threads));
 
   AttentionShape shape{o.batch, o.heads, o.kv_heads, o.seq, o.kv_seq, o.head_dim};
   shape.validate();
@@ -200,6 +204,11 @@ int kernel(int argc, char** argv, int first) {
                          dense_tokens(dk.data(), o.kv_seq, o.kv_heads, o.head_dim),
                          dense_tokens(dv.data(), o.kv_seq, o.kv_heads, o.head_dim));
     });
+  }
+
+  if (const FmaPeak again = measure_fma_peak(static_cast<int>(o.threads));
+      again.gflops > peak.gflops) {
+    peak = again;
   }
 
   // Errors against the fp64 reference, on the same (fp32) inputs.
