@@ -2,8 +2,8 @@
 // micro-kernels (simd.hpp). Scores live transposed, so that every vector of the softmax runs over
 // 24 query rows:
 //
-//   work item   (batch, head, query tile of up to 8 panels x 24 rows; fewer for D > 128, so
-//               that the tile's Qt and O stay within kQueryTileBytes)
+//   work item   (batch, head, query tile of up to 64 panels x 24 rows: as many as keep its Qt
+//               and O within kQueryTileBytes, and few enough to give every thread ~4 items)
 //   Qt panel    [head_dim][24]      scale * Q, transposed once per item, zero rows as padding
 //   key tile    kTileK = 256 keys, copied once per (item, key tile) into contiguous K [256][D]
 //               and V [256][Dp] tiles (Dp = D rounded up to 16, zero columns as padding)
@@ -38,11 +38,13 @@ namespace {
 
 constexpr int kPanel = 24;  // query rows per panel
 constexpr int kPanelVectors = kPanel / kLanes;
-constexpr int64_t kMaxPanelsPerTile = 8;
-// Bytes of Qt and O of one query tile. Every query tile streams all K and V tiles through the
-// cache, so taller tiles copy and read K and V less often; 192 KiB leaves room in a 512 KiB L2
-// for the 256-key K and V tiles (8 panels up to D = 128).
-constexpr int64_t kQueryTileBytes = 192 << 10;
+constexpr int64_t kMaxPanelsPerTile = 64;
+// Bytes of Qt and O of one query tile (64 panels at D = 128). Every query tile copies every K and
+// V tile it sees, and the copies are the kernel's main cost after the products (a row of K or V
+// is one 4 KiB page at 8 heads of 128 dims: one TLB miss per row, see docs/performance.md), so
+// query tiles are tall. Their state does not need to stay in L2: each panel's Qt and O (24 KiB
+// at D = 128) are streamed in once per 256-key tile, against ~200 000 cycles of products.
+constexpr int64_t kQueryTileBytes = 1536 << 10;
 constexpr int64_t kTileK = 256;   // keys per key tile
 constexpr int kKeyStep = 4;       // keys per S micro-kernel call; the mask's block
 constexpr int kValueRows = 6;     // queries per P V micro-kernel call
@@ -72,14 +74,14 @@ int64_t round_up(int64_t x, int64_t to) {
 struct Layout {
   // Rows of the V tile and of O are row_stride = Dp + 16 floats apart: at Dp = 128, 512-byte
   // rows would fall into 8 of the 64 L1 sets.
-  int64_t padded_dim, row_stride, panels_per_tile, tile_rows;
+  int64_t padded_dim, row_stride, tile_rows;
   int64_t q_panels, acc, max2, sum, scores, k_tile, v_tile, total;
-  explicit Layout(int64_t dim)
-      : padded_dim(round_up(dim, kValueColumns)), row_stride(padded_dim + kValueColumns) {
-    const int64_t panel_bytes = kPanel * (dim + row_stride) * static_cast<int64_t>(sizeof(float));
-    panels_per_tile = kQueryTileBytes / panel_bytes;
-    panels_per_tile = panels_per_tile < 1 ? 1 : smaller(panels_per_tile, kMaxPanelsPerTile);
-    tile_rows = panels_per_tile * kPanel;
+  // tile_rows: query rows per work item, a multiple of kPanel (see rows_per_tile).
+  Layout(int64_t dim, int64_t rows)
+      : padded_dim(round_up(dim, kValueColumns)),
+        row_stride(padded_dim + kValueColumns),
+        tile_rows(rows) {
+    const int64_t panels_per_tile = tile_rows / kPanel;
     int64_t offset = 0;
     auto take = [&](int64_t floats) {
       const int64_t at = offset;
@@ -96,6 +98,21 @@ struct Layout {
     total = offset;
   }
 };
+
+// Query rows per work item: as many as kQueryTileBytes of Qt and O allow (at most 64 panels),
+// but no more than gives each of `threads` threads about 4 items to balance, and no more than
+// the queries need.
+int64_t rows_per_tile(const AttentionShape& shape, int threads) {
+  const int64_t padded_dim = round_up(shape.head_dim, kValueColumns);
+  const int64_t panel_bytes =
+      kPanel * (shape.head_dim + padded_dim + kValueColumns) * static_cast<int64_t>(sizeof(float));
+  int64_t panels = smaller(kMaxPanelsPerTile, kQueryTileBytes / panel_bytes);
+  const int64_t heads = shape.batch * shape.heads;
+  const int64_t tiles_per_head = (4 * static_cast<int64_t>(threads) + heads - 1) / heads;
+  const int64_t rows_needed = (shape.q_tokens + tiles_per_head - 1) / tiles_per_head;
+  panels = smaller(panels, (rows_needed + kPanel - 1) / kPanel);
+  return (panels < 1 ? 1 : panels) * kPanel;
+}
 
 // Everything one call shares between its threads (read-only inside the parallel region).
 struct Call {
@@ -311,31 +328,31 @@ class QueryTile {
     const int64_t key_begin = t * kTileK;
     const int64_t cols = smaller(kTileK, args_.shape.kv_tokens - key_begin);
     if (!(call_.skip & kSkipCopies)) copy_keys_and_values(key_begin, cols);
-    const int64_t next_begin = key_begin + kTileK;
-    const int64_t next_cols = smaller(kTileK, args_.shape.kv_tokens - next_begin);
+    // While this tile is computed, the next tile's K and V rows are pulled towards the core, one
+    // row per 4-key block of S (compute_scores), so that the next copy finds them in L2. Spread
+    // out like this, the prefetches do not pile up in the core's queue of outstanding misses.
+    prefetch_row_ = key_begin + kTileK;
+    prefetch_end_ = smaller(prefetch_row_ + kTileK, args_.shape.kv_tokens);
     for (int64_t p = 0; p < panels_; ++p) {
-      // While this tile is computed, each panel pulls a share of the next tile's K and V rows
-      // towards the core, so the copy of V and the first reads of K find them in the cache.
-      const int64_t share = (next_cols + panels_ - 1) / panels_;
-      prefetch_rows(next_begin + p * share, smaller(share, next_cols - p * share));
       const Bounds& rows = panel_bounds_[p];
       const BlockVisibility visibility =
           classify_block(mask, rows.min, rows.max, keys.min, keys.max);
       if (visibility == BlockVisibility::hidden) continue;
       attend_panel(p, key_begin, cols, visibility);
     }
+    while (prefetch_row_ < prefetch_end_) prefetch_next_row();
   }
 
-  // Prefetches K and V rows [begin, begin + count) into the L2 cache.
-  void prefetch_rows(int64_t begin, int64_t count) const {
-    for (int64_t j = begin; j < begin + count; ++j) {
-      const char* k = reinterpret_cast<const char*>(args_.k.at(batch_, j, kv_head_));
-      const char* v = reinterpret_cast<const char*>(args_.v.at(batch_, j, kv_head_));
-      for (int64_t byte = 0; byte < dim_ * static_cast<int64_t>(sizeof(float)); byte += 64) {
-        _mm_prefetch(k + byte, _MM_HINT_T1);
-        _mm_prefetch(v + byte, _MM_HINT_T1);
-      }
+  // Prefetches the next pending K and V row into the L2 cache, if any is left.
+  void prefetch_next_row() {
+    if (prefetch_row_ >= prefetch_end_) return;
+    const char* k = reinterpret_cast<const char*>(args_.k.at(batch_, prefetch_row_, kv_head_));
+    const char* v = reinterpret_cast<const char*>(args_.v.at(batch_, prefetch_row_, kv_head_));
+    for (int64_t byte = 0; byte < dim_ * static_cast<int64_t>(sizeof(float)); byte += 64) {
+      _mm_prefetch(k + byte, _MM_HINT_T1);
+      _mm_prefetch(v + byte, _MM_HINT_T1);
     }
+    ++prefetch_row_;
   }
 
   // K rows to k_tile_[j][0, D), V rows to v_tile_[j][0, D); the padding columns of the V tile
@@ -385,6 +402,7 @@ class QueryTile {
     const Bounds& rows = panel_bounds_[p];
     const Bounds* blocks = call_.key_blocks + key_begin / kKeyStep;
     for (int64_t blk = first; blk < last; ++blk) {
+      prefetch_next_row();
       const int64_t j0 = blk * kKeyStep;
       const int keys = static_cast<int>(smaller(kKeyStep, cols - j0));
       float* out = scores_ + j0 * kPanel;
@@ -490,6 +508,8 @@ class QueryTile {
   float* const v_tile_;
   const int64_t padded_dim_, stride_;
   Bounds panel_bounds_[kMaxPanelsPerTile];
+  int64_t prefetch_row_ = 0;  // next K/V row to prefetch, and the end of the rows to prefetch
+  int64_t prefetch_end_ = 0;
   Bounds tile_bounds_;
 };
 
@@ -514,7 +534,7 @@ int64_t bounds_floats(int64_t count, int64_t block) {
 }  // namespace
 
 int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
-  const int64_t floats = threads * Layout(shape.head_dim).total +
+  const int64_t floats = threads * Layout(shape.head_dim, rows_per_tile(shape, threads)).total +
                          cache_lines_of_floats(bounds_floats(shape.kv_tokens, kKeyStep)) +
                          cache_lines_of_floats(bounds_floats(shape.kv_tokens, kTileK));
   return floats * static_cast<int64_t>(sizeof(float));
@@ -522,7 +542,7 @@ int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
 
 void forward(const ForwardArgs& args, const ForwardResult& result, unsigned skip) {
   const AttentionShape& shape = args.shape;
-  const Layout layout(shape.head_dim);
+  const Layout layout(shape.head_dim, rows_per_tile(shape, args.threads));
   const int64_t q_tiles = (shape.q_tokens + layout.tile_rows - 1) / layout.tile_rows;
   const int64_t items = shape.batch * shape.heads * q_tiles;
   if (items == 0) return;
@@ -541,13 +561,12 @@ void forward(const ForwardArgs& args, const ForwardResult& result, unsigned skip
   {
     AlignedFloats workspace(call.layout.total);
     // Zeroed once: the padding columns of the V tile and of O must hold zeros (finite values).
-    for (int64_t i = 0; i < call.layout.total; ++i)
-      workspace.data()[i] = 0.0f;
-      // Items are independent (each writes only its own rows), so a dynamic schedule keeps the
-      // results deterministic. Items run head by head, so the K and V of one head stay in the
-      // cache while all its query tiles pass over them; within a head the query tiles run last to
-      // first: under a causal mask the late tiles carry the most keys, and ending with the
-      // smallest ones balances the threads.
+    for (int64_t i = 0; i < call.layout.total; ++i) workspace.data()[i] = 0.0f;
+    // Items are independent (each writes only its own rows), so a dynamic schedule keeps the
+    // results deterministic. Items run head by head, so the K and V of one head stay in the
+    // cache while all its query tiles pass over them; within a head the query tiles run last to
+    // first: under a causal mask the late tiles carry the most keys, and ending with the
+    // smallest ones balances the threads.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t tile = q_tiles - 1 - item % q_tiles;
