@@ -340,7 +340,8 @@ class QueryTile {
       if (visibility == BlockVisibility::hidden) continue;
       attend_panel(p, key_begin, cols, visibility);
     }
-    while (prefetch_row_ < prefetch_end_) prefetch_next_row();
+    while (prefetch_row_ < prefetch_end_)
+      prefetch_next_row();
   }
 
   // Prefetches the next pending K and V row into the L2 cache, if any is left.
@@ -561,12 +562,13 @@ void forward(const ForwardArgs& args, const ForwardResult& result, unsigned skip
   {
     AlignedFloats workspace(call.layout.total);
     // Zeroed once: the padding columns of the V tile and of O must hold zeros (finite values).
-    for (int64_t i = 0; i < call.layout.total; ++i) workspace.data()[i] = 0.0f;
-    // Items are independent (each writes only its own rows), so a dynamic schedule keeps the
-    // results deterministic. Items run head by head, so the K and V of one head stay in the
-    // cache while all its query tiles pass over them; within a head the query tiles run last to
-    // first: under a causal mask the late tiles carry the most keys, and ending with the
-    // smallest ones balances the threads.
+    for (int64_t i = 0; i < call.layout.total; ++i)
+      workspace.data()[i] = 0.0f;
+      // Items are independent (each writes only its own rows), so a dynamic schedule keeps the
+      // results deterministic. Items run head by head, so the K and V of one head stay in the
+      // cache while all its query tiles pass over them; within a head the query tiles run last to
+      // first: under a causal mask the late tiles carry the most keys, and ending with the
+      // smallest ones balances the threads.
 #pragma omp for schedule(dynamic, 1)
     for (int64_t item = 0; item < items; ++item) {
       const int64_t tile = q_tiles - 1 - item % q_tiles;
