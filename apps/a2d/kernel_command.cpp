@@ -2,12 +2,18 @@
 // FMA peak in the same run, and optionally checks every output against the fp64 reference.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
+#include <new>
 #include <iostream>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 #include "attention2d/check.hpp"
 #include "attention2d/data.hpp"
@@ -39,8 +45,38 @@ struct KernelOptions {
   bool backward = false;
   bool check = false;
   bool json = false;
+  bool huge_pages = false;
   std::string path;  // empty: A2D_KERNEL_PATH, else auto
 };
+
+// Memory of the command's tensors. With --huge-pages every tensor is a 2 MiB-aligned block
+// advised as transparent huge pages (Linux madvise), so that an experiment can show what the
+// TLB misses of rows that lie one page apart cost the kernel (docs/performance.md).
+bool g_huge_pages = false;
+
+template <typename T>
+struct TensorAllocator {
+  using value_type = T;
+  TensorAllocator() = default;
+  template <typename U>
+  TensorAllocator(const TensorAllocator<U>&) {}
+  T* allocate(std::size_t count) {
+    constexpr std::size_t kHuge = std::size_t{2} << 20;
+    const std::size_t bytes = (count * sizeof(T) + kHuge - 1) / kHuge * kHuge;
+    void* memory = g_huge_pages ? std::aligned_alloc(kHuge, bytes) : std::malloc(count * sizeof(T));
+    if (!memory) throw std::bad_alloc();
+#ifdef __linux__
+    if (g_huge_pages) madvise(memory, bytes, MADV_HUGEPAGE);
+#endif
+    return static_cast<T*>(memory);
+  }
+  void deallocate(T* memory, std::size_t) { std::free(memory); }
+  template <typename U>
+  bool operator==(const TensorAllocator<U>&) const { return true; }
+};
+using Tensor = std::vector<float, TensorAllocator<float>>;
+
+Tensor tensor(const std::vector<float>& values) { return {values.begin(), values.end()}; }
 
 // Resident memory of this process from /proc/self/status (Linux). The peak (VmHWM) can be reset
 // to the current size by writing 5 to /proc/self/clear_refs, which lets the command report how
@@ -80,7 +116,7 @@ class RssProbe {
   int64_t before_kib_ = 0;
 };
 
-std::vector<double> widen(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+std::vector<double> widen(const Tensor& x) { return {x.begin(), x.end()}; }
 
 // Times `body` (warm-up runs, then the median of the timed ones). `rss` measures the growth of
 // the peak resident set over the first call only: the memory one call needs. (Later calls can
@@ -130,6 +166,8 @@ int kernel(int argc, char** argv, int first) {
   options.add_int("--repeats", &o.repeats, "timed runs; the median is reported");
   options.add_flag("--check", &o.check, "compare every output with the fp64 reference; exit 1 over the bound");
   options.add_flag("--json", &o.json, "one JSON object per line instead of the table");
+  options.add_flag("--huge-pages", &o.huge_pages,
+                   "put the tensors on transparent huge pages (Linux), for TLB experiments");
   if (!options.parse(argc, argv, first)) return 0;
 
   if (o.kv_seq == 0) o.kv_seq = o.seq;
@@ -155,10 +193,11 @@ int kernel(int argc, char** argv, int first) {
   const uint64_t seed = static_cast<uint64_t>(o.seed);
   const GlobalTokens q_global{o.batch, o.seq, o.heads, o.head_dim};
   const GlobalTokens kv_global{o.batch, o.kv_seq, o.kv_heads, o.head_dim};
-  const std::vector<float> q = generate_tokens(seed, TensorTag::q, q_global);
-  const std::vector<float> k = generate_tokens(seed, TensorTag::k, kv_global);
-  const std::vector<float> v = generate_tokens(seed, TensorTag::v, kv_global);
-  std::vector<float> out(q.size()), lse(static_cast<size_t>(o.batch * o.heads * o.seq));
+  g_huge_pages = o.huge_pages;
+  const Tensor q = tensor(generate_tokens(seed, TensorTag::q, q_global));
+  const Tensor k = tensor(generate_tokens(seed, TensorTag::k, kv_global));
+  const Tensor v = tensor(generate_tokens(seed, TensorTag::v, kv_global));
+  Tensor out(q.size()), lse(static_cast<size_t>(o.batch * o.heads * o.seq));
 
   ForwardArgs fwd;
   fwd.shape = shape;
@@ -178,12 +217,12 @@ int kernel(int argc, char** argv, int first) {
   const Summary fwd_ms =
       time_repeats(o, &fwd_rss_growth, [&] { attention_forward(fwd, out_view, lse_view); });
 
-  std::vector<float> d_out, dq, dk, dv;
+  Tensor d_out, dq, dk, dv;
   Summary bwd_ms;
   int64_t bwd_workspace = 0;
   std::optional<int64_t> bwd_rss_growth;
   if (o.backward) {
-    d_out = generate_tokens(seed, TensorTag::d_out, q_global);
+    d_out = tensor(generate_tokens(seed, TensorTag::d_out, q_global));
     dq.resize(q.size());
     dk.resize(k.size());
     dv.resize(v.size());
