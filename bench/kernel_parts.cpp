@@ -3,10 +3,11 @@
 //
 //   build/bench/a2d_kernel_parts --seq 4096 --heads 8 --head-dim 128 [--causal] [--backward]
 //
-// Each row is one variant of the real kernel on the same inputs (median of --repeats after one
-// warm-up). "share" is (full - variant) / full: the part of the full time the switched-off part
-// took. Rows that keep only one tile product report that product's own GFLOP/s and % of peak
-// (2 Nq Nk D FLOPs per head and product). Variants compute wrong results by design.
+// Each row is one variant of the real kernel on the same inputs: the best of --repeats rounds,
+// each round timing every variant once, after one warm-up round. "share" is (full - variant) /
+// full: the part of the full time the switched-off part took. Rows that keep only one tile product
+// report that product's own GFLOP/s and % of peak (2 Nq Nk D FLOPs per head and product). Variants
+// compute wrong results by design.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -41,7 +42,7 @@ int run(int argc, char** argv) {
   options.add_flag("--causal", &causal, "causal mask");
   options.add_flag("--backward", &backward, "the backward kernel instead of the forward");
   options.add_int("--threads", &threads, "threads");
-  options.add_int("--repeats", &repeats, "timed runs per variant (median)");
+  options.add_int("--repeats", &repeats, "rounds; each times every variant once (best kept)");
   if (!options.parse(argc, argv, 1)) return 0;
   A2D_REQUIRE(kernel_path_supported(KernelPath::avx2), "this CPU has no AVX2/FMA");
 
@@ -119,30 +120,35 @@ int run(int argc, char** argv) {
   std::printf("a2d_kernel_parts: %s %s mask=%s threads=%lld; FMA peak %.1f GFLOP/s (%s)\n",
               backward ? "backward" : "forward", shape.describe().c_str(), mask.describe().c_str(),
               static_cast<long long>(threads), peak.gflops, peak.isa.c_str());
-  std::printf("%-42s %10s %9s %8s %10s %7s\n", "variant", "ms(med)", "GFLOP/s", "share",
+  std::printf("%-42s %10s %9s %8s %10s %7s\n", "variant", "ms(best)", "GFLOP/s", "share",
               "part GF/s", "%peak");
-  double full_ms = 0;
-  for (const Variant& variant : variants) {
-    auto body = [&] {
-      if (backward) {
-        cpu::avx2::backward(in, tokens_out(dq), tokens_out(dk), tokens_out(dv), variant.skip);
-      } else {
-        cpu::avx2::forward(fwd, result, variant.skip);
-      }
-    };
-    body();
-    std::vector<double> ms;
-    for (int64_t r = 0; r < repeats; ++r) {
-      const double start = seconds_now();
-      body();
-      ms.push_back(1e3 * (seconds_now() - start));
+  // Rounds: every round times every variant once, so that interference from other work on the
+  // machine spreads over all variants instead of hitting a few; the best round of each variant
+  // is reported (interference only ever adds time).
+  auto run_variant = [&](const Variant& variant) {
+    if (backward) {
+      cpu::avx2::backward(in, tokens_out(dq), tokens_out(dk), tokens_out(dv), variant.skip);
+    } else {
+      cpu::avx2::forward(fwd, result, variant.skip);
     }
-    const double median = summarize(ms).median;
-    if (variant.skip == kSkipNothing) full_ms = median;
-    std::printf("%-42s %10.2f %9.2f %7.1f%%", variant.name, median, flops / median / 1e6,
-                100.0 * (full_ms - median) / full_ms);
-    if (variant.product_share > 0) {
-      const double part = variant.product_share * flops / median / 1e6;
+  };
+  std::vector<std::vector<double>> ms(variants.size());
+  for (const Variant& variant : variants)
+    run_variant(variant);  // warm-up
+  for (int64_t round = 0; round < repeats; ++round) {
+    for (size_t which = 0; which < variants.size(); ++which) {
+      const double start = seconds_now();
+      run_variant(variants[which]);
+      ms[which].push_back(1e3 * (seconds_now() - start));
+    }
+  }
+  const double full_ms = summarize(ms[0]).min;
+  for (size_t which = 0; which < variants.size(); ++which) {
+    const double best = summarize(ms[which]).min;
+    std::printf("%-42s %10.2f %9.2f %7.1f%%", variants[which].name, best, flops / best / 1e6,
+                100.0 * (full_ms - best) / full_ms);
+    if (variants[which].product_share > 0) {
+      const double part = variants[which].product_share * flops / best / 1e6;
       std::printf(" %10.2f %6.1f%%", part, 100.0 * part / peak.gflops);
     }
     std::printf("\n");
