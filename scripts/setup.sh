@@ -10,6 +10,7 @@ packages=(
   python3                             # test helpers that parse JSON output
   clang libclang-rt-14-dev            # libFuzzer and sanitizer runtimes for the fuzz targets
   gnuplot-nox                         # plots of `a2d model --plot`
+  libopenblas-dev                     # bench/a2d_tile_gemm only: BLAS vs own micro-kernels
 )
 
 missing=()

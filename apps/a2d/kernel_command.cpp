@@ -1,14 +1,25 @@
-// a2d kernel: runs the local attention kernel on seeded inputs, times it and optionally checks
-// every output against the fp64 reference.
+// a2d kernel: runs the local attention kernel on seeded inputs, times it, measures the machine's
+// FMA peak in the same run, and optionally checks every output against the fp64 reference.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <new>
 #include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
 #include <vector>
+
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 
 #include "attention2d/check.hpp"
 #include "attention2d/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "attention2d/peak.hpp"
 #include "attention2d/reference.hpp"
 #include "attention2d/timing.hpp"
 #include "cli.hpp"
@@ -34,18 +45,92 @@ struct KernelOptions {
   bool backward = false;
   bool check = false;
   bool json = false;
+  bool huge_pages = false;
+  std::string path;  // empty: A2D_KERNEL_PATH, else auto
 };
 
-std::vector<double> widen(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+// Memory of the command's tensors. With --huge-pages every tensor is a 2 MiB-aligned block
+// advised as transparent huge pages (Linux madvise), so that an experiment can show what the
+// TLB misses of rows that lie one page apart cost the kernel (docs/performance.md).
+bool g_huge_pages = false;
 
+template <typename T>
+struct TensorAllocator {
+  using value_type = T;
+  TensorAllocator() = default;
+  template <typename U>
+  TensorAllocator(const TensorAllocator<U>&) {}
+  T* allocate(std::size_t count) {
+    constexpr std::size_t kHuge = std::size_t{2} << 20;
+    const std::size_t bytes = (count * sizeof(T) + kHuge - 1) / kHuge * kHuge;
+    void* memory = g_huge_pages ? std::aligned_alloc(kHuge, bytes) : std::malloc(count * sizeof(T));
+    if (!memory) throw std::bad_alloc();
+#ifdef __linux__
+    if (g_huge_pages) madvise(memory, bytes, MADV_HUGEPAGE);
+#endif
+    return static_cast<T*>(memory);
+  }
+  void deallocate(T* memory, std::size_t) { std::free(memory); }
+  template <typename U>
+  bool operator==(const TensorAllocator<U>&) const { return true; }
+};
+using Tensor = std::vector<float, TensorAllocator<float>>;
+
+Tensor tensor(const std::vector<float>& values) { return {values.begin(), values.end()}; }
+
+// Resident memory of this process from /proc/self/status (Linux). The peak (VmHWM) can be reset
+// to the current size by writing 5 to /proc/self/clear_refs, which lets the command report how
+// much memory one kernel call added on top of its inputs and outputs.
+class RssProbe {
+ public:
+  // Resets the peak; false where /proc does not allow it (then no growth is reported).
+  bool start() {
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";
+    clear.flush();
+    started_ = static_cast<bool>(clear) && read_kib("VmRSS:").has_value();
+    if (started_) before_kib_ = *read_kib("VmRSS:");
+    return started_;
+  }
+  // Peak minus the size at start(), in bytes.
+  std::optional<int64_t> growth_bytes() const {
+    if (!started_) return std::nullopt;
+    const std::optional<int64_t> peak = read_kib("VmHWM:");
+    if (!peak) return std::nullopt;
+    return (*peak - before_kib_) * 1024;
+  }
+
+ private:
+  static std::optional<int64_t> read_kib(const std::string& key) {
+    std::ifstream status("/proc/self/status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind(key, 0) != 0) continue;
+      std::istringstream fields(line.substr(key.size()));
+      int64_t kib = 0;
+      if (fields >> kib) return kib;
+    }
+    return std::nullopt;
+  }
+  bool started_ = false;
+  int64_t before_kib_ = 0;
+};
+
+std::vector<double> widen(const Tensor& x) { return {x.begin(), x.end()}; }
+
+// Times `body` (warm-up runs, then the median of the timed ones). `rss` measures the growth of
+// the peak resident set over the first call only: the memory one call needs. (Later calls can
+// only look larger, by what the allocator keeps from earlier calls without returning it.)
 template <typename F>
-Summary time_repeats(const KernelOptions& o, F&& body) {
-  for (int64_t i = 0; i < o.warmup; ++i) body();
+Summary time_repeats(const KernelOptions& o, std::optional<int64_t>* rss_growth, F&& body) {
+  RssProbe probe;
+  probe.start();
   std::vector<double> ms;
-  for (int64_t i = 0; i < o.repeats; ++i) {
+  for (int64_t i = 0; i < o.warmup + o.repeats; ++i) {
     const double start = seconds_now();
     body();
-    ms.push_back(1e3 * (seconds_now() - start));
+    if (i >= o.warmup) ms.push_back(1e3 * (seconds_now() - start));
+    if (i == 0) *rss_growth = probe.growth_bytes();
   }
   return summarize(ms);
 }
@@ -57,7 +142,11 @@ int kernel(int argc, char** argv, int first) {
   cli::Options options(
       "a2d kernel [options]",
       "Runs the local (single-process) attention kernel on generated inputs and reports its time\n"
-      "and GFLOP/s, counting only unmasked work: 4*Nq*Nk*D per head forward, 2.5x that backward.");
+      "and GFLOP/s, counting only unmasked work: 4*Nq*Nk*D per head forward, 2.5x that backward.\n"
+      "It also measures the FP32 FMA peak of --threads cores (12 independent FMA chains per\n"
+      "thread, best of 5, before and after the timings) and reports the kernel's share of it\n"
+      "(GFLOP/s / peak of all threads), and the memory one kernel call\n"
+      "adds (its workspace, and the growth of the process's peak resident set where Linux allows).");
   options.add_int("--seq", &o.seq, "query sequence length N");
   options.add_int("--kv-seq", &o.kv_seq, "key/value sequence length (0 = --seq)");
   options.add_int("--heads", &o.heads, "query heads H");
@@ -68,12 +157,17 @@ int kernel(int argc, char** argv, int first) {
   options.add_int("--window", &o.window, "causal with a window of W tokens (implies --causal; 0 = none)");
   options.add_double("--scale", &o.scale, "softmax scale (0 = 1/sqrt(D))");
   options.add_flag("--backward", &o.backward, "also time the backward pass");
-  options.add_int("--threads", &o.threads, "threads of the kernel");
+  options.add_int("--threads", &o.threads, "threads of the kernel (and of the FMA peak measurement)");
+  options.add_string("--path", &o.path,
+                     "kernel implementation: auto (fastest this CPU supports), portable or avx2\n"
+                     "(default: the environment variable A2D_KERNEL_PATH, else auto)");
   options.add_int("--seed", &o.seed, "seed of the generated inputs");
   options.add_int("--warmup", &o.warmup, "untimed runs before timing");
   options.add_int("--repeats", &o.repeats, "timed runs; the median is reported");
   options.add_flag("--check", &o.check, "compare every output with the fp64 reference; exit 1 over the bound");
   options.add_flag("--json", &o.json, "one JSON object per line instead of the table");
+  options.add_flag("--huge-pages", &o.huge_pages,
+                   "put the tensors on transparent huge pages (Linux), for TLB experiments");
   if (!options.parse(argc, argv, first)) return 0;
 
   if (o.kv_seq == 0) o.kv_seq = o.seq;
@@ -82,6 +176,12 @@ int kernel(int argc, char** argv, int first) {
   A2D_REQUIRE(o.warmup >= 0 && o.repeats >= 1, "--warmup must be >= 0 and --repeats >= 1");
   A2D_REQUIRE(o.window >= 0, "--window must be >= 1 (or 0 for no window), got ", o.window);
   A2D_REQUIRE(o.threads >= 1, "--threads must be at least 1, got ", o.threads);
+  if (!o.path.empty()) set_kernel_path(parse_kernel_path(o.path));
+  const KernelPath path = kernel_path();
+  // The peak is measured before and after the kernel timings and the higher value is kept: on a
+  // machine shared with other work, a peak measured while something else ran would flatter the
+  // kernel's share of it.
+  FmaPeak peak = measure_fma_peak(static_cast<int>(o.threads));
 
   AttentionShape shape{o.batch, o.heads, o.kv_heads, o.seq, o.kv_seq, o.head_dim};
   shape.validate();
@@ -93,10 +193,11 @@ int kernel(int argc, char** argv, int first) {
   const uint64_t seed = static_cast<uint64_t>(o.seed);
   const GlobalTokens q_global{o.batch, o.seq, o.heads, o.head_dim};
   const GlobalTokens kv_global{o.batch, o.kv_seq, o.kv_heads, o.head_dim};
-  const std::vector<float> q = generate_tokens(seed, TensorTag::q, q_global);
-  const std::vector<float> k = generate_tokens(seed, TensorTag::k, kv_global);
-  const std::vector<float> v = generate_tokens(seed, TensorTag::v, kv_global);
-  std::vector<float> out(q.size()), lse(static_cast<size_t>(o.batch * o.heads * o.seq));
+  g_huge_pages = o.huge_pages;
+  const Tensor q = tensor(generate_tokens(seed, TensorTag::q, q_global));
+  const Tensor k = tensor(generate_tokens(seed, TensorTag::k, kv_global));
+  const Tensor v = tensor(generate_tokens(seed, TensorTag::v, kv_global));
+  Tensor out(q.size()), lse(static_cast<size_t>(o.batch * o.heads * o.seq));
 
   ForwardArgs fwd;
   fwd.shape = shape;
@@ -111,12 +212,17 @@ int kernel(int argc, char** argv, int first) {
 
   const double pairs = static_cast<double>(count_visible_pairs(mask, nullptr, o.seq, nullptr, o.kv_seq));
   const double fwd_flops = 4.0 * pairs * static_cast<double>(o.head_dim * o.heads * o.batch);
-  const Summary fwd_ms = time_repeats(o, [&] { attention_forward(fwd, out_view, lse_view); });
+  const int64_t fwd_workspace = forward_workspace_bytes(shape, fwd.threads);
+  std::optional<int64_t> fwd_rss_growth;
+  const Summary fwd_ms =
+      time_repeats(o, &fwd_rss_growth, [&] { attention_forward(fwd, out_view, lse_view); });
 
-  std::vector<float> d_out, dq, dk, dv;
+  Tensor d_out, dq, dk, dv;
   Summary bwd_ms;
+  int64_t bwd_workspace = 0;
+  std::optional<int64_t> bwd_rss_growth;
   if (o.backward) {
-    d_out = generate_tokens(seed, TensorTag::d_out, q_global);
+    d_out = tensor(generate_tokens(seed, TensorTag::d_out, q_global));
     dq.resize(q.size());
     dk.resize(k.size());
     dv.resize(v.size());
@@ -131,11 +237,17 @@ int kernel(int argc, char** argv, int first) {
     bwd.d_out = dense_tokens(d_out.data(), o.seq, o.heads, o.head_dim);
     bwd.lse = dense_rows(lse.data(), o.heads, o.seq);
     bwd.threads = static_cast<int>(o.threads);
-    bwd_ms = time_repeats(o, [&] {
+    bwd_workspace = backward_workspace_bytes(shape, bwd.threads, /*delta_from_out=*/true);
+    bwd_ms = time_repeats(o, &bwd_rss_growth, [&] {
       attention_backward(bwd, dense_tokens(dq.data(), o.seq, o.heads, o.head_dim),
                          dense_tokens(dk.data(), o.kv_seq, o.kv_heads, o.head_dim),
                          dense_tokens(dv.data(), o.kv_seq, o.kv_heads, o.head_dim));
     });
+  }
+
+  if (const FmaPeak again = measure_fma_peak(static_cast<int>(o.threads));
+      again.gflops > peak.gflops) {
+    peak = again;
   }
 
   // Errors against the fp64 reference, on the same (fp32) inputs.
@@ -168,15 +280,21 @@ int kernel(int argc, char** argv, int first) {
   }
 
   auto report = [&](const char* mode, const Summary& ms, double flops,
-                    const std::vector<Error>& errors) {
+                    const std::vector<Error>& errors, int64_t workspace,
+                    const std::optional<int64_t>& rss_growth) {
     const double gflops = flops / (ms.median * 1e-3) / 1e9;
+    const double pct_peak = 100.0 * gflops / peak.gflops;
     if (o.json) {
       cli::JsonLine line;
       line.add("mode", mode).add("threads", o.threads).add("batch", o.batch).add("seq", o.seq)
           .add("kv_seq", o.kv_seq).add("heads", o.heads).add("kv_heads", o.kv_heads)
           .add("head_dim", o.head_dim).add("causal", mask.is_causal()).add("window", o.window)
           .add("ms", ms.median).add("ms_min", ms.min).add("ms_max", ms.max)
-          .add("repeats", o.repeats).add("gflops", gflops);
+          .add("repeats", o.repeats).add("gflops", gflops).add("path", kernel_path_name(path))
+          .add("peak_gflops", peak.gflops).add("peak_gflops_per_thread", peak.gflops_per_thread)
+          .add("peak_isa", peak.isa).add("pct_peak", pct_peak)
+          .add("workspace_bytes", workspace);
+      if (rss_growth) line.add("peak_rss_delta_bytes", *rss_growth);
       if (o.check) {
         for (const Error& e : errors) line.add(e.key, e.value);
         line.add("bound", kFp32RelativeBound);
@@ -186,21 +304,29 @@ int kernel(int argc, char** argv, int first) {
       }
       std::cout << line.str() << "\n";
     } else {
-      std::printf("%-9s %10.3f %10.3f %10.3f %10.2f", mode, ms.median, ms.min, ms.max, gflops);
+      std::printf("%-9s %10.3f %10.3f %10.3f %10.2f %6.1f%% %9.2f %9s", mode, ms.median, ms.min,
+                  ms.max, gflops, pct_peak, static_cast<double>(workspace) / (1 << 20),
+                  rss_growth ? cli::format_double(static_cast<double>(*rss_growth) / (1 << 20), 2).c_str()
+                             : "n/a");
       for (const Error& e : errors) std::printf("   %s %.2e", e.name, e.value);
       std::printf("\n");
     }
   };
 
   if (!o.json) {
-    std::printf("a2d kernel: %s mask=%s scale=%.6g threads=%lld\n", shape.describe().c_str(),
-                mask.describe().c_str(), static_cast<double>(scale),
-                static_cast<long long>(o.threads));
-    std::printf("%-9s %10s %10s %10s %10s%s\n", "mode", "ms(med)", "ms(min)", "ms(max)", "GFLOP/s",
+    std::printf("a2d kernel: %s mask=%s scale=%.6g threads=%lld path=%s\n",
+                shape.describe().c_str(), mask.describe().c_str(), static_cast<double>(scale),
+                static_cast<long long>(o.threads), kernel_path_name(path));
+    std::printf("FMA peak (%s, %d thread%s): %.1f GFLOP/s (%.1f per thread)\n", peak.isa.c_str(),
+                peak.threads, peak.threads == 1 ? "" : "s", peak.gflops, peak.gflops_per_thread);
+    std::printf("%-9s %10s %10s %10s %10s %7s %9s %9s%s\n", "mode", "ms(med)", "ms(min)",
+                "ms(max)", "GFLOP/s", "%peak", "work MiB", "RSS+ MiB",
                 o.check ? "   relative error vs fp64 reference" : "");
   }
-  report("forward", fwd_ms, fwd_flops, fwd_errors);
-  if (o.backward) report("backward", bwd_ms, 2.5 * fwd_flops, bwd_errors);
+  report("forward", fwd_ms, fwd_flops, fwd_errors, fwd_workspace, fwd_rss_growth);
+  if (o.backward) {
+    report("backward", bwd_ms, 2.5 * fwd_flops, bwd_errors, bwd_workspace, bwd_rss_growth);
+  }
   if (o.check && !o.json) {
     std::printf("check: %s (bound %.0e on every output)\n", pass ? "PASS" : "FAIL",
                 kFp32RelativeBound);

@@ -206,6 +206,35 @@ struct BackwardArgs {
 void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView<float> dk,
                         TokenView<float> dv);
 
+// Which implementation of the CPU kernels runs. Every path computes the same function within
+// kFp32RelativeBound of the fp64 reference (docs/kernels.md):
+//   portable  plain C++ loops the compiler vectorises for the build's baseline ISA
+//   avx2      register-blocked AVX2/FMA micro-kernels and a vectorised exp; needs a CPU with
+//             AVX2 and FMA (checked at run time) and an x86-64 build
+// The process starts on the path named by the environment variable A2D_KERNEL_PATH (auto,
+// portable or avx2; auto = unset = the fastest path this CPU supports) and set_kernel_path
+// changes it. The choice applies to attention_forward, attention_forward_partial and
+// attention_backward; the merge functions have one implementation.
+enum class KernelPath { portable, avx2 };
+
+KernelPath kernel_path();                         // the path the kernels use now
+void set_kernel_path(KernelPath path);            // throws a2d::Error if the path is unsupported
+bool kernel_path_supported(KernelPath path);      // built in and runnable on this CPU
+KernelPath best_kernel_path();                    // the fastest supported path
+const char* kernel_path_name(KernelPath path);    // "portable", "avx2"
+// "portable", "avx2" or "auto" (= best_kernel_path()); anything else throws a2d::Error.
+KernelPath parse_kernel_path(const std::string& name);
+
+// Bytes the forward kernel allocates besides its inputs and outputs, on the current path, for
+// this shape and thread count: per-thread tiles plus per-call tables of key positions. It does not
+// grow with q_tokens, and grows with kv_tokens only by 16 bytes per 4 keys (the table of key
+// micro-block positions), so the forward never needs memory of the order of Nq x Nk.
+int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
+// The same for the backward: per-thread tiles, threads - 1 private dQ buffers (dQ rows get
+// contributions from every key tile; the buffers keep the sum deterministic) and, when delta is
+// computed from O (BackwardArgs::delta not set), the delta rows.
+int64_t backward_workspace_bytes(const AttentionShape& shape, int threads, bool delta_from_out);
+
 // Number of (query, key) pairs the mask leaves visible, per batch and head. This is what the
 // FLOP counts use: forward 4 * pairs * head_dim per head, backward 2.5 times that.
 int64_t count_visible_pairs(const Mask& mask, const int64_t* q_positions, int64_t q_tokens,

@@ -79,11 +79,18 @@ Problem make_problem(const Case& c) {
   return p;
 }
 
-Errors run_case(const Case& c, bool backward) {
-  const Problem p = make_problem(c);
-  const AttentionShape& s = p.shape;
-  std::vector<float> out(p.q.size()), lse(static_cast<size_t>(s.batch * s.heads * s.q_tokens));
+namespace {
 
+struct Outputs {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+
+// The fp32 kernels on the current path.
+Outputs run_kernels(const Problem& p, const Case& c, bool backward) {
+  const AttentionShape& s = p.shape;
+  Outputs r;
+  r.out.resize(p.q.size());
+  r.lse.resize(static_cast<size_t>(s.batch * s.heads * s.q_tokens));
   ForwardArgs fwd;
   fwd.shape = s;
   fwd.mask = c.mask;
@@ -94,21 +101,13 @@ Errors run_case(const Case& c, bool backward) {
   fwd.q_positions = p.q_pos();
   fwd.kv_positions = p.kv_pos();
   fwd.threads = c.threads;
-  attention_forward(fwd, dense_tokens(out.data(), s.q_tokens, s.heads, s.head_dim),
-                    dense_rows(lse.data(), s.heads, s.q_tokens));
+  attention_forward(fwd, dense_tokens(r.out.data(), s.q_tokens, s.heads, s.head_dim),
+                    dense_rows(r.lse.data(), s.heads, s.q_tokens));
+  if (!backward) return r;
 
-  const std::vector<double> q64 = widen(p.q), k64 = widen(p.k), v64 = widen(p.v);
-  reference::Inputs in{s, c.mask, static_cast<double>(p.scale), q64.data(), k64.data(), v64.data(),
-                       p.q_pos(), p.kv_pos(), 2};
-  std::vector<double> out64(out.size()), lse64(lse.size());
-  reference::forward(in, out64.data(), lse64.data());
-
-  Errors e;
-  e.out = relative_error(out.data(), out64.data(), static_cast<int64_t>(out.size()));
-  e.lse = relative_error(lse.data(), lse64.data(), static_cast<int64_t>(lse.size()));
-  if (!backward) return e;
-
-  std::vector<float> dq(p.q.size()), dk(p.k.size()), dv(p.v.size());
+  r.dq.resize(p.q.size());
+  r.dk.resize(p.k.size());
+  r.dv.resize(p.v.size());
   BackwardArgs bwd;
   bwd.shape = s;
   bwd.mask = c.mask;
@@ -116,23 +115,79 @@ Errors run_case(const Case& c, bool backward) {
   bwd.q = fwd.q;
   bwd.k = fwd.k;
   bwd.v = fwd.v;
-  bwd.out = dense_tokens(out.data(), s.q_tokens, s.heads, s.head_dim);
+  bwd.out = dense_tokens(r.out.data(), s.q_tokens, s.heads, s.head_dim);
   bwd.d_out = dense_tokens(p.d_out.data(), s.q_tokens, s.heads, s.head_dim);
-  bwd.lse = dense_rows(lse.data(), s.heads, s.q_tokens);
+  bwd.lse = dense_rows(r.lse.data(), s.heads, s.q_tokens);
   bwd.q_positions = p.q_pos();
   bwd.kv_positions = p.kv_pos();
   bwd.threads = c.threads;
-  attention_backward(bwd, dense_tokens(dq.data(), s.q_tokens, s.heads, s.head_dim),
-                     dense_tokens(dk.data(), s.kv_tokens, s.kv_heads, s.head_dim),
-                     dense_tokens(dv.data(), s.kv_tokens, s.kv_heads, s.head_dim));
+  attention_backward(bwd, dense_tokens(r.dq.data(), s.q_tokens, s.heads, s.head_dim),
+                     dense_tokens(r.dk.data(), s.kv_tokens, s.kv_heads, s.head_dim),
+                     dense_tokens(r.dv.data(), s.kv_tokens, s.kv_heads, s.head_dim));
+  return r;
+}
 
+struct ReferenceOutputs {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+ReferenceOutputs run_reference(const Problem& p, const Case& c, bool backward) {
+  const AttentionShape& s = p.shape;
+  const std::vector<double> q64 = widen(p.q), k64 = widen(p.k), v64 = widen(p.v);
+  reference::Inputs in{s, c.mask, static_cast<double>(p.scale), q64.data(), k64.data(), v64.data(),
+                       p.q_pos(), p.kv_pos(), 2};
+  ReferenceOutputs r;
+  r.out.resize(p.q.size());
+  r.lse.resize(static_cast<size_t>(s.batch * s.heads * s.q_tokens));
+  reference::forward(in, r.out.data(), r.lse.data());
+  if (!backward) return r;
   const std::vector<double> do64 = widen(p.d_out);
-  std::vector<double> dq64(dq.size()), dk64(dk.size()), dv64(dv.size());
-  reference::backward(in, do64.data(), dq64.data(), dk64.data(), dv64.data());
-  e.dq = relative_error(dq.data(), dq64.data(), static_cast<int64_t>(dq.size()));
-  e.dk = relative_error(dk.data(), dk64.data(), static_cast<int64_t>(dk.size()));
-  e.dv = relative_error(dv.data(), dv64.data(), static_cast<int64_t>(dv.size()));
+  r.dq.resize(p.q.size());
+  r.dk.resize(p.k.size());
+  r.dv.resize(p.v.size());
+  reference::backward(in, do64.data(), r.dq.data(), r.dk.data(), r.dv.data());
+  return r;
+}
+
+double error_of(const std::vector<float>& got, const std::vector<double>& expected) {
+  return relative_error(got.data(), expected.data(), static_cast<int64_t>(got.size()));
+}
+
+Errors compare(const Outputs& got, const ReferenceOutputs& expected, bool backward) {
+  Errors e;
+  e.out = error_of(got.out, expected.out);
+  e.lse = error_of(got.lse, expected.lse);
+  if (!backward) return e;
+  e.dq = error_of(got.dq, expected.dq);
+  e.dk = error_of(got.dk, expected.dk);
+  e.dv = error_of(got.dv, expected.dv);
   return e;
+}
+
+}  // namespace
+
+Errors run_case(const Case& c, bool backward) {
+  const Problem p = make_problem(c);
+  return compare(run_kernels(p, c, backward), run_reference(p, c, backward), backward);
+}
+
+std::vector<PathErrors> run_case_on_paths(const Case& c, bool backward) {
+  const Problem p = make_problem(c);
+  const ReferenceOutputs expected = run_reference(p, c, backward);
+  std::vector<PathErrors> errors;
+  for (const KernelPath path : supported_paths()) {
+    const PathScope scope(path);
+    errors.push_back({path, compare(run_kernels(p, c, backward), expected, backward)});
+  }
+  return errors;
+}
+
+std::vector<KernelPath> supported_paths() {
+  std::vector<KernelPath> paths;
+  for (const KernelPath path : {KernelPath::portable, KernelPath::avx2}) {
+    if (kernel_path_supported(path)) paths.push_back(path);
+  }
+  return paths;
 }
 
 }  // namespace a2d::test

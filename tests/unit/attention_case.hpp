@@ -58,7 +58,29 @@ struct Problem {
 };
 Problem make_problem(const Case& c);
 
-// Runs forward (and backward when asked) in fp32 and fp64 and compares.
+// Runs forward (and backward when asked) in fp32 and fp64 and compares, on the current path.
 Errors run_case(const Case& c, bool backward);
+
+// The same on every kernel path this CPU supports (the fp64 reference computed once).
+struct PathErrors {
+  KernelPath path;
+  Errors errors;
+};
+std::vector<PathErrors> run_case_on_paths(const Case& c, bool backward);
+
+// Every kernel path this build and CPU can run: portable, and avx2 where available.
+std::vector<KernelPath> supported_paths();
+
+// Selects a kernel path for the lifetime of the object and restores the previous one after.
+class PathScope {
+ public:
+  explicit PathScope(KernelPath path) : previous_(kernel_path()) { set_kernel_path(path); }
+  ~PathScope() { set_kernel_path(previous_); }
+  PathScope(const PathScope&) = delete;
+  PathScope& operator=(const PathScope&) = delete;
+
+ private:
+  KernelPath previous_;
+};
 
 }  // namespace a2d::test

@@ -8,6 +8,7 @@
 #include "attention2d/data.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/reference.hpp"
+#include "attention_case.hpp"
 
 namespace a2d {
 namespace {
@@ -81,43 +82,47 @@ TEST_P(GradCheck, ReferenceAndKernelBackwardMatchFiniteDifferences) {
   EXPECT_LE(max_abs_diff(dk, fd_k), 1e-8);
   EXPECT_LE(max_abs_diff(dv, fd_v), 1e-8);
 
-  // The fp32 kernel on the same (exactly representable) inputs.
-  auto narrow = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
-  const std::vector<float> q = narrow(s.q), k = narrow(s.k), v = narrow(s.v), g = narrow(s.d_out);
-  const auto& sh = s.shape;
-  std::vector<float> out(q.size()), lse(static_cast<size_t>(sh.batch * sh.heads * sh.q_tokens));
-  ForwardArgs fwd;
-  fwd.shape = sh;
-  fwd.mask = s.mask;
-  fwd.scale = static_cast<float>(kScale);
-  fwd.q = dense_tokens(q.data(), sh.q_tokens, sh.heads, sh.head_dim);
-  fwd.k = dense_tokens(k.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim);
-  fwd.v = dense_tokens(v.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim);
-  fwd.q_positions = s.q_pos.data();
-  fwd.kv_positions = s.k_pos.data();
-  attention_forward(fwd, dense_tokens(out.data(), sh.q_tokens, sh.heads, sh.head_dim),
-                    dense_rows(lse.data(), sh.heads, sh.q_tokens));
-  BackwardArgs bwd;
-  bwd.shape = sh;
-  bwd.mask = s.mask;
-  bwd.scale = fwd.scale;
-  bwd.q = fwd.q;
-  bwd.k = fwd.k;
-  bwd.v = fwd.v;
-  bwd.out = dense_tokens(out.data(), sh.q_tokens, sh.heads, sh.head_dim);
-  bwd.d_out = dense_tokens(g.data(), sh.q_tokens, sh.heads, sh.head_dim);
-  bwd.lse = dense_rows(lse.data(), sh.heads, sh.q_tokens);
-  bwd.q_positions = fwd.q_positions;
-  bwd.kv_positions = fwd.kv_positions;
-  std::vector<float> dq32(q.size()), dk32(k.size()), dv32(v.size());
-  attention_backward(bwd, dense_tokens(dq32.data(), sh.q_tokens, sh.heads, sh.head_dim),
-                     dense_tokens(dk32.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim),
-                     dense_tokens(dv32.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim));
-  auto widen = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
-  // fp32 arithmetic on values of order 1: a few units of 2^-24 per term.
-  EXPECT_LE(max_abs_diff(widen(dq32), fd_q), 1e-5);
-  EXPECT_LE(max_abs_diff(widen(dk32), fd_k), 1e-5);
-  EXPECT_LE(max_abs_diff(widen(dv32), fd_v), 1e-5);
+  // The fp32 kernel on the same (exactly representable) inputs, on every kernel path.
+  for (const KernelPath path : test::supported_paths()) {
+    SCOPED_TRACE(kernel_path_name(path));
+    const test::PathScope scope(path);
+    auto narrow = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+    const std::vector<float> q = narrow(s.q), k = narrow(s.k), v = narrow(s.v), g = narrow(s.d_out);
+    const auto& sh = s.shape;
+    std::vector<float> out(q.size()), lse(static_cast<size_t>(sh.batch * sh.heads * sh.q_tokens));
+    ForwardArgs fwd;
+    fwd.shape = sh;
+    fwd.mask = s.mask;
+    fwd.scale = static_cast<float>(kScale);
+    fwd.q = dense_tokens(q.data(), sh.q_tokens, sh.heads, sh.head_dim);
+    fwd.k = dense_tokens(k.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim);
+    fwd.v = dense_tokens(v.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim);
+    fwd.q_positions = s.q_pos.data();
+    fwd.kv_positions = s.k_pos.data();
+    attention_forward(fwd, dense_tokens(out.data(), sh.q_tokens, sh.heads, sh.head_dim),
+                      dense_rows(lse.data(), sh.heads, sh.q_tokens));
+    BackwardArgs bwd;
+    bwd.shape = sh;
+    bwd.mask = s.mask;
+    bwd.scale = fwd.scale;
+    bwd.q = fwd.q;
+    bwd.k = fwd.k;
+    bwd.v = fwd.v;
+    bwd.out = dense_tokens(out.data(), sh.q_tokens, sh.heads, sh.head_dim);
+    bwd.d_out = dense_tokens(g.data(), sh.q_tokens, sh.heads, sh.head_dim);
+    bwd.lse = dense_rows(lse.data(), sh.heads, sh.q_tokens);
+    bwd.q_positions = fwd.q_positions;
+    bwd.kv_positions = fwd.kv_positions;
+    std::vector<float> dq32(q.size()), dk32(k.size()), dv32(v.size());
+    attention_backward(bwd, dense_tokens(dq32.data(), sh.q_tokens, sh.heads, sh.head_dim),
+                       dense_tokens(dk32.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim),
+                       dense_tokens(dv32.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim));
+    auto widen = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+    // fp32 arithmetic on values of order 1: a few units of 2^-24 per term.
+    EXPECT_LE(max_abs_diff(widen(dq32), fd_q), 1e-5);
+    EXPECT_LE(max_abs_diff(widen(dk32), fd_k), 1e-5);
+    EXPECT_LE(max_abs_diff(widen(dv32), fd_v), 1e-5);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Masks, GradCheck,
@@ -128,54 +133,58 @@ INSTANTIATE_TEST_SUITE_P(Masks, GradCheck,
                          });
 
 TEST(Backward, AccumulateAddsToExistingGradients) {
-  const Small s = make_small(Mask::causal());
-  auto narrow = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
-  const std::vector<float> q = narrow(s.q), k = narrow(s.k), v = narrow(s.v), g = narrow(s.d_out);
-  const auto& sh = s.shape;
-  std::vector<float> out(q.size()), lse(static_cast<size_t>(sh.batch * sh.heads * sh.q_tokens));
-  ForwardArgs fwd;
-  fwd.shape = sh;
-  fwd.mask = s.mask;
-  fwd.scale = 0.7f;
-  fwd.q = dense_tokens(q.data(), sh.q_tokens, sh.heads, sh.head_dim);
-  fwd.k = dense_tokens(k.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim);
-  fwd.v = dense_tokens(v.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim);
-  fwd.q_positions = s.q_pos.data();
-  fwd.kv_positions = s.k_pos.data();
-  attention_forward(fwd, dense_tokens(out.data(), sh.q_tokens, sh.heads, sh.head_dim),
-                    dense_rows(lse.data(), sh.heads, sh.q_tokens));
-  BackwardArgs bwd;
-  bwd.shape = sh;
-  bwd.mask = s.mask;
-  bwd.scale = 0.7f;
-  bwd.q = fwd.q;
-  bwd.k = fwd.k;
-  bwd.v = fwd.v;
-  bwd.out = dense_tokens(out.data(), sh.q_tokens, sh.heads, sh.head_dim);
-  bwd.d_out = dense_tokens(g.data(), sh.q_tokens, sh.heads, sh.head_dim);
-  bwd.lse = dense_rows(lse.data(), sh.heads, sh.q_tokens);
-  bwd.q_positions = fwd.q_positions;
-  bwd.kv_positions = fwd.kv_positions;
-  std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-  auto run = [&] {
-    attention_backward(bwd, dense_tokens(dq.data(), sh.q_tokens, sh.heads, sh.head_dim),
-                       dense_tokens(dk.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim),
-                       dense_tokens(dv.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim));
-  };
-  run();
-  const std::vector<float> dq1 = dq, dk1 = dk, dv1 = dv;
-  bwd.accumulate = true;
-  run();
-  // The second pass adds its terms one by one onto the first result, so the sums round
-  // differently from 2 x the first: allow a few fp32 units.
-  auto near_double = [](const std::vector<float>& twice, const std::vector<float>& once) {
-    for (size_t i = 0; i < once.size(); ++i) {
-      EXPECT_NEAR(twice[i], 2 * once[i], 1e-6 * (1 + std::abs(once[i]))) << i;
-    }
-  };
-  near_double(dq, dq1);
-  near_double(dk, dk1);
-  near_double(dv, dv1);
+  for (const KernelPath path : test::supported_paths()) {
+    SCOPED_TRACE(kernel_path_name(path));
+    const test::PathScope scope(path);
+    const Small s = make_small(Mask::causal());
+    auto narrow = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+    const std::vector<float> q = narrow(s.q), k = narrow(s.k), v = narrow(s.v), g = narrow(s.d_out);
+    const auto& sh = s.shape;
+    std::vector<float> out(q.size()), lse(static_cast<size_t>(sh.batch * sh.heads * sh.q_tokens));
+    ForwardArgs fwd;
+    fwd.shape = sh;
+    fwd.mask = s.mask;
+    fwd.scale = 0.7f;
+    fwd.q = dense_tokens(q.data(), sh.q_tokens, sh.heads, sh.head_dim);
+    fwd.k = dense_tokens(k.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim);
+    fwd.v = dense_tokens(v.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim);
+    fwd.q_positions = s.q_pos.data();
+    fwd.kv_positions = s.k_pos.data();
+    attention_forward(fwd, dense_tokens(out.data(), sh.q_tokens, sh.heads, sh.head_dim),
+                      dense_rows(lse.data(), sh.heads, sh.q_tokens));
+    BackwardArgs bwd;
+    bwd.shape = sh;
+    bwd.mask = s.mask;
+    bwd.scale = 0.7f;
+    bwd.q = fwd.q;
+    bwd.k = fwd.k;
+    bwd.v = fwd.v;
+    bwd.out = dense_tokens(out.data(), sh.q_tokens, sh.heads, sh.head_dim);
+    bwd.d_out = dense_tokens(g.data(), sh.q_tokens, sh.heads, sh.head_dim);
+    bwd.lse = dense_rows(lse.data(), sh.heads, sh.q_tokens);
+    bwd.q_positions = fwd.q_positions;
+    bwd.kv_positions = fwd.kv_positions;
+    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
+    auto run = [&] {
+      attention_backward(bwd, dense_tokens(dq.data(), sh.q_tokens, sh.heads, sh.head_dim),
+                         dense_tokens(dk.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim),
+                         dense_tokens(dv.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim));
+    };
+    run();
+    const std::vector<float> dq1 = dq, dk1 = dk, dv1 = dv;
+    bwd.accumulate = true;
+    run();
+    // The second pass adds its terms one by one onto the first result, so the sums round
+    // differently from 2 x the first: allow a few fp32 units.
+    auto near_double = [](const std::vector<float>& twice, const std::vector<float>& once) {
+      for (size_t i = 0; i < once.size(); ++i) {
+        EXPECT_NEAR(twice[i], 2 * once[i], 1e-6 * (1 + std::abs(once[i]))) << i;
+      }
+    };
+    near_double(dq, dq1);
+    near_double(dk, dk1);
+    near_double(dv, dv1);
+  }
 }
 
 }  // namespace

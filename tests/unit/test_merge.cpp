@@ -6,13 +6,17 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention2d/check.hpp"
 #include "attention2d/data.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/reference.hpp"
+#include "attention_case.hpp"
 
 namespace a2d {
 namespace {
@@ -113,10 +117,21 @@ std::vector<std::vector<int64_t>> random_split(int64_t keys, int parts, std::mt1
   return split;
 }
 
-class MergeTest : public ::testing::TestWithParam<Mask> {};
+// (mask, kernel path): the partial kernel of every path must merge the same way.
+class MergeTest : public ::testing::TestWithParam<std::tuple<Mask, KernelPath>> {
+ protected:
+  void SetUp() override {
+    if (!kernel_path_supported(std::get<1>(GetParam()))) GTEST_SKIP() << "path not supported";
+    scope_.emplace(std::get<1>(GetParam()));
+  }
+  static Mask mask() { return std::get<0>(GetParam()); }
+
+ private:
+  std::optional<test::PathScope> scope_;
+};
 
 TEST_P(MergeTest, RandomSplitsMergedInRandomOrderEqualUnsplit) {
-  const MergeSetup s = make_setup(GetParam(), 11);
+  const MergeSetup s = make_setup(mask(), 11);
   const Reference expected = reference_of(s);
   const RowsShape rows{s.shape.batch, s.shape.q_tokens, s.shape.heads, s.shape.head_dim};
   std::mt19937 rng(2024);
@@ -154,7 +169,7 @@ TEST_P(MergeTest, RandomSplitsMergedInRandomOrderEqualUnsplit) {
 }
 
 TEST_P(MergeTest, OutputFormMergeEqualsUnsplit) {
-  const MergeSetup s = make_setup(GetParam(), 12);
+  const MergeSetup s = make_setup(mask(), 12);
   const Reference expected = reference_of(s);
   const RowsShape rows{s.shape.batch, s.shape.q_tokens, s.shape.heads, s.shape.head_dim};
   std::mt19937 rng(99);
@@ -183,7 +198,7 @@ TEST_P(MergeTest, OutputFormMergeEqualsUnsplit) {
 }
 
 TEST_P(MergeTest, AccumulatingKernelEqualsUnsplit) {
-  const MergeSetup s = make_setup(GetParam(), 13);
+  const MergeSetup s = make_setup(mask(), 13);
   const Reference expected = reference_of(s);
   const RowsShape rows{s.shape.batch, s.shape.q_tokens, s.shape.heads, s.shape.head_dim};
   std::mt19937 rng(5);
@@ -200,12 +215,15 @@ TEST_P(MergeTest, AccumulatingKernelEqualsUnsplit) {
             kFp32RelativeBound);
 }
 
-INSTANTIATE_TEST_SUITE_P(Masks, MergeTest,
-                         ::testing::Values(Mask::none(), Mask::causal(), Mask::causal_window(20)),
-                         [](const auto& p) {
-                           return p.param.kind == MaskKind::causal_window ? std::string("window")
-                                                                          : p.param.describe();
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Masks, MergeTest,
+    ::testing::Combine(::testing::Values(Mask::none(), Mask::causal(), Mask::causal_window(20)),
+                       ::testing::Values(KernelPath::portable, KernelPath::avx2)),
+    [](const auto& p) {
+      const Mask& m = std::get<0>(p.param);
+      return (m.kind == MaskKind::causal_window ? std::string("window") : m.describe()) + "_" +
+             kernel_path_name(std::get<1>(p.param));
+    });
 
 TEST(Merge, EmptyRowsStayEmptyWithoutNaN) {
   // Two partials of one row where neither saw a key, and one where only one side did.
@@ -237,6 +255,9 @@ TEST(Merge, EmptyRowsStayEmptyWithoutNaN) {
 }
 
 TEST(Merge, RowWithoutKeysGivesZeroAndMinusInfinity) {
+  for (const KernelPath path : test::supported_paths()) {
+    SCOPED_TRACE(kernel_path_name(path));
+    const test::PathScope scope(path);
   // Query at position 0, keys at 1 and 2, causal: the row sees nothing.
   const std::vector<float> q(8, 1.0f), k(16, 1.0f), v(16, 1.0f);
   const int64_t q_pos[] = {0}, k_pos[] = {1, 2};
@@ -253,6 +274,7 @@ TEST(Merge, RowWithoutKeysGivesZeroAndMinusInfinity) {
   attention_forward(args, dense_tokens(out.data(), 1, 1, 8), dense_rows(lse.data(), 1, 1));
   EXPECT_EQ(lse[0], kNegInf);
   for (const float x : out) EXPECT_EQ(x, 0.0f);
+  }
 }
 
 }  // namespace

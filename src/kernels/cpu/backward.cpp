@@ -1,4 +1,5 @@
-// The tiled CPU backward kernel (FlashAttention-2 style, fp32 arithmetic).
+// The portable tiled CPU backward kernel (FlashAttention-2 style, fp32 arithmetic; plain loops
+// the compiler vectorises for the build's baseline ISA).
 //
 // Work item = (batch, K/V head, key tile). The item owns dK and dV of its key rows, summed over
 // every query head of the K/V head's group and every visible query tile:
@@ -13,15 +14,15 @@
 #include <limits>
 #include <vector>
 
-#include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "paths.hpp"
 #include "tiles.hpp"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-namespace a2d {
+namespace a2d::cpu::portable {
 namespace {
 
 constexpr int64_t kBlockQ = 64;
@@ -97,39 +98,23 @@ void backward_block(const BackwardArgs& args, RowView<const float> delta, int64_
   }
 }
 
-void zero_tokens(TokenView<float> view, int64_t batch, int64_t tokens, int64_t heads,
-                 int64_t dim) {
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t t = 0; t < tokens; ++t)
-      for (int64_t h = 0; h < heads; ++h) std::fill(view.at(b, t, h), view.at(b, t, h) + dim, 0.0f);
-}
-
 }  // namespace
 
-void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView<float> dk,
-                        TokenView<float> dv) {
+int64_t backward_workspace_bytes(const AttentionShape& shape, int threads) {
+  const int64_t tiles = (shape.q_tokens + kBlockQ - 1) / kBlockQ +
+                        (shape.kv_tokens + kBlockK - 1) / kBlockK;
+  const int64_t per_thread = 2 * kBlockK * shape.head_dim + 2 * kBlockQ * kBlockK;
+  const int64_t dq = shape.batch * shape.q_tokens * shape.heads * shape.head_dim;
+  return (threads * per_thread + (threads - 1) * dq) * static_cast<int64_t>(sizeof(float)) +
+         tiles * static_cast<int64_t>(sizeof(cpu::Tile));
+}
+
+void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk,
+              TokenView<float> dv) {
+  const BackwardArgs& args = *in.args;
+  const RowView<const float> delta = in.delta;
   const AttentionShape& shape = args.shape;
-  cpu::check_common(shape, args.mask, args.scale, args.threads);
   const int64_t dim = shape.head_dim;
-  const RowsShape q_rows{shape.batch, shape.q_tokens, shape.heads, dim};
-  if (shape.q_tokens > 0 && shape.kv_tokens > 0) {
-    A2D_REQUIRE(args.q.data && args.k.data && args.v.data && args.d_out.data && args.lse.data,
-                "backward kernel: Q, K, V, dO and LSE must be set");
-    A2D_REQUIRE(args.delta.data || args.out.data,
-                "backward kernel: pass either delta = rowsum(dO * O) or O itself");
-  }
-
-  // delta, unless the caller supplied it.
-  std::vector<float> own_delta;
-  RowView<const float> delta = args.delta;
-  if (!delta.data && shape.q_tokens > 0 && shape.kv_tokens > 0) {
-    own_delta.resize(static_cast<size_t>(shape.batch * shape.heads * shape.q_tokens));
-    const auto view = dense_rows(own_delta.data(), shape.heads, shape.q_tokens);
-    compute_delta(q_rows, args.out, args.d_out, view);
-    delta = view;
-  }
-
-  if (!args.accumulate) zero_tokens(dq, shape.batch, shape.q_tokens, shape.heads, dim);
 
   const auto q_tiles = cpu::make_tiles(args.q_positions, shape.q_tokens, kBlockQ);
   const auto k_tiles = cpu::make_tiles(args.kv_positions, shape.kv_tokens, kBlockK);
@@ -191,4 +176,4 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
   }
 }
 
-}  // namespace a2d
+}  // namespace a2d::cpu::portable

@@ -1,4 +1,5 @@
-// The tiled CPU forward kernel (FlashAttention-2 style online softmax, fp32 arithmetic).
+// The portable tiled CPU forward kernel (FlashAttention-2 style online softmax, fp32 arithmetic;
+// plain loops the compiler vectorises for the build's baseline ISA).
 //
 // Work item = (batch, head, query tile of kBlockQ rows). For each key tile the mask does not hide
 // entirely: S = scale Q K^T, rescale the running state to the new row maximum, add P V. Tiles
@@ -8,11 +9,11 @@
 #include <limits>
 #include <vector>
 
-#include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "paths.hpp"
 #include "tiles.hpp"
 
-namespace a2d {
+namespace a2d::cpu::portable {
 namespace {
 
 constexpr int64_t kBlockQ = 64;
@@ -31,13 +32,6 @@ struct Workspace {
   std::vector<float> scores;  // [kBlockQ, kBlockK]
   explicit Workspace(int64_t head_dim) : q(kBlockQ * head_dim), scores(kBlockQ * kBlockK) {}
 };
-
-void check_forward(const ForwardArgs& args) {
-  cpu::check_common(args.shape, args.mask, args.scale, args.threads);
-  if (args.shape.q_tokens > 0 && args.shape.kv_tokens > 0) {
-    A2D_REQUIRE(args.q.data && args.k.data && args.v.data, "forward kernel: Q, K and V must be set");
-  }
-}
 
 // Folds one key tile into the state of one query tile.
 void attend_key_tile(const ForwardArgs& args, int64_t b, int64_t h, const cpu::Tile& qt,
@@ -145,32 +139,40 @@ void reset(TileState& state) {
 
 }  // namespace
 
-void attention_forward(const ForwardArgs& args, TokenView<float> out, RowView<float> lse) {
-  check_forward(args);
-  const int64_t dim = args.shape.head_dim;
-  run_forward(
-      args, [](int64_t, int64_t, const cpu::Tile&, TileState& state) { reset(state); },
-      [&](int64_t b, int64_t h, const cpu::Tile& qt, TileState& state) {
-        for (int64_t i = 0; i < qt.size(); ++i) {
-          float* o = out.at(b, qt.begin + i, h);
-          const float sum = state.row_sum[i];
-          if (sum == 0.0f) {
-            for (int64_t d = 0; d < dim; ++d) o[d] = 0.0f;
-            lse.at(b, h, qt.begin + i) = kNegInf;
-            continue;
-          }
-          const float inverse = 1.0f / sum;
-          const float* acc = state.acc.data() + i * dim;
-          for (int64_t d = 0; d < dim; ++d) o[d] = acc[d] * inverse;
-          lse.at(b, h, qt.begin + i) = state.row_max[i] + std::log(sum);
-        }
-      });
+int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
+  const int64_t per_thread = (2 * kBlockQ * shape.head_dim + kBlockQ * kBlockK + 2 * kBlockQ) *
+                             static_cast<int64_t>(sizeof(float));
+  const int64_t tiles = (shape.q_tokens + kBlockQ - 1) / kBlockQ +
+                        (shape.kv_tokens + kBlockK - 1) / kBlockK;
+  return threads * per_thread + tiles * static_cast<int64_t>(sizeof(cpu::Tile));
 }
 
-void attention_forward_partial(const ForwardArgs& args, const PartialView& partial,
-                               bool accumulate) {
-  check_forward(args);
+void forward(const ForwardArgs& args, const ForwardResult& result) {
   const int64_t dim = args.shape.head_dim;
+  if (!result.partial) {
+    const TokenView<float> out = result.out;
+    const RowView<float> lse = result.lse;
+    run_forward(
+        args, [](int64_t, int64_t, const cpu::Tile&, TileState& state) { reset(state); },
+        [&](int64_t b, int64_t h, const cpu::Tile& qt, TileState& state) {
+          for (int64_t i = 0; i < qt.size(); ++i) {
+            float* o = out.at(b, qt.begin + i, h);
+            const float sum = state.row_sum[i];
+            if (sum == 0.0f) {
+              for (int64_t d = 0; d < dim; ++d) o[d] = 0.0f;
+              lse.at(b, h, qt.begin + i) = kNegInf;
+              continue;
+            }
+            const float inverse = 1.0f / sum;
+            const float* acc = state.acc.data() + i * dim;
+            for (int64_t d = 0; d < dim; ++d) o[d] = acc[d] * inverse;
+            lse.at(b, h, qt.begin + i) = state.row_max[i] + std::log(sum);
+          }
+        });
+    return;
+  }
+  const PartialView& partial = *result.partial;
+  const bool accumulate = result.accumulate;
   run_forward(
       args,
       [&](int64_t b, int64_t h, const cpu::Tile& qt, TileState& state) {
@@ -194,4 +196,4 @@ void attention_forward_partial(const ForwardArgs& args, const PartialView& parti
       });
 }
 
-}  // namespace a2d
+}  // namespace a2d::cpu::portable

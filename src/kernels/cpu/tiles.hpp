@@ -60,4 +60,22 @@ inline bool is_calling_thread() {
 // Shared validation of shape, mask, scale, thread count and the presence of input pointers.
 void check_common(const AttentionShape& shape, const Mask& mask, float scale, int threads);
 
+// An uninitialised, 64-byte aligned float array (one cache line, two ymm registers) that the
+// AVX2 translation units use instead of std::vector: its code is compiled here, without AVX2, so
+// no inline std:: function is instantiated with AVX2 instructions (see avx2/simd.hpp).
+class AlignedFloats {
+ public:
+  explicit AlignedFloats(int64_t count);
+  ~AlignedFloats();
+  AlignedFloats(const AlignedFloats&) = delete;
+  AlignedFloats& operator=(const AlignedFloats&) = delete;
+  float* data() const { return data_; }
+
+ private:
+  float* data_ = nullptr;
+};
+
+// Floats of an AlignedFloats slice rounded up to whole cache lines, so slices stay aligned.
+inline int64_t cache_lines_of_floats(int64_t count) { return (count + 15) / 16 * 16; }
+
 }  // namespace a2d::cpu

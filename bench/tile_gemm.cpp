@@ -1,0 +1,87 @@
+// a2d_tile_gemm: a tuned BLAS (OpenBLAS, one thread) on the tile products of the attention
+// kernels, next to the machine's FMA peak, so that the choice between calling a BLAS per tile and
+// the own micro-kernels rests on a measurement (docs/performance.md).
+//
+//   build/bench/a2d_tile_gemm [--seconds S]
+//
+// Each row multiplies row-major tiles the way a BLAS-based flash kernel would (PyTorch and IPEX
+// call sgemm per tile): S = Q K^T and O += P V of the forward with a 192-query, 256-key tile,
+// and the backward's five products with a 48-query, 96-key block, for D = 64 and 128. The
+// operands are reused across calls (they stay in cache, as in the kernel), so the numbers are an
+// upper bound for a BLAS-based kernel: they leave out the softmax, the copies and the calls'
+// share of the tile loop.
+#include <cblas.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "attention2d/peak.hpp"
+#include "attention2d/timing.hpp"
+
+extern "C" void openblas_set_num_threads(int threads);
+extern "C" char* openblas_get_corename();
+
+namespace {
+
+struct Product {
+  std::string name;
+  int m, n, k;
+  bool transpose_b;  // C[m][n] = A[m][k] B[n][k]^T instead of A[m][k] B[k][n]
+  float beta;        // 0: overwrite C, 1: accumulate
+};
+
+double time_product(const Product& p, double seconds) {
+  std::vector<float> a(static_cast<size_t>(p.m) * p.k, 0.01f),
+      b(static_cast<size_t>(p.k) * p.n, 0.02f), c(static_cast<size_t>(p.m) * p.n, 0.0f);
+  auto once = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, p.transpose_b ? CblasTrans : CblasNoTrans, p.m, p.n,
+                p.k, 1.0f, a.data(), p.k, b.data(), p.transpose_b ? p.k : p.n, p.beta, c.data(),
+                p.n);
+  };
+  double best = 0.0;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    int64_t calls = 0;
+    const double start = a2d::seconds_now();
+    double elapsed = 0.0;
+    while (elapsed < seconds / 5) {
+      for (int i = 0; i < 16; ++i)
+        once();
+      calls += 16;
+      elapsed = a2d::seconds_now() - start;
+    }
+    const double rate = 2.0 * p.m * p.n * p.k * static_cast<double>(calls) / elapsed / 1e9;
+    if (rate > best) best = rate;
+  }
+  return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double seconds = 1.0;
+  if (argc == 3 && std::string(argv[1]) == "--seconds") seconds = std::stod(argv[2]);
+  openblas_set_num_threads(1);
+  const a2d::FmaPeak peak = a2d::measure_fma_peak(1);
+  std::printf(
+      "a2d_tile_gemm: OpenBLAS cblas_sgemm (%s kernels), 1 thread; FMA peak %.1f GFLOP/s (%s)\n",
+      openblas_get_corename(), peak.gflops, peak.isa.c_str());
+  std::printf("%-34s %5s %5s %5s %9s %7s\n", "product", "M", "N", "K", "GFLOP/s", "%peak");
+  for (const int d : {128, 64}) {
+    const std::string tag = " (D=" + std::to_string(d) + ")";
+    const std::vector<Product> products = {
+        {"forward S = Q K^T" + tag, 192, 256, d, true, 0.0f},
+        {"forward O += P V" + tag, 192, d, 256, false, 1.0f},
+        {"forward S, one 24-row panel" + tag, 24, 256, d, true, 0.0f},
+        {"backward S = Q K^T" + tag, 48, 96, d, true, 0.0f},
+        {"backward dV += P^T dO" + tag, 96, d, 48, false, 1.0f},
+        {"backward dQ += dS K" + tag, 48, d, 96, false, 1.0f},
+    };
+    for (const Product& p : products) {
+      const double gflops = time_product(p, seconds);
+      std::printf("%-34s %5d %5d %5d %9.1f %6.1f%%\n", p.name.c_str(), p.m, p.n, p.k, gflops,
+                  100.0 * gflops / peak.gflops);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,27 @@
+# The AVX2/FMA kernel path: its sources are compiled with -mavx2 -mfma (and only they) into the
+# object library attention2d_avx2, and the library picks the path at run time
+# (src/kernels/cpu/dispatch.cpp), so one binary runs on CPUs with and without AVX2. Only for
+# x86-64 with GCC or Clang; elsewhere the portable path is all there is.
+set(A2D_HAVE_AVX2_PATH OFF)
+if(A2D_WITH_AVX2 AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$"
+   AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+  set(A2D_HAVE_AVX2_PATH ON)
+endif()
+
+# a2d_add_avx2_sources(target files...): builds the files with the AVX2 flags into
+# attention2d_avx2 and links its objects into `target`; without the AVX2 path, does nothing but
+# tell `target` so.
+function(a2d_add_avx2_sources target)
+  if(NOT A2D_HAVE_AVX2_PATH)
+    target_compile_definitions(${target} PRIVATE A2D_HAVE_AVX2_PATH=0)
+    return()
+  endif()
+  add_library(attention2d_avx2 OBJECT ${ARGN})
+  target_compile_options(attention2d_avx2 PRIVATE -mavx2 -mfma)
+  target_compile_definitions(attention2d_avx2 PRIVATE A2D_HAVE_AVX2_PATH=1)
+  target_include_directories(attention2d_avx2 PRIVATE
+    $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)
+  target_link_libraries(attention2d_avx2 PRIVATE OpenMP::OpenMP_CXX a2d_warnings)
+  target_sources(${target} PRIVATE $<TARGET_OBJECTS:attention2d_avx2>)
+  target_compile_definitions(${target} PRIVATE A2D_HAVE_AVX2_PATH=1)
+endfunction()

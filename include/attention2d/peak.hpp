@@ -1,0 +1,22 @@
+// attention2d: the machine's measured FP32 FMA peak, the yardstick of kernel efficiency.
+#pragma once
+
+#include <string>
+
+namespace a2d {
+
+struct FmaPeak {
+  double gflops = 0.0;             // all threads together
+  double gflops_per_thread = 0.0;  // gflops / threads
+  int threads = 0;
+  std::string isa;  // what the loop ran: "avx2-fma" (8-lane FMA) or "portable" (baseline ISA)
+};
+
+// Runs `threads` threads at once, each timing 12 independent chains of fp32 fused multiply-adds
+// (enough chains to cover the FMA latency on two FMA pipes) for about `seconds_per_try` seconds,
+// best of `tries`; each thread reports its best rate and the peak is their sum. Uses AVX2/FMA
+// when the CPU has it, whatever kernel path is selected, so efficiency is always measured against
+// the machine, not against the path.
+FmaPeak measure_fma_peak(int threads, int tries = 5, double seconds_per_try = 0.02);
+
+}  // namespace a2d

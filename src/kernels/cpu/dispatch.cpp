@@ -1,0 +1,222 @@
+// The public kernel functions: argument checks shared by every path, the choice of path (portable
+// or AVX2/FMA, see KernelPath in kernel.hpp) and the hand-over to it.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attention2d/error.hpp"
+#include "attention2d/kernel.hpp"
+#include "paths.hpp"
+#include "tiles.hpp"
+
+namespace a2d {
+namespace {
+
+bool cpu_has_avx2_fma() {
+#if A2D_HAVE_AVX2_PATH
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+// -1: not chosen yet (the first kernel call reads A2D_KERNEL_PATH); else a KernelPath value.
+std::atomic<int> g_path{-1};
+
+void check_forward(const ForwardArgs& args) {
+  cpu::check_common(args.shape, args.mask, args.scale, args.threads);
+  if (args.shape.q_tokens > 0 && args.shape.kv_tokens > 0) {
+    A2D_REQUIRE(args.q.data && args.k.data && args.v.data,
+                "forward kernel: Q, K and V must be set");
+  }
+}
+
+void zero_tokens(TokenView<float> view, int64_t batch, int64_t tokens, int64_t heads, int64_t dim) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        std::fill(view.at(b, t, h), view.at(b, t, h) + dim, 0.0f);
+}
+
+// The AVX2 kernels run dense products over partial (diagonal) tiles, where a masked pair's
+// probability 0 times a NaN or Inf key or value would poison a row the mask hides (0 x NaN = NaN);
+// the portable path skips masked pairs exactly. Inputs holding NaN or Inf therefore take the
+// portable path: one pass over the inputs, against a pass over every (query, key) pair.
+bool finite_tokens(TokenView<const float> x, int64_t batch, int64_t tokens, int64_t heads,
+                   int64_t dim) {
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* row = x.at(b, t, h);
+        float poison = 0.0f;  // x * 0 is NaN exactly when x is NaN or infinite
+#pragma omp simd reduction(+ : poison)
+        for (int64_t d = 0; d < dim; ++d) poison += row[d] * 0.0f;
+        if (poison != 0.0f) return false;
+      }
+    }
+  }
+  return true;
+}
+
+// No NaN and no +inf (LSE is -inf for rows that see no key, which every path handles).
+bool usable_rows(RowView<const float> x, int64_t batch, int64_t heads, int64_t tokens) {
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t t = 0; t < tokens; ++t) {
+        const float value = x.at(b, h, t);
+        if (value != value || value == std::numeric_limits<float>::infinity()) return false;
+      }
+  return true;
+}
+
+bool finite_forward_inputs(const ForwardArgs& a) {
+  const AttentionShape& s = a.shape;
+  return finite_tokens(a.q, s.batch, s.q_tokens, s.heads, s.head_dim) &&
+         finite_tokens(a.k, s.batch, s.kv_tokens, s.kv_heads, s.head_dim) &&
+         finite_tokens(a.v, s.batch, s.kv_tokens, s.kv_heads, s.head_dim);
+}
+
+void run_forward(const ForwardArgs& args, const cpu::ForwardResult& result) {
+  check_forward(args);
+#if A2D_HAVE_AVX2_PATH
+  if (kernel_path() == KernelPath::avx2 && finite_forward_inputs(args)) {
+    return cpu::avx2::forward(args, result);
+  }
+#endif
+  cpu::portable::forward(args, result);
+}
+
+}  // namespace
+
+bool kernel_path_supported(KernelPath path) {
+  switch (path) {
+    case KernelPath::portable:
+      return true;
+    case KernelPath::avx2: {
+      static const bool supported = cpu_has_avx2_fma();
+      return supported;
+    }
+  }
+  return false;
+}
+
+KernelPath best_kernel_path() {
+  return kernel_path_supported(KernelPath::avx2) ? KernelPath::avx2 : KernelPath::portable;
+}
+
+const char* kernel_path_name(KernelPath path) {
+  switch (path) {
+    case KernelPath::portable:
+      return "portable";
+    case KernelPath::avx2:
+      return "avx2";
+  }
+  return "?";
+}
+
+KernelPath parse_kernel_path(const std::string& name) {
+  if (name == "auto") return best_kernel_path();
+  if (name == "portable") return KernelPath::portable;
+  if (name == "avx2") return KernelPath::avx2;
+  A2D_FAIL("unknown kernel path '", name, "'; use auto, portable or avx2");
+}
+
+void set_kernel_path(KernelPath path) {
+  const char* reason = A2D_HAVE_AVX2_PATH
+                           ? "this CPU lacks AVX2 or FMA"
+                           : "this build has no AVX2 code (it needs an x86-64 GCC or Clang build)";
+  A2D_REQUIRE(kernel_path_supported(path), "the ", kernel_path_name(path),
+              " kernel path is not available: ", reason, "; use auto or portable");
+  g_path.store(static_cast<int>(path));
+}
+
+KernelPath kernel_path() {
+  int path = g_path.load();
+  if (path < 0) {
+    const char* name = std::getenv("A2D_KERNEL_PATH");
+    const KernelPath chosen = name && *name ? parse_kernel_path(name) : best_kernel_path();
+    A2D_REQUIRE(kernel_path_supported(chosen), "A2D_KERNEL_PATH=", name, " is not available on ",
+                "this CPU or build; use auto or portable");
+    int expected = -1;
+    g_path.compare_exchange_strong(expected, static_cast<int>(chosen));
+    path = g_path.load();
+  }
+  return static_cast<KernelPath>(path);
+}
+
+int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
+#if A2D_HAVE_AVX2_PATH
+  if (kernel_path() == KernelPath::avx2) return cpu::avx2::forward_workspace_bytes(shape, threads);
+#endif
+  return cpu::portable::forward_workspace_bytes(shape, threads);
+}
+
+int64_t backward_workspace_bytes(const AttentionShape& shape, int threads, bool delta_from_out) {
+  const int64_t delta_bytes =
+      delta_from_out ? shape.batch * shape.heads * shape.q_tokens * static_cast<int64_t>(sizeof(float))
+                     : 0;
+#if A2D_HAVE_AVX2_PATH
+  if (kernel_path() == KernelPath::avx2) {
+    return delta_bytes + cpu::avx2::backward_workspace_bytes(shape, threads);
+  }
+#endif
+  return delta_bytes + cpu::portable::backward_workspace_bytes(shape, threads);
+}
+
+void attention_forward(const ForwardArgs& args, TokenView<float> out, RowView<float> lse) {
+  run_forward(args, {out, lse, nullptr, false});
+}
+
+void attention_forward_partial(const ForwardArgs& args, const PartialView& partial,
+                               bool accumulate) {
+  run_forward(args, {{}, {}, &partial, accumulate});
+}
+
+void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView<float> dk,
+                        TokenView<float> dv) {
+  const AttentionShape& shape = args.shape;
+  cpu::check_common(shape, args.mask, args.scale, args.threads);
+  const int64_t dim = shape.head_dim;
+  const RowsShape q_rows{shape.batch, shape.q_tokens, shape.heads, dim};
+  const bool has_work = shape.q_tokens > 0 && shape.kv_tokens > 0;
+  if (has_work) {
+    A2D_REQUIRE(args.q.data && args.k.data && args.v.data && args.d_out.data && args.lse.data,
+                "backward kernel: Q, K, V, dO and LSE must be set");
+    A2D_REQUIRE(args.delta.data || args.out.data,
+                "backward kernel: pass either delta = rowsum(dO * O) or O itself");
+  }
+
+  // delta, unless the caller supplied it.
+  std::vector<float> own_delta;
+  RowView<const float> delta = args.delta;
+  if (!delta.data && has_work) {
+    own_delta.resize(static_cast<size_t>(shape.batch * shape.heads * shape.q_tokens));
+    const auto view = dense_rows(own_delta.data(), shape.heads, shape.q_tokens);
+    compute_delta(q_rows, args.out, args.d_out, view);
+    delta = view;
+  }
+
+  // Both paths add into dq; dk and dv are written (or added to) once per key row.
+  if (!args.accumulate) zero_tokens(dq, shape.batch, shape.q_tokens, shape.heads, dim);
+  const cpu::BackwardInputs in{&args, delta};
+#if A2D_HAVE_AVX2_PATH
+  // As in the forward: inputs holding NaN or Inf take the portable path.
+  if (kernel_path() == KernelPath::avx2 &&
+      (!has_work ||
+       (finite_tokens(args.q, shape.batch, shape.q_tokens, shape.heads, dim) &&
+        finite_tokens(args.k, shape.batch, shape.kv_tokens, shape.kv_heads, dim) &&
+        finite_tokens(args.v, shape.batch, shape.kv_tokens, shape.kv_heads, dim) &&
+        finite_tokens(args.d_out, shape.batch, shape.q_tokens, shape.heads, dim) &&
+        usable_rows(args.lse, shape.batch, shape.heads, shape.q_tokens) &&
+        usable_rows(delta, shape.batch, shape.heads, shape.q_tokens)))) {
+    return cpu::avx2::backward(in, dq, dk, dv);
+  }
+#endif
+  cpu::portable::backward(in, dq, dk, dv);
+}
+
+}  // namespace a2d

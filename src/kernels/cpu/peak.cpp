@@ -1,0 +1,87 @@
+// measure_fma_peak: the FP32 FMA peak of this machine, measured in the same run as the kernel.
+#include "attention2d/peak.hpp"
+
+#include <cstdint>
+#include <vector>
+
+#include "attention2d/error.hpp"
+#include "attention2d/kernel.hpp"
+#include "attention2d/timing.hpp"
+#include "paths.hpp"
+
+namespace a2d {
+namespace {
+
+// The same 12 chains in plain C++ for CPUs without AVX2: 96 independent lanes the compiler
+// vectorises for the baseline ISA (on x86-64 without FMA: separate multiply and add).
+float portable_chains(int64_t iterations) {
+  constexpr int kLanesTotal = 96;
+  float acc[kLanesTotal];
+  for (int c = 0; c < kLanesTotal; ++c)
+    acc[c] = static_cast<float>(c % 12);
+  for (int64_t i = 0; i < iterations; ++i) {
+#pragma omp simd
+    for (int c = 0; c < kLanesTotal; ++c)
+      acc[c] = acc[c] * 0.999f + 1e-3f;
+  }
+  float sum = 0.0f;
+  for (float a : acc)
+    sum += a;
+  return sum;
+}
+
+constexpr double kFlopsPerIteration = 12 * 8 * 2;  // chains x lanes x (multiply + add)
+
+}  // namespace
+
+FmaPeak measure_fma_peak(int threads, int tries, double seconds_per_try) {
+  A2D_REQUIRE(threads >= 1 && tries >= 1 && seconds_per_try > 0,
+              "measure_fma_peak: threads and tries must be >= 1 and the time positive");
+  const bool avx2 = kernel_path_supported(KernelPath::avx2);
+  auto chains = [&](int64_t iterations) {
+#if A2D_HAVE_AVX2_PATH
+    if (avx2) return cpu::avx2::fma_chains(iterations);
+#endif
+    return portable_chains(iterations);
+  };
+  // Calibrate the iteration count on one short run so every try lasts about seconds_per_try.
+  int64_t iterations = 1 << 16;
+  for (;;) {
+    const double start = seconds_now();
+    volatile float sink = chains(iterations);
+    (void)sink;
+    const double elapsed = seconds_now() - start;
+    if (elapsed > seconds_per_try / 4 || iterations > (int64_t{1} << 40)) {
+      iterations = static_cast<int64_t>(static_cast<double>(iterations) * seconds_per_try /
+                                        (elapsed > 0 ? elapsed : 1e-9)) +
+                   1;
+      break;
+    }
+    iterations *= 4;
+  }
+
+  std::vector<double> best(static_cast<size_t>(threads), 0.0);
+#pragma omp parallel num_threads(threads)
+  {
+#pragma omp for schedule(static, 1)
+    for (int t = 0; t < threads; ++t) {
+      for (int attempt = 0; attempt < tries; ++attempt) {
+        const double start = seconds_now();
+        volatile float sink = chains(iterations);
+        (void)sink;
+        const double rate =
+            kFlopsPerIteration * static_cast<double>(iterations) / (seconds_now() - start) / 1e9;
+        if (rate > best[t]) best[t] = rate;
+      }
+    }
+  }
+  FmaPeak peak;
+  peak.threads = threads;
+  for (double rate : best)
+    peak.gflops += rate;
+  peak.gflops_per_thread = peak.gflops / threads;
+  peak.isa = avx2 ? "avx2-fma" : "portable";
+  return peak;
+}
+
+}  // namespace a2d

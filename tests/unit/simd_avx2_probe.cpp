@@ -1,0 +1,49 @@
+// Test access to the AVX2 building blocks of src/kernels/cpu/avx2/simd.hpp. Compiled with
+// -mavx2 -mfma, like the kernels; the functions below take and return plain arrays, so the test
+// translation units that call them (only on CPUs with AVX2) are compiled without AVX2.
+#include "simd_avx2_probe.hpp"
+
+#include "../../src/kernels/cpu/avx2/simd.hpp"
+
+namespace a2d::test {
+
+void exp2_avx2(const float* x, float* out, int64_t count) {
+  for (int64_t i = 0; i + cpu::avx2::kLanes <= count; i += cpu::avx2::kLanes) {
+    _mm256_storeu_ps(out + i, cpu::avx2::exp2_lanes(_mm256_loadu_ps(x + i)));
+  }
+}
+
+namespace {
+template <int M, int NV, bool kARowMajor>
+void multiply_block(const float* a, int64_t a_stride, const float* b, int64_t b_step, int64_t depth,
+                    float* c, int64_t c_stride) {
+  cpu::avx2::Block<M, NV> block;
+  block.zero();
+  cpu::avx2::multiply<M, NV, kARowMajor>(block, a, a_stride, b, b_step, depth);
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < NV; ++n)
+      _mm256_storeu_ps(c + m * c_stride + 8 * n, block.v[m][n]);
+}
+}  // namespace
+
+bool multiply_avx2(int rows, int vectors, bool a_row_major, const float* a, int64_t a_stride,
+                   const float* b, int64_t b_step, int64_t depth, float* c, int64_t c_stride) {
+#define A2D_CASE(M, NV)                                                         \
+  if (rows == M && vectors == NV) {                                             \
+    if (a_row_major) {                                                          \
+      multiply_block<M, NV, true>(a, a_stride, b, b_step, depth, c, c_stride);  \
+    } else {                                                                    \
+      multiply_block<M, NV, false>(a, a_stride, b, b_step, depth, c, c_stride); \
+    }                                                                           \
+    return true;                                                                \
+  }
+  A2D_CASE(6, 2)
+  A2D_CASE(4, 3)
+  A2D_CASE(3, 3)
+  A2D_CASE(2, 3)
+  A2D_CASE(1, 3)
+#undef A2D_CASE
+  return false;
+}
+
+}  // namespace a2d::test

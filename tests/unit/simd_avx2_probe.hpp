@@ -1,0 +1,18 @@
+// Plain-array entry points to the AVX2 building blocks, for tests (see simd_avx2_probe.cpp).
+// Call them only when kernel_path_supported(KernelPath::avx2).
+#pragma once
+
+#include <cstdint>
+
+namespace a2d::test {
+
+// out[i] = 2^x[i] by exp2_lanes, for count a multiple of 8.
+void exp2_avx2(const float* x, float* out, int64_t count);
+
+// C[m][n] = sum_k A(m, k) B(k, n) by the micro-kernel with M = rows, NV = vectors (n < 8 NV);
+// A(m, k) = a[m * a_stride + k] (a_row_major) or a[k * a_stride + m]; B(k, n) = b[k * b_step + n];
+// C[m][n] at c[m * c_stride + n]. Returns false for an (M, NV) the kernels do not use.
+bool multiply_avx2(int rows, int vectors, bool a_row_major, const float* a, int64_t a_stride,
+                   const float* b, int64_t b_step, int64_t depth, float* c, int64_t c_stride);
+
+}  // namespace a2d::test

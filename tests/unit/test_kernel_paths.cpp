@@ -1,0 +1,382 @@
+// The kernel paths (portable, AVX2/FMA): selection, and the cases the fast path's tiling makes
+// special, each on every supported path against the fp64 reference: sizes at and around its tile
+// and micro-kernel edges (24-row query panels, 4-key blocks, 96/256-key tiles, 48-row query
+// tiles), odd head dims, masks whose borders cut tiles and blocks, memory strides, rows that see
+// no key, determinism and the forward's memory bound.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "attention2d/check.hpp"
+#include "attention2d/data.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/kernel.hpp"
+#include "attention_case.hpp"
+
+namespace a2d::test {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+TEST(KernelPath, NamesParseAndSelection) {
+  EXPECT_STREQ(kernel_path_name(KernelPath::portable), "portable");
+  EXPECT_STREQ(kernel_path_name(KernelPath::avx2), "avx2");
+  EXPECT_EQ(parse_kernel_path("portable"), KernelPath::portable);
+  EXPECT_EQ(parse_kernel_path("avx2"), KernelPath::avx2);
+  EXPECT_EQ(parse_kernel_path("auto"), best_kernel_path());
+  EXPECT_THROW(parse_kernel_path("avx512"), Error);
+  EXPECT_TRUE(kernel_path_supported(KernelPath::portable));
+  EXPECT_TRUE(kernel_path_supported(best_kernel_path()));
+  for (const KernelPath path : supported_paths()) {
+    const PathScope scope(path);
+    EXPECT_EQ(kernel_path(), path);
+  }
+  if (!kernel_path_supported(KernelPath::avx2)) {
+    EXPECT_THROW(set_kernel_path(KernelPath::avx2), Error);
+  }
+}
+
+void expect_all_paths_within_bound(const Case& c) {
+  for (const auto& [path, e] : run_case_on_paths(c, /*backward=*/true)) {
+    SCOPED_TRACE(std::string(kernel_path_name(path)) + " " + c.name());
+    EXPECT_LE(e.out, kFp32RelativeBound) << "O";
+    EXPECT_LE(e.lse, kFp32RelativeBound) << "LSE";
+    EXPECT_LE(e.dq, kFp32RelativeBound) << "dQ";
+    EXPECT_LE(e.dk, kFp32RelativeBound) << "dK";
+    EXPECT_LE(e.dv, kFp32RelativeBound) << "dV";
+  }
+}
+
+TEST(KernelPaths, TileAndMicroKernelEdges) {
+  // Query counts around 24 (forward panel), 48 (backward query tile), 96 and 192 (forward query
+  // tiles for D = 256 and D <= 128); key counts around 4 (block), 16, 96 (backward key tile) and
+  // 256 (forward key tile).
+  const std::vector<std::pair<int64_t, int64_t>> sizes = {
+      {1, 1},   {23, 5},  {24, 4},  {25, 3},   {47, 95},  {48, 96},   {49, 97},  {95, 17},
+      {96, 16}, {97, 15}, {2, 255}, {30, 256}, {31, 257}, {100, 513}, {191, 40}, {193, 260}};
+  for (const auto& [nq, nk] : sizes) {
+    for (const Mask& mask : {Mask::none(), Mask::causal()}) {
+      Case c;
+      c.heads = 2;
+      c.kv_heads = 1;
+      c.q_tokens = nq;
+      c.kv_tokens = nk;
+      c.head_dim = 40;
+      c.mask = mask;
+      expect_all_paths_within_bound(c);
+    }
+  }
+}
+
+TEST(KernelPaths, OddHeadDims) {
+  // 1 and 3 (less than one vector), 33 (a 4-dim block plus 1), 80 and 96 (not powers of two),
+  // 17 and 130 (one lane past a 16-column block).
+  for (const int64_t dim : {1, 3, 17, 33, 80, 96, 130}) {
+    for (const Mask& mask : {Mask::none(), Mask::causal_window(19)}) {
+      Case c;
+      c.heads = 3;
+      c.kv_heads = 3;
+      c.q_tokens = 61;
+      c.kv_tokens = 101;
+      c.head_dim = dim;
+      c.mask = mask;
+      expect_all_paths_within_bound(c);
+    }
+  }
+}
+
+TEST(KernelPaths, MaskBordersCrossingTilesAndBlocks) {
+  // Windows narrower than a block, a panel, a tile, and wider than one; queries after the keys
+  // (Nq < Nk with contiguous positions puts the diagonal at an offset), strided and unordered
+  // positions that make every tile partial.
+  for (const int64_t window : {1, 2, 5, 23, 97, 250}) {
+    Case c;
+    c.heads = 2;
+    c.kv_heads = 1;
+    c.q_tokens = 130;
+    c.kv_tokens = 300;
+    c.head_dim = 24;
+    c.mask = Mask::causal_window(window);
+    c.positions = Positions::arbitrary;
+    expect_all_paths_within_bound(c);
+  }
+  for (const Positions positions : {Positions::strided, Positions::shuffled}) {
+    Case c;
+    c.heads = 4;
+    c.kv_heads = 2;
+    c.q_tokens = 200;
+    c.kv_tokens = 290;
+    c.head_dim = 32;
+    c.mask = Mask::causal();
+    c.positions = positions;
+    c.threads = 2;
+    expect_all_paths_within_bound(c);
+  }
+}
+
+// Inputs and outputs laid out with gaps: Q, K, V inside one packed [batch, tokens, heads +
+// 2 kv_heads, dim] buffer, outputs with padded rows, LSE and delta as [batch, tokens, heads]. The
+// results must equal, bit for bit, those of the dense layout on the same path: the kernels
+// copy what they need, so strides must not change any arithmetic.
+struct StridedRun {
+  std::vector<float> out, lse, dq, dk, dv, acc, row_max, row_sum;
+};
+
+StridedRun run_layout(const Case& c, bool strided) {
+  const Problem p = make_problem(c);
+  const AttentionShape& s = p.shape;
+  const int64_t width = s.heads + 2 * s.kv_heads;  // heads of the packed QKV row
+  const int64_t pad = strided ? 3 : 0;             // extra floats after every row of an output
+  const int64_t tokens = std::max(s.q_tokens, s.kv_tokens);
+  std::vector<float> qkv(static_cast<size_t>(s.batch * tokens * width * s.head_dim), 0.0f);
+  auto packed = [&](int64_t first_head) {
+    return TokenView<float>{qkv.data() + first_head * s.head_dim, tokens * width * s.head_dim,
+                            width * s.head_dim, s.head_dim};
+  };
+  auto dense_of = [&](const std::vector<float>& x, int64_t n, int64_t h) {
+    return dense_tokens(x.data(), n, h, s.head_dim);
+  };
+  TokenView<const float> q = dense_of(p.q, s.q_tokens, s.heads);
+  TokenView<const float> k = dense_of(p.k, s.kv_tokens, s.kv_heads);
+  TokenView<const float> v = dense_of(p.v, s.kv_tokens, s.kv_heads);
+  if (strided) {
+    const TokenView<float> to[] = {packed(0), packed(s.heads), packed(s.heads + s.kv_heads)};
+    const TokenView<const float> from[] = {q, k, v};
+    const int64_t counts[] = {s.q_tokens, s.kv_tokens, s.kv_tokens};
+    const int64_t heads[] = {s.heads, s.kv_heads, s.kv_heads};
+    for (int t = 0; t < 3; ++t)
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t n = 0; n < counts[t]; ++n)
+          for (int64_t h = 0; h < heads[t]; ++h)
+            std::copy_n(from[t].at(b, n, h), s.head_dim, to[t].at(b, n, h));
+    q = packed(0);
+    k = packed(s.heads);
+    v = packed(s.heads + s.kv_heads);
+  }
+  // Outputs [batch, tokens, heads, dim + pad] and rows [batch, tokens, heads].
+  auto out_view = [&](std::vector<float>& x, int64_t n, int64_t h) {
+    x.assign(static_cast<size_t>(s.batch * n * h * (s.head_dim + pad)), 0.0f);
+    return TokenView<float>{x.data(), n * h * (s.head_dim + pad), h * (s.head_dim + pad),
+                            s.head_dim + pad};
+  };
+  auto row_view = [&](std::vector<float>& x, float fill) {
+    x.assign(static_cast<size_t>(s.batch * s.q_tokens * s.heads), fill);
+    return strided ? RowView<float>{x.data(), s.q_tokens * s.heads, 1, s.heads}
+                   : dense_rows(x.data(), s.heads, s.q_tokens);
+  };
+  StridedRun r;
+  ForwardArgs fwd;
+  fwd.shape = s;
+  fwd.mask = c.mask;
+  fwd.scale = p.scale;
+  fwd.q = q;
+  fwd.k = k;
+  fwd.v = v;
+  fwd.q_positions = p.q_pos();
+  fwd.kv_positions = p.kv_pos();
+  const TokenView<float> out = out_view(r.out, s.q_tokens, s.heads);
+  const RowView<float> lse = row_view(r.lse, 0.0f);
+  attention_forward(fwd, out, lse);
+  // The partial form, continued from a first pass over the same keys (accumulate = true).
+  const PartialView partial{out_view(r.acc, s.q_tokens, s.heads), row_view(r.row_max, kNegInf),
+                            row_view(r.row_sum, 0.0f)};
+  attention_forward_partial(fwd, partial, false);
+  attention_forward_partial(fwd, partial, true);
+
+  BackwardArgs bwd;
+  bwd.shape = s;
+  bwd.mask = c.mask;
+  bwd.scale = p.scale;
+  bwd.q = q;
+  bwd.k = k;
+  bwd.v = v;
+  bwd.out = out;
+  std::vector<float> d_out;
+  const TokenView<float> d_out_view = out_view(d_out, s.q_tokens, s.heads);
+  const TokenView<const float> d_out_dense = dense_of(p.d_out, s.q_tokens, s.heads);
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t n = 0; n < s.q_tokens; ++n)
+      for (int64_t h = 0; h < s.heads; ++h)
+        std::copy_n(d_out_dense.at(b, n, h), s.head_dim, d_out_view.at(b, n, h));
+  bwd.d_out = d_out_view;
+  bwd.lse = lse;
+  bwd.q_positions = p.q_pos();
+  bwd.kv_positions = p.kv_pos();
+  bwd.threads = c.threads;
+  attention_backward(bwd, out_view(r.dq, s.q_tokens, s.heads),
+                     out_view(r.dk, s.kv_tokens, s.kv_heads),
+                     out_view(r.dv, s.kv_tokens, s.kv_heads));
+  // Back to dense order, so the two layouts compare element by element.
+  auto unpad = [&](std::vector<float>& x, int64_t n, int64_t h) {
+    std::vector<float> dense(static_cast<size_t>(s.batch * n * h * s.head_dim));
+    for (int64_t row = 0; row < s.batch * n * h; ++row)
+      std::copy_n(x.begin() + row * (s.head_dim + pad), s.head_dim,
+                  dense.begin() + row * s.head_dim);
+    x = dense;
+  };
+  auto rows_dense = [&](std::vector<float>& x) {
+    if (!strided) return;
+    std::vector<float> dense(x.size());
+    for (int64_t b = 0; b < s.batch; ++b)
+      for (int64_t h = 0; h < s.heads; ++h)
+        for (int64_t n = 0; n < s.q_tokens; ++n)
+          dense[(b * s.heads + h) * s.q_tokens + n] = x[(b * s.q_tokens + n) * s.heads + h];
+    x = dense;
+  };
+  unpad(r.out, s.q_tokens, s.heads);
+  unpad(r.acc, s.q_tokens, s.heads);
+  unpad(r.dq, s.q_tokens, s.heads);
+  unpad(r.dk, s.kv_tokens, s.kv_heads);
+  unpad(r.dv, s.kv_tokens, s.kv_heads);
+  rows_dense(r.lse);
+  rows_dense(r.row_max);
+  rows_dense(r.row_sum);
+  return r;
+}
+
+TEST(KernelPaths, MemoryStridesChangeNoBit) {
+  Case c;
+  c.batch = 2;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.q_tokens = 70;
+  c.kv_tokens = 110;
+  c.head_dim = 20;
+  c.mask = Mask::causal();
+  c.positions = Positions::arbitrary;
+  c.threads = 2;
+  for (const KernelPath path : supported_paths()) {
+    SCOPED_TRACE(kernel_path_name(path));
+    const PathScope scope(path);
+    const StridedRun dense = run_layout(c, false);
+    const StridedRun strided = run_layout(c, true);
+    EXPECT_EQ(dense.out, strided.out);
+    EXPECT_EQ(dense.lse, strided.lse);
+    EXPECT_EQ(dense.acc, strided.acc);
+    EXPECT_EQ(dense.row_max, strided.row_max);
+    EXPECT_EQ(dense.row_sum, strided.row_sum);
+    EXPECT_EQ(dense.dq, strided.dq);
+    EXPECT_EQ(dense.dk, strided.dk);
+    EXPECT_EQ(dense.dv, strided.dv);
+  }
+}
+
+TEST(KernelPaths, RowsWithoutVisibleKeysGiveZeroAndMinusInfinity) {
+  // Causal, queries at 0..59 and keys at 30..129: queries 0..29 see nothing. They fill the first
+  // panel and part of the second, so empty and non-empty rows share panels and tiles.
+  Case c;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.q_tokens = 60;
+  c.kv_tokens = 100;
+  c.head_dim = 16;
+  c.mask = Mask::causal();
+  const Problem p = make_problem(c);
+  std::vector<int64_t> q_pos(60), k_pos(100);
+  for (int64_t i = 0; i < 60; ++i)
+    q_pos[i] = i;
+  for (int64_t j = 0; j < 100; ++j)
+    k_pos[j] = 30 + j;
+  const AttentionShape& s = p.shape;
+  for (const KernelPath path : supported_paths()) {
+    SCOPED_TRACE(kernel_path_name(path));
+    const PathScope scope(path);
+    std::vector<float> out(p.q.size(), 7.0f), lse(static_cast<size_t>(2 * 60), 7.0f);
+    ForwardArgs fwd;
+    fwd.shape = s;
+    fwd.mask = c.mask;
+    fwd.scale = p.scale;
+    fwd.q = dense_tokens(p.q.data(), 60, 2, 16);
+    fwd.k = dense_tokens(p.k.data(), 100, 1, 16);
+    fwd.v = dense_tokens(p.v.data(), 100, 1, 16);
+    fwd.q_positions = q_pos.data();
+    fwd.kv_positions = k_pos.data();
+    attention_forward(fwd, dense_tokens(out.data(), 60, 2, 16), dense_rows(lse.data(), 2, 60));
+    BackwardArgs bwd;
+    bwd.shape = s;
+    bwd.mask = c.mask;
+    bwd.scale = p.scale;
+    bwd.q = fwd.q;
+    bwd.k = fwd.k;
+    bwd.v = fwd.v;
+    bwd.out = dense_tokens(out.data(), 60, 2, 16);
+    bwd.d_out = dense_tokens(p.d_out.data(), 60, 2, 16);
+    bwd.lse = dense_rows(lse.data(), 2, 60);
+    bwd.q_positions = q_pos.data();
+    bwd.kv_positions = k_pos.data();
+    std::vector<float> dq(p.q.size(), 7.0f), dk(p.k.size(), 7.0f), dv(p.v.size(), 7.0f);
+    attention_backward(bwd, dense_tokens(dq.data(), 60, 2, 16), dense_tokens(dk.data(), 100, 1, 16),
+                       dense_tokens(dv.data(), 100, 1, 16));
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t i = 0; i < 60; ++i) {
+        const bool empty = i < 30;
+        const float row_lse = lse[h * 60 + i];
+        EXPECT_EQ(row_lse == kNegInf, empty) << "row " << i;
+        for (int64_t d = 0; d < 16; ++d) {
+          const float o = out[(i * 2 + h) * 16 + d];
+          const float g = dq[(i * 2 + h) * 16 + d];
+          ASSERT_FALSE(std::isnan(o) || std::isnan(g)) << "row " << i;
+          if (empty) {
+            EXPECT_EQ(o, 0.0f);
+            EXPECT_EQ(g, 0.0f);
+          }
+        }
+      }
+    }
+    for (const float x : dk)
+      ASSERT_FALSE(std::isnan(x));
+    for (const float x : dv)
+      ASSERT_FALSE(std::isnan(x));
+  }
+}
+
+TEST(KernelPaths, DeterministicForAThreadCount) {
+  Case c;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.q_tokens = 333;
+  c.kv_tokens = 333;
+  c.head_dim = 32;
+  c.mask = Mask::causal();
+  for (const KernelPath path : supported_paths()) {
+    SCOPED_TRACE(kernel_path_name(path));
+    const PathScope scope(path);
+    c.threads = 2;
+    const StridedRun first = run_layout(c, false);
+    const StridedRun second = run_layout(c, false);
+    EXPECT_EQ(first.out, second.out);
+    EXPECT_EQ(first.lse, second.lse);
+    EXPECT_EQ(first.dq, second.dq);
+    EXPECT_EQ(first.dk, second.dk);
+    EXPECT_EQ(first.dv, second.dv);
+    if (path == KernelPath::avx2) {
+      // The AVX2 forward computes every query tile the same way whichever thread runs it, so its
+      // result does not even depend on the thread count (the backward's dQ sums do).
+      c.threads = 1;
+      const StridedRun one = run_layout(c, false);
+      EXPECT_EQ(one.out, first.out);
+      EXPECT_EQ(one.lse, first.lse);
+    }
+  }
+}
+
+TEST(KernelPaths, ForwardWorkspaceStaysSmallAtLongSequences) {
+  // The bound: N = 65536, H = 1, D = 128 must need < 64 MiB beyond inputs and outputs.
+  // (cli.kernel_memory_65536 measures the resident set of a real call.)
+  const AttentionShape shape{1, 1, 1, 65536, 65536, 128};
+  for (const KernelPath path : supported_paths()) {
+    SCOPED_TRACE(kernel_path_name(path));
+    const PathScope scope(path);
+    for (const int threads : {1, 2, 16}) {
+      EXPECT_LT(forward_workspace_bytes(shape, threads), int64_t{64} << 20) << threads;
+    }
+    EXPECT_GT(forward_workspace_bytes(shape, 1), 0);
+  }
+}
+
+}  // namespace
+}  // namespace a2d::test
