@@ -11,7 +11,7 @@ out=${OUT:-bench-results}
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export A2D_CALIBRATION="$out/calibration.txt"
-mpi=(mpiexec --oversubscribe --bind-to none)
+mpi=(mpiexec --oversubscribe --bind-to core:overload-allowed)
 for ranks in 4 9 16; do
   "${mpi[@]}" -np "$ranks" "$a2d" calibrate --block 1024 --head-dim 64 --iters 3 > "$out/calibrate-$ranks.txt"
 done
