@@ -156,9 +156,9 @@ int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
 }
 
 int64_t backward_workspace_bytes(const AttentionShape& shape, int threads, bool delta_from_out) {
-  const int64_t delta_bytes =
-      delta_from_out ? shape.batch * shape.heads * shape.q_tokens * static_cast<int64_t>(sizeof(float))
-                     : 0;
+  const int64_t delta_bytes = delta_from_out ? shape.batch * shape.heads * shape.q_tokens *
+                                                   static_cast<int64_t>(sizeof(float))
+                                             : 0;
 #if A2D_HAVE_AVX2_PATH
   if (kernel_path() == KernelPath::avx2) {
     return delta_bytes + cpu::avx2::backward_workspace_bytes(shape, threads);
