@@ -1,4 +1,7 @@
 // a2d: the attention2d command-line program.
+#include <malloc.h>
+
+#include <climits>
 #include <cstring>
 #include <iostream>
 #include <string>
@@ -53,12 +56,19 @@ void print_help() {
     name.resize(12, ' ');
     std::cout << "  " << name << s.summary << "\n";
   }
-  std::cout << "\nRun 'a2d <subcommand> --help' for its options; 'a2d --version' for the version.\n";
+  std::cout
+      << "\nRun 'a2d <subcommand> --help' for its options; 'a2d --version' for the version.\n";
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Keep freed memory in the heap instead of returning it to the system: the algorithms'
+  // buffers are then reused from one call to the next, as in a training loop, instead of being
+  // mapped, faulted in and zeroed by the kernel on every call (a third of a 1-rank call's
+  // time otherwise; docs/benchmarks.md). Peak-memory measurements trim the heap first.
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, INT_MAX);
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {
     print_help();

@@ -90,19 +90,23 @@ class Communicator {
   // Names the phase that following operations are charged to (see CountingCommunicator).
   virtual void set_phase(const std::string& /*phase*/) {}
 
-  void all_gather(const float* send, float* recv, std::span<const int64_t> counts) {
+  // Blocking forms. An implementation may run them with other algorithms than the non-blocking
+  // forms: Open MPI's blocking collectives choose ring and neighbour-exchange algorithms for
+  // large messages, its non-blocking ones (libnbc) gather a reduce-scatter at one root first.
+  // Use these whenever nothing is computed while the collective runs.
+  virtual void all_gather(const float* send, float* recv, std::span<const int64_t> counts) {
     all_gather_async(send, recv, counts)->wait();
   }
-  void reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts,
-                      int64_t record, Reduction reduction) {
+  virtual void reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts,
+                              int64_t record, Reduction reduction) {
     reduce_scatter_async(send, recv, counts, record, reduction)->wait();
   }
   void send_recv(const float* send, int64_t send_count, int dest, float* recv, int64_t recv_count,
                  int source, int tag = 0) {
     send_recv_async(send, send_count, dest, recv, recv_count, source, tag)->wait();
   }
-  void all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
-                  std::span<const int64_t> recv_counts) {
+  virtual void all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
+                          std::span<const int64_t> recv_counts) {
     all_to_all_async(send, send_counts, recv, recv_counts)->wait();
   }
 };
@@ -143,6 +147,11 @@ class CountingCommunicator : public Communicator {
                              int64_t recv_count, int source, int tag = 0) override;
   RequestPtr all_to_all_async(const float* send, std::span<const int64_t> send_counts, float* recv,
                               std::span<const int64_t> recv_counts) override;
+  void all_gather(const float* send, float* recv, std::span<const int64_t> counts) override;
+  void reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts,
+                      int64_t record, Reduction reduction) override;
+  void all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
+                  std::span<const int64_t> recv_counts) override;
   void broadcast(void* data, int64_t bytes, int root) override;
   void all_reduce(float* data, int64_t count, Reduction reduction) override;
   void all_reduce(double* data, int64_t count, Reduction reduction) override;
@@ -155,6 +164,9 @@ class CountingCommunicator : public Communicator {
 
  private:
   void charge(int64_t bytes, int64_t messages);
+  void charge_all_gather(std::span<const int64_t> counts);
+  void charge_reduce_scatter(std::span<const int64_t> counts, int64_t record);
+  void charge_all_to_all(std::span<const int64_t> send_counts);
   void charge_all_reduce(int64_t count, int64_t element_bytes);
 
   std::unique_ptr<Communicator> inner_;

@@ -141,9 +141,9 @@ class Attention2D final : public DistributedAttention {
 
   // dQ (into dq records, D wide) and dK, dV (into [dk dv] records) of Q-side records against
   // K/V records. accumulate: add to the gradient buffers instead of overwriting them.
-  void kernel_backward(const float* q_back, int64_t q_tokens, const int64_t* q_pos,
-                       const float* kv, int64_t kv_tokens, const int64_t* kv_pos, float* dq,
-                       float* dkv, bool accumulate) {
+  void kernel_backward(const float* q_back, int64_t q_tokens, const int64_t* q_pos, const float* kv,
+                       int64_t kv_tokens, const int64_t* kv_pos, float* dq, float* dkv,
+                       bool accumulate) {
     const int64_t d = head_dim();
     const RecordLayout dq_rec{problem_.batch, problem_.heads, d};
     BackwardArgs args;
@@ -177,14 +177,13 @@ class Attention2D final : public DistributedAttention {
     // 1. K/V into the column layout; 2, 3. column gather of K/V and row gather of Q, together.
     place_kv(s.k, s.v, "forward", kv_slot);
     pack(s.q, own_tokens_, head_dim(), q_rec_, q_slot, 0);
+    // Blocking collectives one after the other: nothing is computed meanwhile, and MPI's
+    // blocking algorithms (ring, neighbour exchange) beat its non-blocking ones on large data
+    // (docs/benchmarks.md).
     col_comm.set_phase("forward.kv_allgather");
-    const auto kv_counts = scaled(col_counts_, kv_rec_.per_token());
-    RequestPtr kv_gather = col_comm.all_gather_async(kv_slot, kv.data(), kv_counts);
+    col_comm.all_gather(kv_slot, kv.data(), scaled(col_counts_, kv_rec_.per_token()));
     row_comm.set_phase("forward.q_allgather");
-    const auto q_counts = scaled(row_counts_, q_rec_.per_token());
-    RequestPtr q_gather = row_comm.all_gather_async(q_slot, q.data(), q_counts);
-    kv_gather->wait();
-    q_gather->wait();
+    row_comm.all_gather(q_slot, q.data(), scaled(row_counts_, q_rec_.per_token()));
 
     // 4. The (N/R) x (N/C) block.
     grid_.world().set_phase("forward.kernel");
@@ -196,7 +195,8 @@ class Attention2D final : public DistributedAttention {
     // 5. Merge along the row; each rank keeps its own tokens. 6. Normalise.
     std::vector<float> own(static_cast<size_t>(partial_rec_.floats(own_tokens_)));
     row_comm.set_phase("forward.merge_reduce_scatter");
-    row_comm.reduce_scatter(partial.data(), own.data(), scaled(row_counts_, problem_.batch * problem_.heads),
+    row_comm.reduce_scatter(partial.data(), own.data(),
+                            scaled(row_counts_, problem_.batch * problem_.heads),
                             partial_rec_.record, Reduction::attention_merge);
     finalize(own.data(), s.out, s.lse);
   }
@@ -213,13 +213,9 @@ class Attention2D final : public DistributedAttention {
     pack_backward_rows(s, q_slot);
     place_kv(s.k, s.v, "backward", kv_slot);
     row_comm.set_phase("backward.q_allgather");
-    RequestPtr q_gather =
-        row_comm.all_gather_async(q_slot, q_back.data(), scaled(row_counts_, q_back_rec_.per_token()));
+    row_comm.all_gather(q_slot, q_back.data(), scaled(row_counts_, q_back_rec_.per_token()));
     col_comm.set_phase("backward.kv_allgather");
-    RequestPtr kv_gather =
-        col_comm.all_gather_async(kv_slot, kv.data(), scaled(col_counts_, kv_rec_.per_token()));
-    q_gather->wait();
-    kv_gather->wait();
+    col_comm.all_gather(kv_slot, kv.data(), scaled(col_counts_, kv_rec_.per_token()));
 
     const RecordLayout dq_rec{problem_.batch, problem_.heads, d};
     std::vector<float> dq(static_cast<size_t>(dq_rec.floats(q_rows_)));
@@ -232,16 +228,15 @@ class Attention2D final : public DistributedAttention {
     // through the transpose.
     std::vector<float> dq_own(static_cast<size_t>(dq_rec.floats(own_tokens_)));
     row_comm.set_phase("backward.dq_reduce_scatter");
-    RequestPtr dq_reduce = row_comm.reduce_scatter_async(
-        dq.data(), dq_own.data(), scaled(row_counts_, problem_.batch * problem_.heads), d,
-        Reduction::sum);
-    std::vector<float> dkv_part(static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
+    row_comm.reduce_scatter(dq.data(), dq_own.data(),
+                            scaled(row_counts_, problem_.batch * problem_.heads), d,
+                            Reduction::sum);
+    std::vector<float> dkv_part(
+        static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
     col_comm.set_phase("backward.dkv_reduce_scatter");
-    RequestPtr dkv_reduce = col_comm.reduce_scatter_async(
-        dkv.data(), dkv_part.data(), scaled(col_counts_, problem_.batch * problem_.kv_heads), 2 * d,
-        Reduction::sum);
-    dq_reduce->wait();
-    dkv_reduce->wait();
+    col_comm.reduce_scatter(dkv.data(), dkv_part.data(),
+                            scaled(col_counts_, problem_.batch * problem_.kv_heads), 2 * d,
+                            Reduction::sum);
     unpack(dq_rec, dq_own.data(), 0, own_tokens_, d, s.dq);
     return_dkv(dkv_part.data(), "backward", s.dk, s.dv);
   }
@@ -282,10 +277,10 @@ class Attention2D final : public DistributedAttention {
       if (step + 1 < rows) {
         const int incoming = kv_slot_at(step + 1);
         col_comm.set_phase(phase + ".kv_ring");
-        shift = col_comm.send_recv_async(
-            kv.data() + kv_rec_.floats(col_offsets_[slot]), kv_rec_.floats(col_counts_[slot]), next,
-            kv.data() + kv_rec_.floats(col_offsets_[incoming]), kv_rec_.floats(col_counts_[incoming]),
-            prev, kTagKv);
+        shift = col_comm.send_recv_async(kv.data() + kv_rec_.floats(col_offsets_[slot]),
+                                         kv_rec_.floats(col_counts_[slot]), next,
+                                         kv.data() + kv_rec_.floats(col_offsets_[incoming]),
+                                         kv_rec_.floats(col_counts_[incoming]), prev, kTagKv);
       }
       work(slot);
       col_comm.set_phase(phase + ".kv_ring");
@@ -306,13 +301,14 @@ class Attention2D final : public DistributedAttention {
     const int cols = plan_.grid.cols;
     if (cols == 1) return;
     const int64_t largest = *std::max_element(row_counts_.begin(), row_counts_.end());
-    for (auto& buffer : ring.buffers) buffer.resize(static_cast<size_t>(rec.floats(largest)));
+    for (auto& buffer : ring.buffers)
+      buffer.resize(static_cast<size_t>(rec.floats(largest)));
     Communicator& row_comm = grid_.row_comm();
     row_comm.set_phase(phase + ".q_ring");
     const int first = q_part_at(1);
-    ring.inflight = row_comm.send_recv_async(own_part, rec.floats(row_counts_[col()]), (col() + 1) % cols,
-                                             ring.buffers[0].data(), rec.floats(row_counts_[first]),
-                                             (col() - 1 + cols) % cols, kTagQ);
+    ring.inflight = row_comm.send_recv_async(
+        own_part, rec.floats(row_counts_[col()]), (col() + 1) % cols, ring.buffers[0].data(),
+        rec.floats(row_counts_[first]), (col() - 1 + cols) % cols, kTagQ);
   }
 
   // Waits for step `step`'s Q part and forwards it while the caller computes with it.
@@ -364,7 +360,8 @@ class Attention2D final : public DistributedAttention {
     const int next = (col() + 1) % cols, prev = (col() - 1 + cols) % cols;
     const int64_t largest = *std::max_element(row_counts_.begin(), row_counts_.end());
     std::vector<float> computed[2], incoming(static_cast<size_t>(partial_rec_.floats(largest)));
-    for (auto& buffer : computed) buffer.resize(static_cast<size_t>(partial_rec_.floats(largest)));
+    for (auto& buffer : computed)
+      buffer.resize(static_cast<size_t>(partial_rec_.floats(largest)));
     RequestPtr partial_out = completed_request();
     const int64_t rows_per_token = problem_.batch * problem_.heads;
     for (int step = 1; step < cols; ++step) {
@@ -373,8 +370,9 @@ class Attention2D final : public DistributedAttention {
       RequestPtr partial_in = completed_request();
       if (step >= 2) {
         row_comm.set_phase("forward.partial_ring");
-        partial_in = row_comm.send_recv_async(nullptr, 0, next, incoming.data(),
-                                              partial_rec_.floats(row_counts_[part]), prev, kTagPartial);
+        partial_in =
+            row_comm.send_recv_async(nullptr, 0, next, incoming.data(),
+                                     partial_rec_.floats(row_counts_[part]), prev, kTagPartial);
       }
       std::vector<float>& result = computed[step % 2];
       grid_.world().set_phase("forward.kernel");
@@ -435,7 +433,8 @@ class Attention2D final : public DistributedAttention {
     const int next = (col() + 1) % cols, prev = (col() - 1 + cols) % cols;
     const int64_t largest = *std::max_element(row_counts_.begin(), row_counts_.end());
     std::vector<float> computed[2], incoming(static_cast<size_t>(dq_rec.floats(largest)));
-    for (auto& buffer : computed) buffer.resize(static_cast<size_t>(dq_rec.floats(largest)));
+    for (auto& buffer : computed)
+      buffer.resize(static_cast<size_t>(dq_rec.floats(largest)));
     RequestPtr dq_out = completed_request();
     for (int step = 1; step < cols; ++step) {
       const int part = q_part_at(step);
@@ -450,8 +449,8 @@ class Attention2D final : public DistributedAttention {
       std::vector<float>& result = computed[step % 2];
       std::fill_n(result.begin(), dq_rec.floats(row_counts_[part]), 0.0f);
       grid_.world().set_phase("backward.kernel");
-      kernel_backward(q_part, row_counts_[part], q_positions_.data() + row_offsets_[part], kv.data(),
-                      kv_rows_, kv_positions_.data(), result.data(), dkv.data(), true);
+      kernel_backward(q_part, row_counts_[part], q_positions_.data() + row_offsets_[part],
+                      kv.data(), kv_rows_, kv_positions_.data(), result.data(), dkv.data(), true);
       row_comm.set_phase("backward.dq_ring");
       dq_in->wait();
       if (step >= 2) add_into(result.data(), incoming.data(), dq_rec.floats(row_counts_[part]));
@@ -469,7 +468,8 @@ class Attention2D final : public DistributedAttention {
     unpack(dq_rec, dq_own.data(), 0, own_tokens_, d, s.dq);
 
     // dK, dV summed along the column and sent home.
-    std::vector<float> dkv_part(static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
+    std::vector<float> dkv_part(
+        static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
     Communicator& col_comm = grid_.col_comm();
     col_comm.set_phase("backward.dkv_reduce_scatter");
     col_comm.reduce_scatter(dkv.data(), dkv_part.data(),
@@ -484,7 +484,7 @@ class Attention2D final : public DistributedAttention {
   TokenLayout layout_;
 
   int64_t own_tokens_ = 0;
-  std::vector<int64_t> row_counts_, col_counts_;     // tokens of the parts gathered along row / column
+  std::vector<int64_t> row_counts_, col_counts_;  // tokens of the parts gathered along row / column
   std::vector<int64_t> row_offsets_, col_offsets_;   // prefix sums (tokens)
   std::vector<int64_t> q_positions_, kv_positions_;  // global positions of the gathered rows
   int64_t q_rows_ = 0, kv_rows_ = 0;

@@ -11,7 +11,9 @@ class CompletedRequest final : public Request {
 };
 }  // namespace
 
-RequestPtr completed_request() { return std::make_unique<CompletedRequest>(); }
+RequestPtr completed_request() {
+  return std::make_unique<CompletedRequest>();
+}
 
 void TrafficLog::add(const std::string& phase, int64_t bytes, int64_t messages) {
   Traffic& t = phases_[phase];
@@ -44,7 +46,8 @@ RingCharge charge_all_but(std::span<const int64_t> counts, size_t skipped) {
 }  // namespace
 
 RingCharge ring_all_gather_charge(std::span<const int64_t> counts, int rank) {
-  return charge_all_but(counts, (static_cast<size_t>(rank) + 1) % std::max<size_t>(counts.size(), 1));
+  return charge_all_but(counts,
+                        (static_cast<size_t>(rank) + 1) % std::max<size_t>(counts.size(), 1));
 }
 
 RingCharge ring_reduce_scatter_charge(std::span<const int64_t> counts, int rank) {
@@ -75,17 +78,38 @@ void CountingCommunicator::charge(int64_t bytes, int64_t messages) {
 
 RequestPtr CountingCommunicator::all_gather_async(const float* send, float* recv,
                                                   std::span<const int64_t> counts) {
+  charge_all_gather(counts);
+  return inner_->all_gather_async(send, recv, counts);
+}
+
+void CountingCommunicator::all_gather(const float* send, float* recv,
+                                      std::span<const int64_t> counts) {
+  charge_all_gather(counts);
+  inner_->all_gather(send, recv, counts);
+}
+
+void CountingCommunicator::charge_all_gather(std::span<const int64_t> counts) {
   const RingCharge ring = ring_all_gather_charge(counts, rank());
   charge(4 * ring.elements, ring.messages);
-  return inner_->all_gather_async(send, recv, counts);
 }
 
 RequestPtr CountingCommunicator::reduce_scatter_async(const float* send, float* recv,
                                                       std::span<const int64_t> counts,
                                                       int64_t record, Reduction reduction) {
+  charge_reduce_scatter(counts, record);
+  return inner_->reduce_scatter_async(send, recv, counts, record, reduction);
+}
+
+void CountingCommunicator::reduce_scatter(const float* send, float* recv,
+                                          std::span<const int64_t> counts, int64_t record,
+                                          Reduction reduction) {
+  charge_reduce_scatter(counts, record);
+  inner_->reduce_scatter(send, recv, counts, record, reduction);
+}
+
+void CountingCommunicator::charge_reduce_scatter(std::span<const int64_t> counts, int64_t record) {
   const RingCharge ring = ring_reduce_scatter_charge(counts, rank());
   charge(4 * record * ring.elements, ring.messages);
-  return inner_->reduce_scatter_async(send, recv, counts, record, reduction);
 }
 
 RequestPtr CountingCommunicator::send_recv_async(const float* send, int64_t send_count, int dest,
@@ -96,9 +120,19 @@ RequestPtr CountingCommunicator::send_recv_async(const float* send, int64_t send
 }
 
 RequestPtr CountingCommunicator::all_to_all_async(const float* send,
-                                                  std::span<const int64_t> send_counts,
-                                                  float* recv,
+                                                  std::span<const int64_t> send_counts, float* recv,
                                                   std::span<const int64_t> recv_counts) {
+  charge_all_to_all(send_counts);
+  return inner_->all_to_all_async(send, send_counts, recv, recv_counts);
+}
+
+void CountingCommunicator::all_to_all(const float* send, std::span<const int64_t> send_counts,
+                                      float* recv, std::span<const int64_t> recv_counts) {
+  charge_all_to_all(send_counts);
+  inner_->all_to_all(send, send_counts, recv, recv_counts);
+}
+
+void CountingCommunicator::charge_all_to_all(std::span<const int64_t> send_counts) {
   int64_t elements = 0, messages = 0;
   for (int peer = 0; peer < size(); ++peer) {
     if (peer == rank() || send_counts[static_cast<size_t>(peer)] == 0) continue;
@@ -106,7 +140,6 @@ RequestPtr CountingCommunicator::all_to_all_async(const float* send,
     ++messages;
   }
   charge(4 * elements, messages);
-  return inner_->all_to_all_async(send, send_counts, recv, recv_counts);
 }
 
 void CountingCommunicator::broadcast(void* data, int64_t bytes, int root) {

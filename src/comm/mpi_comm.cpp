@@ -1,14 +1,15 @@
-// The communicator interface over MPI: collectives map to MPI's (non-blocking) collectives,
-// shifts to Isend/Irecv, and the attention merge to a user-defined MPI operation on records.
+// The communicator interface over MPI: collectives map to MPI's blocking or non-blocking
+// collectives, shifts to Isend/Irecv, and the attention merge to a user-defined MPI operation on
+// records.
 #include "attention2d/mpi_comm.hpp"
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <climits>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "attention2d/error.hpp"
@@ -27,6 +28,9 @@ void check_mpi(int code, const char* what, const char* file, int line) {
                       line);
 }
 #define A2D_MPI(call) check_mpi((call), #call, __FILE__, __LINE__)
+
+// The tag of the ring collectives' messages, apart from the algorithms' own tags (small numbers).
+constexpr int kRingTag = 30000;
 
 int mpi_count(int64_t count) {
   A2D_REQUIRE(count >= 0 && count <= INT_MAX, "a message of ", count,
@@ -79,7 +83,8 @@ class MpiCommunicator final : public Communicator {
     A2D_MPI(MPI_Op_create(merge_records, /*commute=*/1, &merge_op_));
   }
   ~MpiCommunicator() override {
-    for (auto& [record, type] : record_types_) MPI_Type_free(&type);
+    for (auto& [record, type] : record_types_)
+      MPI_Type_free(&type);
     MPI_Op_free(&merge_op_);
     MPI_Comm_free(&comm_);
   }
@@ -95,58 +100,25 @@ class MpiCommunicator final : public Communicator {
 
   RequestPtr all_gather_async(const float* send, float* recv,
                               std::span<const int64_t> counts) override {
-    check_counts(counts);
-    auto request = std::make_unique<MpiRequest>();
-    fill_counts(counts, 1, request->counts, request->displacements);
-    const int own = request->counts[rank_];
-    const float* own_slot = recv + request->displacements[rank_];
-    const void* source = send == own_slot ? MPI_IN_PLACE : send;
-    if (size_ == 1) {
-      if (source != MPI_IN_PLACE && own > 0) std::memcpy(recv, send, sizeof(float) * own);
-      return request;
-    }
-    request->requests.resize(1);
-    A2D_MPI(MPI_Iallgatherv(source, own, MPI_FLOAT, recv, request->counts.data(),
-                            request->displacements.data(), MPI_FLOAT, comm_,
-                            &request->requests[0]));
-    return request;
+    return post_all_gather(send, recv, counts, false);
+  }
+  void all_gather(const float* send, float* recv, std::span<const int64_t> counts) override {
+    post_all_gather(send, recv, counts, true);
   }
 
   RequestPtr reduce_scatter_async(const float* send, float* recv, std::span<const int64_t> counts,
                                   int64_t record, Reduction reduction) override {
-    check_counts(counts);
-    A2D_REQUIRE(record >= 1, "reduce_scatter needs a record size of at least 1");
-    auto request = std::make_unique<MpiRequest>();
-    if (size_ == 1) {
-      if (counts[0] > 0 && send != recv) std::memmove(recv, send, sizeof(float) * counts[0] * record);
-      return request;
-    }
-    MPI_Datatype type = MPI_FLOAT;
-    MPI_Op op = MPI_SUM;
-    int64_t unit = record;  // floats per MPI element
-    if (reduction == Reduction::attention_merge) {
-      A2D_REQUIRE(record >= 3, "attention_merge records hold a row max, a row sum and the "
-                  "accumulator: at least 3 floats");
-      type = record_type(record);
-      op = merge_op_;
-      unit = 1;
-    } else if (reduction == Reduction::max) {
-      op = MPI_MAX;
-    }
-    std::vector<int64_t> scaled(counts.begin(), counts.end());
-    for (auto& c : scaled) c *= unit;
-    fill_counts(scaled, 1, request->counts, request->displacements);
-    request->requests.resize(1);
-    A2D_MPI(MPI_Ireduce_scatter(send, recv, request->counts.data(), type, op, comm_,
-                                &request->requests[0]));
-    return request;
+    return post_reduce_scatter(send, recv, counts, record, reduction, false);
+  }
+  void reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts,
+                      int64_t record, Reduction reduction) override {
+    post_reduce_scatter(send, recv, counts, record, reduction, true);
   }
 
   RequestPtr send_recv_async(const float* send, int64_t send_count, int dest, float* recv,
                              int64_t recv_count, int source, int tag) override {
-    A2D_REQUIRE(dest >= 0 && dest < size_ && source >= 0 && source < size_,
-                "send_recv peers ", dest, " and ", source, " must be ranks of a communicator of ",
-                size_);
+    A2D_REQUIRE(dest >= 0 && dest < size_ && source >= 0 && source < size_, "send_recv peers ",
+                dest, " and ", source, " must be ranks of a communicator of ", size_);
     auto request = std::make_unique<MpiRequest>();
     if (dest == rank_ && source == rank_) {
       A2D_REQUIRE(send_count == recv_count, "a send to oneself must match its receive");
@@ -168,16 +140,11 @@ class MpiCommunicator final : public Communicator {
 
   RequestPtr all_to_all_async(const float* send, std::span<const int64_t> send_counts, float* recv,
                               std::span<const int64_t> recv_counts) override {
-    check_counts(send_counts);
-    check_counts(recv_counts);
-    auto request = std::make_unique<MpiRequest>();
-    fill_counts(send_counts, 1, request->counts, request->displacements);
-    fill_counts(recv_counts, 1, request->counts2, request->displacements2);
-    request->requests.resize(1);
-    A2D_MPI(MPI_Ialltoallv(send, request->counts.data(), request->displacements.data(), MPI_FLOAT,
-                           recv, request->counts2.data(), request->displacements2.data(),
-                           MPI_FLOAT, comm_, &request->requests[0]));
-    return request;
+    return post_all_to_all(send, send_counts, recv, recv_counts, false);
+  }
+  void all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
+                  std::span<const int64_t> recv_counts) override {
+    post_all_to_all(send, send_counts, recv, recv_counts, true);
   }
 
   void broadcast(void* data, int64_t bytes, int root) override {
@@ -190,13 +157,16 @@ class MpiCommunicator final : public Communicator {
     }
   }
   void all_reduce(float* data, int64_t count, Reduction reduction) override {
-    A2D_MPI(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, plain_op(reduction), comm_));
+    A2D_MPI(
+        MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, plain_op(reduction), comm_));
   }
   void all_reduce(double* data, int64_t count, Reduction reduction) override {
-    A2D_MPI(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_DOUBLE, plain_op(reduction), comm_));
+    A2D_MPI(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_DOUBLE, plain_op(reduction),
+                          comm_));
   }
   void all_reduce(int64_t* data, int64_t count, Reduction reduction) override {
-    A2D_MPI(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_INT64_T, plain_op(reduction), comm_));
+    A2D_MPI(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_INT64_T, plain_op(reduction),
+                          comm_));
   }
   void barrier() override { A2D_MPI(MPI_Barrier(comm_)); }
   void set_phase(const std::string& phase) override { Watchdog::note_phase(phase); }
@@ -207,6 +177,131 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  // The collectives, blocking (complete on return; MPI's blocking algorithms) or posted.
+  RequestPtr post_all_gather(const float* send, float* recv, std::span<const int64_t> counts,
+                             bool blocking) {
+    check_counts(counts);
+    auto request = std::make_unique<MpiRequest>();
+    fill_counts(counts, 1, request->counts, request->displacements);
+    const int own = request->counts[rank_];
+    const float* own_slot = recv + request->displacements[rank_];
+    const void* source = send == own_slot ? MPI_IN_PLACE : send;
+    if (size_ == 1) {
+      if (source != MPI_IN_PLACE && own > 0) std::memcpy(recv, send, sizeof(float) * own);
+      return request;
+    }
+    if (blocking) {
+      A2D_MPI(MPI_Allgatherv(source, own, MPI_FLOAT, recv, request->counts.data(),
+                             request->displacements.data(), MPI_FLOAT, comm_));
+      return request;
+    }
+    request->requests.resize(1);
+    A2D_MPI(MPI_Iallgatherv(source, own, MPI_FLOAT, recv, request->counts.data(),
+                            request->displacements.data(), MPI_FLOAT, comm_,
+                            &request->requests[0]));
+    return request;
+  }
+
+  RequestPtr post_reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts,
+                                 int64_t record, Reduction reduction, bool blocking) {
+    check_counts(counts);
+    A2D_REQUIRE(record >= 1, "reduce_scatter needs a record size of at least 1");
+    auto request = std::make_unique<MpiRequest>();
+    if (size_ == 1) {
+      if (counts[0] > 0 && send != recv)
+        std::memmove(recv, send, sizeof(float) * counts[0] * record);
+      return request;
+    }
+    MPI_Datatype type = MPI_FLOAT;
+    MPI_Op op = MPI_SUM;
+    int64_t unit = record;  // floats per MPI element
+    if (reduction == Reduction::attention_merge) {
+      A2D_REQUIRE(record >= 3,
+                  "attention_merge records hold a row max, a row sum and the "
+                  "accumulator: at least 3 floats");
+      type = record_type(record);
+      op = merge_op_;
+      unit = 1;
+    } else if (reduction == Reduction::max) {
+      op = MPI_MAX;
+    }
+    std::vector<int64_t> scaled(counts.begin(), counts.end());
+    for (auto& c : scaled)
+      c *= unit;
+    fill_counts(scaled, 1, request->counts, request->displacements);
+    if (blocking) {
+      ring_reduce_scatter(send, recv, counts, record, reduction);
+      return request;
+    }
+    request->requests.resize(1);
+    A2D_MPI(MPI_Ireduce_scatter(send, recv, request->counts.data(), type, op, comm_,
+                                &request->requests[0]));
+    return request;
+  }
+
+  RequestPtr post_all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
+                             std::span<const int64_t> recv_counts, bool blocking) {
+    check_counts(send_counts);
+    check_counts(recv_counts);
+    auto request = std::make_unique<MpiRequest>();
+    fill_counts(send_counts, 1, request->counts, request->displacements);
+    fill_counts(recv_counts, 1, request->counts2, request->displacements2);
+    if (blocking) {
+      A2D_MPI(MPI_Alltoallv(send, request->counts.data(), request->displacements.data(), MPI_FLOAT,
+                            recv, request->counts2.data(), request->displacements2.data(),
+                            MPI_FLOAT, comm_));
+      return request;
+    }
+    request->requests.resize(1);
+    A2D_MPI(MPI_Ialltoallv(send, request->counts.data(), request->displacements.data(), MPI_FLOAT,
+                           recv, request->counts2.data(), request->displacements2.data(), MPI_FLOAT,
+                           comm_, &request->requests[0]));
+    return request;
+  }
+
+  // Reduce-scatter as a ring of P - 1 MPI_Sendrecv steps (the schedule NCCL uses and the cost
+  // model charges): at step k rank r passes the partial sum of block r - k - 1 to rank r + 1 and
+  // adds its own contribution to the partial of block r - k - 2 it receives from rank r - 1;
+  // after the last step it holds its own block, reduced over every rank. Open MPI 4.1's
+  // MPI_Reduce_scatter was 6-14x slower on this machine for 64 KiB - 4 MiB blocks
+  // (docs/benchmarks.md), so the blocking form uses this one.
+  void ring_reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts,
+                           int64_t record, Reduction reduction) {
+    std::vector<int64_t> offsets(counts.size() + 1, 0);
+    int64_t largest = 0;
+    for (size_t i = 0; i < counts.size(); ++i) {
+      offsets[i + 1] = offsets[i] + counts[i] * record;
+      largest = std::max(largest, counts[i] * record);
+    }
+    const auto block = [&](int b) { return static_cast<size_t>((b % size_ + size_) % size_); };
+    const auto combine = [&](float* into, const float* from, int b) {
+      const int64_t n = counts[block(b)];
+      if (reduction == Reduction::attention_merge) {
+        merge_partial_records(into, from, n, record);
+      } else if (reduction == Reduction::max) {
+        for (int64_t i = 0; i < n * record; ++i)
+          into[i] = std::max(into[i], from[i]);
+      } else {
+        for (int64_t i = 0; i < n * record; ++i)
+          into[i] += from[i];
+      }
+    };
+    std::vector<float> outgoing(static_cast<size_t>(largest)), incoming(outgoing.size());
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    const float* to_send = send + offsets[block(rank_ - 1)];
+    for (int step = 0; step < size_ - 1; ++step) {
+      const size_t sent = block(rank_ - step - 1), got = block(rank_ - step - 2);
+      A2D_MPI(MPI_Sendrecv(to_send, mpi_count(counts[sent] * record), MPI_FLOAT, next, kRingTag,
+                           incoming.data(), mpi_count(counts[got] * record), MPI_FLOAT, prev,
+                           kRingTag, comm_, MPI_STATUS_IGNORE));
+      // The received partial plus this rank's own contribution to that block.
+      float* sum = step + 2 == size_ ? recv : outgoing.data();
+      std::copy_n(send + offsets[got], counts[got] * record, sum);
+      combine(sum, incoming.data(), static_cast<int>(got));
+      to_send = sum;
+    }
+  }
+
   void check_counts(std::span<const int64_t> counts) const {
     A2D_REQUIRE(static_cast<int>(counts.size()) == size_, "a collective needs one count per rank (",
                 size_, "), got ", counts.size());

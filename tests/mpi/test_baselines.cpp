@@ -32,14 +32,12 @@ constexpr uint64_t kSeed = 1234;
 
 Problem make_problem(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t dim,
                      Mask mask) {
-  Problem problem;
-  problem.batch = batch;
-  problem.heads = heads;
-  problem.kv_heads = kv_heads;
-  problem.seq = seq;
-  problem.head_dim = dim;
-  problem.mask = mask;
-  return problem;
+  return Problem{.batch = batch,
+                 .heads = heads,
+                 .kv_heads = kv_heads,
+                 .seq = seq,
+                 .head_dim = dim,
+                 .mask = mask};
 }
 
 struct Config {

@@ -17,14 +17,12 @@ namespace {
 
 Problem make_problem(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t dim,
                      Mask mask) {
-  Problem p;
-  p.batch = batch;
-  p.heads = heads;
-  p.kv_heads = kv_heads;
-  p.seq = seq;
-  p.head_dim = dim;
-  p.mask = mask;
-  return p;
+  return Problem{.batch = batch,
+                 .heads = heads,
+                 .kv_heads = kv_heads,
+                 .seq = seq,
+                 .head_dim = dim,
+                 .mask = mask};
 }
 
 Plan plan_for(Algorithm algorithm, const Problem& problem, int ranks, LayoutKind layout,

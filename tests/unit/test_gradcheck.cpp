@@ -28,7 +28,8 @@ Small make_small(const Mask& mask) {
   s.q = widen(generate_tokens(3, TensorTag::q, {sh.batch, sh.q_tokens, sh.heads, sh.head_dim}));
   s.k = widen(generate_tokens(3, TensorTag::k, {sh.batch, sh.kv_tokens, sh.kv_heads, sh.head_dim}));
   s.v = widen(generate_tokens(3, TensorTag::v, {sh.batch, sh.kv_tokens, sh.kv_heads, sh.head_dim}));
-  s.d_out = widen(generate_tokens(3, TensorTag::d_out, {sh.batch, sh.q_tokens, sh.heads, sh.head_dim}));
+  s.d_out =
+      widen(generate_tokens(3, TensorTag::d_out, {sh.batch, sh.q_tokens, sh.heads, sh.head_dim}));
   return s;
 }
 
@@ -36,12 +37,14 @@ constexpr double kScale = 0.7;
 
 // loss = sum(O * dO), the quantity whose gradients the backward returns.
 double loss(const Small& s) {
-  std::vector<double> out(s.q.size()), lse(static_cast<size_t>(s.shape.batch * s.shape.heads * s.shape.q_tokens));
+  std::vector<double> out(s.q.size()),
+      lse(static_cast<size_t>(s.shape.batch * s.shape.heads * s.shape.q_tokens));
   reference::forward({s.shape, s.mask, kScale, s.q.data(), s.k.data(), s.v.data(), s.q_pos.data(),
                       s.k_pos.data(), 1},
                      out.data(), lse.data());
   double total = 0.0;
-  for (size_t i = 0; i < out.size(); ++i) total += out[i] * s.d_out[i];
+  for (size_t i = 0; i < out.size(); ++i)
+    total += out[i] * s.d_out[i];
   return total;
 }
 
@@ -62,9 +65,68 @@ std::vector<double> finite_difference(Small s, std::vector<double> Small::*tenso
 
 double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
   double worst = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::abs(a[i] - b[i]));
+  for (size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(a[i] - b[i]));
   return worst;
 }
+
+// The fp32 kernel's forward on a Small case, with the backward's arguments ready. Holds the
+// tensors the arguments point into, so it is neither copied nor moved.
+class Fp32Case {
+ public:
+  Fp32Case(const Small& s, float scale)
+      : sh_(s.shape),
+        q_(narrow(s.q)),
+        k_(narrow(s.k)),
+        v_(narrow(s.v)),
+        g_(narrow(s.d_out)),
+        out_(q_.size()),
+        lse_(static_cast<size_t>(sh_.batch * sh_.heads * sh_.q_tokens)),
+        dq(q_.size()),
+        dk(k_.size()),
+        dv(v_.size()) {
+    ForwardArgs fwd;
+    fwd.shape = sh_;
+    fwd.mask = s.mask;
+    fwd.scale = scale;
+    fwd.q = dense_tokens(q_.data(), sh_.q_tokens, sh_.heads, sh_.head_dim);
+    fwd.k = dense_tokens(k_.data(), sh_.kv_tokens, sh_.kv_heads, sh_.head_dim);
+    fwd.v = dense_tokens(v_.data(), sh_.kv_tokens, sh_.kv_heads, sh_.head_dim);
+    fwd.q_positions = s.q_pos.data();
+    fwd.kv_positions = s.k_pos.data();
+    attention_forward(fwd, dense_tokens(out_.data(), sh_.q_tokens, sh_.heads, sh_.head_dim),
+                      dense_rows(lse_.data(), sh_.heads, sh_.q_tokens));
+    bwd.shape = sh_;
+    bwd.mask = s.mask;
+    bwd.scale = scale;
+    bwd.q = fwd.q;
+    bwd.k = fwd.k;
+    bwd.v = fwd.v;
+    bwd.out = dense_tokens(out_.data(), sh_.q_tokens, sh_.heads, sh_.head_dim);
+    bwd.d_out = dense_tokens(g_.data(), sh_.q_tokens, sh_.heads, sh_.head_dim);
+    bwd.lse = dense_rows(lse_.data(), sh_.heads, sh_.q_tokens);
+    bwd.q_positions = fwd.q_positions;
+    bwd.kv_positions = fwd.kv_positions;
+  }
+  Fp32Case(const Fp32Case&) = delete;
+  Fp32Case& operator=(const Fp32Case&) = delete;
+
+  // The backward into dq, dk, dv (adding to them when bwd.accumulate is set).
+  void backward() {
+    attention_backward(bwd, dense_tokens(dq.data(), sh_.q_tokens, sh_.heads, sh_.head_dim),
+                       dense_tokens(dk.data(), sh_.kv_tokens, sh_.kv_heads, sh_.head_dim),
+                       dense_tokens(dv.data(), sh_.kv_tokens, sh_.kv_heads, sh_.head_dim));
+  }
+
+ private:
+  static std::vector<float> narrow(const std::vector<double>& x) { return {x.begin(), x.end()}; }
+  AttentionShape sh_;
+  std::vector<float> q_, k_, v_, g_, out_, lse_;
+
+ public:
+  BackwardArgs bwd;
+  std::vector<float> dq, dk, dv;
+};
 
 class GradCheck : public ::testing::TestWithParam<Mask> {};
 
@@ -86,42 +148,15 @@ TEST_P(GradCheck, ReferenceAndKernelBackwardMatchFiniteDifferences) {
   for (const KernelPath path : test::supported_paths()) {
     SCOPED_TRACE(kernel_path_name(path));
     const test::PathScope scope(path);
-    auto narrow = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
-    const std::vector<float> q = narrow(s.q), k = narrow(s.k), v = narrow(s.v), g = narrow(s.d_out);
-    const auto& sh = s.shape;
-    std::vector<float> out(q.size()), lse(static_cast<size_t>(sh.batch * sh.heads * sh.q_tokens));
-    ForwardArgs fwd;
-    fwd.shape = sh;
-    fwd.mask = s.mask;
-    fwd.scale = static_cast<float>(kScale);
-    fwd.q = dense_tokens(q.data(), sh.q_tokens, sh.heads, sh.head_dim);
-    fwd.k = dense_tokens(k.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim);
-    fwd.v = dense_tokens(v.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim);
-    fwd.q_positions = s.q_pos.data();
-    fwd.kv_positions = s.k_pos.data();
-    attention_forward(fwd, dense_tokens(out.data(), sh.q_tokens, sh.heads, sh.head_dim),
-                      dense_rows(lse.data(), sh.heads, sh.q_tokens));
-    BackwardArgs bwd;
-    bwd.shape = sh;
-    bwd.mask = s.mask;
-    bwd.scale = fwd.scale;
-    bwd.q = fwd.q;
-    bwd.k = fwd.k;
-    bwd.v = fwd.v;
-    bwd.out = dense_tokens(out.data(), sh.q_tokens, sh.heads, sh.head_dim);
-    bwd.d_out = dense_tokens(g.data(), sh.q_tokens, sh.heads, sh.head_dim);
-    bwd.lse = dense_rows(lse.data(), sh.heads, sh.q_tokens);
-    bwd.q_positions = fwd.q_positions;
-    bwd.kv_positions = fwd.kv_positions;
-    std::vector<float> dq32(q.size()), dk32(k.size()), dv32(v.size());
-    attention_backward(bwd, dense_tokens(dq32.data(), sh.q_tokens, sh.heads, sh.head_dim),
-                       dense_tokens(dk32.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim),
-                       dense_tokens(dv32.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim));
-    auto widen = [](const std::vector<float>& x) { return std::vector<double>(x.begin(), x.end()); };
+    Fp32Case run(s, static_cast<float>(kScale));
+    run.backward();
+    auto widen = [](const std::vector<float>& x) {
+      return std::vector<double>(x.begin(), x.end());
+    };
     // fp32 arithmetic on values of order 1: a few units of 2^-24 per term.
-    EXPECT_LE(max_abs_diff(widen(dq32), fd_q), 1e-5);
-    EXPECT_LE(max_abs_diff(widen(dk32), fd_k), 1e-5);
-    EXPECT_LE(max_abs_diff(widen(dv32), fd_v), 1e-5);
+    EXPECT_LE(max_abs_diff(widen(run.dq), fd_q), 1e-5);
+    EXPECT_LE(max_abs_diff(widen(run.dk), fd_k), 1e-5);
+    EXPECT_LE(max_abs_diff(widen(run.dv), fd_v), 1e-5);
   }
 }
 
@@ -137,43 +172,11 @@ TEST(Backward, AccumulateAddsToExistingGradients) {
     SCOPED_TRACE(kernel_path_name(path));
     const test::PathScope scope(path);
     const Small s = make_small(Mask::causal());
-    auto narrow = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
-    const std::vector<float> q = narrow(s.q), k = narrow(s.k), v = narrow(s.v), g = narrow(s.d_out);
-    const auto& sh = s.shape;
-    std::vector<float> out(q.size()), lse(static_cast<size_t>(sh.batch * sh.heads * sh.q_tokens));
-    ForwardArgs fwd;
-    fwd.shape = sh;
-    fwd.mask = s.mask;
-    fwd.scale = 0.7f;
-    fwd.q = dense_tokens(q.data(), sh.q_tokens, sh.heads, sh.head_dim);
-    fwd.k = dense_tokens(k.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim);
-    fwd.v = dense_tokens(v.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim);
-    fwd.q_positions = s.q_pos.data();
-    fwd.kv_positions = s.k_pos.data();
-    attention_forward(fwd, dense_tokens(out.data(), sh.q_tokens, sh.heads, sh.head_dim),
-                      dense_rows(lse.data(), sh.heads, sh.q_tokens));
-    BackwardArgs bwd;
-    bwd.shape = sh;
-    bwd.mask = s.mask;
-    bwd.scale = 0.7f;
-    bwd.q = fwd.q;
-    bwd.k = fwd.k;
-    bwd.v = fwd.v;
-    bwd.out = dense_tokens(out.data(), sh.q_tokens, sh.heads, sh.head_dim);
-    bwd.d_out = dense_tokens(g.data(), sh.q_tokens, sh.heads, sh.head_dim);
-    bwd.lse = dense_rows(lse.data(), sh.heads, sh.q_tokens);
-    bwd.q_positions = fwd.q_positions;
-    bwd.kv_positions = fwd.kv_positions;
-    std::vector<float> dq(q.size()), dk(k.size()), dv(v.size());
-    auto run = [&] {
-      attention_backward(bwd, dense_tokens(dq.data(), sh.q_tokens, sh.heads, sh.head_dim),
-                         dense_tokens(dk.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim),
-                         dense_tokens(dv.data(), sh.kv_tokens, sh.kv_heads, sh.head_dim));
-    };
-    run();
-    const std::vector<float> dq1 = dq, dk1 = dk, dv1 = dv;
-    bwd.accumulate = true;
-    run();
+    Fp32Case run(s, 0.7f);
+    run.backward();
+    const std::vector<float> dq1 = run.dq, dk1 = run.dk, dv1 = run.dv;
+    run.bwd.accumulate = true;
+    run.backward();
     // The second pass adds its terms one by one onto the first result, so the sums round
     // differently from 2 x the first: allow a few fp32 units.
     auto near_double = [](const std::vector<float>& twice, const std::vector<float>& once) {
@@ -181,9 +184,9 @@ TEST(Backward, AccumulateAddsToExistingGradients) {
         EXPECT_NEAR(twice[i], 2 * once[i], 1e-6 * (1 + std::abs(once[i]))) << i;
       }
     };
-    near_double(dq, dq1);
-    near_double(dk, dk1);
-    near_double(dv, dv1);
+    near_double(run.dq, dq1);
+    near_double(run.dk, dk1);
+    near_double(run.dv, dv1);
   }
 }
 
