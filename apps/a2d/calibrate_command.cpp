@@ -48,10 +48,10 @@ int calibrate(int argc, char** argv, int first) {
     cli::Options options(
         "a2d calibrate [options]",
         "Measures, with every rank of the MPI job busy at once, the attention kernel's throughput\n"
-        "per rank (forward and backward, unmasked) and the point-to-point latency and bandwidth of\n"
-        "a ring shift, and saves them as the section for this rank count in the calibration file\n"
-        "that `a2d model --machine local` and the planner read. Run it at every rank count you\n"
-        "benchmark: mpirun -np P a2d calibrate.");
+        "per rank (forward and backward, unmasked), the latency of a ring shift and the bandwidth\n"
+        "of an all-gather of 1 MiB per rank, and saves them as the section for this rank count\n"
+        "in the calibration file that `a2d model --machine local` and the planner read. Run it at\n"
+        "every rank count you benchmark: mpirun -np P a2d calibrate.");
     options.add_string("--out", &out, "calibration file (a section per rank count is kept)");
     options.add_int("--block", &block, "query and key rows of the timed kernel call");
     options.add_int("--heads", &heads, "heads of the timed kernel call");
@@ -101,10 +101,13 @@ int calibrate(int argc, char** argv, int first) {
                          dense_tokens(dv.data(), block, heads, head_dim));
     });
 
-    // A ring shift on every rank at once: 8 bytes for the latency, 4 MiB for the bandwidth.
+    // Latency: an 8-byte ring shift on every rank at once. Bandwidth: the all-gather the
+    // algorithms use, 1 MiB from every rank, which the model charges as P - 1 messages and
+    // (P - 1) MiB sent per rank; measuring the collective itself (rather than one repeated
+    // shift of a buffer that stays in cache) includes what it costs when ranks share cores.
     const int next = (world.rank() + 1) % world.size();
     const int prev = (world.rank() - 1 + world.size()) % world.size();
-    const int64_t large = int64_t{1} << 20;
+    const int64_t large = int64_t{1} << 18;  // floats: 1 MiB per rank
     std::vector<float> send(static_cast<size_t>(large), 1.0f), recv(send.size());
     double latency_s = 0, bytes_per_s = 1e12;
     if (world.size() > 1) {
@@ -112,10 +115,12 @@ int calibrate(int argc, char** argv, int first) {
       latency_s = slowest_seconds(world, 5, [&] {
                     for (int i = 0; i < repeats; ++i) world.send_recv(send.data(), 2, next, recv.data(), 2, prev);
                   }) / repeats;
-      const double large_s = slowest_seconds(world, 5, [&] {
-        for (int i = 0; i < 4; ++i) world.send_recv(send.data(), large, next, recv.data(), large, prev);
-      }) / 4;
-      bytes_per_s = 4.0 * static_cast<double>(large) / std::max(large_s - latency_s, 1e-9);
+      std::vector<float> gathered(send.size() * static_cast<size_t>(world.size()));
+      const std::vector<int64_t> counts(static_cast<size_t>(world.size()), large);
+      const double gather_s =
+          slowest_seconds(world, 5, [&] { world.all_gather(send.data(), gathered.data(), counts); });
+      const double steps = world.size() - 1;
+      bytes_per_s = steps * 4.0 * static_cast<double>(large) / std::max(gather_s - steps * latency_s, 1e-9);
     }
 
     Calibration c;
