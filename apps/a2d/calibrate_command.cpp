@@ -84,7 +84,8 @@ int calibrate(int argc, char** argv, int first) {
     const auto o_view = dense_tokens(o.data(), block, heads, head_dim);
     const auto lse_view = dense_rows(lse.data(), heads, block);
     const double flops = 4.0 * static_cast<double>(block * block * head_dim * heads);
-    const double forward_s = slowest_seconds(world, iters, [&] { attention_forward(fwd, o_view, lse_view); });
+    const double forward_s =
+        slowest_seconds(world, iters, [&] { attention_forward(fwd, o_view, lse_view); });
     BackwardArgs bwd;
     bwd.shape = fwd.shape;
     bwd.scale = fwd.scale;
@@ -112,15 +113,19 @@ int calibrate(int argc, char** argv, int first) {
     double latency_s = 0, bytes_per_s = 1e12;
     if (world.size() > 1) {
       const int repeats = 200;
-      latency_s = slowest_seconds(world, 5, [&] {
-                    for (int i = 0; i < repeats; ++i) world.send_recv(send.data(), 2, next, recv.data(), 2, prev);
-                  }) / repeats;
+      latency_s = slowest_seconds(world, 5,
+                                  [&] {
+                                    for (int i = 0; i < repeats; ++i)
+                                      world.send_recv(send.data(), 2, next, recv.data(), 2, prev);
+                                  }) /
+                  repeats;
       std::vector<float> gathered(send.size() * static_cast<size_t>(world.size()));
       const std::vector<int64_t> counts(static_cast<size_t>(world.size()), large);
-      const double gather_s =
-          slowest_seconds(world, 5, [&] { world.all_gather(send.data(), gathered.data(), counts); });
+      const double gather_s = slowest_seconds(
+          world, 5, [&] { world.all_gather(send.data(), gathered.data(), counts); });
       const double steps = world.size() - 1;
-      bytes_per_s = steps * 4.0 * static_cast<double>(large) / std::max(gather_s - steps * latency_s, 1e-9);
+      bytes_per_s =
+          steps * 4.0 * static_cast<double>(large) / std::max(gather_s - steps * latency_s, 1e-9);
     }
 
     Calibration c;
@@ -135,13 +140,14 @@ int calibrate(int argc, char** argv, int first) {
       if (world.rank() == 0) save_calibration(out, c);
     });
     if (world.rank() == 0) {
-      std::printf("a2d calibrate: %d ranks on %d cores, kernel %lldx%lld rows, %lld heads, D=%lld\n"
-                  "  kernel forward  %.3f GFLOP/s per rank\n  kernel backward %.3f GFLOP/s per rank\n"
-                  "  latency %.2f us per message, bandwidth %.3f GB/s per rank\nsaved to %s [ranks %d]\n",
-                  c.ranks, c.cores, static_cast<long long>(block), static_cast<long long>(block),
-                  static_cast<long long>(heads), static_cast<long long>(head_dim),
-                  c.kernel_forward_flops / 1e9, c.kernel_backward_flops / 1e9, c.latency_s * 1e6,
-                  c.bytes_per_s / 1e9, out.c_str(), c.ranks);
+      std::printf(
+          "a2d calibrate: %d ranks on %d cores, kernel %lldx%lld rows, %lld heads, D=%lld\n"
+          "  kernel forward  %.3f GFLOP/s per rank\n  kernel backward %.3f GFLOP/s per rank\n"
+          "  latency %.2f us per message, bandwidth %.3f GB/s per rank\nsaved to %s [ranks %d]\n",
+          c.ranks, c.cores, static_cast<long long>(block), static_cast<long long>(block),
+          static_cast<long long>(heads), static_cast<long long>(head_dim),
+          c.kernel_forward_flops / 1e9, c.kernel_backward_flops / 1e9, c.latency_s * 1e6,
+          c.bytes_per_s / 1e9, out.c_str(), c.ranks);
     }
     return 0;
   });

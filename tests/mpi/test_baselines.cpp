@@ -14,6 +14,7 @@
 #include <memory>
 #include <vector>
 
+#include "../unit/make_problem.hpp"
 #include "attention2d/attention.hpp"
 #include "attention2d/check.hpp"
 #include "attention2d/error.hpp"
@@ -30,15 +31,7 @@ namespace {
 constexpr double kAgreementBound = 2e-5;
 constexpr uint64_t kSeed = 1234;
 
-Problem make_problem(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t dim,
-                     Mask mask) {
-  return Problem{.batch = batch,
-                 .heads = heads,
-                 .kv_heads = kv_heads,
-                 .seq = seq,
-                 .head_dim = dim,
-                 .mask = mask};
-}
+using test::make_problem;
 
 struct Config {
   std::string name;

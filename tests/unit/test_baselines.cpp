@@ -11,19 +11,12 @@
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/model.hpp"
+#include "make_problem.hpp"
 
 namespace a2d {
 namespace {
 
-Problem make_problem(int64_t batch, int64_t heads, int64_t kv_heads, int64_t seq, int64_t dim,
-                     Mask mask) {
-  return Problem{.batch = batch,
-                 .heads = heads,
-                 .kv_heads = kv_heads,
-                 .seq = seq,
-                 .head_dim = dim,
-                 .mask = mask};
-}
+using test::make_problem;
 
 Plan plan_for(Algorithm algorithm, const Problem& problem, int ranks, LayoutKind layout,
               int64_t stripe = 1) {
