@@ -22,7 +22,8 @@ class Bytes {
   Bytes(const uint8_t* data, size_t size) : data_(data), size_(size) {}
   uint64_t next(int bytes) {
     uint64_t value = 0;
-    for (int i = 0; i < bytes; ++i) value = (value << 8) | (pos_ < size_ ? data_[pos_++] : 0);
+    for (int i = 0; i < bytes; ++i)
+      value = (value << 8) | (pos_ < size_ ? data_[pos_++] : 0);
     return value;
   }
 
@@ -70,7 +71,8 @@ void layout_ownership(const uint8_t* data, size_t size) {
       expect(n >= 0 && n <= tokens);
       total += n;
       // A few indices of the part: first, last and one from the bytes.
-      for (const int64_t i : {int64_t{0}, n - 1, n > 0 ? static_cast<int64_t>(in.next(5)) % n : -1}) {
+      for (const int64_t i :
+           {int64_t{0}, n - 1, n > 0 ? static_cast<int64_t>(in.next(5)) % n : -1}) {
         if (i < 0 || i >= n) continue;
         const int64_t t = layout.token_at(p, i);
         expect(t >= 0 && t < tokens);

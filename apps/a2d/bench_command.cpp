@@ -89,13 +89,16 @@ std::vector<Row> candidate_rows(const BenchOptions& o, const Problem& problem, i
 }
 
 std::string grid_column(const Plan& plan) {
-  if (plan.algorithm == Algorithm::attention2d || plan.algorithm == Algorithm::attention2d_overlap) {
+  if (plan.algorithm == Algorithm::attention2d ||
+      plan.algorithm == Algorithm::attention2d_overlap) {
     return plan.grid.describe() + (plan.kv_transpose ? "" : "-nt");
   }
   return layout_name(plan.layout);
 }
 
-double ratio(double measured, double predicted) { return predicted > 0 ? measured / predicted : NAN; }
+double ratio(double measured, double predicted) {
+  return predicted > 0 ? measured / predicted : NAN;
+}
 
 cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool backward, bool check) {
   cli::JsonLine line;
@@ -141,7 +144,8 @@ cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool back
       .add("ratio_fwd", ratio(f.median_ms, pred_fwd))
       .add("ratio_bwd", backward ? ratio(b.median_ms, pred_bwd) : NAN)
       .add("model_mem_bytes", r.predicted ? r.prediction.memory_bytes : int64_t{-1});
-  if (check) line.add("max_rel_err", r.errors.max()).add("pass", r.errors.max() <= kFp32RelativeBound);
+  if (check)
+    line.add("max_rel_err", r.errors.max()).add("pass", r.errors.max() <= kFp32RelativeBound);
   return line;
 }
 
@@ -150,8 +154,8 @@ void print_table(const std::vector<Row>& rows, const Problem& problem, int ranks
   std::printf("a2d bench: %s on %d ranks\nprediction: %s\n", problem.describe().c_str(), ranks,
               machine.c_str());
   std::printf("%-20s %-11s %9s %9s %9s %9s %8s %11s %11s %8s %9s %9s %7s %7s%s\n", "algorithm",
-              "grid", "fwd ms", "(rank", "avg", "max)", "GF/s/rk", "bytes fwd", "bytes bwd",
-              "msgs", "bwd ms", "peak MiB", "fwd m/p", "bwd m/p", check ? "  max err" : "");
+              "grid", "fwd ms", "(rank", "avg", "max)", "GF/s/rk", "bytes fwd", "bytes bwd", "msgs",
+              "bwd ms", "peak MiB", "fwd m/p", "bwd m/p", check ? "  max err" : "");
   const double flops = forward_flops(problem);
   for (const Row& r : rows) {
     if (!r.skipped.empty()) {
@@ -161,21 +165,23 @@ void print_table(const std::vector<Row>& rows, const Problem& problem, int ranks
     }
     const PhaseTiming& f = r.timings.forward;
     const PhaseTiming& b = r.timings.backward;
-    std::printf("%-20s %-11s %9.2f %9.2f %9.2f %9.2f %8.2f %11lld %11lld %8lld %9.2f %9.1f %7.2f %7.2f",
-                algorithm_name(r.plan.algorithm).c_str(), grid_column(r.plan).c_str(), f.median_ms,
-                f.rank_min_ms, f.rank_avg_ms, f.rank_max_ms,
-                flops / (f.median_ms * 1e-3) / 1e9 / ranks, static_cast<long long>(f.bytes),
-                static_cast<long long>(b.bytes), static_cast<long long>(f.messages + b.messages),
-                backward ? b.median_ms : NAN, r.peak_bytes / 1048576.0,
-                r.predicted ? ratio(f.median_ms, 1e3 * r.prediction.forward_s) : NAN,
-                r.predicted && backward ? ratio(b.median_ms, 1e3 * r.prediction.backward_s) : NAN);
+    std::printf(
+        "%-20s %-11s %9.2f %9.2f %9.2f %9.2f %8.2f %11lld %11lld %8lld %9.2f %9.1f %7.2f %7.2f",
+        algorithm_name(r.plan.algorithm).c_str(), grid_column(r.plan).c_str(), f.median_ms,
+        f.rank_min_ms, f.rank_avg_ms, f.rank_max_ms, flops / (f.median_ms * 1e-3) / 1e9 / ranks,
+        static_cast<long long>(f.bytes), static_cast<long long>(b.bytes),
+        static_cast<long long>(f.messages + b.messages), backward ? b.median_ms : NAN,
+        r.peak_bytes / 1048576.0,
+        r.predicted ? ratio(f.median_ms, 1e3 * r.prediction.forward_s) : NAN,
+        r.predicted && backward ? ratio(b.median_ms, 1e3 * r.prediction.backward_s) : NAN);
     if (check) std::printf("  %.2e", r.errors.max());
     std::printf("\n");
   }
-  std::printf("\nfwd ms: median over iterations of the slowest rank; (rank min avg max): per-rank "
-              "medians. bytes, msgs: sent per rank and call (max over ranks), msgs fwd+bwd.\n"
-              "peak MiB: shards + peak resident growth during the calls (max over ranks). m/p: "
-              "measured / predicted.\n");
+  std::printf(
+      "\nfwd ms: median over iterations of the slowest rank; (rank min avg max): per-rank "
+      "medians. bytes, msgs: sent per rank and call (max over ranks), msgs fwd+bwd.\n"
+      "peak MiB: shards + peak resident growth during the calls (max over ranks). m/p: "
+      "measured / predicted.\n");
 }
 
 void print_csv(const std::vector<Row>& rows, const Problem& problem, int ranks, bool backward,
@@ -189,7 +195,8 @@ void print_csv(const std::vector<Row>& rows, const Problem& problem, int ranks, 
       if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
     }
   }
-  for (size_t i = 0; i < keys.size(); ++i) std::printf("%s%s", i ? "," : "", keys[i].c_str());
+  for (size_t i = 0; i < keys.size(); ++i)
+    std::printf("%s%s", i ? "," : "", keys[i].c_str());
   std::printf("\n");
   for (const cli::JsonLine& line : lines) {
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -218,7 +225,8 @@ int bench(int argc, char** argv, int first) {
     cli::Options options(
         "a2d bench [options]",
         "Runs every algorithm (--algo a,b,...; all by default) and every grid shape of P for\n"
-        "ATTENTION2D (unless --grid) on the same seeded problem, under mpiexec, and reports per row\n"
+        "ATTENTION2D (unless --grid) on the same seeded problem, under mpiexec, and reports per "
+        "row\n"
         "the slowest rank's median time, the spread across ranks, GFLOP/s per rank, the bytes and\n"
         "messages each rank sent, its peak memory, and the cost model's prediction for this\n"
         "machine (from a2d calibrate) with measured / predicted.");
@@ -227,7 +235,8 @@ int bench(int argc, char** argv, int first) {
     options.add_string("--grid", &o.grid, "only this ATTENTION2D grid RxC (default: every one)");
     options.add_string("--layout", &o.layout, "layout of ring and allgather-kv (default: theirs)");
     options.add_int("--stripe", &o.stripe, "stripe width of the striped layout");
-    options.add_flag("--no-kv-transpose", &o.no_kv_transpose, "ATTENTION2D without the K/V transpose");
+    options.add_flag("--no-kv-transpose", &o.no_kv_transpose,
+                     "ATTENTION2D without the K/V transpose");
     options.add_int("--threads", &o.threads, "kernel threads per rank");
     options.add_flag("--backward", &o.backward, "also time the backward pass");
     options.add_int("--warmup", &o.warmup, "untimed iterations per row");
@@ -283,8 +292,8 @@ int bench(int argc, char** argv, int first) {
       ShardSet shards = make_shards(problem, attention->layout(), world.rank(),
                                     static_cast<uint64_t>(o.seed), true, o.backward);
       int64_t growth = peak_memory_growth([&] {
-        row.timings = time_attention(world, *log, *attention, problem, shards, o.backward, o.warmup,
-                                     o.iters);
+        row.timings =
+            time_attention(world, *log, *attention, problem, shards, o.backward, o.warmup, o.iters);
       });
       int64_t peak = growth < 0 ? -1 : shard_bytes(shards) + growth;
       world.all_reduce(&peak, 1, Reduction::max);
@@ -309,10 +318,12 @@ int bench(int argc, char** argv, int first) {
     }
 
     bool pass = true;
-    for (const Row& row : rows) pass = pass && (!o.check || !row.skipped.empty() || row.errors.max() <= kFp32RelativeBound);
+    for (const Row& row : rows)
+      pass = pass && (!o.check || !row.skipped.empty() || row.errors.max() <= kFp32RelativeBound);
     if (world.rank() == 0) {
       if (o.json) {
-        for (const Row& r : rows) std::cout << json_of(r, problem, world.size(), o.backward, o.check).str() << "\n";
+        for (const Row& r : rows)
+          std::cout << json_of(r, problem, world.size(), o.backward, o.check).str() << "\n";
       } else if (o.csv) {
         print_csv(rows, problem, world.size(), o.backward, o.check);
       } else {

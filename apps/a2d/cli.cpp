@@ -18,7 +18,8 @@ int64_t parse_int(const std::string& option, const std::string& text) {
   } catch (const std::exception&) {
     used = 0;
   }
-  A2D_REQUIRE(used == text.size() && !text.empty(), option, " expects an integer, got '", text, "'");
+  A2D_REQUIRE(used == text.size() && !text.empty(), option, " expects an integer, got '", text,
+              "'");
   return value;
 }
 
@@ -67,8 +68,7 @@ void Options::add_double(const std::string& name, double* target, const std::str
 }
 
 void Options::add_string(const std::string& name, std::string* target, const std::string& help) {
-  options_.push_back(
-      {name, help, *target, true, [target](const std::string& v) { *target = v; }});
+  options_.push_back({name, help, *target, true, [target](const std::string& v) { *target = v; }});
 }
 
 void Options::add_flag(const std::string& name, bool* target, const std::string& help) {
@@ -125,8 +125,10 @@ std::string Options::help() const {
   out << "usage: " << usage_ << "\n\n" << summary_ << "\n\noptions:\n";
   for (const Option& option : options_) {
     std::string left = "  " + option.name + (option.takes_value ? " VALUE" : "");
-    if (left.size() < 24) left.resize(24, ' ');
-    else left += "\n" + std::string(24, ' ');
+    if (left.size() < 24)
+      left.resize(24, ' ');
+    else
+      left += "\n" + std::string(24, ' ');
     out << left << option.help;
     if (option.takes_value && !option.default_text.empty()) {
       out << " (default " << option.default_text << ")";

@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <new>
 #include <iostream>
+#include <new>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -70,13 +70,19 @@ struct TensorAllocator {
 #endif
     return static_cast<T*>(memory);
   }
-  void deallocate(T* memory, std::size_t) { std::free(memory); }
+  void deallocate(T* memory, std::size_t) {
+    std::free(memory);
+  }
   template <typename U>
-  bool operator==(const TensorAllocator<U>&) const { return true; }
+  bool operator==(const TensorAllocator<U>&) const {
+    return true;
+  }
 };
 using Tensor = std::vector<float, TensorAllocator<float>>;
 
-Tensor tensor(const std::vector<float>& values) { return {values.begin(), values.end()}; }
+Tensor tensor(const std::vector<float>& values) {
+  return {values.begin(), values.end()};
+}
 
 // Resident memory of this process from /proc/self/status (Linux). The peak (VmHWM) can be reset
 // to the current size by writing 5 to /proc/self/clear_refs, which lets the command report how
@@ -116,7 +122,9 @@ class RssProbe {
   int64_t before_kib_ = 0;
 };
 
-std::vector<double> widen(const Tensor& x) { return {x.begin(), x.end()}; }
+std::vector<double> widen(const Tensor& x) {
+  return {x.begin(), x.end()};
+}
 
 // Times `body` (warm-up runs, then the median of the timed ones). `rss` measures the growth of
 // the peak resident set over the first call only: the memory one call needs. (Later calls can
@@ -146,7 +154,8 @@ int kernel(int argc, char** argv, int first) {
       "It also measures the FP32 FMA peak of --threads cores (12 independent FMA chains per\n"
       "thread, best of 5, before and after the timings) and reports the kernel's share of it\n"
       "(GFLOP/s / peak of all threads), and the memory one kernel call\n"
-      "adds (its workspace, and the growth of the process's peak resident set where Linux allows).");
+      "adds (its workspace, and the growth of the process's peak resident set where Linux "
+      "allows).");
   options.add_int("--seq", &o.seq, "query sequence length N");
   options.add_int("--kv-seq", &o.kv_seq, "key/value sequence length (0 = --seq)");
   options.add_int("--heads", &o.heads, "query heads H");
@@ -154,17 +163,20 @@ int kernel(int argc, char** argv, int first) {
   options.add_int("--head-dim", &o.head_dim, "head dimension D");
   options.add_int("--batch", &o.batch, "batch size B");
   options.add_flag("--causal", &o.causal, "causal mask (key position <= query position)");
-  options.add_int("--window", &o.window, "causal with a window of W tokens (implies --causal; 0 = none)");
+  options.add_int("--window", &o.window,
+                  "causal with a window of W tokens (implies --causal; 0 = none)");
   options.add_double("--scale", &o.scale, "softmax scale (0 = 1/sqrt(D))");
   options.add_flag("--backward", &o.backward, "also time the backward pass");
-  options.add_int("--threads", &o.threads, "threads of the kernel (and of the FMA peak measurement)");
+  options.add_int("--threads", &o.threads,
+                  "threads of the kernel (and of the FMA peak measurement)");
   options.add_string("--path", &o.path,
                      "kernel implementation: auto (fastest this CPU supports), portable or avx2\n"
                      "(default: the environment variable A2D_KERNEL_PATH, else auto)");
   options.add_int("--seed", &o.seed, "seed of the generated inputs");
   options.add_int("--warmup", &o.warmup, "untimed runs before timing");
   options.add_int("--repeats", &o.repeats, "timed runs; the median is reported");
-  options.add_flag("--check", &o.check, "compare every output with the fp64 reference; exit 1 over the bound");
+  options.add_flag("--check", &o.check,
+                   "compare every output with the fp64 reference; exit 1 over the bound");
   options.add_flag("--json", &o.json, "one JSON object per line instead of the table");
   options.add_flag("--huge-pages", &o.huge_pages,
                    "put the tensors on transparent huge pages (Linux), for TLB experiments");
@@ -185,8 +197,8 @@ int kernel(int argc, char** argv, int first) {
 
   AttentionShape shape{o.batch, o.heads, o.kv_heads, o.seq, o.kv_seq, o.head_dim};
   shape.validate();
-  const Mask mask = o.window > 0 ? Mask::causal_window(o.window)
-                                 : (o.causal ? Mask::causal() : Mask::none());
+  const Mask mask =
+      o.window > 0 ? Mask::causal_window(o.window) : (o.causal ? Mask::causal() : Mask::none());
   const float scale = o.scale > 0 ? static_cast<float>(o.scale) : default_scale(o.head_dim);
   A2D_REQUIRE(o.scale >= 0 && std::isfinite(o.scale), "--scale must be positive, got ", o.scale);
 
@@ -210,7 +222,8 @@ int kernel(int argc, char** argv, int first) {
   const auto out_view = dense_tokens(out.data(), o.seq, o.heads, o.head_dim);
   const auto lse_view = dense_rows(lse.data(), o.heads, o.seq);
 
-  const double pairs = static_cast<double>(count_visible_pairs(mask, nullptr, o.seq, nullptr, o.kv_seq));
+  const double pairs =
+      static_cast<double>(count_visible_pairs(mask, nullptr, o.seq, nullptr, o.kv_seq));
   const double fwd_flops = 4.0 * pairs * static_cast<double>(o.head_dim * o.heads * o.batch);
   const int64_t fwd_workspace = forward_workspace_bytes(shape, fwd.threads);
   std::optional<int64_t> fwd_rss_growth;
@@ -260,22 +273,28 @@ int kernel(int argc, char** argv, int first) {
   bool pass = true;
   if (o.check) {
     const std::vector<double> q64 = widen(q), k64 = widen(k), v64 = widen(v);
-    reference::Inputs in{shape, mask, static_cast<double>(scale), q64.data(), k64.data(),
-                         v64.data(), nullptr, nullptr, static_cast<int>(o.threads)};
+    reference::Inputs in{shape,      mask,       static_cast<double>(scale),
+                         q64.data(), k64.data(), v64.data(),
+                         nullptr,    nullptr,    static_cast<int>(o.threads)};
     std::vector<double> out64(q.size()), lse64(lse.size());
     reference::forward(in, out64.data(), lse64.data());
-    fwd_errors = {{"O", "err_o", relative_error(out.data(), out64.data(), static_cast<int64_t>(out.size()))},
-                  {"LSE", "err_lse", relative_error(lse.data(), lse64.data(), static_cast<int64_t>(lse.size()))}};
+    fwd_errors = {
+        {"O", "err_o", relative_error(out.data(), out64.data(), static_cast<int64_t>(out.size()))},
+        {"LSE", "err_lse",
+         relative_error(lse.data(), lse64.data(), static_cast<int64_t>(lse.size()))}};
     if (o.backward) {
       const std::vector<double> do64 = widen(d_out);
       std::vector<double> dq64(q.size()), dk64(k.size()), dv64(v.size());
       reference::backward(in, do64.data(), dq64.data(), dk64.data(), dv64.data());
-      bwd_errors = {{"dQ", "err_dq", relative_error(dq.data(), dq64.data(), static_cast<int64_t>(dq.size()))},
-                    {"dK", "err_dk", relative_error(dk.data(), dk64.data(), static_cast<int64_t>(dk.size()))},
-                    {"dV", "err_dv", relative_error(dv.data(), dv64.data(), static_cast<int64_t>(dv.size()))}};
+      bwd_errors = {
+          {"dQ", "err_dq", relative_error(dq.data(), dq64.data(), static_cast<int64_t>(dq.size()))},
+          {"dK", "err_dk", relative_error(dk.data(), dk64.data(), static_cast<int64_t>(dk.size()))},
+          {"dV", "err_dv",
+           relative_error(dv.data(), dv64.data(), static_cast<int64_t>(dv.size()))}};
     }
     for (const auto* errors : {&fwd_errors, &bwd_errors}) {
-      for (const Error& e : *errors) pass = pass && e.value <= kFp32RelativeBound;
+      for (const Error& e : *errors)
+        pass = pass && e.value <= kFp32RelativeBound;
     }
   }
 
@@ -286,29 +305,46 @@ int kernel(int argc, char** argv, int first) {
     const double pct_peak = 100.0 * gflops / peak.gflops;
     if (o.json) {
       cli::JsonLine line;
-      line.add("mode", mode).add("threads", o.threads).add("batch", o.batch).add("seq", o.seq)
-          .add("kv_seq", o.kv_seq).add("heads", o.heads).add("kv_heads", o.kv_heads)
-          .add("head_dim", o.head_dim).add("causal", mask.is_causal()).add("window", o.window)
-          .add("ms", ms.median).add("ms_min", ms.min).add("ms_max", ms.max)
-          .add("repeats", o.repeats).add("gflops", gflops).add("path", kernel_path_name(path))
-          .add("peak_gflops", peak.gflops).add("peak_gflops_per_thread", peak.gflops_per_thread)
-          .add("peak_isa", peak.isa).add("pct_peak", pct_peak)
+      line.add("mode", mode)
+          .add("threads", o.threads)
+          .add("batch", o.batch)
+          .add("seq", o.seq)
+          .add("kv_seq", o.kv_seq)
+          .add("heads", o.heads)
+          .add("kv_heads", o.kv_heads)
+          .add("head_dim", o.head_dim)
+          .add("causal", mask.is_causal())
+          .add("window", o.window)
+          .add("ms", ms.median)
+          .add("ms_min", ms.min)
+          .add("ms_max", ms.max)
+          .add("repeats", o.repeats)
+          .add("gflops", gflops)
+          .add("path", kernel_path_name(path))
+          .add("peak_gflops", peak.gflops)
+          .add("peak_gflops_per_thread", peak.gflops_per_thread)
+          .add("peak_isa", peak.isa)
+          .add("pct_peak", pct_peak)
           .add("workspace_bytes", workspace);
       if (rss_growth) line.add("peak_rss_delta_bytes", *rss_growth);
       if (o.check) {
-        for (const Error& e : errors) line.add(e.key, e.value);
+        for (const Error& e : errors)
+          line.add(e.key, e.value);
         line.add("bound", kFp32RelativeBound);
         bool ok = true;
-        for (const Error& e : errors) ok = ok && e.value <= kFp32RelativeBound;
+        for (const Error& e : errors)
+          ok = ok && e.value <= kFp32RelativeBound;
         line.add("pass", ok);
       }
       std::cout << line.str() << "\n";
     } else {
       std::printf("%-9s %10.3f %10.3f %10.3f %10.2f %6.1f%% %9.2f %9s", mode, ms.median, ms.min,
                   ms.max, gflops, pct_peak, static_cast<double>(workspace) / (1 << 20),
-                  rss_growth ? cli::format_double(static_cast<double>(*rss_growth) / (1 << 20), 2).c_str()
-                             : "n/a");
-      for (const Error& e : errors) std::printf("   %s %.2e", e.name, e.value);
+                  rss_growth
+                      ? cli::format_double(static_cast<double>(*rss_growth) / (1 << 20), 2).c_str()
+                      : "n/a");
+      for (const Error& e : errors)
+        std::printf("   %s %.2e", e.name, e.value);
       std::printf("\n");
     }
   };
@@ -319,8 +355,8 @@ int kernel(int argc, char** argv, int first) {
                 static_cast<long long>(o.threads), kernel_path_name(path));
     std::printf("FMA peak (%s, %d thread%s): %.1f GFLOP/s (%.1f per thread)\n", peak.isa.c_str(),
                 peak.threads, peak.threads == 1 ? "" : "s", peak.gflops, peak.gflops_per_thread);
-    std::printf("%-9s %10s %10s %10s %10s %7s %9s %9s%s\n", "mode", "ms(med)", "ms(min)",
-                "ms(max)", "GFLOP/s", "%peak", "work MiB", "RSS+ MiB",
+    std::printf("%-9s %10s %10s %10s %10s %7s %9s %9s%s\n", "mode", "ms(med)", "ms(min)", "ms(max)",
+                "GFLOP/s", "%peak", "work MiB", "RSS+ MiB",
                 o.check ? "   relative error vs fp64 reference" : "");
   }
   report("forward", fwd_ms, fwd_flops, fwd_errors, fwd_workspace, fwd_rss_growth);

@@ -37,7 +37,8 @@ struct ModelOptions {
                        "./a2d-calibration.txt)");
     options.add_string("--dtype", &dtype, "bf16 or fp32");
     options.add_int("--gpus", &gpus, "ranks P (GPUs, or processes on this machine)");
-    options.add_int("--gpus-per-node", &gpus_per_node, "ranks per node (consecutive ranks share one)");
+    options.add_int("--gpus-per-node", &gpus_per_node,
+                    "ranks per node (consecutive ranks share one)");
     options.add_flag("--forward-only", &forward_only, "rank by the forward time alone");
     options.add_flag("--json", &json, "one JSON object per line");
   }
@@ -49,7 +50,8 @@ struct ModelOptions {
 };
 
 std::string grid_text(const Plan& plan) {
-  if (plan.algorithm == Algorithm::attention2d || plan.algorithm == Algorithm::attention2d_overlap) {
+  if (plan.algorithm == Algorithm::attention2d ||
+      plan.algorithm == Algorithm::attention2d_overlap) {
     return plan.grid.describe() + (plan.kv_transpose ? "" : " no-transpose");
   }
   return layout_name(plan.layout);
@@ -76,8 +78,9 @@ void print_table(const PlanSearch& search, const Problem& problem, const Machine
   for (const auto& [algorithm, reason] : search.skipped) {
     std::printf("skipped %s: %s\n", algorithm.c_str(), reason.c_str());
   }
-  std::printf("\nwords: elements the busiest rank sends; messages: forward + backward; "
-              "memory: peak per rank\n");
+  std::printf(
+      "\nwords: elements the busiest rank sends; messages: forward + backward; "
+      "memory: peak per rank\n");
 }
 
 std::string json_row(const RankedPlan& r, int rank_in_list, int ranks) {
@@ -120,26 +123,33 @@ void plot(const ModelOptions& o, const Problem& base) {
   A2D_REQUIRE(over_gpus || o.plot_x == "seq", "--plot-x is gpus or seq, got '", o.plot_x, "'");
   std::vector<int64_t> xs;
   if (over_gpus) {
-    for (int64_t p = 2; p <= std::max<int64_t>(o.gpus, 64); p *= 2) xs.push_back(p);
+    for (int64_t p = 2; p <= std::max<int64_t>(o.gpus, 64); p *= 2)
+      xs.push_back(p);
   } else {
-    for (int64_t n = std::max<int64_t>(base.seq / 16, 1024); n <= base.seq * 16; n *= 2) xs.push_back(n);
+    for (int64_t n = std::max<int64_t>(base.seq / 16, 1024); n <= base.seq * 16; n *= 2)
+      xs.push_back(n);
   }
-  std::vector<std::string> names = {"attention2d", "attention2d-overlap", "ring", "allgather-kv", "ulysses"};
+  std::vector<std::string> names = {"attention2d", "attention2d-overlap", "ring", "allgather-kv",
+                                    "ulysses"};
   std::ostringstream data;
   for (const int64_t x : xs) {
     Problem problem = base;
     int ranks = static_cast<int>(o.gpus);
-    if (over_gpus) ranks = static_cast<int>(x);
-    else problem.seq = x;
+    if (over_gpus)
+      ranks = static_cast<int>(x);
+    else
+      problem.seq = x;
     const Machine machine = choice.machine(ranks);
-    const auto best = best_per_algorithm(
-        search_plans(problem, ranks, machine, static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)),
-                     choice.precision, !o.forward_only),
-        o.forward_only);
+    const auto best =
+        best_per_algorithm(search_plans(problem, ranks, machine,
+                                        static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)),
+                                        choice.precision, !o.forward_only),
+                           o.forward_only);
     data << x;
     for (const std::string& name : names) {
       const auto it = best.find(name);
-      data << " " << (it == best.end() ? std::string("NaN") : cli::format_double(1e3 * it->second, 6));
+      data << " "
+           << (it == best.end() ? std::string("NaN") : cli::format_double(1e3 * it->second, 6));
     }
     data << "\n";
   }
@@ -150,12 +160,13 @@ void plot(const ModelOptions& o, const Problem& base) {
   script << "set terminal " << (svg ? "svg size 900,560 dynamic" : "pngcairo size 900,560") << "\n"
          << "set output '" << o.plot << "'\n"
          << "set title 'Predicted " << (o.forward_only ? "forward" : "forward + backward")
-         << " time, " << choice.name << " (" << precision_name(choice.precision) << "), N="
-         << base.seq << " H=" << base.heads << " D=" << base.head_dim
+         << " time, " << choice.name << " (" << precision_name(choice.precision)
+         << "), N=" << base.seq << " H=" << base.heads << " D=" << base.head_dim
          << (base.mask.is_causal() ? " causal" : "") << "' noenhanced\n"
          << "set xlabel '" << (over_gpus ? "ranks P" : "sequence length N") << "'\n"
          << "set ylabel 'time per layer (ms)'\nset logscale xy 2\nset grid\nset key left top\n"
-         << "$data << EOD\n" << data.str() << "EOD\nplot";
+         << "$data << EOD\n"
+         << data.str() << "EOD\nplot";
   for (size_t i = 0; i < names.size(); ++i) {
     script << (i ? "," : "") << " $data using 1:" << i + 2 << " with linespoints title '"
            << names[i] << "'";
@@ -165,7 +176,8 @@ void plot(const ModelOptions& o, const Problem& base) {
   A2D_REQUIRE(gnuplot, "cannot start gnuplot (scripts/setup.sh installs gnuplot-nox)");
   std::fputs(script.str().c_str(), gnuplot);
   const int status = ::pclose(gnuplot);
-  A2D_REQUIRE(status == 0, "gnuplot failed (exit status ", WEXITSTATUS(status), ") writing ", o.plot);
+  A2D_REQUIRE(status == 0, "gnuplot failed (exit status ", WEXITSTATUS(status), ") writing ",
+              o.plot);
   std::cerr << "a2d model: wrote " << o.plot << "\n";
 }
 
@@ -180,7 +192,8 @@ int model(int argc, char** argv, int first) {
       "arithmetic: instant for P up to 16384 and N up to 2^24. docs/cost-model.md derives it.");
   o.declare(options);
   options.add_string("--plot", &o.plot, "also draw predicted time against --plot-x (.svg or .png)");
-  options.add_string("--plot-x", &o.plot_x, "gpus (powers of two up to --gpus) or seq (N/16 .. 16N)");
+  options.add_string("--plot-x", &o.plot_x,
+                     "gpus (powers of two up to --gpus) or seq (N/16 .. 16N)");
   if (!options.parse(argc, argv, first)) return 0;
   const Problem problem = o.problem.problem();
   A2D_REQUIRE(o.gpus >= 1 && o.gpus <= (1 << 20), "--gpus must be between 1 and 2^20");
@@ -189,10 +202,12 @@ int model(int argc, char** argv, int first) {
   const int ranks = static_cast<int>(o.gpus);
   const int per_node = static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks));
   const Machine machine = choice.machine(ranks);
-  const PlanSearch search = search_plans(problem, ranks, machine, per_node, choice.precision, !o.forward_only);
+  const PlanSearch search =
+      search_plans(problem, ranks, machine, per_node, choice.precision, !o.forward_only);
   if (o.json) {
     int index = 1;
-    for (const RankedPlan& r : search.ranked) std::cout << json_row(r, index++, ranks) << "\n";
+    for (const RankedPlan& r : search.ranked)
+      std::cout << json_row(r, index++, ranks) << "\n";
     for (const auto& [algorithm, reason] : search.skipped) {
       std::cout << cli::JsonLine().add("algo", algorithm).add("skipped", reason).str() << "\n";
     }
@@ -206,9 +221,10 @@ int model(int argc, char** argv, int first) {
 int plan(int argc, char** argv, int first) {
   ModelOptions o;
   o.machine = "";
-  cli::Options options("a2d plan [options]",
-                       "Names the fastest algorithm and grid for a run, by the cost model. Without\n"
-                       "--machine: this machine's calibration if there is one (a2d calibrate).");
+  cli::Options options(
+      "a2d plan [options]",
+      "Names the fastest algorithm and grid for a run, by the cost model. Without\n"
+      "--machine: this machine's calibration if there is one (a2d calibrate).");
   o.declare(options);
   if (!options.parse(argc, argv, first)) return 0;
   const Problem problem = o.problem.problem();

@@ -41,8 +41,9 @@ void PlanOptions::declare(Options& options) {
   options.add_string("--calibration", &calibration,
                      "calibration file the planner reads (default $A2D_CALIBRATION or "
                      "./a2d-calibration.txt)");
-  options.add_string("--layout", &layout,
-                     "token layout: cyclic, striped, contiguous or zigzag (default: the algorithm's)");
+  options.add_string(
+      "--layout", &layout,
+      "token layout: cyclic, striped, contiguous or zigzag (default: the algorithm's)");
   options.add_int("--stripe", &stripe, "stripe width of the striped layout");
   options.add_flag("--no-kv-transpose", &no_kv_transpose,
                    "ATTENTION2D: gather K/V where they are instead of the paper's transpose");
@@ -69,7 +70,8 @@ Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen) c
   if (!layout.empty()) p.layout = parse_layout(layout);
   p.stripe = stripe;
   if (no_kv_transpose) p.kv_transpose = false;
-  A2D_REQUIRE(threads >= 1 && threads <= 1024, "--threads must be between 1 and 1024, got ", threads);
+  A2D_REQUIRE(threads >= 1 && threads <= 1024, "--threads must be between 1 and 1024, got ",
+              threads);
   p.threads = static_cast<int>(threads);
   check_plan(p, problem, ranks);
   return p;

@@ -139,10 +139,13 @@ int run(int argc, char** argv, int first) {
     options.add_string("--q", &o.q_file, "Q as .npy [batch, seq, heads, head_dim] (float32/64)");
     options.add_string("--k", &o.k_file, "K as .npy [batch, seq, kv_heads, head_dim]");
     options.add_string("--v", &o.v_file, "V as .npy [batch, seq, kv_heads, head_dim]");
-    options.add_string("--do", &o.do_file, "dO as .npy [batch, seq, heads, head_dim] (with --backward)");
-    options.add_string("--out", &o.out_dir, "write o.npy, lse.npy (dq, dk, dv.npy) here, global order");
+    options.add_string("--do", &o.do_file,
+                       "dO as .npy [batch, seq, heads, head_dim] (with --backward)");
+    options.add_string("--out", &o.out_dir,
+                       "write o.npy, lse.npy (dq, dk, dv.npy) here, global order");
     options.add_flag("--force", &o.force, "overwrite existing output files");
-    options.add_flag("--check", &o.check, "compare every output with the fp64 reference; exit 1 over the bound");
+    options.add_flag("--check", &o.check,
+                     "compare every output with the fp64 reference; exit 1 over the bound");
     options.add_flag("--json", &o.json, "one JSON object per line instead of the report");
     options.add_flag("--check-finite", &o.check_finite,
                      "refuse inputs holding NaN or Inf, naming the first one and its rank");
@@ -165,7 +168,8 @@ int run(int argc, char** argv, int first) {
     if (from_files) {
       for (const char* option : {"--batch", "--seq", "--heads", "--kv-heads", "--head-dim"}) {
         collective_check(world, [&] {
-          A2D_REQUIRE(!options.given(option), option, " conflicts with --q: with input files the "
+          A2D_REQUIRE(!options.given(option), option,
+                      " conflicts with --q: with input files the "
                       "sizes come from the files");
         });
       }
@@ -202,15 +206,16 @@ int run(int argc, char** argv, int first) {
 
     if (o.check_finite) {
       world.set_phase("io");
-      const NonFiniteInput bad = find_nonfinite(world, problem, attention->layout(), shards, o.backward);
+      const NonFiniteInput bad =
+          find_nonfinite(world, problem, attention->layout(), shards, o.backward);
       collective_check(world, [&] {
         A2D_REQUIRE(!bad.found || world.rank() != bad.rank, bad.describe(),
                     " (--check-finite; global index order [batch, seq, heads, head_dim])");
       });
     }
 
-    const Timings timings = time_attention(world, *log, *attention, problem, shards, o.backward,
-                                           o.warmup, o.iters);
+    const Timings timings =
+        time_attention(world, *log, *attention, problem, shards, o.backward, o.warmup, o.iters);
 
     // Outputs in global order on rank 0, then the check and the files.
     OutputErrors errors;
@@ -223,7 +228,8 @@ int run(int argc, char** argv, int first) {
     double error_values[5] = {-1, -1, -1, -1, -1};
     if (o.check) {
       if (world.rank() == 0) {
-        if (!from_files) global = generate_global(problem, static_cast<uint64_t>(o.seed), o.backward);
+        if (!from_files)
+          global = generate_global(problem, static_cast<uint64_t>(o.seed), o.backward);
         const ReferenceOutputs reference =
             reference_outputs(problem, global, o.backward, reference_threads());
         errors = compare_outputs(outputs, reference, o.backward);
@@ -232,7 +238,8 @@ int run(int argc, char** argv, int first) {
       }
       sleeping_barrier(MPI_COMM_WORLD);  // the other ranks sleep while rank 0 computes
       world.broadcast(error_values, sizeof error_values, 0);
-      errors = {error_values[0], error_values[1], error_values[2], error_values[3], error_values[4]};
+      errors = {error_values[0], error_values[1], error_values[2], error_values[3],
+                error_values[4]};
     }
     const bool pass = !o.check || errors.max() <= kFp32RelativeBound;
     // A failed check writes nothing: a failed run leaves no output behind.

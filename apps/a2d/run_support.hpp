@@ -24,8 +24,8 @@ struct PhaseTiming {
   double rank_min_ms = 0;  // per-rank medians: min, mean and max across ranks
   double rank_avg_ms = 0;
   double rank_max_ms = 0;
-  int64_t bytes = 0;       // sent by one call, max over ranks
-  int64_t messages = 0;    // sent by one call, max over ranks
+  int64_t bytes = 0;     // sent by one call, max over ranks
+  int64_t messages = 0;  // sent by one call, max over ranks
 };
 
 struct Timings {

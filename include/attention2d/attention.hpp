@@ -47,9 +47,9 @@ struct Problem {
 
 struct Plan {
   Algorithm algorithm = Algorithm::attention2d;
-  GridShape grid;                         // ATTENTION2D: R x C; other algorithms: 1 x P
+  GridShape grid;                          // ATTENTION2D: R x C; other algorithms: 1 x P
   LayoutKind layout = LayoutKind::cyclic;  // the shard layout of Q, K, V, O (and gradients)
-  int64_t stripe = 1;                     // stripe width of the striped layout
+  int64_t stripe = 1;                      // stripe width of the striped layout
   // ATTENTION2D: exchange K/V into the paper's row-major cyclic layout before the column
   // gathers (true), or gather K/V where they already are (false, one exchange less; see
   // docs/attention2d.md).

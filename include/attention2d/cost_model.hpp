@@ -55,9 +55,9 @@ struct Calibration {
   int ranks = 1;
   int cores = 1;
   int64_t head_dim = 64;
-  double kernel_forward_flops = 0;   // per rank, all ranks computing at once
+  double kernel_forward_flops = 0;  // per rank, all ranks computing at once
   double kernel_backward_flops = 0;
-  double latency_s = 0;               // point-to-point, all ranks exchanging at once
+  double latency_s = 0;  // point-to-point, all ranks exchanging at once
   double bytes_per_s = 0;
 };
 // Adds or replaces the section of `c.ranks` in the file.
@@ -65,7 +65,7 @@ void save_calibration(const std::string& file, const Calibration& c);
 
 struct PhaseCost {
   std::string name;
-  Traffic traffic;   // of the busiest rank
+  Traffic traffic;  // of the busiest rank
   bool inter_node = false;
   double seconds = 0;
 };
@@ -75,7 +75,7 @@ struct Prediction {
   double backward_s = 0;
   double forward_compute_s = 0;
   double backward_compute_s = 0;
-  double forward_flops = 0;   // busiest rank, unmasked
+  double forward_flops = 0;  // busiest rank, unmasked
   double backward_flops = 0;
   // Bytes (in the modelled precision) and messages of the rank that sends the most; words = the
   // elements that rank sends (the paper's unit).
@@ -83,7 +83,7 @@ struct Prediction {
   Traffic backward;
   double words_forward = 0;
   double words_backward = 0;
-  int64_t memory_bytes = 0;   // peak per rank: shards plus the algorithm's transient buffers
+  int64_t memory_bytes = 0;       // peak per rank: shards plus the algorithm's transient buffers
   std::vector<PhaseCost> phases;  // each with the most any rank sends in it
 };
 

@@ -17,14 +17,14 @@ struct Attention2DRank {
   int row = 0;
   int col = 0;
   int64_t own_tokens = 0;
-  std::vector<int> row_parts;        // Q parts gathered along the row, in row order (by column)
-  std::vector<int> col_parts;        // K/V parts gathered along the column, in column order
-  std::vector<int64_t> row_counts;   // their token counts
+  std::vector<int> row_parts;       // Q parts gathered along the row, in row order (by column)
+  std::vector<int> col_parts;       // K/V parts gathered along the column, in column order
+  std::vector<int64_t> row_counts;  // their token counts
   std::vector<int64_t> col_counts;
-  std::vector<int64_t> q_positions;  // global positions of the gathered query rows (N/R)
-  std::vector<int64_t> kv_positions; // ... and of the gathered key rows (N/C)
-  int kv_source = 0;  // world rank whose K/V this rank holds after the transpose
-  int kv_dest = 0;    // world rank that holds this rank's K/V after the transpose
+  std::vector<int64_t> q_positions;   // global positions of the gathered query rows (N/R)
+  std::vector<int64_t> kv_positions;  // ... and of the gathered key rows (N/C)
+  int kv_source = 0;                  // world rank whose K/V this rank holds after the transpose
+  int kv_dest = 0;                    // world rank that holds this rank's K/V after the transpose
 
   int64_t q_rows() const;
   int64_t kv_rows() const;

@@ -45,10 +45,11 @@ std::string concat(const Parts&... parts) {
 }  // namespace a2d
 
 // A2D_FAIL("what", value, "more") throws a2d::Error with the concatenated message.
-#define A2D_FAIL(...) ::a2d::detail::throw_error(::a2d::detail::concat(__VA_ARGS__), __FILE__, __LINE__)
+#define A2D_FAIL(...) \
+  ::a2d::detail::throw_error(::a2d::detail::concat(__VA_ARGS__), __FILE__, __LINE__)
 
 // A2D_REQUIRE(condition, message parts...) throws when the condition does not hold.
-#define A2D_REQUIRE(condition, ...) \
-  do {                              \
+#define A2D_REQUIRE(condition, ...)          \
+  do {                                       \
     if (!(condition)) A2D_FAIL(__VA_ARGS__); \
   } while (false)

@@ -33,8 +33,8 @@ struct ShardSet {
 };
 
 // Buffers for the shards `part` holds; inputs filled from (seed, global index) when `generate`.
-ShardSet make_shards(const Problem& problem, const TokenLayout& layout, int64_t part,
-                     uint64_t seed, bool generate, bool backward);
+ShardSet make_shards(const Problem& problem, const TokenLayout& layout, int64_t part, uint64_t seed,
+                     bool generate, bool backward);
 
 // Root holds `global` (ignored elsewhere); every rank receives its shard's inputs.
 void scatter_inputs(Communicator& comm, int root, const Problem& problem, const TokenLayout& layout,

@@ -35,9 +35,12 @@ struct Mask {
   bool is_causal() const { return kind != MaskKind::none; }
   bool visible(int64_t q_pos, int64_t k_pos) const {
     switch (kind) {
-      case MaskKind::none: return true;
-      case MaskKind::causal: return k_pos <= q_pos;
-      case MaskKind::causal_window: return k_pos <= q_pos && k_pos > q_pos - window;
+      case MaskKind::none:
+        return true;
+      case MaskKind::causal:
+        return k_pos <= q_pos;
+      case MaskKind::causal_window:
+        return k_pos <= q_pos && k_pos > q_pos - window;
     }
     return false;
   }
@@ -217,11 +220,11 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
 // attention_backward; the merge functions have one implementation.
 enum class KernelPath { portable, avx2 };
 
-KernelPath kernel_path();                         // the path the kernels use now
-void set_kernel_path(KernelPath path);            // throws a2d::Error if the path is unsupported
-bool kernel_path_supported(KernelPath path);      // built in and runnable on this CPU
-KernelPath best_kernel_path();                    // the fastest supported path
-const char* kernel_path_name(KernelPath path);    // "portable", "avx2"
+KernelPath kernel_path();                       // the path the kernels use now
+void set_kernel_path(KernelPath path);          // throws a2d::Error if the path is unsupported
+bool kernel_path_supported(KernelPath path);    // built in and runnable on this CPU
+KernelPath best_kernel_path();                  // the fastest supported path
+const char* kernel_path_name(KernelPath path);  // "portable", "avx2"
 // "portable", "avx2" or "auto" (= best_kernel_path()); anything else throws a2d::Error.
 KernelPath parse_kernel_path(const std::string& name);
 

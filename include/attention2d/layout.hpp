@@ -38,8 +38,8 @@ class TokenLayout {
   int64_t parts() const { return parts_; }
   int64_t stripe() const { return stripe_; }
 
-  int64_t count(int64_t part) const;         // tokens owned by `part`
-  int64_t max_count() const;                 // the largest count(part)
+  int64_t count(int64_t part) const;                   // tokens owned by `part`
+  int64_t max_count() const;                           // the largest count(part)
   std::vector<int64_t> tokens_of(int64_t part) const;  // increasing global indices
 
   struct Owner {

@@ -23,22 +23,23 @@ std::vector<Field> descriptor(const Problem& p, const Plan& plan) {
   int32_t scale_bits = 0;
   const float scale = p.scale > 0 ? p.scale : 0.0f;
   std::memcpy(&scale_bits, &scale, sizeof scale_bits);
-  return {{"library version", A2D_VERSION_MAJOR * 10000 + A2D_VERSION_MINOR * 100 + A2D_VERSION_PATCH},
-          {"dtype", 32},  // inputs and arithmetic are fp32
-          {"batch", p.batch},
-          {"heads", p.heads},
-          {"kv_heads", p.kv_heads},
-          {"seq", p.seq},
-          {"head_dim", p.head_dim},
-          {"mask", static_cast<int64_t>(p.mask.kind)},
-          {"window", p.mask.window},
-          {"scale", scale_bits},
-          {"algorithm", static_cast<int64_t>(plan.algorithm)},
-          {"grid rows", plan.grid.rows},
-          {"grid cols", plan.grid.cols},
-          {"layout", static_cast<int64_t>(plan.layout)},
-          {"stripe", plan.stripe},
-          {"kv_transpose", plan.kv_transpose ? 1 : 0}};
+  return {
+      {"library version", A2D_VERSION_MAJOR * 10000 + A2D_VERSION_MINOR * 100 + A2D_VERSION_PATCH},
+      {"dtype", 32},  // inputs and arithmetic are fp32
+      {"batch", p.batch},
+      {"heads", p.heads},
+      {"kv_heads", p.kv_heads},
+      {"seq", p.seq},
+      {"head_dim", p.head_dim},
+      {"mask", static_cast<int64_t>(p.mask.kind)},
+      {"window", p.mask.window},
+      {"scale", scale_bits},
+      {"algorithm", static_cast<int64_t>(plan.algorithm)},
+      {"grid rows", plan.grid.rows},
+      {"grid cols", plan.grid.cols},
+      {"layout", static_cast<int64_t>(plan.layout)},
+      {"stripe", plan.stripe},
+      {"kv_transpose", plan.kv_transpose ? 1 : 0}};
 }
 
 // "8 on ranks 0-2, 4-15; 12 on rank 3"
@@ -54,7 +55,8 @@ std::string describe_values(const std::vector<int64_t>& by_rank) {
     first_value = false;
     for (size_t i = 0; i < ranks.size();) {
       size_t j = i;
-      while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+      while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1)
+        ++j;
       out << (i ? ", " : "") << ranks[i];
       if (j > i) out << "-" << ranks[j];
       i = j + 1;
@@ -76,12 +78,14 @@ void check_agreement(Communicator& world, const Problem& problem, const Plan& pl
   world.all_reduce(high.data(), fields, Reduction::max);
   world.all_reduce(low.data(), fields, Reduction::max);
   bool agree = true;
-  for (int64_t i = 0; i < fields; ++i) agree = agree && high[i] == -low[i];
+  for (int64_t i = 0; i < fields; ++i)
+    agree = agree && high[i] == -low[i];
   if (agree) return;
 
   // Name the ranks: every rank's descriptor, as raw bits in float slots (two per int64).
   std::vector<float> packed(static_cast<size_t>(2 * fields));
-  for (int64_t i = 0; i < fields; ++i) std::memcpy(&packed[2 * i], &mine[i].value, 8);
+  for (int64_t i = 0; i < fields; ++i)
+    std::memcpy(&packed[2 * i], &mine[i].value, 8);
   std::vector<float> all(packed.size() * static_cast<size_t>(world.size()));
   world.all_gather(packed.data(), all.data(),
                    std::vector<int64_t>(static_cast<size_t>(world.size()), 2 * fields));
@@ -90,14 +94,16 @@ void check_agreement(Communicator& world, const Problem& problem, const Plan& pl
     if (high[i] == -low[i]) continue;
     std::vector<int64_t> by_rank(static_cast<size_t>(world.size()));
     for (int rank = 0; rank < world.size(); ++rank) {
-      std::memcpy(&by_rank[static_cast<size_t>(rank)], &all[static_cast<size_t>((rank * fields + i) * 2)], 8);
+      std::memcpy(&by_rank[static_cast<size_t>(rank)],
+                  &all[static_cast<size_t>((rank * fields + i) * 2)], 8);
     }
     differences << "\n  " << mine[i].name << ": " << describe_values(by_rank);
   }
   // Every rank reaches this point with the same text: the error is collective by construction.
   throw CollectiveError(
       "attention2d error: the ranks were given different problems or plans; every rank must "
-      "pass the same ones:" + differences.str(),
+      "pass the same ones:" +
+          differences.str(),
       __FILE__, __LINE__);
 }
 

@@ -24,7 +24,8 @@ Attention2DRank attention2d_rank(const Problem& problem, const Plan& plan, int r
   out.row = at.row();
   out.col = at.col();
   out.own_tokens = layout.count(rank);
-  for (int c = 0; c < shape.cols; ++c) out.row_parts.push_back(GridCoords::rank_of(shape, out.row, c));
+  for (int c = 0; c < shape.cols; ++c)
+    out.row_parts.push_back(GridCoords::rank_of(shape, out.row, c));
   // With the transpose, p(r', c) holds cyclic part r' * C + c (tokens t = c mod C over the
   // column); without it, the part it started with.
   for (int r = 0; r < shape.rows; ++r) {
@@ -34,12 +35,14 @@ Attention2DRank attention2d_rank(const Problem& problem, const Plan& plan, int r
   for (const int part : out.row_parts) {
     out.row_counts.push_back(layout.count(part));
     if (!with_positions) continue;
-    for (const int64_t t : layout.tokens_of(part)) out.q_positions.push_back(t);
+    for (const int64_t t : layout.tokens_of(part))
+      out.q_positions.push_back(t);
   }
   for (const int part : out.col_parts) {
     out.col_counts.push_back(layout.count(part));
     if (!with_positions) continue;
-    for (const int64_t t : layout.tokens_of(part)) out.kv_positions.push_back(t);
+    for (const int64_t t : layout.tokens_of(part))
+      out.kv_positions.push_back(t);
   }
   out.kv_source = plan.kv_transpose ? at.kv_source_rank() : rank;
   out.kv_dest = plan.kv_transpose ? at.kv_dest_rank() : rank;
@@ -65,12 +68,15 @@ SequenceParts sequence_parts(const Problem& problem, const Plan& plan, bool with
     out.counts.push_back(layout.count(part));
     out.offsets.push_back(out.offsets.back() + out.counts.back());
     if (!with_positions) continue;
-    for (const int64_t t : layout.tokens_of(part)) out.positions.push_back(t);
+    for (const int64_t t : layout.tokens_of(part))
+      out.positions.push_back(t);
   }
   return out;
 }
 
-int ring_part_at(int ranks, int rank, int step) { return ((rank - step) % ranks + ranks) % ranks; }
+int ring_part_at(int ranks, int rank, int step) {
+  return ((rank - step) % ranks + ranks) % ranks;
+}
 
 namespace {
 int64_t pairs_between(const Problem& problem, const SequenceParts& parts, int q_part, int kv_part) {

@@ -21,16 +21,23 @@ Algorithm parse_algorithm(const std::string& name) {
 
 std::string algorithm_name(Algorithm algorithm) {
   switch (algorithm) {
-    case Algorithm::attention2d: return "attention2d";
-    case Algorithm::attention2d_overlap: return "attention2d-overlap";
-    case Algorithm::ring: return "ring";
-    case Algorithm::allgather_kv: return "allgather-kv";
-    case Algorithm::ulysses: return "ulysses";
+    case Algorithm::attention2d:
+      return "attention2d";
+    case Algorithm::attention2d_overlap:
+      return "attention2d-overlap";
+    case Algorithm::ring:
+      return "ring";
+    case Algorithm::allgather_kv:
+      return "allgather-kv";
+    case Algorithm::ulysses:
+      return "ulysses";
   }
   return "?";
 }
 
-float Problem::softmax_scale() const { return scale > 0 ? scale : default_scale(head_dim); }
+float Problem::softmax_scale() const {
+  return scale > 0 ? scale : default_scale(head_dim);
+}
 
 void Problem::validate() const {
   A2D_REQUIRE(seq >= 1, "the sequence length must be at least 1 (got ", seq, ")");
@@ -42,7 +49,8 @@ void Problem::validate() const {
               ") must each be at most 2^20");
   const double elements = static_cast<double>(batch) * static_cast<double>(seq) *
                           static_cast<double>(heads) * static_cast<double>(head_dim);
-  A2D_REQUIRE(elements <= 0x1p56, "Q would hold ", elements, " elements; at most 2^56 are "
+  A2D_REQUIRE(elements <= 0x1p56, "Q would hold ", elements,
+              " elements; at most 2^56 are "
               "supported");
   mask.validate();
   A2D_REQUIRE(std::isfinite(scale) && scale >= 0,
@@ -62,7 +70,8 @@ AttentionShape Problem::local_shape(int64_t q_tokens, int64_t kv_tokens) const {
 
 std::string Plan::describe() const {
   std::ostringstream out;
-  out << algorithm_name(algorithm) << " grid=" << grid.describe() << " layout=" << layout_name(layout);
+  out << algorithm_name(algorithm) << " grid=" << grid.describe()
+      << " layout=" << layout_name(layout);
   if (layout == LayoutKind::striped) out << "(" << stripe << ")";
   if (algorithm == Algorithm::attention2d || algorithm == Algorithm::attention2d_overlap) {
     out << " kv_transpose=" << (kv_transpose ? "yes" : "no");
@@ -105,8 +114,10 @@ void check_plan(const Plan& plan, const Problem& problem, int ranks) {
     case Algorithm::attention2d:
     case Algorithm::attention2d_overlap:
       check_grid(plan.grid, ranks);
-      A2D_REQUIRE(plan.layout == LayoutKind::cyclic, algo, " shards the sequence cyclically (token t "
-                  "on rank t mod P); --layout ", layout_name(plan.layout), " is not supported");
+      A2D_REQUIRE(plan.layout == LayoutKind::cyclic, algo,
+                  " shards the sequence cyclically (token t "
+                  "on rank t mod P); --layout ",
+                  layout_name(plan.layout), " is not supported");
       break;
     case Algorithm::ring:
     case Algorithm::allgather_kv:

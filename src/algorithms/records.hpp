@@ -52,7 +52,8 @@ inline void pack(TokenView<const float> from, int64_t tokens, int64_t width, con
   const TokenView<float> dst = to.tokens(base, offset);
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t b = 0; b < to.batch; ++b)
-      for (int64_t h = 0; h < to.heads; ++h) std::copy_n(from.at(b, t, h), width, dst.at(b, t, h));
+      for (int64_t h = 0; h < to.heads; ++h)
+        std::copy_n(from.at(b, t, h), width, dst.at(b, t, h));
 }
 
 inline void unpack(const RecordLayout& from, const float* base, int64_t offset, int64_t tokens,
@@ -60,7 +61,8 @@ inline void unpack(const RecordLayout& from, const float* base, int64_t offset, 
   const TokenView<const float> src = from.tokens(base, offset);
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t b = 0; b < from.batch; ++b)
-      for (int64_t h = 0; h < from.heads; ++h) std::copy_n(src.at(b, t, h), width, to.at(b, t, h));
+      for (int64_t h = 0; h < from.heads; ++h)
+        std::copy_n(src.at(b, t, h), width, to.at(b, t, h));
 }
 
 inline void pack_rows(RowView<const float> from, int64_t tokens, const RecordLayout& to,
@@ -68,7 +70,8 @@ inline void pack_rows(RowView<const float> from, int64_t tokens, const RecordLay
   const RowView<float> dst = to.rows(base, offset);
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t b = 0; b < to.batch; ++b)
-      for (int64_t h = 0; h < to.heads; ++h) dst.at(b, h, t) = from.at(b, h, t);
+      for (int64_t h = 0; h < to.heads; ++h)
+        dst.at(b, h, t) = from.at(b, h, t);
 }
 
 // Copies `heads` x `width` floats per (batch, token) between two views of any strides.
@@ -76,14 +79,16 @@ inline void copy_tokens(TokenView<const float> from, TokenView<float> to, int64_
                         int64_t tokens, int64_t heads, int64_t width) {
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t b = 0; b < batch; ++b)
-      for (int64_t h = 0; h < heads; ++h) std::copy_n(from.at(b, t, h), width, to.at(b, t, h));
+      for (int64_t h = 0; h < heads; ++h)
+        std::copy_n(from.at(b, t, h), width, to.at(b, t, h));
 }
 
 inline void copy_rows(RowView<const float> from, RowView<float> to, int64_t batch, int64_t heads,
                       int64_t tokens) {
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t b = 0; b < batch; ++b)
-      for (int64_t h = 0; h < heads; ++h) to.at(b, h, t) = from.at(b, h, t);
+      for (int64_t h = 0; h < heads; ++h)
+        to.at(b, h, t) = from.at(b, h, t);
 }
 
 // The heads first_head, first_head + 1, ... of a view (the same tensor, fewer heads).
@@ -101,7 +106,8 @@ RowView<T> from_head(RowView<T> view, int64_t first_head) {
 // Token counts times a per-token size (floats or records per token).
 inline std::vector<int64_t> scaled(const std::vector<int64_t>& tokens, int64_t per_token) {
   std::vector<int64_t> out(tokens);
-  for (auto& x : out) x *= per_token;
+  for (auto& x : out)
+    x *= per_token;
   return out;
 }
 
@@ -114,7 +120,8 @@ inline std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
 
 // Element-wise sum of `count` floats: into += from.
 inline void add_into(float* into, const float* from, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) into[i] += from[i];
+  for (int64_t i = 0; i < count; ++i)
+    into[i] += from[i];
 }
 
 }  // namespace a2d::algorithms

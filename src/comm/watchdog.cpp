@@ -69,7 +69,8 @@ Fault fault_for(const char* variable, int rank) {
   if (first == std::string::npos || std::atoi(spec.substr(0, first).c_str()) != rank) return fault;
   const auto second = spec.find(':', first + 1);
   fault.set = true;
-  fault.phase = spec.substr(first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
+  fault.phase =
+      spec.substr(first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
   if (second != std::string::npos) fault.seconds = std::atof(spec.c_str() + second + 1);
   return fault;
 }
@@ -158,7 +159,8 @@ struct Watchdog::State {
               : key.first < furthest               ? "behind: "
                                                    : "waiting: ")
           << (ranks.size() > 1 ? "ranks " : "rank ");
-      for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+      for (size_t i = 0; i < ranks.size(); ++i)
+        out << (i ? ", " : "") << ranks[i];
       out << " (phase " << static_cast<int64_t>(key.first) << " " << key.second << ", "
           << longest[key] << " s)\n";
     }
@@ -168,7 +170,8 @@ struct Watchdog::State {
     }
     if (!silent.empty()) {
       out << "  not answering (dead or stuck): " << (silent.size() > 1 ? "ranks " : "rank ");
-      for (size_t i = 0; i < silent.size(); ++i) out << (i ? ", " : "") << silent[i];
+      for (size_t i = 0; i < silent.size(); ++i)
+        out << (i ? ", " : "") << silent[i];
       out << "\n";
     }
     out << "a2d watchdog: aborting the job\n";
@@ -196,8 +199,10 @@ Watchdog::Watchdog(MPI_Comm comm, double timeout_seconds) : state_(std::make_uni
   if (timeout_seconds <= 0) return;
   int level = 0;
   MPI_Query_thread(&level);
-  A2D_REQUIRE(level >= MPI_THREAD_MULTIPLE, "the watchdog (--timeout) needs an MPI library "
-              "initialised with MPI_THREAD_MULTIPLE; this one provides level ", level);
+  A2D_REQUIRE(level >= MPI_THREAD_MULTIPLE,
+              "the watchdog (--timeout) needs an MPI library "
+              "initialised with MPI_THREAD_MULTIPLE; this one provides level ",
+              level);
   A2D_REQUIRE(!g_active.load(), "only one watchdog may be active in a process");
   MPI_Comm_dup(comm, &state_->comm);
   MPI_Comm_rank(state_->comm, &state_->rank);
@@ -224,7 +229,9 @@ Watchdog::~Watchdog() {
   MPI_Comm_free(&state_->comm);
 }
 
-bool Watchdog::active() const { return state_->thread.joinable(); }
+bool Watchdog::active() const {
+  return state_->thread.joinable();
+}
 
 void Watchdog::note_phase(const std::string& phase) {
   {

@@ -43,9 +43,8 @@ void fill_generated(uint64_t seed, TensorTag tag, const GlobalTokens& global,
                   " is outside the global sequence of ", global.tokens, " tokens");
       for (int64_t h = 0; h < global.heads; ++h) {
         float* row = out.at(b, i, h);
-        const uint64_t base =
-            static_cast<uint64_t>(((b * global.tokens + token) * global.heads + h) *
-                                  global.head_dim);
+        const uint64_t base = static_cast<uint64_t>(
+            ((b * global.tokens + token) * global.heads + h) * global.head_dim);
         for (int64_t d = 0; d < global.head_dim; ++d) {
           row[d] = amplitude * generated_value(seed, tag, base + static_cast<uint64_t>(d));
         }

@@ -22,8 +22,12 @@ Error::Error(std::string message, const char* file, int line)
       line_(line),
       rank_(g_error_rank.load()) {}
 
-void set_error_rank(int rank) { g_error_rank.store(rank); }
-int error_rank() { return g_error_rank.load(); }
+void set_error_rank(int rank) {
+  g_error_rank.store(rank);
+}
+int error_rank() {
+  return g_error_rank.load();
+}
 
 namespace detail {
 void throw_error(const std::string& message, const char* file, int line) {

@@ -46,7 +46,8 @@ GridShape default_grid(int ranks) {
 void check_grid(const GridShape& shape, int ranks) {
   if (shape.rows >= 1 && shape.cols >= 1 && shape.size() == ranks) return;
   std::ostringstream valid;
-  for (const GridShape& s : grid_shapes(ranks)) valid << " " << s.describe();
+  for (const GridShape& s : grid_shapes(ranks))
+    valid << " " << s.describe();
   A2D_FAIL("the grid ", shape.describe(), " has ", shape.size(), " places but the job has ", ranks,
            " ranks; use one of:", valid.str());
 }
@@ -74,8 +75,8 @@ Grid::Grid(std::unique_ptr<Communicator> world, GridShape shape)
 
 std::string Grid::describe() const {
   std::ostringstream out;
-  out << shape_.describe() << " grid, rank " << rank() << " at (row " << row() << ", col "
-      << col() << ")";
+  out << shape_.describe() << " grid, rank " << rank() << " at (row " << row() << ", col " << col()
+      << ")";
   return out.str();
 }
 

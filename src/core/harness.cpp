@@ -131,10 +131,12 @@ void scatter_inputs(Communicator& comm, int root, const Problem& p, const TokenL
         if (part == root) {
           *t.shard = std::move(buffer);
         } else {
-          comm.send_recv(buffer.data(), static_cast<int64_t>(buffer.size()), part, nullptr, 0, root);
+          comm.send_recv(buffer.data(), static_cast<int64_t>(buffer.size()), part, nullptr, 0,
+                         root);
         }
       } else if (comm.rank() == part) {
-        comm.send_recv(nullptr, 0, root, t.shard->data(), static_cast<int64_t>(t.shard->size()), root);
+        comm.send_recv(nullptr, 0, root, t.shard->data(), static_cast<int64_t>(t.shard->size()),
+                       root);
       }
     }
   }
@@ -163,7 +165,8 @@ GlobalOutputs gather_outputs(Communicator& comm, int root, const Problem& p,
     }
     for (int part = 0; part < comm.size(); ++part) {
       const int64_t n = layout.count(part);
-      const size_t size = t.stats ? static_cast<size_t>(p.batch * p.heads * n) : elements(p, n, t.heads);
+      const size_t size =
+          t.stats ? static_cast<size_t>(p.batch * p.heads * n) : elements(p, n, t.heads);
       if (comm.rank() == root) {
         std::vector<float> buffer(size);
         if (part == root) {
@@ -192,8 +195,8 @@ NonFiniteInput find_nonfinite(Communicator& comm, const Problem& p, const TokenL
     const std::vector<float>* shard;
     int64_t heads;
   };
-  std::vector<Tensor> tensors = {{"Q", &shards.q, p.heads}, {"K", &shards.k, p.kv_heads},
-                                 {"V", &shards.v, p.kv_heads}};
+  std::vector<Tensor> tensors = {
+      {"Q", &shards.q, p.heads}, {"K", &shards.k, p.kv_heads}, {"V", &shards.v, p.kv_heads}};
   if (backward) tensors.push_back({"dO", &shards.d_out, p.heads});
   const std::vector<int64_t> tokens = layout.tokens_of(comm.rank());
   const int64_t n = static_cast<int64_t>(tokens.size());
@@ -247,9 +250,15 @@ ReferenceOutputs reference_outputs(const Problem& p, const GlobalTensors& in, bo
                                    int threads) {
   const std::vector<double> q(in.q.begin(), in.q.end()), k(in.k.begin(), in.k.end()),
       v(in.v.begin(), in.v.end());
-  const reference::Inputs inputs{p.local_shape(p.seq, p.seq), p.mask,
-                                 static_cast<double>(p.softmax_scale()), q.data(), k.data(),
-                                 v.data(), nullptr, nullptr, threads};
+  const reference::Inputs inputs{p.local_shape(p.seq, p.seq),
+                                 p.mask,
+                                 static_cast<double>(p.softmax_scale()),
+                                 q.data(),
+                                 k.data(),
+                                 v.data(),
+                                 nullptr,
+                                 nullptr,
+                                 threads};
   ReferenceOutputs r;
   r.out.resize(q.size());
   r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.seq));
@@ -265,7 +274,9 @@ ReferenceOutputs reference_outputs(const Problem& p, const GlobalTensors& in, bo
   return r;
 }
 
-double OutputErrors::max() const { return std::max({out, lse, dq, dk, dv}); }
+double OutputErrors::max() const {
+  return std::max({out, lse, dq, dk, dv});
+}
 
 OutputErrors compare_outputs(const GlobalOutputs& got, const ReferenceOutputs& expected,
                              bool backward) {

@@ -22,7 +22,9 @@ namespace {
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr std::size_t kMagicSize = 6;
 
-std::size_t item_size(DType dtype) { return dtype == DType::float32 ? 4 : 8; }
+std::size_t item_size(DType dtype) {
+  return dtype == DType::float32 ? 4 : 8;
+}
 
 // The header dict holds strings, booleans and tuples of non-negative integers; nothing else is
 // accepted.
@@ -30,7 +32,8 @@ using Value = std::variant<std::string, bool, std::vector<int64_t>>;
 
 class HeaderParser {
  public:
-  HeaderParser(std::string text, std::string name) : text_(std::move(text)), name_(std::move(name)) {}
+  HeaderParser(std::string text, std::string name)
+      : text_(std::move(text)), name_(std::move(name)) {}
 
   std::map<std::string, Value> parse_dict() {
     std::map<std::string, Value> dict;
@@ -57,7 +60,8 @@ class HeaderParser {
     A2D_FAIL("malformed .npy header in ", name_, ": ", what, " at offset ", pos_);
   }
   void skip_space() {
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t')) ++pos_;
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t'))
+      ++pos_;
   }
   char peek() {
     skip_space();
@@ -127,7 +131,8 @@ class HeaderParser {
 
 uint32_t read_le(const std::byte* p, int bytes) {
   uint32_t value = 0;
-  for (int i = 0; i < bytes; ++i) value |= static_cast<uint32_t>(p[i]) << (8 * i);
+  for (int i = 0; i < bytes; ++i)
+    value |= static_cast<uint32_t>(p[i]) << (8 * i);
   return value;
 }
 
@@ -159,13 +164,19 @@ std::string header_text(const std::vector<int64_t>& shape, DType dtype) {
   return text;
 }
 
-std::string errno_text() { return std::strerror(errno); }
+std::string errno_text() {
+  return std::strerror(errno);
+}
 
 }  // namespace
 
-const char* dtype_name(DType dtype) { return dtype == DType::float32 ? "float32" : "float64"; }
+const char* dtype_name(DType dtype) {
+  return dtype == DType::float32 ? "float32" : "float64";
+}
 
-int64_t Array::element_count() const { return checked_count(shape, "array"); }
+int64_t Array::element_count() const {
+  return checked_count(shape, "array");
+}
 
 std::vector<float> Array::to_float() const {
   const int64_t n = element_count();
@@ -277,7 +288,8 @@ Array read(const std::string& path) {
 std::string shape_string(const std::vector<int64_t>& shape) {
   std::ostringstream out;
   out << '[';
-  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
+  for (std::size_t i = 0; i < shape.size(); ++i)
+    out << (i ? ", " : "") << shape[i];
   out << ']';
   return out.str();
 }
@@ -292,7 +304,8 @@ void require_shape(const Array& array, const std::vector<int64_t>& expected,
 
 std::vector<std::byte> encode(const std::vector<int64_t>& shape, DType dtype, const void* data) {
   const std::string header = header_text(shape, dtype);
-  const std::size_t body = static_cast<std::size_t>(checked_count(shape, "array")) * item_size(dtype);
+  const std::size_t body =
+      static_cast<std::size_t>(checked_count(shape, "array")) * item_size(dtype);
   std::vector<std::byte> bytes(kMagicSize + 4 + header.size() + body);
   std::memcpy(bytes.data(), kMagic, kMagicSize);
   bytes[6] = std::byte{1};
@@ -314,7 +327,8 @@ void write_temporary(const std::string& path, const std::vector<std::byte>& byte
   const std::string temporary = temporary_path(path);
   std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
   if (!out) A2D_FAIL("cannot write ", path, ": ", errno_text());
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
   out.flush();
   if (!out) {
     const std::string reason = errno_text();
@@ -329,8 +343,8 @@ void commit_temporary(const std::string& path, Overwrite overwrite) {
   const std::string temporary = temporary_path(path);
   if (overwrite == Overwrite::refuse) {
     if (link(temporary.c_str(), path.c_str()) != 0) {
-      const std::string reason = errno == EEXIST ? "it already exists; pass --force to overwrite it"
-                                                 : errno_text();
+      const std::string reason =
+          errno == EEXIST ? "it already exists; pass --force to overwrite it" : errno_text();
       A2D_FAIL("cannot create ", path, ": ", reason);
     }
     unlink(temporary.c_str());
@@ -353,11 +367,14 @@ void write_all(const std::vector<File>& files, Overwrite overwrite) {
       write_temporary(files[written].path,
                       encode(files[written].shape, DType::float32, files[written].data));
     }
-    for (; committed < files.size(); ++committed) commit_temporary(files[committed].path, overwrite);
+    for (; committed < files.size(); ++committed)
+      commit_temporary(files[committed].path, overwrite);
   } catch (const Error&) {
-    for (size_t i = committed; i < written; ++i) unlink(temporary_path(files[i].path).c_str());
+    for (size_t i = committed; i < written; ++i)
+      unlink(temporary_path(files[i].path).c_str());
     if (overwrite == Overwrite::refuse) {
-      for (size_t i = 0; i < committed; ++i) unlink(files[i].path.c_str());
+      for (size_t i = 0; i < committed; ++i)
+        unlink(files[i].path.c_str());
     }
     throw;
   }

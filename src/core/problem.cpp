@@ -20,9 +20,12 @@ void Mask::validate() const {
 
 std::string Mask::describe() const {
   switch (kind) {
-    case MaskKind::none: return "none";
-    case MaskKind::causal: return "causal";
-    case MaskKind::causal_window: return "causal-window(" + std::to_string(window) + ")";
+    case MaskKind::none:
+      return "none";
+    case MaskKind::causal:
+      return "causal";
+    case MaskKind::causal_window:
+      return "causal-window(" + std::to_string(window) + ")";
   }
   return "?";
 }
@@ -30,7 +33,8 @@ std::string Mask::describe() const {
 BlockVisibility classify_block(const Mask& mask, int64_t q_min, int64_t q_max, int64_t k_min,
                                int64_t k_max) {
   switch (mask.kind) {
-    case MaskKind::none: return BlockVisibility::full;
+    case MaskKind::none:
+      return BlockVisibility::full;
     case MaskKind::causal:
       if (k_min > q_max) return BlockVisibility::hidden;
       if (k_max <= q_min) return BlockVisibility::full;
@@ -51,8 +55,9 @@ void AttentionShape::validate() const {
   A2D_REQUIRE(heads % kv_heads == 0, "heads (", heads, ") must be a multiple of kv_heads (",
               kv_heads, "): each K/V head serves heads / kv_heads query heads");
   A2D_REQUIRE(head_dim >= 1, "head_dim must be at least 1 (got ", head_dim, ")");
-  A2D_REQUIRE(q_tokens >= 0 && kv_tokens >= 0, "token counts must not be negative (got q_tokens=",
-              q_tokens, ", kv_tokens=", kv_tokens, ")");
+  A2D_REQUIRE(q_tokens >= 0 && kv_tokens >= 0,
+              "token counts must not be negative (got q_tokens=", q_tokens,
+              ", kv_tokens=", kv_tokens, ")");
 }
 
 std::string AttentionShape::describe() const {
@@ -71,7 +76,8 @@ int64_t count_visible_pairs(const Mask& mask, const int64_t* q_positions, int64_
                             const int64_t* kv_positions, int64_t kv_tokens) {
   if (mask.kind == MaskKind::none) return q_tokens * kv_tokens;
   std::vector<int64_t> keys(static_cast<size_t>(kv_tokens));
-  for (int64_t j = 0; j < kv_tokens; ++j) keys[j] = kv_positions ? kv_positions[j] : j;
+  for (int64_t j = 0; j < kv_tokens; ++j)
+    keys[j] = kv_positions ? kv_positions[j] : j;
   std::sort(keys.begin(), keys.end());
   int64_t pairs = 0;
   for (int64_t i = 0; i < q_tokens; ++i) {

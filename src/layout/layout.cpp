@@ -16,24 +16,37 @@ LayoutKind parse_layout(const std::string& name) {
 
 std::string layout_name(LayoutKind kind) {
   switch (kind) {
-    case LayoutKind::cyclic: return "cyclic";
-    case LayoutKind::striped: return "striped";
-    case LayoutKind::contiguous: return "contiguous";
-    case LayoutKind::zigzag: return "zigzag";
+    case LayoutKind::cyclic:
+      return "cyclic";
+    case LayoutKind::striped:
+      return "striped";
+    case LayoutKind::contiguous:
+      return "contiguous";
+    case LayoutKind::zigzag:
+      return "zigzag";
   }
   return "?";
 }
 
 TokenLayout::TokenLayout(LayoutKind kind, int64_t tokens, int64_t parts, int64_t stripe)
-    : kind_(kind), tokens_(tokens), parts_(parts), stripe_(kind == LayoutKind::cyclic ? 1 : stripe) {
+    : kind_(kind),
+      tokens_(tokens),
+      parts_(parts),
+      stripe_(kind == LayoutKind::cyclic ? 1 : stripe) {
   // The limits keep every intermediate product (stripe * parts, chunk offsets) far from
   // overflowing 64 bits.
-  A2D_REQUIRE(tokens >= 0 && tokens <= (int64_t{1} << 50), "a layout needs between 0 and 2^50 "
-              "tokens (got ", tokens, ")");
-  A2D_REQUIRE(parts >= 1 && parts <= (int64_t{1} << 30), "a layout needs between 1 and 2^30 "
-              "parts (got ", parts, ")");
-  A2D_REQUIRE(stripe_ >= 1 && stripe_ <= (int64_t{1} << 30), "the stripe width must be between 1 "
-              "and 2^30 (got ", stripe, ")");
+  A2D_REQUIRE(tokens >= 0 && tokens <= (int64_t{1} << 50),
+              "a layout needs between 0 and 2^50 "
+              "tokens (got ",
+              tokens, ")");
+  A2D_REQUIRE(parts >= 1 && parts <= (int64_t{1} << 30),
+              "a layout needs between 1 and 2^30 "
+              "parts (got ",
+              parts, ")");
+  A2D_REQUIRE(stripe_ >= 1 && stripe_ <= (int64_t{1} << 30),
+              "the stripe width must be between 1 "
+              "and 2^30 (got ",
+              stripe, ")");
 }
 
 int64_t TokenLayout::chunk_begin(int64_t chunk) const {
@@ -66,7 +79,8 @@ int64_t TokenLayout::count(int64_t part) const {
 
 int64_t TokenLayout::max_count() const {
   int64_t best = 0;
-  for (int64_t p = 0; p < parts_; ++p) best = std::max(best, count(p));
+  for (int64_t p = 0; p < parts_; ++p)
+    best = std::max(best, count(p));
   return best;
 }
 
@@ -91,7 +105,8 @@ int64_t TokenLayout::token_at(int64_t part, int64_t index) const {
 std::vector<int64_t> TokenLayout::tokens_of(int64_t part) const {
   const int64_t n = count(part);
   std::vector<int64_t> list(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) list[i] = token_at(part, i);
+  for (int64_t i = 0; i < n; ++i)
+    list[i] = token_at(part, i);
   return list;
 }
 
@@ -128,7 +143,8 @@ TokenLayout::Owner TokenLayout::owner(int64_t token) const {
 std::string TokenLayout::describe() const {
   std::string text = layout_name(kind_);
   if (kind_ == LayoutKind::striped) text += "(" + std::to_string(stripe_) + ")";
-  return text + " over " + std::to_string(parts_) + " parts, " + std::to_string(tokens_) + " tokens";
+  return text + " over " + std::to_string(parts_) + " parts, " + std::to_string(tokens_) +
+         " tokens";
 }
 
 }  // namespace a2d

@@ -31,7 +31,9 @@ std::string precision_name(Precision precision) {
 // Every number below is a datasheet value or a published measurement; docs/cost-model.md cites
 // each. Kernel throughput = peak tensor rate x the attention kernel's published efficiency.
 
-std::vector<std::string> preset_names() { return {"a100-hdr", "h100-ndr"}; }
+std::vector<std::string> preset_names() {
+  return {"a100-hdr", "h100-ndr"};
+}
 
 Machine preset_machine(const std::string& name, Precision precision) {
   Machine m;
@@ -124,10 +126,12 @@ void save_calibration(const std::string& file, const Calibration& c) {
     std::ofstream out(temporary);
     A2D_REQUIRE(out, "cannot write the calibration file ", file);
     out << "# written by a2d calibrate; one section per rank count. Throughputs are per rank with\n"
-           "# every rank computing (or exchanging) at once, so they include the sharing of cores.\n";
+           "# every rank computing (or exchanging) at once, so they include the sharing of "
+           "cores.\n";
     for (const auto& [ranks, values] : sections) {
       out << "[ranks " << ranks << "]\n";
-      for (const auto& [key, value] : values) out << key << " = " << value << "\n";
+      for (const auto& [key, value] : values)
+        out << key << " = " << value << "\n";
     }
     A2D_REQUIRE(out.good(), "cannot write the calibration file ", file);
   }
@@ -169,11 +173,13 @@ enum class Group { pair, row, column, world };
 // Which communicator a phase uses, from its name (the algorithms' phase names).
 Group group_of(const Plan& plan, const std::string& phase) {
   const std::string step = phase.substr(phase.find('.') + 1);
-  if (plan.algorithm != Algorithm::attention2d && plan.algorithm != Algorithm::attention2d_overlap) {
+  if (plan.algorithm != Algorithm::attention2d &&
+      plan.algorithm != Algorithm::attention2d_overlap) {
     return Group::world;
   }
   if (step == "kv_transpose" || step == "dkv_transpose") return Group::pair;
-  if (step == "kv_allgather" || step == "kv_ring" || step == "dkv_reduce_scatter") return Group::column;
+  if (step == "kv_allgather" || step == "kv_ring" || step == "dkv_reduce_scatter")
+    return Group::column;
   return Group::row;
 }
 
@@ -182,7 +188,8 @@ bool crosses_nodes(const Plan& plan, Group group, int ranks_per_node) {
   const int ranks = plan.grid.size(), rows = plan.grid.rows, cols = plan.grid.cols;
   const auto node = [&](int rank) { return rank / ranks_per_node; };
   switch (group) {
-    case Group::world: return node(0) != node(ranks - 1);
+    case Group::world:
+      return node(0) != node(ranks - 1);
     case Group::row:
       for (int r = 0; r < rows; ++r) {
         if (node(r) != node(r + (cols - 1) * rows)) return true;
@@ -206,12 +213,15 @@ bool crosses_nodes(const Plan& plan, Group group, int ranks_per_node) {
 std::vector<int> sample_ranks(const Plan& plan) {
   const int ranks = plan.grid.size();
   std::vector<int> sample;
-  for (int rank = 0; rank < ranks; rank += std::max(1, ranks / 64)) sample.push_back(rank);
+  for (int rank = 0; rank < ranks; rank += std::max(1, ranks / 64))
+    sample.push_back(rank);
   sample.push_back(ranks - 1);
   return sample;
 }
 
-double element_factor(Precision precision) { return precision == Precision::bf16 ? 0.5 : 1.0; }
+double element_factor(Precision precision) {
+  return precision == Precision::bf16 ? 0.5 : 1.0;
+}
 
 // ---- Memory per rank (floats) ----------------------------------------------------------------
 
@@ -219,11 +229,11 @@ double memory_floats(const Problem& p, const Plan& plan) {
   const double b = static_cast<double>(p.batch), h = static_cast<double>(p.heads);
   const double hkv = static_cast<double>(p.kv_heads), d = static_cast<double>(p.head_dim);
   const int ranks = plan.grid.size();
-  const TokenLayout layout(plan.algorithm == Algorithm::attention2d ||
-                                   plan.algorithm == Algorithm::attention2d_overlap
-                               ? LayoutKind::cyclic
-                               : plan.layout,
-                           p.seq, ranks, plan.stripe);
+  const TokenLayout layout(
+      plan.algorithm == Algorithm::attention2d || plan.algorithm == Algorithm::attention2d_overlap
+          ? LayoutKind::cyclic
+          : plan.layout,
+      p.seq, ranks, plan.stripe);
   const double n = static_cast<double>(layout.max_count());
   const double big_n = static_cast<double>(p.seq);
   // Shards the caller keeps: Q, O, dO, dQ; K, V, dK, dV; LSE.
@@ -233,12 +243,13 @@ double memory_floats(const Problem& p, const Plan& plan) {
   switch (plan.algorithm) {
     case Algorithm::attention2d:
     case Algorithm::attention2d_overlap: {
-      const double q_rows = std::ceil(big_n / plan.grid.rows), kv_rows = std::ceil(big_n / plan.grid.cols);
+      const double q_rows = std::ceil(big_n / plan.grid.rows),
+                   kv_rows = std::ceil(big_n / plan.grid.cols);
       if (plan.algorithm == Algorithm::attention2d) {
         forward = n * kv_row + kv_rows * kv_row + q_rows * b * h * d + q_rows * b * h * (d + 2) +
                   n * b * h * (d + 2);
-        backward = q_rows * b * h * (2 * d + 2) + n * kv_row + kv_rows * kv_row + q_rows * b * h * d +
-                   kv_rows * kv_row + n * b * h * d + 2 * n * kv_row;
+        backward = q_rows * b * h * (2 * d + 2) + n * kv_row + kv_rows * kv_row +
+                   q_rows * b * h * d + kv_rows * kv_row + n * b * h * d + 2 * n * kv_row;
       } else {
         forward = n * kv_row + kv_rows * kv_row + 3 * n * b * h * d + 4 * n * b * h * (d + 2);
         backward = n * kv_row + kv_rows * kv_row + 3 * n * b * h * (2 * d + 2) + 4 * n * b * h * d +
@@ -256,10 +267,10 @@ double memory_floats(const Problem& p, const Plan& plan) {
       break;
     case Algorithm::ulysses: {
       const double hq = h / ranks, hk = hkv / ranks;
-      forward = n * b * (h + 2 * hkv) * d + big_n * b * (hq + 2 * hk) * d + big_n * b * hq * (d + 1) +
-                n * b * h * (d + 1);
-      backward = n * b * (h * (2 * d + 2) + 2 * hkv * d) + big_n * b * (hq * (2 * d + 2) + 2 * hk * d) +
-                 2 * big_n * b * (hq + 2 * hk) * d;
+      forward = n * b * (h + 2 * hkv) * d + big_n * b * (hq + 2 * hk) * d +
+                big_n * b * hq * (d + 1) + n * b * h * (d + 1);
+      backward = n * b * (h * (2 * d + 2) + 2 * hkv * d) +
+                 big_n * b * (hq * (2 * d + 2) + 2 * hk * d) + 2 * big_n * b * (hq + 2 * hk) * d;
       break;
     }
   }
@@ -269,7 +280,9 @@ double memory_floats(const Problem& p, const Plan& plan) {
 struct Step {
   double latency_s;
   double bytes_per_s;
-  double time(double bytes, double messages) const { return messages * latency_s + bytes / bytes_per_s; }
+  double time(double bytes, double messages) const {
+    return messages * latency_s + bytes / bytes_per_s;
+  }
 };
 
 }  // namespace
@@ -315,7 +328,8 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     cost.traffic = t;
     cost.inter_node = crosses_nodes(plan, group_of(plan, name), ranks_per_node);
     const Link& link = cost.inter_node ? machine.inter : machine.intra;
-    cost.seconds = t.messages * link.latency_s + factor * static_cast<double>(t.bytes) / link.bytes_per_s;
+    cost.seconds =
+        t.messages * link.latency_s + factor * static_cast<double>(t.bytes) / link.bytes_per_s;
     seconds[name] = cost.seconds;
     out.phases.push_back(cost);
   }
@@ -349,8 +363,8 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
   const int rows = plan.grid.rows, cols = plan.grid.cols;
   switch (plan.algorithm) {
     case Algorithm::attention2d:
-      out.forward_s = t("forward.kv_transpose") + t("forward.kv_allgather") + t("forward.q_allgather") +
-                      cf + t("forward.merge_reduce_scatter");
+      out.forward_s = t("forward.kv_transpose") + t("forward.kv_allgather") +
+                      t("forward.q_allgather") + cf + t("forward.merge_reduce_scatter");
       out.backward_s = t("backward.kv_transpose") + t("backward.q_allgather") +
                        t("backward.kv_allgather") + cb + t("backward.dq_reduce_scatter") +
                        t("backward.dkv_reduce_scatter") + t("backward.dkv_transpose");
@@ -365,7 +379,8 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
         for (int s = 0; s < rows; ++s) {
           time += overlapped(compute / (rows * cols), s + 1 < rows ? per_step(kv) : 0.0);
         }
-        for (int s = 1; s < cols; ++s) time += overlapped(compute / cols, per_step(q) + per_step(partial));
+        for (int s = 1; s < cols; ++s)
+          time += overlapped(compute / cols, per_step(q) + per_step(partial));
         if (cols > 1) time += per_step(partial);
         return time;
       };
@@ -394,7 +409,8 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
       break;
     case Algorithm::ulysses:
       out.forward_s = t("forward.to_heads_all_to_all") + cf + t("forward.to_sequence_all_to_all");
-      out.backward_s = t("backward.to_heads_all_to_all") + cb + t("backward.to_sequence_all_to_all");
+      out.backward_s =
+          t("backward.to_heads_all_to_all") + cb + t("backward.to_sequence_all_to_all");
       break;
   }
   const double element_bytes = precision == Precision::bf16 ? 2.0 : 4.0;

@@ -40,7 +40,9 @@ Wide floor_sum(Wide n, Wide m, Wide a, Wide b) {
   return total;
 }
 
-Wide ceil_div(Wide a, Wide b) { return a <= 0 ? 0 : (a + b - 1) / b; }
+Wide ceil_div(Wide a, Wide b) {
+  return a <= 0 ? 0 : (a + b - 1) / b;
+}
 
 // Queries q = first + i * step (i < count), keys t = key_class (mod modulus), 0 <= t < n_tokens:
 // the visible (q, k) pairs.
@@ -55,7 +57,8 @@ Wide progression_vs_class(const Mask& mask, Wide n_tokens, Wide first, Wide step
     const Wide w = mask.window;
     const Wide skip = first >= w ? 0 : ceil_div(w - first, step);
     if (skip < count) {
-      visible -= floor_sum(count - skip, modulus, step, first + skip * step - w + modulus - key_class);
+      visible -=
+          floor_sum(count - skip, modulus, step, first + skip * step - w + modulus - key_class);
     }
   }
   return visible;
@@ -66,8 +69,10 @@ Wide progression_vs_all(const Mask& mask, Wide n_tokens, Wide first, Wide step, 
   if (count <= 0) return 0;
   const auto linear = [&](Wide k) { return k * (first + 1) + step * k * (k - 1) / 2; };  // sum q+1
   switch (mask.kind) {
-    case MaskKind::none: return count * n_tokens;
-    case MaskKind::causal: return linear(count);
+    case MaskKind::none:
+      return count * n_tokens;
+    case MaskKind::causal:
+      return linear(count);
     case MaskKind::causal_window: {
       // q + 1 while q + 1 <= W, then W.
       const Wide w = mask.window;
@@ -120,7 +125,9 @@ double flops(const Problem& p, Wide pairs_all_heads) {
   return 4.0 * static_cast<double>(pairs_all_heads) * static_cast<double>(p.head_dim * p.batch);
 }
 
-Wide total_pairs(const Problem& p) { return progression_vs_all(p.mask, p.seq, 0, 1, p.seq); }
+Wide total_pairs(const Problem& p) {
+  return progression_vs_all(p.mask, p.seq, 0, 1, p.seq);
+}
 
 }  // namespace
 
@@ -134,7 +141,8 @@ double rank_forward_flops(const Problem& p, const Plan& plan, int rank) {
       const Wide queries = ceil_div(p.seq - r, rows);  // t = r (mod R)
       Wide pairs = 0;
       if (plan.kv_transpose) {
-        pairs = progression_vs_class(p.mask, p.seq, r, rows, queries, c, cols);  // keys t = c (mod C)
+        pairs =
+            progression_vs_class(p.mask, p.seq, r, rows, queries, c, cols);  // keys t = c (mod C)
       } else {
         for (Wide k = 0; k < rows; ++k) {  // keys t mod P in [c R, c R + R)
           pairs += progression_vs_class(p.mask, p.seq, r, rows, queries, c * rows + k, ranks);
@@ -162,24 +170,30 @@ double rank_forward_flops(const Problem& p, const Plan& plan, int rank) {
 double busiest_forward_flops(const Problem& p, const Plan& plan) {
   const int ranks = plan.grid.size();
   std::vector<int> sample;
-  if (plan.algorithm == Algorithm::attention2d || plan.algorithm == Algorithm::attention2d_overlap) {
+  if (plan.algorithm == Algorithm::attention2d ||
+      plan.algorithm == Algorithm::attention2d_overlap) {
     // The first, middle and last of every row and column index: the causal work of a rank grows
     // with its row and shrinks with its column, so the extremes lie on these lines.
     const int rows = plan.grid.rows, cols = plan.grid.cols;
     const int pick_rows[] = {0, rows / 2, rows - 1};
     const int pick_cols[] = {0, cols / 2, cols - 1};
     for (const int r : pick_rows)
-      for (int c = 0; c < cols; c += std::max(1, cols / 64)) sample.push_back(GridCoords::rank_of(plan.grid, r, c));
+      for (int c = 0; c < cols; c += std::max(1, cols / 64))
+        sample.push_back(GridCoords::rank_of(plan.grid, r, c));
     for (const int c : pick_cols)
-      for (int r = 0; r < rows; r += std::max(1, rows / 64)) sample.push_back(GridCoords::rank_of(plan.grid, r, c));
+      for (int r = 0; r < rows; r += std::max(1, rows / 64))
+        sample.push_back(GridCoords::rank_of(plan.grid, r, c));
     for (const int r : pick_rows)
-      for (const int c : pick_cols) sample.push_back(GridCoords::rank_of(plan.grid, r, c));
+      for (const int c : pick_cols)
+        sample.push_back(GridCoords::rank_of(plan.grid, r, c));
   } else {
-    for (int rank = 0; rank < ranks; rank += std::max(1, ranks / 128)) sample.push_back(rank);
+    for (int rank = 0; rank < ranks; rank += std::max(1, ranks / 128))
+      sample.push_back(rank);
     sample.push_back(ranks - 1);
   }
   double busiest = 0;
-  for (const int rank : sample) busiest = std::max(busiest, rank_forward_flops(p, plan, rank));
+  for (const int rank : sample)
+    busiest = std::max(busiest, rank_forward_flops(p, plan, rank));
   if (plan.algorithm == Algorithm::ring && plan.layout == LayoutKind::contiguous &&
       p.mask.kind == MaskKind::causal && ranks > 1) {
     // Step-synchronous critical path of the contiguous ring: at step 0 the busiest rank does its

@@ -13,11 +13,14 @@ namespace {
 
 std::vector<int64_t> times(const std::vector<int64_t>& tokens, int64_t per_token) {
   std::vector<int64_t> out(tokens);
-  for (auto& x : out) x *= per_token;
+  for (auto& x : out)
+    x *= per_token;
   return out;
 }
 
-Traffic ring(const RingCharge& charge) { return {4 * charge.elements, charge.messages}; }
+Traffic ring(const RingCharge& charge) {
+  return {4 * charge.elements, charge.messages};
+}
 
 Traffic point_to_point(int64_t floats, bool to_self) {
   if (to_self || floats == 0) return {0, 0};
@@ -31,15 +34,16 @@ Traffic add(const Traffic& a, const Traffic& b) {
 std::map<std::string, Traffic> attention2d_traffic(const Problem& p, const Plan& plan, int rank) {
   const Attention2DRank at = attention2d_rank(p, plan, rank, /*with_positions=*/false);
   const int64_t d = p.head_dim;
-  const int64_t q_token = p.batch * p.heads;       // query rows per token
-  const int64_t kv_token = p.batch * p.kv_heads;   // K/V rows per token
+  const int64_t q_token = p.batch * p.heads;      // query rows per token
+  const int64_t kv_token = p.batch * p.kv_heads;  // K/V rows per token
   const int64_t held_kv = at.col_counts[static_cast<size_t>(at.row)];
   const bool overlap = plan.algorithm == Algorithm::attention2d_overlap;
   const Traffic transpose_in = point_to_point(at.own_tokens * kv_token * 2 * d, at.kv_dest == rank);
   const Traffic transpose_out = point_to_point(held_kv * kv_token * 2 * d, at.kv_source == rank);
   // The K/V gather, the Q gather and the merge are the same ring charges whether they run as
   // collectives (no-overlap) or as point-to-point rings (overlapped).
-  const Traffic kv_gather = ring(ring_all_gather_charge(times(at.col_counts, kv_token * 2 * d), at.row));
+  const Traffic kv_gather =
+      ring(ring_all_gather_charge(times(at.col_counts, kv_token * 2 * d), at.row));
   const auto q_gather = [&](int64_t record) {
     return ring(ring_all_gather_charge(times(at.row_counts, q_token * record), at.col));
   };

@@ -79,9 +79,10 @@ TEST(Attention2DMpi, EveryGridAndVariantMatchesTheReferenceAndTheTrafficModel) {
 
           // Traffic: every rank against the model; any mismatch fails on every rank.
           const std::string mismatch = traffic_mismatches(*log, problem, plan, rank);
-          if (!mismatch.empty()) std::cerr << "rank " << rank << " " << what << ":" << mismatch << "\n";
+          if (!mismatch.empty())
+            std::cerr << "rank " << rank << " " << what << ":" << mismatch << "\n";
           world.set_phase("control");  // the checks' own messages are not the algorithm's
-  int64_t bad = mismatch.empty() ? 0 : 1;
+          int64_t bad = mismatch.empty() ? 0 : 1;
           world.all_reduce(&bad, 1, Reduction::sum);
           EXPECT_EQ(bad, 0) << what << ": counted traffic differs from the model on " << bad
                             << " ranks (details on stderr)";
@@ -90,11 +91,13 @@ TEST(Attention2DMpi, EveryGridAndVariantMatchesTheReferenceAndTheTrafficModel) {
 
           // Outputs: gathered on rank 0, compared there, verdict shared.
           world.set_phase("io");
-          const GlobalOutputs outputs = gather_outputs(world, 0, problem, attention->layout(), shards, true);
+          const GlobalOutputs outputs =
+              gather_outputs(world, 0, problem, attention->layout(), shards, true);
           double errors[5] = {0, 0, 0, 0, 0};
           if (rank == 0) {
             const OutputErrors e = compare_outputs(outputs, reference, true);
-            errors[0] = e.out, errors[1] = e.lse, errors[2] = e.dq, errors[3] = e.dk, errors[4] = e.dv;
+            errors[0] = e.out, errors[1] = e.lse, errors[2] = e.dq, errors[3] = e.dk,
+            errors[4] = e.dv;
           }
           world.broadcast(errors, sizeof errors, 0);
           const char* names[5] = {"O", "LSE", "dQ", "dK", "dV"};

@@ -14,61 +14,76 @@ namespace {
 
 const char* positions_name(Positions p) {
   switch (p) {
-    case Positions::contiguous: return "contiguous";
-    case Positions::strided: return "strided";
-    case Positions::arbitrary: return "arbitrary";
-    case Positions::shuffled: return "shuffled";
+    case Positions::contiguous:
+      return "contiguous";
+    case Positions::strided:
+      return "strided";
+    case Positions::arbitrary:
+      return "arbitrary";
+    case Positions::shuffled:
+      return "shuffled";
   }
   return "?";
 }
 
-std::vector<double> widen(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+std::vector<double> widen(const std::vector<float>& x) {
+  return {x.begin(), x.end()};
+}
 
 }  // namespace
 
 std::string Case::name() const {
   std::ostringstream out;
-  out << "B" << batch << "_H" << heads << "_" << kv_heads << "_Nq" << q_tokens << "_Nk"
-      << kv_tokens << "_D" << head_dim << "_"
+  out << "B" << batch << "_H" << heads << "_" << kv_heads << "_Nq" << q_tokens << "_Nk" << kv_tokens
+      << "_D" << head_dim << "_"
       << (mask.kind == MaskKind::causal_window ? "window" + std::to_string(mask.window)
                                                : mask.describe())
-      << "_" << positions_name(positions)
-      << "_T" << threads;
+      << "_" << positions_name(positions) << "_T" << threads;
   if (amplitude != 1.0f) out << "_amp" << static_cast<int>(amplitude);
   if (scale > 0) out << "_customscale";
   if (nan_q_row >= 0 || inf_k_row >= 0 || nan_v_row >= 0) out << "_nonfinite";
   return out.str();
 }
 
-std::ostream& operator<<(std::ostream& out, const Case& c) { return out << c.name(); }
+std::ostream& operator<<(std::ostream& out, const Case& c) {
+  return out << c.name();
+}
 
 Problem make_problem(const Case& c) {
   Problem p;
   p.shape = {c.batch, c.heads, c.kv_heads, c.q_tokens, c.kv_tokens, c.head_dim};
   p.scale = c.scale > 0 ? c.scale : default_scale(c.head_dim);
-  p.q = generate_tokens(c.seed, TensorTag::q, {c.batch, c.q_tokens, c.heads, c.head_dim}, c.amplitude);
-  p.k = generate_tokens(c.seed, TensorTag::k, {c.batch, c.kv_tokens, c.kv_heads, c.head_dim}, c.amplitude);
+  p.q = generate_tokens(c.seed, TensorTag::q, {c.batch, c.q_tokens, c.heads, c.head_dim},
+                        c.amplitude);
+  p.k = generate_tokens(c.seed, TensorTag::k, {c.batch, c.kv_tokens, c.kv_heads, c.head_dim},
+                        c.amplitude);
   p.v = generate_tokens(c.seed, TensorTag::v, {c.batch, c.kv_tokens, c.kv_heads, c.head_dim});
   p.d_out = generate_tokens(c.seed, TensorTag::d_out, {c.batch, c.q_tokens, c.heads, c.head_dim});
 
   const float nan = std::numeric_limits<float>::quiet_NaN();
   if (c.nan_q_row >= 0) p.q[(c.nan_q_row * c.heads) * c.head_dim + 1] = nan;
-  if (c.inf_k_row >= 0) p.k[(c.inf_k_row * c.kv_heads) * c.head_dim] = std::numeric_limits<float>::infinity();
+  if (c.inf_k_row >= 0)
+    p.k[(c.inf_k_row * c.kv_heads) * c.head_dim] = std::numeric_limits<float>::infinity();
   if (c.nan_v_row >= 0) p.v[(c.nan_v_row * c.kv_heads) * c.head_dim] = nan;
 
   std::mt19937_64 rng(c.seed * 7919 + 13);
   switch (c.positions) {
-    case Positions::contiguous: break;
+    case Positions::contiguous:
+      break;
     case Positions::strided:
-      for (int64_t i = 0; i < c.q_tokens; ++i) p.q_positions.push_back(3 + 4 * i);
-      for (int64_t j = 0; j < c.kv_tokens; ++j) p.kv_positions.push_back(1 + 4 * j);
+      for (int64_t i = 0; i < c.q_tokens; ++i)
+        p.q_positions.push_back(3 + 4 * i);
+      for (int64_t j = 0; j < c.kv_tokens; ++j)
+        p.kv_positions.push_back(1 + 4 * j);
       break;
     case Positions::arbitrary:
     case Positions::shuffled: {
       std::uniform_int_distribution<int64_t> gap(1, 5);
       int64_t q = 0, k = 0;
-      for (int64_t i = 0; i < c.q_tokens; ++i) p.q_positions.push_back(q += gap(rng));
-      for (int64_t j = 0; j < c.kv_tokens; ++j) p.kv_positions.push_back(k += gap(rng));
+      for (int64_t i = 0; i < c.q_tokens; ++i)
+        p.q_positions.push_back(q += gap(rng));
+      for (int64_t j = 0; j < c.kv_tokens; ++j)
+        p.kv_positions.push_back(k += gap(rng));
       if (c.positions == Positions::shuffled) {
         std::shuffle(p.q_positions.begin(), p.q_positions.end(), rng);
         std::shuffle(p.kv_positions.begin(), p.kv_positions.end(), rng);
@@ -134,8 +149,9 @@ struct ReferenceOutputs {
 ReferenceOutputs run_reference(const Problem& p, const Case& c, bool backward) {
   const AttentionShape& s = p.shape;
   const std::vector<double> q64 = widen(p.q), k64 = widen(p.k), v64 = widen(p.v);
-  reference::Inputs in{s, c.mask, static_cast<double>(p.scale), q64.data(), k64.data(), v64.data(),
-                       p.q_pos(), p.kv_pos(), 2};
+  reference::Inputs in{s,          c.mask,     static_cast<double>(p.scale),
+                       q64.data(), k64.data(), v64.data(),
+                       p.q_pos(),  p.kv_pos(), 2};
   ReferenceOutputs r;
   r.out.resize(p.q.size());
   r.lse.resize(static_cast<size_t>(s.batch * s.heads * s.q_tokens));

@@ -54,8 +54,8 @@ TEST(CostModel, ClosedFormFlopsEqualTheExactDecompositionForEveryRank) {
             plans.push_back(plan);
           }
         }
-        for (const LayoutKind layout :
-             {LayoutKind::contiguous, LayoutKind::zigzag, LayoutKind::striped, LayoutKind::cyclic}) {
+        for (const LayoutKind layout : {LayoutKind::contiguous, LayoutKind::zigzag,
+                                        LayoutKind::striped, LayoutKind::cyclic}) {
           for (const int64_t stripe : {1, 3}) {
             Plan plan = default_plan(Algorithm::ring, p, ranks);
             plan.layout = layout;
@@ -99,8 +99,10 @@ TEST(CostModel, PredictionsArePositiveAndAttention2DSendsLessThanRing) {
   p.head_dim = 128;
   p.batch = 1;
   const Machine machine = preset_machine("a100-hdr", Precision::bf16);
-  const Prediction ring = predict(p, default_plan(Algorithm::ring, p, 64), machine, 4, Precision::bf16);
-  const Prediction a2d = predict(p, default_plan(Algorithm::attention2d, p, 64), machine, 4, Precision::bf16);
+  const Prediction ring =
+      predict(p, default_plan(Algorithm::ring, p, 64), machine, 4, Precision::bf16);
+  const Prediction a2d =
+      predict(p, default_plan(Algorithm::attention2d, p, 64), machine, 4, Precision::bf16);
   EXPECT_GT(ring.forward_s, 0);
   EXPECT_GT(a2d.backward_s, 0);
   EXPECT_LT(a2d.forward.bytes * 2, ring.forward.bytes);  // 8x8 grid: ~4ND/8 vs 2ND words
@@ -110,14 +112,17 @@ TEST(CostModel, PredictionsArePositiveAndAttention2DSendsLessThanRing) {
 
 TEST(CostModel, SearchListsEveryCandidateAndSkipsUlyssesWithAReason) {
   const Problem p = problem_of(4096, Mask::causal(), 12, 4);
-  const PlanSearch search = search_plans(p, 6, preset_machine("h100-ndr", Precision::bf16), 8,
-                                         Precision::bf16);
-  // 4 grids x 2 variants x 2 transposes + ring + allgather-kv; Ulysses cannot (6 does not divide 4).
+  const PlanSearch search =
+      search_plans(p, 6, preset_machine("h100-ndr", Precision::bf16), 8, Precision::bf16);
+  // 4 grids x 2 variants x 2 transposes + ring + allgather-kv; Ulysses cannot (6 does not divide
+  // 4).
   EXPECT_EQ(search.ranked.size(), 18u);
   ASSERT_EQ(search.skipped.size(), 1u);
   EXPECT_EQ(search.skipped[0].first, "ulysses");
   for (size_t i = 1; i < search.ranked.size(); ++i) {
-    const auto total = [](const RankedPlan& r) { return r.prediction.forward_s + r.prediction.backward_s; };
+    const auto total = [](const RankedPlan& r) {
+      return r.prediction.forward_s + r.prediction.backward_s;
+    };
     EXPECT_LE(total(search.ranked[i - 1]), total(search.ranked[i]));
   }
 }

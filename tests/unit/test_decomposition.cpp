@@ -66,9 +66,11 @@ TEST(Decomposition, RowsAndColumnsCoverEveryTokenOnce) {
         for (int rank = 0; rank < ranks; ++rank) {
           const Attention2DRank at = attention2d_rank(p, plan, rank);
           EXPECT_EQ(at.q_rows(), static_cast<int64_t>(at.q_positions.size()));
-          for (const int64_t t : at.q_positions) EXPECT_EQ(t % shape.rows, at.row);
+          for (const int64_t t : at.q_positions)
+            EXPECT_EQ(t % shape.rows, at.row);
           if (transpose) {
-            for (const int64_t t : at.kv_positions) EXPECT_EQ(t % shape.cols, at.col);
+            for (const int64_t t : at.kv_positions)
+              EXPECT_EQ(t % shape.cols, at.col);
           }
           pairs += at.q_rows() * at.kv_rows();
         }
@@ -83,7 +85,8 @@ TEST(Decomposition, RowsAndColumnsCoverEveryTokenOnce) {
 TEST(Decomposition, CausalWorkIsBalancedOnEveryGrid) {
   double worst = 0;
   for (const int ranks : {2, 3, 4, 6, 8, 9, 12, 16, 25, 32, 64}) {
-    for (const int64_t seq : {int64_t{64} * ranks, int64_t{64} * ranks + 37, int64_t{200} * ranks + 1}) {
+    for (const int64_t seq :
+         {int64_t{64} * ranks, int64_t{64} * ranks + 37, int64_t{200} * ranks + 1}) {
       const Problem p = causal_problem(seq);
       for (const GridShape& shape : grid_shapes(ranks)) {
         for (const bool transpose : {true, false}) {

@@ -31,8 +31,12 @@ int replay(const std::string& target, void (*run)(const uint8_t*, size_t)) {
   return files;
 }
 
-TEST(FuzzRegressions, NpyReader) { EXPECT_GT(replay("npy", fuzz::npy_reader), 0); }
-TEST(FuzzRegressions, LayoutOwnership) { EXPECT_GT(replay("layout", fuzz::layout_ownership), 0); }
+TEST(FuzzRegressions, NpyReader) {
+  EXPECT_GT(replay("npy", fuzz::npy_reader), 0);
+}
+TEST(FuzzRegressions, LayoutOwnership) {
+  EXPECT_GT(replay("layout", fuzz::layout_ownership), 0);
+}
 
 }  // namespace
 }  // namespace a2d

@@ -21,7 +21,8 @@ std::vector<Mask> all_masks(int64_t window) {
 std::vector<Case> kernel_cases() {
   std::vector<Case> cases;
   // Head ratios 1:1, 8:8, 12:4 (GQA), 8:1 (MQA) x every mask; 150 rows cut tiles raggedly.
-  for (const auto& [h, hkv] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {8, 8}, {12, 4}, {8, 1}}) {
+  for (const auto& [h, hkv] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {8, 8}, {12, 4}, {8, 1}}) {
     for (const Mask& m : all_masks(17)) {
       Case c;
       c.batch = 2;
@@ -137,8 +138,11 @@ TEST_P(KernelTest, ForwardAndBackwardMatchFp64Reference) {
     EXPECT_LE(e.dq, kFp32RelativeBound) << "dQ" << suffix;
     EXPECT_LE(e.dk, kFp32RelativeBound) << "dK" << suffix;
     EXPECT_LE(e.dv, kFp32RelativeBound) << "dV" << suffix;
-    for (const auto& [name, value] : {std::pair{"err_o", e.out}, {"err_lse", e.lse},
-                                      {"err_dq", e.dq}, {"err_dk", e.dk}, {"err_dv", e.dv}}) {
+    for (const auto& [name, value] : {std::pair{"err_o", e.out},
+                                      {"err_lse", e.lse},
+                                      {"err_dq", e.dq},
+                                      {"err_dk", e.dk},
+                                      {"err_dv", e.dv}}) {
       char text[32];
       std::snprintf(text, sizeof text, "%.3e", value);
       RecordProperty(name + suffix, text);
@@ -147,9 +151,13 @@ TEST_P(KernelTest, ForwardAndBackwardMatchFp64Reference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(NonFinite, KernelTest, ::testing::ValuesIn(nonfinite_cases()),
-                         [](const auto& p) { return p.param.name() + "_" + std::to_string(p.index); });
+                         [](const auto& p) {
+                           return p.param.name() + "_" + std::to_string(p.index);
+                         });
 INSTANTIATE_TEST_SUITE_P(Matrix, KernelTest, ::testing::ValuesIn(kernel_cases()),
-                         [](const auto& p) { return p.param.name() + "_" + std::to_string(p.index); });
+                         [](const auto& p) {
+                           return p.param.name() + "_" + std::to_string(p.index);
+                         });
 
 }  // namespace
 }  // namespace a2d::test

@@ -33,7 +33,8 @@ void check_layout(const TokenLayout& layout) {
     largest = std::max(largest, layout.count(part));
   }
   ASSERT_EQ(total, n) << layout.describe();
-  for (int64_t t = 0; t < n; ++t) ASSERT_EQ(seen[t], 1) << layout.describe() << " token " << t;
+  for (int64_t t = 0; t < n; ++t)
+    ASSERT_EQ(seen[t], 1) << layout.describe() << " token " << t;
   ASSERT_EQ(layout.max_count(), largest);
   // Balance: cyclic and contiguous differ by at most one token, zigzag (two chunks) by two,
   // striped by one stripe.
@@ -49,8 +50,8 @@ TEST(Layout, EveryKindPartitionsTheTokensOverManyPartCounts) {
   for (const LayoutKind kind :
        {LayoutKind::cyclic, LayoutKind::striped, LayoutKind::contiguous, LayoutKind::zigzag}) {
     for (const int64_t parts : {1, 2, 3, 5, 6, 7, 16, 64, 129}) {
-      for (const int64_t tokens : {int64_t{0}, int64_t{1}, parts - 1, parts, parts + 1, 2 * parts - 1,
-                                   2 * parts + 3, int64_t{1000}, int64_t{4099}}) {
+      for (const int64_t tokens : {int64_t{0}, int64_t{1}, parts - 1, parts, parts + 1,
+                                   2 * parts - 1, 2 * parts + 3, int64_t{1000}, int64_t{4099}}) {
         if (tokens < 0) continue;
         for (const int64_t stripe : {1, 3, 16}) {
           if (kind != LayoutKind::striped && stripe != 1) continue;

@@ -41,8 +41,10 @@ MergeSetup make_setup(const Mask& mask, uint64_t seed) {
   s.q = generate_tokens(seed, TensorTag::q, {2, 57, 4, 48});
   s.k = generate_tokens(seed, TensorTag::k, {2, 150, 2, 48});
   s.v = generate_tokens(seed, TensorTag::v, {2, 150, 2, 48});
-  for (int64_t i = 0; i < 57; ++i) s.q_pos.push_back(3 * i);
-  for (int64_t j = 0; j < 150; ++j) s.k_pos.push_back(1 + j);
+  for (int64_t i = 0; i < 57; ++i)
+    s.q_pos.push_back(3 * i);
+  for (int64_t j = 0; j < 150; ++j)
+    s.k_pos.push_back(1 + j);
   return s;
 }
 
@@ -68,7 +70,8 @@ void attend_part(const MergeSetup& s, const std::vector<int64_t>& keys, Partial&
   const int64_t row = shape.kv_heads * shape.head_dim;
   std::vector<float> k(shape.batch * keys.size() * row), v(k.size());
   std::vector<int64_t> positions;
-  for (size_t j = 0; j < keys.size(); ++j) positions.push_back(s.k_pos[keys[j]]);
+  for (size_t j = 0; j < keys.size(); ++j)
+    positions.push_back(s.k_pos[keys[j]]);
   for (int64_t b = 0; b < shape.batch; ++b) {
     for (size_t j = 0; j < keys.size(); ++j) {
       const size_t from = (b * s.shape.kv_tokens + keys[j]) * row;
@@ -90,7 +93,8 @@ void attend_part(const MergeSetup& s, const std::vector<int64_t>& keys, Partial&
 }
 
 void expect_no_nan(const std::vector<float>& x, const char* what) {
-  for (const float value : x) ASSERT_FALSE(std::isnan(value)) << what;
+  for (const float value : x)
+    ASSERT_FALSE(std::isnan(value)) << what;
 }
 
 struct Reference {
@@ -103,9 +107,9 @@ Reference reference_of(const MergeSetup& s) {
   Reference r;
   r.out.resize(s.q.size());
   r.lse.resize(static_cast<size_t>(s.shape.batch * s.shape.heads * s.shape.q_tokens));
-  reference::forward({s.shape, s.mask, s.scale, q.data(), k.data(), v.data(), s.q_pos.data(),
-                      s.k_pos.data(), 1},
-                     r.out.data(), r.lse.data());
+  reference::forward(
+      {s.shape, s.mask, s.scale, q.data(), k.data(), v.data(), s.q_pos.data(), s.k_pos.data(), 1},
+      r.out.data(), r.lse.data());
   return r;
 }
 
@@ -113,7 +117,8 @@ Reference reference_of(const MergeSetup& s) {
 std::vector<std::vector<int64_t>> random_split(int64_t keys, int parts, std::mt19937& rng) {
   std::vector<std::vector<int64_t>> split(static_cast<size_t>(parts));
   std::uniform_int_distribution<int> pick(0, parts - 1);
-  for (int64_t j = 0; j < keys; ++j) split[pick(rng)].push_back(j);
+  for (int64_t j = 0; j < keys; ++j)
+    split[pick(rng)].push_back(j);
   return split;
 }
 
@@ -162,9 +167,11 @@ TEST_P(MergeTest, RandomSplitsMergedInRandomOrderEqualUnsplit) {
     expect_no_nan(out, "merged O");
     expect_no_nan(lse, "merged LSE");
     EXPECT_LE(relative_error(out.data(), expected.out.data(), static_cast<int64_t>(out.size())),
-              kFp32RelativeBound) << "parts=" << parts;
+              kFp32RelativeBound)
+        << "parts=" << parts;
     EXPECT_LE(relative_error(lse.data(), expected.lse.data(), static_cast<int64_t>(lse.size())),
-              kFp32RelativeBound) << "parts=" << parts;
+              kFp32RelativeBound)
+        << "parts=" << parts;
   }
 }
 
@@ -182,11 +189,12 @@ TEST_P(MergeTest, OutputFormMergeEqualsUnsplit) {
       Partial partial(s.shape);
       attend_part(s, keys, partial, false);
       std::vector<float> part_out(s.q.size()), part_lse(lse.size());
-      const auto out_view = dense_tokens(part_out.data(), s.shape.q_tokens, s.shape.heads,
-                                         s.shape.head_dim);
+      const auto out_view =
+          dense_tokens(part_out.data(), s.shape.q_tokens, s.shape.heads, s.shape.head_dim);
       const auto lse_view = dense_rows(part_lse.data(), s.shape.heads, s.shape.q_tokens);
       finalize_partial(rows, partial.view(s.shape), out_view, lse_view);
-      merge_output(rows, dense_tokens(out.data(), s.shape.q_tokens, s.shape.heads, s.shape.head_dim),
+      merge_output(rows,
+                   dense_tokens(out.data(), s.shape.q_tokens, s.shape.heads, s.shape.head_dim),
                    dense_rows(lse.data(), s.shape.heads, s.shape.q_tokens), out_view, lse_view);
     }
     expect_no_nan(out, "merged O");
@@ -204,7 +212,8 @@ TEST_P(MergeTest, AccumulatingKernelEqualsUnsplit) {
   std::mt19937 rng(5);
   const auto split = random_split(s.shape.kv_tokens, 7, rng);
   Partial state(s.shape);
-  for (const auto& keys : split) attend_part(s, keys, state, /*accumulate=*/true);
+  for (const auto& keys : split)
+    attend_part(s, keys, state, /*accumulate=*/true);
   std::vector<float> out(s.q.size()), lse(expected.lse.size());
   finalize_partial(rows, state.view(s.shape),
                    dense_tokens(out.data(), s.shape.q_tokens, s.shape.heads, s.shape.head_dim),
@@ -229,11 +238,12 @@ TEST(Merge, EmptyRowsStayEmptyWithoutNaN) {
   // Two partials of one row where neither saw a key, and one where only one side did.
   const RowsShape rows{1, 2, 1, 4};
   std::vector<float> acc_a(8, 0.0f), max_a = {kNegInf, kNegInf}, sum_a = {0.0f, 0.0f};
-  std::vector<float> acc_b = {0, 0, 0, 0, 1, 2, 3, 4}, max_b = {kNegInf, 0.5f}, sum_b = {0.0f, 2.0f};
+  std::vector<float> acc_b = {0, 0, 0, 0, 1, 2, 3, 4}, max_b = {kNegInf, 0.5f},
+                     sum_b = {0.0f, 2.0f};
   PartialView a{dense_tokens(acc_a.data(), 2, 1, 4), dense_rows(max_a.data(), 1, 2),
                 dense_rows(sum_a.data(), 1, 2)};
-  ConstPartialView b = PartialView{dense_tokens(acc_b.data(), 2, 1, 4), dense_rows(max_b.data(), 1, 2),
-                                   dense_rows(sum_b.data(), 1, 2)};
+  ConstPartialView b = PartialView{dense_tokens(acc_b.data(), 2, 1, 4),
+                                   dense_rows(max_b.data(), 1, 2), dense_rows(sum_b.data(), 1, 2)};
   merge_partial(rows, a, b);
   EXPECT_EQ(max_a[0], kNegInf);
   EXPECT_EQ(sum_a[0], 0.0f);
@@ -242,7 +252,8 @@ TEST(Merge, EmptyRowsStayEmptyWithoutNaN) {
   std::vector<float> out(8), lse(2);
   finalize_partial(rows, a, dense_tokens(out.data(), 2, 1, 4), dense_rows(lse.data(), 1, 2));
   EXPECT_EQ(lse[0], kNegInf);
-  for (int d = 0; d < 4; ++d) EXPECT_EQ(out[d], 0.0f);
+  for (int d = 0; d < 4; ++d)
+    EXPECT_EQ(out[d], 0.0f);
   EXPECT_FLOAT_EQ(out[4], 0.5f);
   EXPECT_FLOAT_EQ(lse[1], 0.5f + std::log(2.0f));
 
@@ -251,29 +262,31 @@ TEST(Merge, EmptyRowsStayEmptyWithoutNaN) {
   merge_output({1, 1, 1, 4}, dense_tokens(o1.data(), 1, 1, 4), dense_rows(l1.data(), 1, 1),
                dense_tokens(o2.data(), 1, 1, 4), dense_rows(l2.data(), 1, 1));
   EXPECT_EQ(l1[0], kNegInf);
-  for (const float x : o1) EXPECT_EQ(x, 0.0f);
+  for (const float x : o1)
+    EXPECT_EQ(x, 0.0f);
 }
 
 TEST(Merge, RowWithoutKeysGivesZeroAndMinusInfinity) {
   for (const KernelPath path : test::supported_paths()) {
     SCOPED_TRACE(kernel_path_name(path));
     const test::PathScope scope(path);
-  // Query at position 0, keys at 1 and 2, causal: the row sees nothing.
-  const std::vector<float> q(8, 1.0f), k(16, 1.0f), v(16, 1.0f);
-  const int64_t q_pos[] = {0}, k_pos[] = {1, 2};
-  ForwardArgs args;
-  args.shape = {1, 1, 1, 1, 2, 8};
-  args.mask = Mask::causal();
-  args.scale = 0.5f;
-  args.q = dense_tokens(q.data(), 1, 1, 8);
-  args.k = dense_tokens(k.data(), 2, 1, 8);
-  args.v = dense_tokens(v.data(), 2, 1, 8);
-  args.q_positions = q_pos;
-  args.kv_positions = k_pos;
-  std::vector<float> out(8, 123.0f), lse(1, 0.0f);
-  attention_forward(args, dense_tokens(out.data(), 1, 1, 8), dense_rows(lse.data(), 1, 1));
-  EXPECT_EQ(lse[0], kNegInf);
-  for (const float x : out) EXPECT_EQ(x, 0.0f);
+    // Query at position 0, keys at 1 and 2, causal: the row sees nothing.
+    const std::vector<float> q(8, 1.0f), k(16, 1.0f), v(16, 1.0f);
+    const int64_t q_pos[] = {0}, k_pos[] = {1, 2};
+    ForwardArgs args;
+    args.shape = {1, 1, 1, 1, 2, 8};
+    args.mask = Mask::causal();
+    args.scale = 0.5f;
+    args.q = dense_tokens(q.data(), 1, 1, 8);
+    args.k = dense_tokens(k.data(), 2, 1, 8);
+    args.v = dense_tokens(v.data(), 2, 1, 8);
+    args.q_positions = q_pos;
+    args.kv_positions = k_pos;
+    std::vector<float> out(8, 123.0f), lse(1, 0.0f);
+    attention_forward(args, dense_tokens(out.data(), 1, 1, 8), dense_rows(lse.data(), 1, 1));
+    EXPECT_EQ(lse[0], kNegInf);
+    for (const float x : out)
+      EXPECT_EQ(x, 0.0f);
   }
 }
 

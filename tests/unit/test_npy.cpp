@@ -86,7 +86,8 @@ TEST_F(NpyTest, Float32AndFloat64RoundTrip) {
 
 TEST_F(NpyTest, FourDimensionalAndEmptyShapes) {
   std::vector<float> x(2 * 3 * 4 * 5);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(i);
   npy::write(path("x.npy"), {2, 3, 4, 5}, x.data(), npy::Overwrite::refuse);
   EXPECT_EQ(npy::read(path("x.npy")).to_float(), x);
   npy::write(path("e.npy"), {0, 4}, x.data(), npy::Overwrite::refuse);
@@ -94,7 +95,8 @@ TEST_F(NpyTest, FourDimensionalAndEmptyShapes) {
 }
 
 TEST_F(NpyTest, ReadsVersion2HeadersAndNumpyStyleDicts) {
-  const auto v2 = handmade("{\"descr\": \"<f8\", \"fortran_order\": False, \"shape\": (2,), }\n", 16, 2);
+  const auto v2 =
+      handmade("{\"descr\": \"<f8\", \"fortran_order\": False, \"shape\": (2,), }\n", 16, 2);
   const npy::Array a = npy::parse(v2.data(), v2.size(), "v2.npy");
   EXPECT_EQ(a.shape, (std::vector<int64_t>{2}));
   EXPECT_EQ(a.dtype, npy::DType::float64);
@@ -124,7 +126,9 @@ TEST_F(NpyTest, MalformedInputsAreRefusedWithTheReason) {
   EXPECT_NE(error_of(handmade("{'descr': '<f4', 'fortran_order': False, 'shape': (1,", 4))
                 .find("malformed"),
             std::string::npos);
-  EXPECT_NE(error_of(handmade("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, 99999999999, 99999999999), }", 4))
+  EXPECT_NE(error_of(handmade("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999, "
+                              "99999999999, 99999999999), }",
+                              4))
                 .find("too large"),
             std::string::npos);
   auto truncated_header = handmade("{'descr': '<f4', 'fortran_order': False, 'shape': (1,), }", 4);
@@ -157,7 +161,8 @@ TEST_F(NpyTest, NeverOverwritesWithoutBeingAsked) {
   EXPECT_EQ(npy::read(path("o.npy")).to_float(), second);
   // No temporary files are left behind.
   int files = 0;
-  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir_)) ++files;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir_))
+    ++files;
   EXPECT_EQ(files, 1);
 }
 
@@ -170,7 +175,8 @@ TEST_F(NpyTest, WriteAllLeavesNoPartialSetBehind) {
                               npy::Overwrite::refuse),
                Error);
   int files = 0;
-  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir_)) ++files;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir_))
+    ++files;
   EXPECT_EQ(files, 0);
   // An existing member is refused before anything is written.
   npy::write(path("b.npy"), {3}, x.data(), npy::Overwrite::refuse);

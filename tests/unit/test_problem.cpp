@@ -20,7 +20,8 @@ TEST(Mask, ClassifyBlockAgreesWithElementwiseVisibility) {
     const int64_t q0 = pos(rng), q1 = q0 + len(rng), k0 = pos(rng), k1 = k0 + len(rng);
     int visible = 0, total = 0;
     for (int64_t q = q0; q <= q1; ++q)
-      for (int64_t k = k0; k <= k1; ++k) visible += mask.visible(q, k), ++total;
+      for (int64_t k = k0; k <= k1; ++k)
+        visible += mask.visible(q, k), ++total;
     const BlockVisibility c = classify_block(mask, q0, q1, k0, k1);
     // With contiguous ranges the classification is exact: hidden iff no pair is visible, full
     // iff every pair is.
@@ -33,12 +34,15 @@ TEST(Mask, CountVisiblePairsMatchesBruteForce) {
   std::mt19937 rng(2);
   for (int trial = 0; trial < 200; ++trial) {
     std::vector<int64_t> q(static_cast<size_t>(rng() % 40)), k(static_cast<size_t>(rng() % 40));
-    for (auto& x : q) x = static_cast<int64_t>(rng() % 100);
-    for (auto& x : k) x = static_cast<int64_t>(rng() % 100);
+    for (auto& x : q)
+      x = static_cast<int64_t>(rng() % 100);
+    for (auto& x : k)
+      x = static_cast<int64_t>(rng() % 100);
     for (const Mask mask : {Mask::none(), Mask::causal(), Mask::causal_window(1 + rng() % 30)}) {
       int64_t brute = 0;
       for (const int64_t a : q)
-        for (const int64_t b : k) brute += mask.visible(a, b);
+        for (const int64_t b : k)
+          brute += mask.visible(a, b);
       EXPECT_EQ(count_visible_pairs(mask, q.data(), static_cast<int64_t>(q.size()), k.data(),
                                     static_cast<int64_t>(k.size())),
                 brute);
@@ -68,7 +72,8 @@ TEST(Data, GeneratedValuesDependOnlyOnSeedTensorAndGlobalIndex) {
   const std::vector<float> full = generate_tokens(9, TensorTag::k, global);
   // A shard holding tokens 4, 9, 14, ... (a cyclic layout) sees exactly the same values.
   std::vector<int64_t> tokens;
-  for (int64_t t = 4; t < 50; t += 5) tokens.push_back(t);
+  for (int64_t t = 4; t < 50; t += 5)
+    tokens.push_back(t);
   std::vector<float> shard(2 * tokens.size() * 3 * 8);
   fill_generated(9, TensorTag::k, global, tokens.data(), static_cast<int64_t>(tokens.size()),
                  dense_tokens(shard.data(), static_cast<int64_t>(tokens.size()), 3, 8));
@@ -80,7 +85,8 @@ TEST(Data, GeneratedValuesDependOnlyOnSeedTensorAndGlobalIndex) {
   EXPECT_NE(generate_tokens(10, TensorTag::k, global), full);
   // Roughly standard normal.
   double sum = 0, sq = 0;
-  for (const float x : full) sum += x, sq += x * x;
+  for (const float x : full)
+    sum += x, sq += x * x;
   const double mean = sum / full.size(), var = sq / full.size() - mean * mean;
   EXPECT_NEAR(mean, 0.0, 0.1);
   EXPECT_NEAR(var, 1.0, 0.15);

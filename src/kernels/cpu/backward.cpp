@@ -34,20 +34,24 @@ struct Workspace {
   std::vector<float> prob;     // P,  [kBlockQ, kBlockK]
   std::vector<float> d_score;  // dS, [kBlockQ, kBlockK]
   explicit Workspace(int64_t head_dim)
-      : dk(kBlockK * head_dim), dv(kBlockK * head_dim), prob(kBlockQ * kBlockK),
+      : dk(kBlockK * head_dim),
+        dv(kBlockK * head_dim),
+        prob(kBlockQ * kBlockK),
         d_score(kBlockQ * kBlockK) {}
 };
 
 float dot(const float* a, const float* b, int64_t n) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-  for (int64_t d = 0; d < n; ++d) sum += a[d] * b[d];
+  for (int64_t d = 0; d < n; ++d)
+    sum += a[d] * b[d];
   return sum;
 }
 
 void axpy(float alpha, const float* x, float* y, int64_t n) {
 #pragma omp simd
-  for (int64_t d = 0; d < n; ++d) y[d] += alpha * x[d];
+  for (int64_t d = 0; d < n; ++d)
+    y[d] += alpha * x[d];
 }
 
 // One (query tile, key tile) block of one query head.
@@ -101,8 +105,8 @@ void backward_block(const BackwardArgs& args, RowView<const float> delta, int64_
 }  // namespace
 
 int64_t backward_workspace_bytes(const AttentionShape& shape, int threads) {
-  const int64_t tiles = (shape.q_tokens + kBlockQ - 1) / kBlockQ +
-                        (shape.kv_tokens + kBlockK - 1) / kBlockK;
+  const int64_t tiles =
+      (shape.q_tokens + kBlockQ - 1) / kBlockQ + (shape.kv_tokens + kBlockK - 1) / kBlockK;
   const int64_t per_thread = 2 * kBlockK * shape.head_dim + 2 * kBlockQ * kBlockK;
   const int64_t dq = shape.batch * shape.q_tokens * shape.heads * shape.head_dim;
   return (threads * per_thread + (threads - 1) * dq) * static_cast<int64_t>(sizeof(float)) +
@@ -120,7 +124,8 @@ void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk
   const auto k_tiles = cpu::make_tiles(args.kv_positions, shape.kv_tokens, kBlockK);
   const int64_t tiles_per_head = static_cast<int64_t>(k_tiles.size());
   const int64_t items = shape.batch * shape.kv_heads * tiles_per_head;
-  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(args.threads, items)));
+  const int threads =
+      static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(args.threads, items)));
 
   // Thread 0 adds straight into dq; the others into private dense buffers.
   const int64_t dq_elements = shape.batch * shape.q_tokens * shape.heads * dim;
@@ -172,7 +177,8 @@ void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk
     const auto view = dense_tokens(buffer.data(), shape.q_tokens, shape.heads, dim);
     for (int64_t b = 0; b < shape.batch; ++b)
       for (int64_t t = 0; t < shape.q_tokens; ++t)
-        for (int64_t h = 0; h < shape.heads; ++h) axpy(1.0f, view.at(b, t, h), dq.at(b, t, h), dim);
+        for (int64_t h = 0; h < shape.heads; ++h)
+          axpy(1.0f, view.at(b, t, h), dq.at(b, t, h), dim);
   }
 }
 

@@ -17,12 +17,14 @@ void check_common(const AttentionShape& shape, const Mask& mask, float scale, in
 }
 
 AlignedFloats::AlignedFloats(int64_t count) {
-  const size_t bytes = static_cast<size_t>(cache_lines_of_floats(std::max<int64_t>(count, 1))) *
-                       sizeof(float);
+  const size_t bytes =
+      static_cast<size_t>(cache_lines_of_floats(std::max<int64_t>(count, 1))) * sizeof(float);
   data_ = static_cast<float*>(std::aligned_alloc(64, bytes));
   if (!data_) throw std::bad_alloc();
 }
 
-AlignedFloats::~AlignedFloats() { std::free(data_); }
+AlignedFloats::~AlignedFloats() {
+  std::free(data_);
+}
 
 }  // namespace a2d::cpu

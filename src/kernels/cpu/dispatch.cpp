@@ -54,7 +54,8 @@ bool finite_tokens(TokenView<const float> x, int64_t batch, int64_t tokens, int6
         const float* row = x.at(b, t, h);
         float poison = 0.0f;  // x * 0 is NaN exactly when x is NaN or infinite
 #pragma omp simd reduction(+ : poison)
-        for (int64_t d = 0; d < dim; ++d) poison += row[d] * 0.0f;
+        for (int64_t d = 0; d < dim; ++d)
+          poison += row[d] * 0.0f;
         if (poison != 0.0f) return false;
       }
     }
@@ -206,13 +207,12 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
 #if A2D_HAVE_AVX2_PATH
   // As in the forward: inputs holding NaN or Inf take the portable path.
   if (kernel_path() == KernelPath::avx2 &&
-      (!has_work ||
-       (finite_tokens(args.q, shape.batch, shape.q_tokens, shape.heads, dim) &&
-        finite_tokens(args.k, shape.batch, shape.kv_tokens, shape.kv_heads, dim) &&
-        finite_tokens(args.v, shape.batch, shape.kv_tokens, shape.kv_heads, dim) &&
-        finite_tokens(args.d_out, shape.batch, shape.q_tokens, shape.heads, dim) &&
-        usable_rows(args.lse, shape.batch, shape.heads, shape.q_tokens) &&
-        usable_rows(delta, shape.batch, shape.heads, shape.q_tokens)))) {
+      (!has_work || (finite_tokens(args.q, shape.batch, shape.q_tokens, shape.heads, dim) &&
+                     finite_tokens(args.k, shape.batch, shape.kv_tokens, shape.kv_heads, dim) &&
+                     finite_tokens(args.v, shape.batch, shape.kv_tokens, shape.kv_heads, dim) &&
+                     finite_tokens(args.d_out, shape.batch, shape.q_tokens, shape.heads, dim) &&
+                     usable_rows(args.lse, shape.batch, shape.heads, shape.q_tokens) &&
+                     usable_rows(delta, shape.batch, shape.heads, shape.q_tokens)))) {
     return cpu::avx2::backward(in, dq, dk, dv);
   }
 #endif

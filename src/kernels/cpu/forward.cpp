@@ -49,7 +49,8 @@ void attend_key_tile(const ForwardArgs& args, int64_t b, int64_t h, const cpu::T
       const float* k = args.k.at(b, kt.begin + j, kvh);
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
-      for (int64_t d = 0; d < dim; ++d) sum += q[d] * k[d];
+      for (int64_t d = 0; d < dim; ++d)
+        sum += q[d] * k[d];
       scores[i * kBlockK + j] = sum;
     }
   }
@@ -66,7 +67,8 @@ void attend_key_tile(const ForwardArgs& args, int64_t b, int64_t h, const cpu::T
   for (int64_t i = 0; i < rows; ++i) {
     float* s = scores + i * kBlockK;
     float tile_max = kNegInf;
-    for (int64_t j = 0; j < cols; ++j) tile_max = max_keep_nan(tile_max, s[j]);
+    for (int64_t j = 0; j < cols; ++j)
+      tile_max = max_keep_nan(tile_max, s[j]);
     const float old_max = state.row_max[i];
     const float new_max = max_keep_nan(old_max, tile_max);
     if (new_max == kNegInf) continue;  // the row has still seen no key
@@ -82,14 +84,16 @@ void attend_key_tile(const ForwardArgs& args, int64_t b, int64_t h, const cpu::T
     float* acc = state.acc.data() + i * dim;
     if (rescale != 1.0f) {
 #pragma omp simd
-      for (int64_t d = 0; d < dim; ++d) acc[d] *= rescale;
+      for (int64_t d = 0; d < dim; ++d)
+        acc[d] *= rescale;
     }
     for (int64_t j = 0; j < cols; ++j) {
       const float p = s[j];
       if (p == 0.0f) continue;
       const float* v = args.v.at(b, kt.begin + j, kvh);
 #pragma omp simd
-      for (int64_t d = 0; d < dim; ++d) acc[d] += p * v[d];
+      for (int64_t d = 0; d < dim; ++d)
+        acc[d] += p * v[d];
     }
   }
 }
@@ -119,7 +123,8 @@ void run_forward(const ForwardArgs& args, Begin begin, Finish finish) {
       begin(b, h, qt, state);
       for (int64_t i = 0; i < qt.size(); ++i) {
         const float* q = args.q.at(b, qt.begin + i, h);
-        for (int64_t d = 0; d < dim; ++d) ws.q[i * dim + d] = args.scale * q[d];
+        for (int64_t d = 0; d < dim; ++d)
+          ws.q[i * dim + d] = args.scale * q[d];
       }
       for (const cpu::Tile& kt : k_tiles) {
         const BlockVisibility visibility = cpu::classify(args.mask, qt, kt);
@@ -142,8 +147,8 @@ void reset(TileState& state) {
 int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
   const int64_t per_thread = (2 * kBlockQ * shape.head_dim + kBlockQ * kBlockK + 2 * kBlockQ) *
                              static_cast<int64_t>(sizeof(float));
-  const int64_t tiles = (shape.q_tokens + kBlockQ - 1) / kBlockQ +
-                        (shape.kv_tokens + kBlockK - 1) / kBlockK;
+  const int64_t tiles =
+      (shape.q_tokens + kBlockQ - 1) / kBlockQ + (shape.kv_tokens + kBlockK - 1) / kBlockK;
   return threads * per_thread + tiles * static_cast<int64_t>(sizeof(cpu::Tile));
 }
 
@@ -159,13 +164,15 @@ void forward(const ForwardArgs& args, const ForwardResult& result) {
             float* o = out.at(b, qt.begin + i, h);
             const float sum = state.row_sum[i];
             if (sum == 0.0f) {
-              for (int64_t d = 0; d < dim; ++d) o[d] = 0.0f;
+              for (int64_t d = 0; d < dim; ++d)
+                o[d] = 0.0f;
               lse.at(b, h, qt.begin + i) = kNegInf;
               continue;
             }
             const float inverse = 1.0f / sum;
             const float* acc = state.acc.data() + i * dim;
-            for (int64_t d = 0; d < dim; ++d) o[d] = acc[d] * inverse;
+            for (int64_t d = 0; d < dim; ++d)
+              o[d] = acc[d] * inverse;
             lse.at(b, h, qt.begin + i) = state.row_max[i] + std::log(sum);
           }
         });
@@ -182,7 +189,8 @@ void forward(const ForwardArgs& args, const ForwardResult& result) {
           state.row_max[i] = partial.row_max.at(b, h, row);
           state.row_sum[i] = partial.row_sum.at(b, h, row);
           const float* acc = partial.acc.at(b, row, h);
-          for (int64_t d = 0; d < dim; ++d) state.acc[i * dim + d] = acc[d];
+          for (int64_t d = 0; d < dim; ++d)
+            state.acc[i * dim + d] = acc[d];
         }
       },
       [&](int64_t b, int64_t h, const cpu::Tile& qt, TileState& state) {
@@ -191,7 +199,8 @@ void forward(const ForwardArgs& args, const ForwardResult& result) {
           partial.row_max.at(b, h, row) = state.row_max[i];
           partial.row_sum.at(b, h, row) = state.row_sum[i];
           float* acc = partial.acc.at(b, row, h);
-          for (int64_t d = 0; d < dim; ++d) acc[d] = state.acc[i * dim + d];
+          for (int64_t d = 0; d < dim; ++d)
+            acc[d] = state.acc[i * dim + d];
         }
       });
 }

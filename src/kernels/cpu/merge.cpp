@@ -13,7 +13,9 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // exp(m - m_max), with an empty side (m = -inf) weighing nothing.
-float weight(float m, float m_max) { return m == kNegInf ? 0.0f : std::exp(m - m_max); }
+float weight(float m, float m_max) {
+  return m == kNegInf ? 0.0f : std::exp(m - m_max);
+}
 }  // namespace
 
 void merge_partial(const RowsShape& rows, const PartialView& into, const ConstPartialView& from) {
@@ -26,10 +28,12 @@ void merge_partial(const RowsShape& rows, const PartialView& into, const ConstPa
         const float m = max_keep_nan(m_into, m_from);
         const float w_into = weight(m_into, m);
         const float w_from = std::exp(m_from - m);
-        into.row_sum.at(b, h, t) = w_into * into.row_sum.at(b, h, t) + w_from * from.row_sum.at(b, h, t);
+        into.row_sum.at(b, h, t) =
+            w_into * into.row_sum.at(b, h, t) + w_from * from.row_sum.at(b, h, t);
         float* acc = into.acc.at(b, t, h);
         const float* other = from.acc.at(b, t, h);
-        for (int64_t d = 0; d < rows.head_dim; ++d) acc[d] = w_into * acc[d] + w_from * other[d];
+        for (int64_t d = 0; d < rows.head_dim; ++d)
+          acc[d] = w_into * acc[d] + w_from * other[d];
         m_into = m;
       }
     }
@@ -38,7 +42,8 @@ void merge_partial(const RowsShape& rows, const PartialView& into, const ConstPa
 
 void merge_partial_records(float* into, const float* from, int64_t count, int64_t record) {
   const RowsShape rows{1, count, 1, record - 2};
-  const PartialView into_view{{into + 2, 0, record, 0}, {into, 0, 0, record}, {into + 1, 0, 0, record}};
+  const PartialView into_view{
+      {into + 2, 0, record, 0}, {into, 0, 0, record}, {into + 1, 0, 0, record}};
   const ConstPartialView from_view{
       {from + 2, 0, record, 0}, {from, 0, 0, record}, {from + 1, 0, 0, record}};
   merge_partial(rows, into_view, from_view);
@@ -52,13 +57,15 @@ void finalize_partial(const RowsShape& rows, const ConstPartialView& partial, To
         const float sum = partial.row_sum.at(b, h, t);
         float* o = out.at(b, t, h);
         if (sum == 0.0f || partial.row_max.at(b, h, t) == kNegInf) {
-          for (int64_t d = 0; d < rows.head_dim; ++d) o[d] = 0.0f;
+          for (int64_t d = 0; d < rows.head_dim; ++d)
+            o[d] = 0.0f;
           lse.at(b, h, t) = kNegInf;
           continue;
         }
         const float inverse = 1.0f / sum;
         const float* acc = partial.acc.at(b, t, h);
-        for (int64_t d = 0; d < rows.head_dim; ++d) o[d] = acc[d] * inverse;
+        for (int64_t d = 0; d < rows.head_dim; ++d)
+          o[d] = acc[d] * inverse;
         lse.at(b, h, t) = partial.row_max.at(b, h, t) + std::log(sum);
       }
     }
@@ -79,7 +86,8 @@ void merge_output(const RowsShape& rows, TokenView<float> out_a, RowView<float> 
         const float total = w_a + w_b;  // >= 1: the larger side has weight 1
         float* o = out_a.at(b, t, h);
         const float* other = out_b.at(b, t, h);
-        for (int64_t d = 0; d < rows.head_dim; ++d) o[d] = (w_a * o[d] + w_b * other[d]) / total;
+        for (int64_t d = 0; d < rows.head_dim; ++d)
+          o[d] = (w_a * o[d] + w_b * other[d]) / total;
         l_a = m + std::log(total);
       }
     }
@@ -94,7 +102,8 @@ void compute_delta(const RowsShape& rows, TokenView<const float> out, TokenView<
         const float* o = out.at(b, t, h);
         const float* g = d_out.at(b, t, h);
         double sum = 0.0;  // head_dim terms, accumulated wide: this feeds every dS of the row
-        for (int64_t d = 0; d < rows.head_dim; ++d) sum += static_cast<double>(o[d]) * g[d];
+        for (int64_t d = 0; d < rows.head_dim; ++d)
+          sum += static_cast<double>(o[d]) * g[d];
         delta.at(b, h, t) = static_cast<float>(sum);
       }
     }

@@ -76,6 +76,8 @@ class AlignedFloats {
 };
 
 // Floats of an AlignedFloats slice rounded up to whole cache lines, so slices stay aligned.
-inline int64_t cache_lines_of_floats(int64_t count) { return (count + 15) / 16 * 16; }
+inline int64_t cache_lines_of_floats(int64_t count) {
+  return (count + 15) / 16 * 16;
+}
 
 }  // namespace a2d::cpu

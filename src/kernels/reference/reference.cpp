@@ -32,7 +32,8 @@ int64_t position(const int64_t* positions, int64_t index) {
 
 double dot(const double* a, const double* b, int64_t n) {
   double sum = 0.0;
-  for (int64_t d = 0; d < n; ++d) sum += a[d] * b[d];
+  for (int64_t d = 0; d < n; ++d)
+    sum += a[d] * b[d];
   return sum;
 }
 
@@ -63,8 +64,10 @@ double row_scores(const Inputs& in, const Layout& at, int64_t b, int64_t h, int6
 void check(const Inputs& in) {
   in.shape.validate();
   in.mask.validate();
-  A2D_REQUIRE(std::isfinite(in.scale) && in.scale > 0, "the softmax scale must be finite and "
-              "positive (got ", in.scale, ")");
+  A2D_REQUIRE(std::isfinite(in.scale) && in.scale > 0,
+              "the softmax scale must be finite and "
+              "positive (got ",
+              in.scale, ")");
 }
 
 }  // namespace
@@ -85,14 +88,16 @@ void forward(const Inputs& in, double* out, double* lse) {
       const double row_lse = row_scores(in, at, b, h, i, scores);
       lse[at.row_index(b, h, i)] = row_lse;
       double* o = out + at.q_index(b, i, h);
-      for (int64_t d = 0; d < s.head_dim; ++d) o[d] = 0.0;
+      for (int64_t d = 0; d < s.head_dim; ++d)
+        o[d] = 0.0;
       if (row_lse == kNegInf) continue;
       const int64_t kvh = s.kv_head_of(h);
       for (int64_t j = 0; j < s.kv_tokens; ++j) {
         if (scores[j] == kNegInf) continue;
         const double p = std::exp(scores[j] - row_lse);
         const double* v = in.v + at.kv_index(b, j, kvh);
-        for (int64_t d = 0; d < s.head_dim; ++d) o[d] += p * v[d];
+        for (int64_t d = 0; d < s.head_dim; ++d)
+          o[d] += p * v[d];
       }
     }
   }
@@ -121,7 +126,8 @@ void backward(const Inputs& in, const double* d_out, double* dq, double* dk, dou
       const int64_t row = at.row_index(b, h, i);
       lse[row] = row_scores(in, at, b, h, i, scores);
       double* dq_row = dq + at.q_index(b, i, h);
-      for (int64_t d = 0; d < s.head_dim; ++d) dq_row[d] = 0.0;
+      for (int64_t d = 0; d < s.head_dim; ++d)
+        dq_row[d] = 0.0;
       if (lse[row] == kNegInf) {
         delta[row] = 0.0;
         continue;
@@ -138,7 +144,8 @@ void backward(const Inputs& in, const double* d_out, double* dq, double* dk, dou
         if (scores[j] == kNegInf) continue;
         const double ds = std::exp(scores[j] - lse[row]) * (d_prob[j] - row_delta);
         const double* k = in.k + at.kv_index(b, j, kvh);
-        for (int64_t d = 0; d < s.head_dim; ++d) dq_row[d] += in.scale * ds * k[d];
+        for (int64_t d = 0; d < s.head_dim; ++d)
+          dq_row[d] += in.scale * ds * k[d];
       }
     }
   }
@@ -153,7 +160,8 @@ void backward(const Inputs& in, const double* d_out, double* dq, double* dk, dou
     const int64_t b = r / (s.kv_tokens * s.kv_heads);
     double* dk_row = dk + at.kv_index(b, j, kvh);
     double* dv_row = dv + at.kv_index(b, j, kvh);
-    for (int64_t d = 0; d < s.head_dim; ++d) dk_row[d] = dv_row[d] = 0.0;
+    for (int64_t d = 0; d < s.head_dim; ++d)
+      dk_row[d] = dv_row[d] = 0.0;
     const double* k = in.k + at.kv_index(b, j, kvh);
     const double* v = in.v + at.kv_index(b, j, kvh);
     const int64_t k_pos = position(in.kv_positions, j);

@@ -216,7 +216,8 @@ class QueryTile {
     load_state();
     for (int64_t t = 0; t * kTileK < args_.shape.kv_tokens; ++t) {
       // Every few key tiles the calling thread lets MPI progress (ForwardArgs::progress).
-      if (args_.progress && t % 8 == 0 && is_calling_thread()) args_.progress(args_.progress_context);
+      if (args_.progress && t % 8 == 0 && is_calling_thread())
+        args_.progress(args_.progress_context);
       attend_key_tile(t);
     }
     store_state();
