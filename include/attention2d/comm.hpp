@@ -91,9 +91,10 @@ class Communicator {
   virtual void set_phase(const std::string& /*phase*/) {}
 
   // Blocking forms. An implementation may run them with other algorithms than the non-blocking
-  // forms: Open MPI's blocking collectives choose ring and neighbour-exchange algorithms for
-  // large messages, its non-blocking ones (libnbc) gather a reduce-scatter at one root first.
-  // Use these whenever nothing is computed while the collective runs.
+  // forms: over MPI, the blocking reduce-scatter is a ring of point-to-point steps and the
+  // blocking all-gather is Open MPI's tuned MPI_Allgatherv; Open MPI's non-blocking
+  // reduce-scatter was ~30x slower for large blocks (docs/benchmarks.md). Use these whenever
+  // nothing is computed while the collective runs.
   virtual void all_gather(const float* send, float* recv, std::span<const int64_t> counts) {
     all_gather_async(send, recv, counts)->wait();
   }

@@ -262,9 +262,9 @@ class MpiCommunicator final : public Communicator {
   // Reduce-scatter as a ring of P - 1 MPI_Sendrecv steps (the schedule NCCL uses and the cost
   // model charges): at step k rank r passes the partial sum of block r - k - 1 to rank r + 1 and
   // adds its own contribution to the partial of block r - k - 2 it receives from rank r - 1;
-  // after the last step it holds its own block, reduced over every rank. Open MPI 4.1's
-  // MPI_Reduce_scatter was 6-14x slower on this machine for 64 KiB - 4 MiB blocks
-  // (docs/benchmarks.md), so the blocking form uses this one.
+  // after the last step it holds its own block, reduced over every rank. At 16 ranks here,
+  // Open MPI 4.1's MPI_Reduce_scatter was 1.3x (1 MiB blocks) to 15x (4 MiB) slower and
+  // MPI_Ireduce_scatter about 30x (docs/benchmarks.md), so the blocking form uses this one.
   void ring_reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts,
                            int64_t record, Reduction reduction) {
     std::vector<int64_t> offsets(counts.size() + 1, 0);
