@@ -144,6 +144,16 @@ cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool back
       .add("ratio_fwd", ratio(f.median_ms, pred_fwd))
       .add("ratio_bwd", backward ? ratio(b.median_ms, pred_bwd) : NAN)
       .add("model_mem_bytes", r.predicted ? r.prediction.memory_bytes : int64_t{-1});
+  // Where the time went: measured wall time per named phase (slowest rank), and the model's
+  // time per phase (communication phases, and the kernel as computation alone).
+  for (const auto& [name, ms] : r.timings.phase_ms)
+    line.add("ms." + name, ms);
+  if (r.predicted) {
+    for (const PhaseCost& phase : r.prediction.phases)
+      line.add("pred_ms." + phase.name, 1e3 * phase.seconds);
+    line.add("pred_ms.forward.kernel", 1e3 * r.prediction.forward_compute_s);
+    if (backward) line.add("pred_ms.backward.kernel", 1e3 * r.prediction.backward_compute_s);
+  }
   if (check)
     line.add("max_rel_err", r.errors.max()).add("pass", r.errors.max() <= kFp32RelativeBound);
   return line;

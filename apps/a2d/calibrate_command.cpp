@@ -2,6 +2,7 @@
 // MPI job working at once (so sharing cores between ranks is part of the numbers).
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <thread>
@@ -101,6 +102,33 @@ int calibrate(int argc, char** argv, int first) {
                          dense_tokens(dk.data(), block, heads, head_dim),
                          dense_tokens(dv.data(), block, heads, head_dim));
     });
+    // The same block under a causal mask (positions 0..block-1 for queries and keys: a diagonal
+    // block), per unmasked FLOP: the tiles on the diagonal are computed whole and masked.
+    ForwardArgs fwd_causal = fwd;
+    fwd_causal.mask = Mask::causal();
+    BackwardArgs bwd_causal = bwd;
+    bwd_causal.mask = Mask::causal();
+    const double causal_flops =
+        4.0 * static_cast<double>(block * (block + 1) / 2 * head_dim * heads);
+    const double forward_causal_s =
+        slowest_seconds(world, iters, [&] { attention_forward(fwd_causal, o_view, lse_view); });
+    const double backward_causal_s = slowest_seconds(world, iters, [&] {
+      attention_backward(bwd_causal, dense_tokens(dq.data(), block, heads, head_dim),
+                         dense_tokens(dk.data(), block, heads, head_dim),
+                         dense_tokens(dv.data(), block, heads, head_dim));
+    });
+    // What a rank waiting in MPI costs the computing ones: the even ranks compute while the odd
+    // ones wait in a barrier. With n ranks computing and m waiting on fewer cores, each computing
+    // rank gets a 1 / (n + w m) share, so half waiting takes (1 + w) / 2 of the all-computing
+    // time: w = 2 t_half / t_all - 1 (0: waiting is free, 1: it costs as much as computing).
+    double wait_share = 0;
+    if (world.size() > 1) {
+      const double half_s = slowest_seconds(world, iters, [&] {
+        if (world.rank() % 2 == 0) attention_forward(fwd, o_view, lse_view);
+        world.barrier();
+      });
+      wait_share = std::clamp(2 * half_s / forward_s - 1, 0.0, 1.0);
+    }
 
     // Latency: an 8-byte ring shift on every rank at once. Bandwidth: the all-gather the
     // algorithms use, 1 MiB from every rank, which the model charges as P - 1 messages and
@@ -134,6 +162,9 @@ int calibrate(int argc, char** argv, int first) {
     c.head_dim = head_dim;
     c.kernel_forward_flops = flops / forward_s;
     c.kernel_backward_flops = 2.5 * flops / backward_s;
+    c.kernel_forward_causal_flops = causal_flops / forward_causal_s;
+    c.kernel_backward_causal_flops = 2.5 * causal_flops / backward_causal_s;
+    c.wait_share = wait_share;
     c.latency_s = latency_s;
     c.bytes_per_s = bytes_per_s;
     collective_check(world, [&] {
@@ -142,12 +173,15 @@ int calibrate(int argc, char** argv, int first) {
     if (world.rank() == 0) {
       std::printf(
           "a2d calibrate: %d ranks on %d cores, kernel %lldx%lld rows, %lld heads, D=%lld\n"
-          "  kernel forward  %.3f GFLOP/s per rank\n  kernel backward %.3f GFLOP/s per rank\n"
+          "  kernel forward  %.3f GFLOP/s per rank (causal %.3f)\n"
+          "  kernel backward %.3f GFLOP/s per rank (causal %.3f)\n"
+          "  a waiting rank takes %.2f of a computing rank's CPU share\n"
           "  latency %.2f us per message, bandwidth %.3f GB/s per rank\nsaved to %s [ranks %d]\n",
           c.ranks, c.cores, static_cast<long long>(block), static_cast<long long>(block),
           static_cast<long long>(heads), static_cast<long long>(head_dim),
-          c.kernel_forward_flops / 1e9, c.kernel_backward_flops / 1e9, c.latency_s * 1e6,
-          c.bytes_per_s / 1e9, out.c_str(), c.ranks);
+          c.kernel_forward_flops / 1e9, c.kernel_forward_causal_flops / 1e9,
+          c.kernel_backward_flops / 1e9, c.kernel_backward_causal_flops / 1e9, c.wait_share,
+          c.latency_s * 1e6, c.bytes_per_s / 1e9, out.c_str(), c.ranks);
     }
     return 0;
   });

@@ -53,9 +53,11 @@ int reference_threads() {
 namespace {
 
 // One timed call on every rank: a barrier, the call, and the slowest rank's time.
-double timed(Communicator& world, const std::function<void()>& call, double& my_ms) {
+double timed(Communicator& world, const std::string& direction, const std::function<void()>& call,
+             double& my_ms) {
   world.set_phase("control");
   world.barrier();
+  world.set_phase(direction + ".setup");
   const double start = seconds_now();
   call();
   my_ms = 1e3 * (seconds_now() - start);
@@ -83,6 +85,29 @@ PhaseTiming summarize_phase(Communicator& world, const std::vector<double>& slow
   return t;
 }
 
+// Per phase named by rank 0 (except "control"): the largest over the ranks of each rank's median.
+std::map<std::string, double> slowest_phase_medians(
+    Communicator& world, const std::map<std::string, std::vector<double>>& samples) {
+  std::string names;
+  if (world.rank() == 0) {
+    for (const auto& entry : samples)
+      if (entry.first != "control") names += entry.first + "\n";
+  }
+  int64_t length = static_cast<int64_t>(names.size());
+  world.broadcast(&length, sizeof length, 0);
+  names.resize(static_cast<size_t>(length));
+  if (length > 0) world.broadcast(names.data(), length, 0);
+  std::map<std::string, double> out;
+  std::istringstream lines(names);
+  for (std::string name; std::getline(lines, name);) {
+    const auto it = samples.find(name);
+    double ms = it == samples.end() ? 0.0 : summarize(it->second).median;
+    world.all_reduce(&ms, 1, Reduction::max);
+    out[name] = ms;
+  }
+  return out;
+}
+
 }  // namespace
 
 Timings time_attention(Communicator& world, TrafficLog& log, DistributedAttention& attention,
@@ -90,28 +115,34 @@ Timings time_attention(Communicator& world, TrafficLog& log, DistributedAttentio
                        int64_t iters) {
   Timings timings;
   std::vector<double> fwd_slowest, fwd_mine, bwd_slowest, bwd_mine;
+  std::map<std::string, std::vector<double>> phase_samples;
   Traffic fwd_traffic, bwd_traffic;
   for (int64_t i = 0; i < warmup + iters; ++i) {
     const bool measured = i >= warmup;
     double mine = 0;
     log.clear();
     const double fwd = timed(
-        world, [&] { attention.forward(shards.forward(problem)); }, mine);
+        world, "forward", [&] { attention.forward(shards.forward(problem)); }, mine);
     if (measured) {
       fwd_slowest.push_back(fwd);
       fwd_mine.push_back(mine);
       fwd_traffic = log.total("forward");
+      for (const auto& [name, s] : log.seconds())
+        phase_samples[name].push_back(1e3 * s);
     }
     if (!backward) continue;
     log.clear();
     const double bwd = timed(
-        world, [&] { attention.backward(shards.backward(problem)); }, mine);
+        world, "backward", [&] { attention.backward(shards.backward(problem)); }, mine);
     if (measured) {
       bwd_slowest.push_back(bwd);
       bwd_mine.push_back(mine);
       bwd_traffic = log.total("backward");
+      for (const auto& [name, s] : log.seconds())
+        phase_samples[name].push_back(1e3 * s);
     }
   }
+  timings.phase_ms = slowest_phase_medians(world, phase_samples);
   timings.forward = summarize_phase(world, fwd_slowest, fwd_mine, fwd_traffic);
   if (backward) timings.backward = summarize_phase(world, bwd_slowest, bwd_mine, bwd_traffic);
   return timings;

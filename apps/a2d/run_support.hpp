@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 
 #include "attention2d/attention.hpp"
@@ -30,6 +31,10 @@ struct PhaseTiming {
 
 struct Timings {
   PhaseTiming forward, backward;
+  // Wall-clock milliseconds per named phase of the algorithm ("forward.kernel", ...; ".setup" is
+  // the time before the first named phase): per rank the median over the timed calls, then the
+  // largest over the ranks. Phases are as rank 0 names them.
+  std::map<std::string, double> phase_ms;
 };
 
 // warmup + iters calls of forward (and backward), each after a barrier; the traffic of one call

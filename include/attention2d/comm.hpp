@@ -124,10 +124,21 @@ class TrafficLog {
   const std::map<std::string, Traffic>& phases() const { return phases_; }
   // Sum over the phases whose name starts with `prefix` ("" = everything).
   Traffic total(const std::string& prefix = "") const;
-  void clear() { phases_.clear(); }
+  void clear() {
+    phases_.clear();
+    seconds_.clear();
+    switched_at_ = -1;
+  }
+
+  // Wall-clock time by phase: a phase's clock runs from the set_phase that names it to the next
+  // set_phase (so time spent computing after naming "forward.kernel" is the kernel's).
+  void switch_phase(const std::string& from, double now);
+  const std::map<std::string, double>& seconds() const { return seconds_; }
 
  private:
   std::map<std::string, Traffic> phases_;
+  std::map<std::string, double> seconds_;
+  double switched_at_ = -1;
 };
 
 // Forwards every operation to `inner` and charges it to the current phase of a shared log

@@ -32,6 +32,10 @@ struct Machine {
   // Attention kernel throughput per rank (FLOP/s, unmasked FLOPs), forward and backward.
   double kernel_forward_flops = 1;
   double kernel_backward_flops = 1;
+  // Under a causal mask (unmasked FLOPs per second of a diagonal block, whose partly masked tiles
+  // are computed whole); 0: the rates above.
+  double kernel_forward_causal_flops = 0;
+  double kernel_backward_causal_flops = 0;
   Link intra;  // between ranks of one node
   Link inter;  // between nodes
   // CPUs: ranks share the cores, so communication and computation do not overlap once every core
@@ -57,6 +61,11 @@ struct Calibration {
   int64_t head_dim = 64;
   double kernel_forward_flops = 0;  // per rank, all ranks computing at once
   double kernel_backward_flops = 0;
+  double kernel_forward_causal_flops = 0;  // the same on a causal diagonal block (unmasked FLOPs)
+  double kernel_backward_causal_flops = 0;
+  // CPU share a rank waiting in MPI takes from computing ranks, relative to a computing rank's
+  // (0: none, 1: as much), when ranks outnumber cores; informational.
+  double wait_share = 0;
   double latency_s = 0;  // point-to-point, all ranks exchanging at once
   double bytes_per_s = 0;
 };

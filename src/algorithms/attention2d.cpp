@@ -42,6 +42,9 @@ class Attention2D final : public DistributedAttention {
     kv_rows_ = col_offsets_.back();
     kv_source_ = at.kv_source;
     kv_dest_ = at.kv_dest;
+    // The kernel works on gathered buffers sorted by position when a mask can hide tiles.
+    q_order_ = TokenOrder(q_positions_, problem_.mask.is_causal());
+    kv_order_ = TokenOrder(kv_positions_, problem_.mask.is_causal());
 
     const int64_t b = problem_.batch, h = problem_.heads, hkv = problem_.kv_heads;
     const int64_t d = problem_.head_dim;
@@ -185,12 +188,15 @@ class Attention2D final : public DistributedAttention {
     row_comm.set_phase("forward.q_allgather");
     row_comm.all_gather(q_slot, q.data(), scaled(row_counts_, q_rec_.per_token()));
 
-    // 4. The (N/R) x (N/C) block.
+    // 4. The (N/R) x (N/C) block, on the gathered rows sorted by position.
     grid_.world().set_phase("forward.kernel");
+    q_order_.sort(q, q_rec_.per_token());
+    kv_order_.sort(kv, kv_rec_.per_token());
     std::vector<float> partial(static_cast<size_t>(partial_rec_.floats(q_rows_)));
-    attention_forward_partial(kernel_forward_args(q.data(), q_rows_, q_positions_.data(), kv.data(),
-                                                  kv_rows_, kv_positions_.data()),
+    attention_forward_partial(kernel_forward_args(q.data(), q_rows_, q_order_.positions.data(),
+                                                  kv.data(), kv_rows_, kv_order_.positions.data()),
                               partial_view(partial.data()), false);
+    q_order_.unsort(partial, partial_rec_.per_token());
 
     // 5. Merge along the row; each rank keeps its own tokens. 6. Normalise.
     std::vector<float> own(static_cast<size_t>(partial_rec_.floats(own_tokens_)));
@@ -221,8 +227,12 @@ class Attention2D final : public DistributedAttention {
     std::vector<float> dq(static_cast<size_t>(dq_rec.floats(q_rows_)));
     std::vector<float> dkv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
     grid_.world().set_phase("backward.kernel");
-    kernel_backward(q_back.data(), q_rows_, q_positions_.data(), kv.data(), kv_rows_,
-                    kv_positions_.data(), dq.data(), dkv.data(), false);
+    q_order_.sort(q_back, q_back_rec_.per_token());
+    kv_order_.sort(kv, kv_rec_.per_token());
+    kernel_backward(q_back.data(), q_rows_, q_order_.positions.data(), kv.data(), kv_rows_,
+                    kv_order_.positions.data(), dq.data(), dkv.data(), false);
+    q_order_.unsort(dq, dq_rec.per_token());
+    kv_order_.unsort(dkv, kv_rec_.per_token());
 
     // dQ summed along the row back to each rank's tokens; dK, dV along the column, then back
     // through the transpose.
@@ -355,7 +365,10 @@ class Attention2D final : public DistributedAttention {
           partial_view(own_partial.data()), /*accumulate=*/slot != row());
     });
 
-    // Phase B: visiting Q parts against the gathered K/V; partial results travel right.
+    // Phase B: visiting Q parts against the gathered K/V (sorted by position); partial results
+    // travel right.
+    grid_.world().set_phase("forward.kernel");
+    kv_order_.sort(kv, kv_rec_.per_token());
     Communicator& row_comm = grid_.row_comm();
     const int next = (col() + 1) % cols, prev = (col() - 1 + cols) % cols;
     const int64_t largest = *std::max_element(row_counts_.begin(), row_counts_.end());
@@ -378,7 +391,7 @@ class Attention2D final : public DistributedAttention {
       grid_.world().set_phase("forward.kernel");
       attention_forward_partial(
           kernel_forward_args(q_part, row_counts_[part], q_positions_.data() + row_offsets_[part],
-                              kv.data(), kv_rows_, kv_positions_.data()),
+                              kv.data(), kv_rows_, kv_order_.positions.data()),
           partial_view(result.data()), false);
       row_comm.set_phase("forward.partial_ring");
       partial_in->wait();
@@ -428,7 +441,11 @@ class Attention2D final : public DistributedAttention {
                       dkv.data() + kv_rec_.floats(col_offsets_[slot]), true);
     });
 
-    // Phase B: visiting Q-side parts against all K/V; their dQ travels right and is summed.
+    // Phase B: visiting Q-side parts against all K/V (sorted by position, with their dK, dV);
+    // their dQ travels right and is summed.
+    grid_.world().set_phase("backward.kernel");
+    kv_order_.sort(kv, kv_rec_.per_token());
+    kv_order_.sort(dkv, kv_rec_.per_token());
     Communicator& row_comm = grid_.row_comm();
     const int next = (col() + 1) % cols, prev = (col() - 1 + cols) % cols;
     const int64_t largest = *std::max_element(row_counts_.begin(), row_counts_.end());
@@ -450,7 +467,8 @@ class Attention2D final : public DistributedAttention {
       std::fill_n(result.begin(), dq_rec.floats(row_counts_[part]), 0.0f);
       grid_.world().set_phase("backward.kernel");
       kernel_backward(q_part, row_counts_[part], q_positions_.data() + row_offsets_[part],
-                      kv.data(), kv_rows_, kv_positions_.data(), result.data(), dkv.data(), true);
+                      kv.data(), kv_rows_, kv_order_.positions.data(), result.data(), dkv.data(),
+                      true);
       row_comm.set_phase("backward.dq_ring");
       dq_in->wait();
       if (step >= 2) add_into(result.data(), incoming.data(), dq_rec.floats(row_counts_[part]));
@@ -468,6 +486,7 @@ class Attention2D final : public DistributedAttention {
     unpack(dq_rec, dq_own.data(), 0, own_tokens_, d, s.dq);
 
     // dK, dV summed along the column and sent home.
+    kv_order_.unsort(dkv, kv_rec_.per_token());
     std::vector<float> dkv_part(
         static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
     Communicator& col_comm = grid_.col_comm();
@@ -487,6 +506,7 @@ class Attention2D final : public DistributedAttention {
   std::vector<int64_t> row_counts_, col_counts_;  // tokens of the parts gathered along row / column
   std::vector<int64_t> row_offsets_, col_offsets_;   // prefix sums (tokens)
   std::vector<int64_t> q_positions_, kv_positions_;  // global positions of the gathered rows
+  TokenOrder q_order_, kv_order_;                    // the gathered rows sorted by position
   int64_t q_rows_ = 0, kv_rows_ = 0;
   int kv_source_ = 0, kv_dest_ = 0;  // K/V transpose partners (world ranks)
   RecordLayout q_rec_, kv_rec_, partial_rec_, q_back_rec_;

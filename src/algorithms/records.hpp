@@ -118,6 +118,51 @@ inline std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
   return offsets;
 }
 
+// A reordering of the tokens of a record buffer: token j of the sorted buffer is token order[j]
+// of the gathered one. Gathers concatenate the ranks' parts, and with the cyclic layout every part
+// is a stride-P progression, so a gathered buffer interleaves positions: a kernel tile of it spans
+// the whole sequence and nearly every tile is partially masked. Sorted by position, the tiles a
+// causal mask hides are skipped and only those on the diagonal are partial (docs/attention2d.md).
+struct TokenOrder {
+  std::vector<int64_t> order;      // empty: the buffer is already in position order
+  std::vector<int64_t> positions;  // positions in sorted order
+
+  TokenOrder() = default;
+  // reorder = false keeps the gathered order (no mask to skip by).
+  TokenOrder(const std::vector<int64_t>& gathered_positions, bool reorder)
+      : positions(gathered_positions) {
+    if (!reorder || std::is_sorted(positions.begin(), positions.end())) return;
+    order.resize(positions.size());
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+      return gathered_positions[static_cast<size_t>(a)] <
+             gathered_positions[static_cast<size_t>(b)];
+    });
+    for (size_t j = 0; j < order.size(); ++j)
+      positions[j] = gathered_positions[static_cast<size_t>(order[j])];
+  }
+  bool identity() const { return order.empty(); }
+
+  // sorted[j] = gathered[order[j]], `per_token` floats per token; buffer is replaced.
+  void sort(std::vector<float>& buffer, int64_t per_token) const {
+    if (identity()) return;
+    std::vector<float> sorted(buffer.size());
+    for (size_t j = 0; j < order.size(); ++j)
+      std::copy_n(buffer.data() + order[j] * per_token, per_token,
+                  sorted.data() + static_cast<int64_t>(j) * per_token);
+    buffer.swap(sorted);
+  }
+  // The inverse: gathered[order[j]] = sorted[j].
+  void unsort(std::vector<float>& buffer, int64_t per_token) const {
+    if (identity()) return;
+    std::vector<float> gathered(buffer.size());
+    for (size_t j = 0; j < order.size(); ++j)
+      std::copy_n(buffer.data() + static_cast<int64_t>(j) * per_token, per_token,
+                  gathered.data() + order[j] * per_token);
+    buffer.swap(gathered);
+  }
+};
+
 // Element-wise sum of `count` floats: into += from.
 inline void add_into(float* into, const float* from, int64_t count) {
   for (int64_t i = 0; i < count; ++i)

@@ -2,6 +2,7 @@
 
 #include "attention2d/comm.hpp"
 #include "attention2d/error.hpp"
+#include "attention2d/timing.hpp"
 
 namespace a2d {
 namespace {
@@ -67,7 +68,13 @@ std::unique_ptr<Communicator> CountingCommunicator::split(int color, int key) {
   return std::make_unique<CountingCommunicator>(inner_->split(color, key), log_, phase_);
 }
 
+void TrafficLog::switch_phase(const std::string& from, double now) {
+  if (switched_at_ >= 0) seconds_[from] += now - switched_at_;
+  switched_at_ = now;
+}
+
 void CountingCommunicator::set_phase(const std::string& phase) {
+  log_->switch_phase(*phase_, seconds_now());
   *phase_ = phase;
   inner_->set_phase(phase);
 }

@@ -119,6 +119,9 @@ void save_calibration(const std::string& file, const Calibration& c) {
                        {"head_dim", static_cast<double>(c.head_dim)},
                        {"kernel_forward_gflops", c.kernel_forward_flops / 1e9},
                        {"kernel_backward_gflops", c.kernel_backward_flops / 1e9},
+                       {"kernel_forward_causal_gflops", c.kernel_forward_causal_flops / 1e9},
+                       {"kernel_backward_causal_gflops", c.kernel_backward_causal_flops / 1e9},
+                       {"wait_share", c.wait_share},
                        {"latency_us", c.latency_s * 1e6},
                        {"bandwidth_gbs", c.bytes_per_s / 1e9}};
   const std::string temporary = file + ".tmp";
@@ -153,6 +156,13 @@ Machine local_machine(const std::string& file, int ranks) {
   m.name = "local";
   m.kernel_forward_flops = value("kernel_forward_gflops") * 1e9;
   m.kernel_backward_flops = value("kernel_backward_gflops") * 1e9;
+  // Files written before the causal rates were measured: the rates above (less exact).
+  const auto optional = [&](const char* key) {
+    const auto v = it->second.find(key);
+    return v == it->second.end() ? 0.0 : v->second * 1e9;
+  };
+  m.kernel_forward_causal_flops = optional("kernel_forward_causal_gflops");
+  m.kernel_backward_causal_flops = optional("kernel_backward_causal_gflops");
   m.intra.latency_s = value("latency_us") * 1e-6;
   m.intra.bytes_per_s = value("bandwidth_gbs") * 1e9;
   m.inter = m.intra;  // one node
@@ -349,8 +359,15 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
 
   out.forward_flops = busiest_forward_flops(problem, plan);
   out.backward_flops = 2.5 * out.forward_flops;
-  const double cf = out.forward_flops / machine.kernel_forward_flops;
-  const double cb = out.backward_flops / machine.kernel_backward_flops;
+  const bool causal = problem.mask.is_causal();
+  const double forward_rate = causal && machine.kernel_forward_causal_flops > 0
+                                  ? machine.kernel_forward_causal_flops
+                                  : machine.kernel_forward_flops;
+  const double backward_rate = causal && machine.kernel_backward_causal_flops > 0
+                                   ? machine.kernel_backward_causal_flops
+                                   : machine.kernel_backward_flops;
+  const double cf = out.forward_flops / forward_rate;
+  const double cb = out.backward_flops / backward_rate;
   out.forward_compute_s = cf;
   out.backward_compute_s = cb;
   // Overlap hides the shorter of computation and communication, unless the ranks share cores

@@ -15,6 +15,9 @@ cal="$work/calibration.txt"
 "$mpiexec" --oversubscribe -np 4 "$a2d" calibrate --out "$cal" --block 256 --iters 1 >/dev/null
 "$mpiexec" --oversubscribe -np 2 "$a2d" calibrate --out "$cal" --block 256 --iters 1 >/dev/null
 grep -q '^\[ranks 4\]' "$cal" && grep -q '^\[ranks 2\]' "$cal" || fail "calibration sections missing"
+for key in kernel_forward_causal_gflops kernel_backward_causal_gflops wait_share; do
+  [ "$(grep -c "^$key = " "$cal")" -eq 2 ] || fail "calibration lacks $key in a section"
+done
 
 problem=(--seq 300 --heads 4 --kv-heads 2 --head-dim 32 --causal --backward --iters 1 --warmup 0)
 python3 "$here/check_json.py" \
@@ -25,6 +28,11 @@ python3 "$here/check_json.py" \
 [ "$(grep -c '"fwd_ms"' "$work/bench.json")" -eq 8 ] || fail "expected 8 measured rows"
 grep -q '"skipped": "ulysses shards the heads' "$work/bench.json" || fail "ulysses not skipped with its reason"
 grep -q '"pass": false' "$work/bench.json" && fail "a row failed --check"
+# Where the time went: measured and predicted milliseconds per phase, on every measured row.
+for key in '"ms.forward.kernel"' '"ms.backward.kernel"' '"pred_ms.forward.kernel"' '"pred_ms.backward.kernel"'; do
+  [ "$(grep -c "$key" "$work/bench.json")" -eq 8 ] || fail "phase times: $key not on every row"
+done
+grep -q '"ms.forward.kv_allgather"' "$work/bench.json" || fail "no communication phase time"
 "$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$cal" --csv --algo ring,attention2d \
   > "$work/bench.csv"
 head -1 "$work/bench.csv" | grep -q '^algo,grid,layout' || fail "CSV header"

@@ -137,6 +137,8 @@ TEST(CostModel, MachinesAndCalibrationFiles) {
   c.cores = 2;
   c.kernel_forward_flops = 20e9;
   c.kernel_backward_flops = 15e9;
+  c.kernel_forward_causal_flops = 10e9;
+  c.kernel_backward_causal_flops = 5e9;
   c.latency_s = 2e-6;
   c.bytes_per_s = 3e9;
   save_calibration(file, c);
@@ -148,7 +150,24 @@ TEST(CostModel, MachinesAndCalibrationFiles) {
   EXPECT_DOUBLE_EQ(nine.kernel_forward_flops, 7e9);
   EXPECT_DOUBLE_EQ(four.intra.bytes_per_s, 3e9);
   EXPECT_EQ(four.shared_cores, 2);
+  EXPECT_DOUBLE_EQ(four.kernel_forward_causal_flops, 10e9);
+  EXPECT_DOUBLE_EQ(four.kernel_backward_causal_flops, 5e9);
   EXPECT_THROW(local_machine(file, 16), Error);
+
+  // A causal problem is charged at the causal rates, a non-causal one at the plain rates.
+  Problem problem;
+  problem.seq = 4096;
+  problem.heads = problem.kv_heads = 8;
+  problem.head_dim = 64;
+  Plan plan = default_plan(Algorithm::ring, problem, 4);
+  const Prediction plain = predict(problem, plan, four, 4, Precision::fp32);
+  EXPECT_DOUBLE_EQ(plain.forward_compute_s, plain.forward_flops / 20e9);
+  EXPECT_DOUBLE_EQ(plain.backward_compute_s, plain.backward_flops / 15e9);
+  problem.mask = Mask::causal();
+  plan = default_plan(Algorithm::ring, problem, 4);
+  const Prediction causal = predict(problem, plan, four, 4, Precision::fp32);
+  EXPECT_DOUBLE_EQ(causal.forward_compute_s, causal.forward_flops / 10e9);
+  EXPECT_DOUBLE_EQ(causal.backward_compute_s, causal.backward_flops / 5e9);
 }
 
 }  // namespace
