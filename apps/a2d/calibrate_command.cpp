@@ -160,6 +160,7 @@ int calibrate(int argc, char** argv, int first) {
     c.ranks = world.size();
     c.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     c.head_dim = head_dim;
+    c.block = block;
     c.kernel_forward_flops = flops / forward_s;
     c.kernel_backward_flops = 2.5 * flops / backward_s;
     c.kernel_forward_causal_flops = causal_flops / forward_causal_s;

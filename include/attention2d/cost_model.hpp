@@ -36,6 +36,11 @@ struct Machine {
   // are computed whole); 0: the rates above.
   double kernel_forward_causal_flops = 0;
   double kernel_backward_causal_flops = 0;
+  // CPUs: > 0 charges the backward by the tiles the CPU backward kernel computes (a tile the mask
+  // hides in part is computed whole), relative to a non-causal square block of this many rows,
+  // the block the rates were calibrated on. 0: by unmasked FLOPs (accelerators' published
+  // efficiencies already include their masking).
+  int64_t tile_block = 0;
   Link intra;  // between ranks of one node
   Link inter;  // between nodes
   // CPUs: ranks share the cores, so communication and computation do not overlap once every core
@@ -59,6 +64,7 @@ struct Calibration {
   int ranks = 1;
   int cores = 1;
   int64_t head_dim = 64;
+  int64_t block = 1024;             // query and key rows of the timed kernel calls
   double kernel_forward_flops = 0;  // per rank, all ranks computing at once
   double kernel_backward_flops = 0;
   double kernel_forward_causal_flops = 0;  // the same on a causal diagonal block (unmasked FLOPs)
@@ -121,5 +127,22 @@ double rank_forward_flops(const Problem& problem, const Plan& plan, int rank);
 // every layout: the first, middle and last rows and columns of the grid, or of the ring), or, for
 // Ring Attention on the contiguous layout, its step-synchronous critical path.
 double busiest_forward_flops(const Problem& problem, const Plan& plan);
+
+// Score entries (per batch, summed over the rank's heads) that the CPU kernels compute on the
+// busiest rank: the backward's every (kCpuBackwardTileQ x kCpuBackwardTileK) tile pair the mask
+// does not hide whole, the forward's (panel, key tile) pairs trimmed to visible 4-key blocks,
+// over the kernel calls the plan's algorithm makes with the rows in the order it passes them
+// (ranks sampled at the corners and middles of the grid). Needs the positions: both are negative
+// when that would take more than about 5 x 10^6 tile pairs (the model then uses unmasked FLOPs).
+struct TileEntries {
+  double forward = 0;
+  double backward = 0;
+};
+TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan);
+// The same for one call: `q` and `k` positions in the order the kernel sees them.
+double forward_tile_entries(const Mask& mask, const std::vector<int64_t>& q,
+                            const std::vector<int64_t>& k);
+double backward_tile_entries(const Mask& mask, const std::vector<int64_t>& q,
+                             const std::vector<int64_t>& k);
 
 }  // namespace a2d

@@ -55,6 +55,18 @@ inline T max_keep_nan(T a, T b) {
   return (b > a || b != b) ? b : a;
 }
 
+// Tiles of the CPU (AVX2) backward kernel: a work item holds kCpuBackwardTileK keys and visits the
+// queries kCpuBackwardTileQ rows at a time, skipping a pair of tiles only when the mask hides it
+// whole (the cost model counts these tiles, docs/cost-model.md).
+inline constexpr int64_t kCpuBackwardTileQ = 48;
+inline constexpr int64_t kCpuBackwardTileK = 96;
+// The forward's: panels of kCpuForwardPanel query rows against key tiles of kCpuForwardTileK,
+// a partly visible pair trimmed to the kCpuForwardKeyStep-key blocks between its first and last
+// visible block.
+inline constexpr int64_t kCpuForwardPanel = 24;
+inline constexpr int64_t kCpuForwardTileK = 256;
+inline constexpr int64_t kCpuForwardKeyStep = 4;
+
 // How a block of queries (positions in [q_min, q_max]) relates to a block of keys.
 enum class BlockVisibility { hidden, partial, full };
 BlockVisibility classify_block(const Mask& mask, int64_t q_min, int64_t q_max, int64_t k_min,

@@ -25,10 +25,14 @@ class AllGatherKvAttention final : public SequenceParallel {
   AllGatherKvAttention(const Problem& problem, const Plan& plan, Communicator& world)
       : SequenceParallel(problem, plan, world) {
     kv_rec_ = {problem_.batch, problem_.kv_heads, 2 * problem_.head_dim};
+    // The kernel sees the gathered keys sorted by position under a causal mask (records.hpp).
+    kv_order_ = TokenOrder(parts_.positions, problem_.mask.is_causal());
   }
 
   void forward(const ForwardShards& s) override {
-    const std::vector<float> kv = gather_kv(s.k, s.v, "forward");
+    std::vector<float> kv = gather_kv(s.k, s.v, "forward");
+    comm_->set_phase("forward.kernel");
+    kv_order_.sort(kv, kv_rec_.per_token());
     ForwardArgs args;
     args.shape = problem_.local_shape(own_tokens_, problem_.seq);
     args.mask = problem_.mask;
@@ -37,16 +41,17 @@ class AllGatherKvAttention final : public SequenceParallel {
     args.k = kv_rec_.tokens(kv.data(), 0);
     args.v = kv_rec_.tokens(kv.data(), problem_.head_dim);
     args.q_positions = parts_.positions_of(rank_);
-    args.kv_positions = parts_.positions.data();
+    args.kv_positions = kv_order_.positions.data();
     args.threads = plan_.threads;
     progress_through(args, *comm_);
-    comm_->set_phase("forward.kernel");
     attention_forward(args, s.out, s.lse);
   }
 
   void backward(const BackwardShards& s) override {
     const int64_t d = problem_.head_dim;
-    const std::vector<float> kv = gather_kv(s.k, s.v, "backward");
+    std::vector<float> kv = gather_kv(s.k, s.v, "backward");
+    comm_->set_phase("backward.kernel");
+    kv_order_.sort(kv, kv_rec_.per_token());
     BackwardArgs args;
     args.shape = problem_.local_shape(own_tokens_, problem_.seq);
     args.mask = problem_.mask;
@@ -58,14 +63,14 @@ class AllGatherKvAttention final : public SequenceParallel {
     args.k = kv_rec_.tokens(kv.data(), 0);
     args.v = kv_rec_.tokens(kv.data(), d);
     args.q_positions = parts_.positions_of(rank_);
-    args.kv_positions = parts_.positions.data();
+    args.kv_positions = kv_order_.positions.data();
     args.threads = plan_.threads;
     args.accumulate = false;
     // dK, dV of every key from this rank's queries, [dk dv] records in gathered order.
     std::vector<float> dkv(static_cast<size_t>(kv_rec_.floats(problem_.seq)));
     progress_through(args, *comm_);
-    comm_->set_phase("backward.kernel");
     attention_backward(args, s.dq, kv_rec_.tokens(dkv.data(), 0), kv_rec_.tokens(dkv.data(), d));
+    kv_order_.unsort(dkv, kv_rec_.per_token());
 
     std::vector<float> dkv_own(static_cast<size_t>(kv_rec_.floats(own_tokens_)));
     comm_->set_phase("backward.dkv_reduce_scatter");
@@ -87,10 +92,11 @@ class AllGatherKvAttention final : public SequenceParallel {
     pack(v, own_tokens_, d, kv_rec_, slot, d);
     comm_->set_phase(phase + ".kv_allgather");
     comm_->all_gather(slot, kv.data(), scaled(parts_.counts, kv_rec_.per_token()));
-    return kv;
+    return kv;  // parts in rank order
   }
 
   RecordLayout kv_rec_;
+  TokenOrder kv_order_;
 };
 
 }  // namespace

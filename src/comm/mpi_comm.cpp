@@ -46,21 +46,47 @@ void merge_records(void* in, void* inout, int* len, MPI_Datatype* type) {
   merge_partial_records(static_cast<float*>(inout), static_cast<const float*>(in), *len, record);
 }
 
+class MpiRequest;
+
+// The posted operations of this process that may still move data (the kernel's progress calls
+// look at these only; see MpiCommunicator::progress).
+std::vector<MpiRequest*>& in_flight() {
+  static std::vector<MpiRequest*> requests;
+  return requests;
+}
+
 class MpiRequest final : public Request {
  public:
   std::vector<MPI_Request> requests;
   std::vector<int> counts, displacements, counts2, displacements2;  // alive until completion
   std::function<void()> on_complete;
 
+  MpiRequest() { in_flight().push_back(this); }
+
   void wait() override {
     if (done_) return;
     done_ = true;
+    untrack();
     if (!requests.empty()) {
       A2D_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
     }
     if (on_complete) on_complete();
   }
+  // Lets MPI move this operation's data; true once it has all arrived (wait() then only finishes).
+  bool test() {
+    int flag = 1;
+    if (!requests.empty()) {
+      A2D_MPI(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag,
+                          MPI_STATUSES_IGNORE));
+    }
+    return flag != 0;
+  }
+  void untrack() {
+    auto& all = in_flight();
+    all.erase(std::remove(all.begin(), all.end(), this), all.end());
+  }
   ~MpiRequest() override {
+    untrack();
     if (done_) return;
     try {
       wait();
@@ -172,8 +198,14 @@ class MpiCommunicator final : public Communicator {
   void set_phase(const std::string& phase) override { Watchdog::note_phase(phase); }
   void progress() override {
     Watchdog::heartbeat();
-    int flag = 0;
-    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE);
+    // Only operations in flight need MPI. A call into MPI that finds nothing to do yields the
+    // core when ranks outnumber cores (Open MPI's yield_when_idle), and a computing rank that
+    // yields every few tiles shares its core and caches with ranks that only wait: a kernel
+    // with nothing in flight therefore makes no MPI call, and operations whose data has arrived
+    // are not tested again.
+    std::vector<MpiRequest*> pending = in_flight();
+    for (MpiRequest* request : pending)
+      if (request->test()) request->untrack();
   }
 
  private:

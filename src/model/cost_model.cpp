@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <numeric>
 #include <sstream>
 
 #include "attention2d/decomposition.hpp"
@@ -117,6 +118,7 @@ void save_calibration(const std::string& file, const Calibration& c) {
   auto sections = read_sections(file);
   sections[c.ranks] = {{"cores", c.cores},
                        {"head_dim", static_cast<double>(c.head_dim)},
+                       {"block", static_cast<double>(c.block)},
                        {"kernel_forward_gflops", c.kernel_forward_flops / 1e9},
                        {"kernel_backward_gflops", c.kernel_backward_flops / 1e9},
                        {"kernel_forward_causal_gflops", c.kernel_forward_causal_flops / 1e9},
@@ -159,10 +161,11 @@ Machine local_machine(const std::string& file, int ranks) {
   // Files written before the causal rates were measured: the rates above (less exact).
   const auto optional = [&](const char* key) {
     const auto v = it->second.find(key);
-    return v == it->second.end() ? 0.0 : v->second * 1e9;
+    return v == it->second.end() ? 0.0 : v->second;
   };
-  m.kernel_forward_causal_flops = optional("kernel_forward_causal_gflops");
-  m.kernel_backward_causal_flops = optional("kernel_backward_causal_gflops");
+  m.kernel_forward_causal_flops = optional("kernel_forward_causal_gflops") * 1e9;
+  m.kernel_backward_causal_flops = optional("kernel_backward_causal_gflops") * 1e9;
+  m.tile_block = static_cast<int64_t>(optional("block"));
   m.intra.latency_s = value("latency_us") * 1e-6;
   m.intra.bytes_per_s = value("bandwidth_gbs") * 1e9;
   m.inter = m.intra;  // one node
@@ -366,8 +369,25 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
   const double backward_rate = causal && machine.kernel_backward_causal_flops > 0
                                    ? machine.kernel_backward_causal_flops
                                    : machine.kernel_backward_flops;
-  const double cf = out.forward_flops / forward_rate;
-  const double cb = out.backward_flops / backward_rate;
+  double cf = out.forward_flops / forward_rate;
+  double cb = out.backward_flops / backward_rate;
+  if (machine.tile_block > 0) {
+    // The CPU kernels compute whole tiles: charge those, at the rates the calibration block's
+    // tiles ran at (its rates count unmasked FLOPs, so divide by the block's own tile ratio).
+    const TileEntries entries = busiest_tile_entries(problem, plan);
+    if (entries.forward >= 0) {
+      std::vector<int64_t> block(static_cast<size_t>(machine.tile_block));
+      std::iota(block.begin(), block.end(), int64_t{0});
+      const double square = static_cast<double>(machine.tile_block * machine.tile_block);
+      const double per_entry = 4.0 * static_cast<double>(problem.head_dim * problem.batch);
+      cf = per_entry * entries.forward /
+           (machine.kernel_forward_flops * forward_tile_entries(Mask::none(), block, block) /
+            square);
+      cb = 2.5 * per_entry * entries.backward /
+           (machine.kernel_backward_flops * backward_tile_entries(Mask::none(), block, block) /
+            square);
+    }
+  }
   out.forward_compute_s = cf;
   out.backward_compute_s = cb;
   // Overlap hides the shorter of computation and communication, unless the ranks share cores

@@ -2,6 +2,9 @@
 // basic properties.
 #include <gtest/gtest.h>
 
+#include <numeric>
+#include <vector>
+
 #include <algorithm>
 
 #include "attention2d/cost_model.hpp"
@@ -139,6 +142,7 @@ TEST(CostModel, MachinesAndCalibrationFiles) {
   c.kernel_backward_flops = 15e9;
   c.kernel_forward_causal_flops = 10e9;
   c.kernel_backward_causal_flops = 5e9;
+  c.block = 0;  // no kernel-tile model: the causal rates apply to causal problems
   c.latency_s = 2e-6;
   c.bytes_per_s = 3e9;
   save_calibration(file, c);
@@ -168,6 +172,57 @@ TEST(CostModel, MachinesAndCalibrationFiles) {
   const Prediction causal = predict(problem, plan, four, 4, Precision::fp32);
   EXPECT_DOUBLE_EQ(causal.forward_compute_s, causal.forward_flops / 10e9);
   EXPECT_DOUBLE_EQ(causal.backward_compute_s, causal.backward_flops / 5e9);
+
+  // With the calibration block recorded, the CPU kernels' tiles are charged: a non-causal
+  // problem whose calls are whole multiples of the tiles costs its FLOPs at the plain rates times
+  // the calibration block's own padding, and a causal one at least its unmasked FLOPs.
+  c.ranks = 2;
+  c.block = 1024;
+  save_calibration(file, c);
+  const Machine tiled = local_machine(file, 2);
+  EXPECT_EQ(tiled.tile_block, 1024);
+  problem.mask = Mask::none();
+  problem.seq = 2 * 4608;  // 4608 = 96 x 48: every call is whole tiles
+  plan = default_plan(Algorithm::ring, problem, 2);
+  const Prediction whole = predict(problem, plan, tiled, 2, Precision::fp32);
+  EXPECT_NEAR(whole.backward_compute_s,
+              whole.backward_flops / 15e9 / (1056.0 * 1056.0 / (1024.0 * 1024.0)),
+              1e-9 * whole.backward_compute_s);
+  problem.mask = Mask::causal();
+  plan = default_plan(Algorithm::ring, problem, 2);
+  const Prediction tiled_causal = predict(problem, plan, tiled, 2, Precision::fp32);
+  EXPECT_GT(tiled_causal.backward_compute_s,
+            tiled_causal.backward_flops / 15e9 / (1056.0 * 1056.0 / (1024.0 * 1024.0)));
+}
+
+TEST(CostModel, KernelTilesAreCountedAsTheKernelsSkipThem) {
+  const auto range = [](int64_t first, int64_t count) {
+    std::vector<int64_t> positions(static_cast<size_t>(count));
+    std::iota(positions.begin(), positions.end(), first);
+    return positions;
+  };
+  // Non-causal: every tile, padded (1024 rows are 22 query tiles of 48 and 11 key tiles of 96;
+  // 43 forward panels of 24).
+  const std::vector<int64_t> block = range(0, 1024);
+  EXPECT_EQ(backward_tile_entries(Mask::none(), block, block), 1056.0 * 1056.0);
+  EXPECT_EQ(forward_tile_entries(Mask::none(), block, block), 1032.0 * 1024.0);
+  // A causal diagonal block of one key tile: both query tiles are partly visible, computed whole.
+  const std::vector<int64_t> diagonal = range(0, 96);
+  EXPECT_EQ(backward_tile_entries(Mask::causal(), diagonal, diagonal), 2.0 * 48 * 96);
+  // Forward: 4 panels of 24 rows against one 256-key tile; panel i sees blocks up to its last
+  // row, trimmed at the hidden end: 24 * (24, 48, 72, 96) keys.
+  EXPECT_EQ(forward_tile_entries(Mask::causal(), diagonal, diagonal), 24.0 * (24 + 48 + 72 + 96));
+  // Keys entirely after the queries: nothing.
+  EXPECT_EQ(backward_tile_entries(Mask::causal(), range(0, 96), range(96, 96)), 0.0);
+  EXPECT_EQ(forward_tile_entries(Mask::causal(), range(0, 96), range(96, 96)), 0.0);
+  // A key tile straddling two runs far apart (chunks of 64 keys) is partly visible to every query
+  // tile and computed whole, although a third of it is hidden: 96 x 96 entries for the 96 x 64
+  // the mask lets through; the second key tile (the rest of the later chunk) is skipped.
+  std::vector<int64_t> straddle = range(1000, 64);
+  for (const int64_t p : range(5000, 64))
+    straddle.push_back(p);
+  const std::vector<int64_t> queries = range(2000, 96);
+  EXPECT_EQ(backward_tile_entries(Mask::causal(), queries, straddle), 2.0 * 48 * 96);
 }
 
 }  // namespace

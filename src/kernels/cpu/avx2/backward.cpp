@@ -42,8 +42,8 @@ namespace {
 constexpr int kRows = 6;     // micro-kernel rows
 constexpr int kVectors = 2;  // micro-kernel vectors: 16 columns
 constexpr int kColumns = kVectors * kLanes;
-constexpr int64_t kTileK = 96;  // multiple of kRows and kColumns
-constexpr int64_t kTileQ = 48;  // multiple of kRows
+constexpr int64_t kTileK = kCpuBackwardTileK;  // 96: a multiple of kRows and kColumns
+constexpr int64_t kTileQ = kCpuBackwardTileQ;  // 48: a multiple of kRows
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kPosInf = std::numeric_limits<float>::infinity();
 constexpr double kLog2eDouble = 1.44269504088896340736;

@@ -36,7 +36,7 @@
 namespace a2d::cpu::avx2 {
 namespace {
 
-constexpr int kPanel = 24;  // query rows per panel
+constexpr int kPanel = static_cast<int>(kCpuForwardPanel);  // 24 query rows per panel
 constexpr int kPanelVectors = kPanel / kLanes;
 constexpr int64_t kMaxPanelsPerTile = 64;
 // Bytes of Qt and O of one query tile (64 panels at D = 128). Every query tile copies every K and
@@ -45,9 +45,9 @@ constexpr int64_t kMaxPanelsPerTile = 64;
 // query tiles are tall. Their state does not need to stay in L2: each panel's Qt and O (24 KiB
 // at D = 128) are streamed in once per 256-key tile, against ~200 000 cycles of products.
 constexpr int64_t kQueryTileBytes = 1536 << 10;
-constexpr int64_t kTileK = 256;   // keys per key tile
-constexpr int kKeyStep = 4;       // keys per S micro-kernel call; the mask's block
-constexpr int kValueRows = 6;     // queries per P V micro-kernel call
+constexpr int64_t kTileK = kCpuForwardTileK;                    // 256 keys per key tile
+constexpr int kKeyStep = static_cast<int>(kCpuForwardKeyStep);  // keys per S call; mask block
+constexpr int kValueRows = 6;                                   // queries per P V micro-kernel call
 constexpr int kValueVectors = 2;  // 16 head dims per P V micro-kernel call
 constexpr int kValueColumns = kValueVectors * kLanes;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();

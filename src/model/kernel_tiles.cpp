@@ -1,0 +1,197 @@
+// The work the CPU kernels really do. The backward skips a (query tile, key tile) pair only when
+// the mask hides the whole pair and computes every other pair whole; the forward skips hidden
+// (panel, key tile) pairs and trims a partly visible one to the 4-key blocks between its first
+// and last visible block. The unmasked FLOPs the
+// rest of the model (and every report) counts leave out the masked part of partly visible
+// tiles, which is large when a kernel call's rows come in short runs far apart (the chunks of a
+// zigzag shard: N / 2P rows each) or interleave positions. This file replays the kernel calls
+// of a plan with their positions and counts the tiles, so the model charges what the kernels
+// compute (docs/cost-model.md, "Kernel tiles").
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <vector>
+
+#include "attention2d/cost_model.hpp"
+#include "attention2d/decomposition.hpp"
+#include "attention2d/grid.hpp"
+#include "attention2d/kernel.hpp"
+
+namespace a2d {
+namespace {
+
+struct Span {
+  int64_t min, max;
+};
+
+// Least and largest position of each run of `tile` consecutive rows.
+std::vector<Span> tile_spans(const std::vector<int64_t>& positions, int64_t tile) {
+  std::vector<Span> spans;
+  const int64_t n = static_cast<int64_t>(positions.size());
+  for (int64_t begin = 0; begin < n; begin += tile) {
+    const auto first = positions.begin() + begin;
+    const auto last = positions.begin() + std::min(n, begin + tile);
+    const auto [lo, hi] = std::minmax_element(first, last);
+    spans.push_back({*lo, *hi});
+  }
+  return spans;
+}
+
+std::vector<int64_t> sorted(std::vector<int64_t> positions) {
+  std::sort(positions.begin(), positions.end());
+  return positions;
+}
+
+std::vector<int64_t> slice(const std::vector<int64_t>& positions, int64_t begin, int64_t count) {
+  return {positions.begin() + begin, positions.begin() + begin + count};
+}
+
+// The kernel calls of `rank` (forward and backward make the same ones) (query positions, key
+// positions, in the order the algorithm passes them), per batch and query head; `heads` = the query
+// heads the rank attends.
+struct Calls {
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> calls;
+  int64_t heads = 0;
+};
+
+Calls kernel_calls(const Problem& problem, const Plan& plan, const SequenceParts& parts, int rank) {
+  Calls out;
+  out.heads = problem.heads;
+  const bool causal = problem.mask.is_causal();
+  switch (plan.algorithm) {
+    case Algorithm::attention2d:
+    case Algorithm::attention2d_overlap: {
+      const Attention2DRank at = attention2d_rank(problem, plan, rank);
+      // Under a causal mask ATTENTION2D sorts the gathered rows by position.
+      const std::vector<int64_t> kv = causal ? sorted(at.kv_positions) : at.kv_positions;
+      if (plan.algorithm == Algorithm::attention2d) {
+        out.calls.push_back({causal ? sorted(at.q_positions) : at.q_positions, kv});
+        break;
+      }
+      // Phase A: own queries against each K/V part; phase B: every other Q part against all K/V.
+      std::vector<int64_t> q_offsets(at.row_counts.size() + 1, 0),
+          kv_offsets(at.col_counts.size() + 1, 0);
+      std::partial_sum(at.row_counts.begin(), at.row_counts.end(), q_offsets.begin() + 1);
+      std::partial_sum(at.col_counts.begin(), at.col_counts.end(), kv_offsets.begin() + 1);
+      const std::vector<int64_t> own =
+          slice(at.q_positions, q_offsets[static_cast<size_t>(at.col)], at.own_tokens);
+      for (size_t part = 0; part < at.col_counts.size(); ++part)
+        out.calls.push_back({own, slice(at.kv_positions, kv_offsets[part], at.col_counts[part])});
+      for (size_t part = 0; part < at.row_counts.size(); ++part) {
+        if (static_cast<int>(part) == at.col) continue;
+        out.calls.push_back({slice(at.q_positions, q_offsets[part], at.row_counts[part]), kv});
+      }
+      break;
+    }
+    case Algorithm::ring: {
+      const std::vector<int64_t> own =
+          slice(parts.positions, parts.offsets[static_cast<size_t>(rank)],
+                parts.counts[static_cast<size_t>(rank)]);
+      for (int part = 0; part < parts.parts(); ++part)
+        out.calls.push_back({own, slice(parts.positions, parts.offsets[static_cast<size_t>(part)],
+                                        parts.counts[static_cast<size_t>(part)])});
+      break;
+    }
+    case Algorithm::allgather_kv: {
+      const std::vector<int64_t> own =
+          slice(parts.positions, parts.offsets[static_cast<size_t>(rank)],
+                parts.counts[static_cast<size_t>(rank)]);
+      // Under a causal mask the gathered keys are sorted by position.
+      out.calls.push_back({own, causal ? sorted(parts.positions) : parts.positions});
+      break;
+    }
+    case Algorithm::ulysses: {
+      std::vector<int64_t> all(static_cast<size_t>(problem.seq));
+      std::iota(all.begin(), all.end(), int64_t{0});
+      out.calls.push_back({all, all});
+      out.heads = ulysses_heads(problem, plan.grid.size(), rank).heads;
+      break;
+    }
+  }
+  return out;
+}
+
+// Ranks whose calls are replayed: the corners and middles of the grid (ATTENTION2D) or of the
+// ring, where the busiest rank of every layout lies.
+std::vector<int> tile_sample(const Plan& plan) {
+  std::set<int> ranks;
+  const int rows = plan.grid.rows, cols = plan.grid.cols;
+  for (const int r : {0, rows / 2, rows - 1})
+    for (const int c : {0, cols / 2, cols - 1})
+      ranks.insert(c * rows + r);  // world rank of p(r, c): columns hold consecutive ranks
+  return {ranks.begin(), ranks.end()};
+}
+
+}  // namespace
+
+double forward_tile_entries(const Mask& mask, const std::vector<int64_t>& q,
+                            const std::vector<int64_t>& k) {
+  const std::vector<Span> panels = tile_spans(q, kCpuForwardPanel);
+  const std::vector<Span> blocks = tile_spans(k, kCpuForwardKeyStep);
+  const int64_t keys = static_cast<int64_t>(k.size());
+  double entries = 0;
+  for (int64_t begin = 0; begin < keys; begin += kCpuForwardTileK) {
+    const int64_t cols = std::min(kCpuForwardTileK, keys - begin);
+    const int64_t first_block = begin / kCpuForwardKeyStep;
+    const int64_t block_count = (cols + kCpuForwardKeyStep - 1) / kCpuForwardKeyStep;
+    const auto [lo, hi] = std::minmax_element(k.begin() + begin, k.begin() + begin + cols);
+    for (const Span& panel : panels) {
+      const BlockVisibility visibility = classify_block(mask, panel.min, panel.max, *lo, *hi);
+      if (visibility == BlockVisibility::hidden) continue;
+      int64_t first = 0, last = block_count;
+      if (visibility == BlockVisibility::partial) {
+        // The kernel trims hidden 4-key blocks at both ends of a partly visible tile.
+        const auto hidden = [&](int64_t b) {
+          const Span& block = blocks[static_cast<size_t>(first_block + b)];
+          return classify_block(mask, panel.min, panel.max, block.min, block.max) ==
+                 BlockVisibility::hidden;
+        };
+        while (first < last && hidden(first))
+          ++first;
+        while (last > first && hidden(last - 1))
+          --last;
+      }
+      entries += static_cast<double>(kCpuForwardPanel * (std::min(last * kCpuForwardKeyStep, cols) -
+                                                         first * kCpuForwardKeyStep));
+    }
+  }
+  return entries;
+}
+
+double backward_tile_entries(const Mask& mask, const std::vector<int64_t>& q,
+                             const std::vector<int64_t>& k) {
+  const std::vector<Span> q_tiles = tile_spans(q, kCpuBackwardTileQ);
+  const std::vector<Span> k_tiles = tile_spans(k, kCpuBackwardTileK);
+  double pairs = 0;
+  for (const Span& kt : k_tiles)
+    for (const Span& qt : q_tiles)
+      if (classify_block(mask, qt.min, qt.max, kt.min, kt.max) != BlockVisibility::hidden) ++pairs;
+  return pairs * static_cast<double>(kCpuBackwardTileQ * kCpuBackwardTileK);
+}
+
+TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan) {
+  // Tile pairs of the busiest call pattern, estimated before any position is generated.
+  const double n = static_cast<double>(problem.seq);
+  const double per_rank = plan.algorithm == Algorithm::ulysses ? 1.0 : plan.grid.size();
+  const double estimate = (n / kCpuBackwardTileQ + 1) * (n / kCpuBackwardTileK + 1) / per_rank + n;
+  const std::vector<int> sample = tile_sample(plan);
+  if (estimate * static_cast<double>(sample.size()) > 5e6) return {-1, -1};
+  const bool sequence =
+      plan.algorithm == Algorithm::ring || plan.algorithm == Algorithm::allgather_kv;
+  const SequenceParts parts = sequence ? sequence_parts(problem, plan) : SequenceParts{};
+  TileEntries busiest;
+  for (const int rank : sample) {
+    const Calls calls = kernel_calls(problem, plan, parts, rank);
+    double forward = 0, backward = 0;
+    for (const auto& [q, k] : calls.calls) {
+      forward += forward_tile_entries(problem.mask, q, k);
+      backward += backward_tile_entries(problem.mask, q, k);
+    }
+    const double heads = static_cast<double>(calls.heads);
+    busiest.forward = std::max(busiest.forward, forward * heads);
+    busiest.backward = std::max(busiest.backward, backward * heads);
+  }
+  return busiest;
+}
+
+}  // namespace a2d
