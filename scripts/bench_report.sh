@@ -13,12 +13,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export A2D_CALIBRATION="$out/calibration.txt"
 mpi=(mpiexec --oversubscribe --bind-to core:overload-allowed)
 for ranks in 4 9 16; do
-  "${mpi[@]}" -np "$ranks" "$a2d" calibrate --block 1024 --head-dim 64 --iters 3 > "$out/calibrate-$ranks.txt"
+  "${mpi[@]}" -np "$ranks" "$a2d" calibrate --block 1024 --head-dim 64 --iters 9 > "$out/calibrate-$ranks.txt"
 done
 for ranks in 4 9 16; do
   for seq in 4096 16384; do
     "${mpi[@]}" -np "$ranks" "$a2d" bench --seq "$seq" --heads 8 --head-dim 64 --causal --backward \
-      --warmup 1 --iters 2 --json > "$out/bench-p$ranks-n$seq.json"
+      --warmup 1 --iters 3 --json > "$out/bench-p$ranks-n$seq.json"
   done
 done
 python3 - "$out" <<'PY'
