@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The measurements of docs/benchmarks.md: on this machine, calibrate the cost model at P = 4, 9 and
-# 16 ranks, then run every algorithm and every ATTENTION2D grid side by side at N = 4096 and
-# 16384 (B=1, H=8, D=64, causal, forward and backward), each row beside the model's prediction.
+# The measurements of docs/benchmarks.md: at P = 4, 9 and 16 ranks and N = 4096 and 16384 (B=1,
+# H=8, D=64, causal, forward and backward), calibrate the cost model and run every algorithm and
+# every ATTENTION2D grid side by side in one process group, each row beside the model's prediction.
 # Prints Markdown tables; raw JSON rows go to $OUT (default bench-results/).
 #   scripts/bench_report.sh [A2D_BINARY]
 set -euo pipefail
@@ -10,20 +10,33 @@ a2d=${1:-build/a2d}
 out=${OUT:-bench-results}
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export A2D_CALIBRATION="$out/calibration.txt"
 mpi=(mpiexec --oversubscribe --bind-to core:overload-allowed)
-for ranks in 4 9 16; do
-  "${mpi[@]}" -np "$ranks" "$a2d" calibrate --block 1024 --head-dim 64 --iters 9 > "$out/calibrate-$ranks.txt"
-done
+# Each (P, N) group measures the machine first (bench --calibrate) into its own calibration file,
+# so that every prediction comes from the same run as the times it is compared with: the machine
+# is shared, and its speed drifts by tens of per cent over minutes.
 for ranks in 4 9 16; do
   for seq in 4096 16384; do
+    rm -f "$out/calibration-p$ranks-n$seq.txt"
     "${mpi[@]}" -np "$ranks" "$a2d" bench --seq "$seq" --heads 8 --head-dim 64 --causal --backward \
-      --warmup 1 --iters 3 --json > "$out/bench-p$ranks-n$seq.json"
+      --warmup 1 --iters 3 --json --calibrate --calibration "$out/calibration-p$ranks-n$seq.txt" \
+      > "$out/bench-p$ranks-n$seq.json"
   done
 done
 python3 - "$out" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
+print("| P | N | kernel fwd GFLOP/s/rank | kernel bwd GFLOP/s/rank | waiting rank's CPU share | latency µs | all-gather GB/s |")
+print("|---|---|---|---|---|---|---|")
+for ranks in (4, 9, 16):
+    for seq in (4096, 16384):
+        c = {}
+        for line in open(os.path.join(out, "calibration-p%d-n%d.txt" % (ranks, seq))):
+            if "=" in line and not line.startswith("#"):
+                key, value = line.split("=")
+                c[key.strip()] = float(value)
+        print("| %d | %d | %.1f | %.1f | %.2f | %.1f | %.2f |" % (ranks, seq, c["kernel_forward_gflops"],
+              c["kernel_backward_gflops"], c["wait_share"], c["latency_us"], c["bandwidth_gbs"]))
+print()
 print("| P | N | algorithm | grid / layout | fwd ms | pred | m/p | bwd ms | pred | m/p | MB sent fwd+bwd /rank | msgs | peak MiB |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 ratios = []

@@ -16,6 +16,7 @@
 #include "attention2d/harness.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/watchdog.hpp"
+#include "calibration.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
 #include "problem_options.hpp"
@@ -30,6 +31,7 @@ struct BenchOptions {
   std::string grid, layout, calibration;
   int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42;
   bool no_kv_transpose = false, backward = false, check = false, json = false, csv = false;
+  bool calibrate = false;
   double timeout = 300;
 };
 
@@ -258,6 +260,10 @@ int bench(int argc, char** argv, int first) {
     options.add_string("--calibration", &o.calibration,
                        "calibration file for the predictions (default $A2D_CALIBRATION or "
                        "./a2d-calibration.txt)");
+    options.add_flag("--calibrate", &o.calibrate,
+                     "first measure this machine as `a2d calibrate` does (median of 9, at the\n"
+                     "problem's head dimension) and save it to the calibration file, so that\n"
+                     "predictions and measurements come from the same run of a shared machine");
     options.add_double("--timeout", &o.timeout, "watchdog timeout in seconds (0 = off)");
     bool help = false;
     Problem problem;
@@ -274,12 +280,23 @@ int bench(int argc, char** argv, int first) {
     if (help) return 0;
     Watchdog watchdog(MPI_COMM_WORLD, o.timeout);
 
+    const std::string calibration_file =
+        o.calibration.empty() ? default_calibration_file() : o.calibration;
+    if (o.calibrate) {
+      CalibrationSettings settings;
+      settings.head_dim = problem.head_dim;
+      settings.iters = 9;
+      settings.threads = o.threads;
+      const Calibration measured = measure_calibration(world, settings);
+      collective_check(world, [&] {
+        if (world.rank() == 0) save_calibration(calibration_file, measured);
+      });
+    }
     std::string machine_text = "none: no calibration for this rank count (run a2d calibrate)";
     Machine machine;
     bool have_machine = false;
     try {
-      machine = local_machine(o.calibration.empty() ? default_calibration_file() : o.calibration,
-                              world.size());
+      machine = local_machine(calibration_file, world.size());
       machine_text = machine.description;
       have_machine = true;
     } catch (const Error&) {

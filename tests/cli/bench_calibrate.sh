@@ -36,6 +36,12 @@ grep -q '"ms.forward.kv_allgather"' "$work/bench.json" || fail "no communication
 "$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$cal" --csv --algo ring,attention2d \
   > "$work/bench.csv"
 head -1 "$work/bench.csv" | grep -q '^algo,grid,layout' || fail "CSV header"
+# --calibrate measures the machine in the same run and saves it before the rows are predicted.
+"$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$work/inline.txt" --calibrate \
+  --json --algo ring > "$work/inline.json" || fail "bench --calibrate"
+grep -q '^\[ranks 2\]' "$work/inline.txt" && grep -q '^head_dim = 32$' "$work/inline.txt" ||
+  fail "bench --calibrate did not save a calibration at the problem's head dim"
+grep -q '"pred_fwd_ms": [0-9]' "$work/inline.json" || fail "bench --calibrate rows lack predictions"
 [ "$(wc -l < "$work/bench.csv")" -eq 4 ] || fail "CSV rows"
 "$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$cal" | grep -q "measured / predicted" ||
   fail "bench table"

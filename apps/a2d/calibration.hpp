@@ -1,0 +1,29 @@
+// Measuring this machine for the cost model's `local` preset (`a2d calibrate`, and `a2d bench
+// --calibrate`, which measures right before its rows so predictions and measurements are taken
+// side by side on a shared machine).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "attention2d/comm.hpp"
+#include "attention2d/cost_model.hpp"
+
+namespace a2d::commands {
+
+struct CalibrationSettings {
+  int64_t block = 1024;  // query and key rows of the timed kernel calls
+  int64_t heads = 4;
+  int64_t head_dim = 64;
+  int64_t iters = 3;  // timed repetitions (median of the slowest rank)
+  int64_t threads = 1;
+  void validate() const;  // collective callers wrap it in collective_check
+};
+
+// Every rank of `world` takes part; every rank gets the same result.
+Calibration measure_calibration(Communicator& world, const CalibrationSettings& settings);
+// The human-readable summary (rank 0 calls it).
+void print_calibration(const Calibration& c, const CalibrationSettings& settings,
+                       const std::string& file);
+
+}  // namespace a2d::commands
