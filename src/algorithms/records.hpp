@@ -125,6 +125,7 @@ inline std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
 // causal mask hides are skipped and only those on the diagonal are partial (docs/attention2d.md).
 struct TokenOrder {
   std::vector<int64_t> order;      // empty: the buffer is already in position order
+  std::vector<int64_t> inverse;    // gathered token i is sorted token inverse[i]
   std::vector<int64_t> positions;  // positions in sorted order
 
   TokenOrder() = default;
@@ -138,28 +139,45 @@ struct TokenOrder {
       return gathered_positions[static_cast<size_t>(a)] <
              gathered_positions[static_cast<size_t>(b)];
     });
-    for (size_t j = 0; j < order.size(); ++j)
+    inverse.resize(order.size());
+    for (size_t j = 0; j < order.size(); ++j) {
       positions[j] = gathered_positions[static_cast<size_t>(order[j])];
+      inverse[static_cast<size_t>(order[j])] = static_cast<int64_t>(j);
+    }
   }
   bool identity() const { return order.empty(); }
 
-  // sorted[j] = gathered[order[j]], `per_token` floats per token; buffer is replaced.
+  // In place, `per_token` floats per token: sorted[j] = gathered[order[j]].
   void sort(std::vector<float>& buffer, int64_t per_token) const {
-    if (identity()) return;
-    std::vector<float> sorted(buffer.size());
-    for (size_t j = 0; j < order.size(); ++j)
-      std::copy_n(buffer.data() + order[j] * per_token, per_token,
-                  sorted.data() + static_cast<int64_t>(j) * per_token);
-    buffer.swap(sorted);
+    if (!identity()) permute(buffer.data(), per_token, order);
   }
-  // The inverse: gathered[order[j]] = sorted[j].
+  // The inverse: gathered[i] = sorted[inverse[i]].
   void unsort(std::vector<float>& buffer, int64_t per_token) const {
-    if (identity()) return;
-    std::vector<float> gathered(buffer.size());
-    for (size_t j = 0; j < order.size(); ++j)
-      std::copy_n(buffer.data() + static_cast<int64_t>(j) * per_token, per_token,
-                  gathered.data() + order[j] * per_token);
-    buffer.swap(gathered);
+    if (!identity()) permute(buffer.data(), per_token, inverse);
+  }
+
+ private:
+  // out[i] = in[from[i]] in place, one cycle of the permutation at a time with one token of
+  // scratch: the gathered buffers are the largest a rank holds, so no second copy is made.
+  static void permute(float* rows, int64_t per_token, const std::vector<int64_t>& from) {
+    std::vector<bool> done(from.size(), false);
+    std::vector<float> held(static_cast<size_t>(per_token));
+    for (size_t start = 0; start < from.size(); ++start) {
+      if (done[start]) continue;
+      std::copy_n(rows + static_cast<int64_t>(start) * per_token, per_token, held.data());
+      size_t at = start;
+      while (true) {
+        done[at] = true;
+        const size_t source = static_cast<size_t>(from[at]);
+        if (source == start) {
+          std::copy_n(held.data(), per_token, rows + static_cast<int64_t>(at) * per_token);
+          break;
+        }
+        std::copy_n(rows + static_cast<int64_t>(source) * per_token, per_token,
+                    rows + static_cast<int64_t>(at) * per_token);
+        at = source;
+      }
+    }
   }
 };
 
