@@ -178,10 +178,14 @@ int calibrate(int argc, char** argv, int first) {
     cli::Options options(
         "a2d calibrate [options]",
         "Measures, with every rank of the MPI job busy at once, the attention kernel's throughput\n"
-        "per rank (forward and backward, unmasked), the latency of a ring shift and the bandwidth\n"
-        "of an all-gather of 1 MiB per rank, and saves them as the section for this rank count\n"
-        "in the calibration file that `a2d model --machine local` and the planner read. Run it at\n"
-        "every rank count you benchmark: mpirun -np P a2d calibrate.");
+        "per rank (forward and backward, unmasked and on a causal diagonal block), the CPU share "
+        "a\n"
+        "rank waiting in MPI takes from computing ranks, the latency of a ring shift and the\n"
+        "bandwidth of an all-gather of 1 MiB per rank, and saves them as the section for this "
+        "rank\n"
+        "count in the calibration file that `a2d model --machine local` and the planner read. Run\n"
+        "it at every rank count you benchmark (mpirun -np P a2d calibrate), or let `a2d bench\n"
+        "--calibrate` measure in the same run.");
     options.add_string("--out", &out, "calibration file (a section per rank count is kept)");
     options.add_int("--block", &settings.block, "query and key rows of the timed kernel call");
     options.add_int("--heads", &settings.heads, "heads of the timed kernel call");
