@@ -77,14 +77,11 @@ class MpiRequest final : public Request {
   bool test() noexcept {
     if (requests.empty()) return true;
     int flag = 0;
-    const int status = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag,
-                                   MPI_STATUSES_IGNORE);
+    const int status =
+        MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE);
     return status != MPI_SUCCESS || flag != 0;
   }
-  void untrack() {
-    auto& all = in_flight();
-    all.erase(std::remove(all.begin(), all.end(), this), all.end());
-  }
+  void untrack() { std::erase(in_flight(), this); }
   ~MpiRequest() override {
     untrack();
     if (done_) return;
@@ -203,9 +200,7 @@ class MpiCommunicator final : public Communicator {
     // yields every few tiles shares its core and caches with ranks that only wait: a kernel
     // with nothing in flight therefore makes no MPI call, and operations whose data has arrived
     // are not tested again.
-    std::vector<MpiRequest*> pending = in_flight();
-    for (MpiRequest* request : pending)
-      if (request->test()) request->untrack();
+    std::erase_if(in_flight(), [](MpiRequest* request) { return request->test(); });
   }
 
  private:
