@@ -14,6 +14,7 @@
 
 #include "attention2d/comm.hpp"
 #include "attention2d/kernel.hpp"
+#include "attention2d/layout.hpp"
 
 namespace a2d::algorithms {
 
@@ -149,35 +150,11 @@ struct TokenOrder {
 
   // In place, `per_token` floats per token: sorted[j] = gathered[order[j]].
   void sort(std::vector<float>& buffer, int64_t per_token) const {
-    if (!identity()) permute(buffer.data(), per_token, order);
+    if (!identity()) permute_tokens(buffer.data(), per_token, order);
   }
   // The inverse: gathered[i] = sorted[inverse[i]].
   void unsort(std::vector<float>& buffer, int64_t per_token) const {
-    if (!identity()) permute(buffer.data(), per_token, inverse);
-  }
-
- private:
-  // out[i] = in[from[i]] in place, one cycle of the permutation at a time with one token of
-  // scratch: the gathered buffers are the largest a rank holds, so no second copy is made.
-  static void permute(float* rows, int64_t per_token, const std::vector<int64_t>& from) {
-    std::vector<bool> done(from.size(), false);
-    std::vector<float> held(static_cast<size_t>(per_token));
-    for (size_t start = 0; start < from.size(); ++start) {
-      if (done[start]) continue;
-      std::copy_n(rows + static_cast<int64_t>(start) * per_token, per_token, held.data());
-      size_t at = start;
-      while (true) {
-        done[at] = true;
-        const size_t source = static_cast<size_t>(from[at]);
-        if (source == start) {
-          std::copy_n(held.data(), per_token, rows + static_cast<int64_t>(at) * per_token);
-          break;
-        }
-        std::copy_n(rows + static_cast<int64_t>(source) * per_token, per_token,
-                    rows + static_cast<int64_t>(at) * per_token);
-        at = source;
-      }
-    }
+    if (!identity()) permute_tokens(buffer.data(), per_token, inverse);
   }
 };
 

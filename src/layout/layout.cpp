@@ -147,4 +147,25 @@ std::string TokenLayout::describe() const {
          " tokens";
 }
 
+void permute_tokens(float* rows, int64_t per_token, const std::vector<int64_t>& from) {
+  std::vector<bool> done(from.size(), false);
+  std::vector<float> held(static_cast<size_t>(per_token));
+  for (size_t start = 0; start < from.size(); ++start) {
+    if (done[start]) continue;
+    std::copy_n(rows + static_cast<int64_t>(start) * per_token, per_token, held.data());
+    size_t at = start;
+    while (true) {
+      done[at] = true;
+      const size_t source = static_cast<size_t>(from[at]);
+      if (source == start) {
+        std::copy_n(held.data(), per_token, rows + static_cast<int64_t>(at) * per_token);
+        break;
+      }
+      std::copy_n(rows + static_cast<int64_t>(source) * per_token, per_token,
+                  rows + static_cast<int64_t>(at) * per_token);
+      at = source;
+    }
+  }
+}
+
 }  // namespace a2d
