@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <numeric>
 #include <thread>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "attention2d/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "attention2d/layout.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/timing.hpp"
 #include "calibration.hpp"
@@ -38,6 +40,77 @@ double slowest_seconds(Communicator& world, int64_t iters, const std::function<v
   return summarize(samples).median;
 }
 
+// The same for several bodies timed in turn within each repeat, so that a drift of the machine's
+// speed over the repeats moves them alike (their differences are what is used).
+std::vector<double> slowest_seconds_each(Communicator& world, int64_t iters,
+                                         const std::vector<std::function<void()>>& bodies) {
+  std::vector<std::vector<double>> samples(bodies.size());
+  for (int64_t i = 0; i <= iters; ++i) {
+    for (size_t b = 0; b < bodies.size(); ++b) {
+      world.barrier();
+      const double start = seconds_now();
+      bodies[b]();
+      double elapsed = seconds_now() - start;
+      world.all_reduce(&elapsed, 1, Reduction::max);
+      if (i > 0) samples[b].push_back(elapsed);  // the first round is a warm-up
+    }
+  }
+  std::vector<double> medians;
+  for (const auto& s : samples)
+    medians.push_back(summarize(s).median);
+  return medians;
+}
+
+// The calibration's kernel call: a block x block problem of generated inputs and its outputs.
+struct KernelBlock {
+  explicit KernelBlock(const CalibrationSettings& settings)
+      : block(settings.block), heads(settings.heads), head_dim(settings.head_dim) {
+    const GlobalTokens shape{1, block, heads, head_dim};
+    q = generate_tokens(1, TensorTag::q, shape);
+    k = generate_tokens(1, TensorTag::k, shape);
+    v = generate_tokens(1, TensorTag::v, shape);
+    d_out = generate_tokens(1, TensorTag::d_out, shape);
+    o.resize(q.size());
+    lse.resize(static_cast<size_t>(heads * block));
+    dq.resize(q.size());
+    dk.resize(q.size());
+    dv.resize(q.size());
+    fwd.shape = {1, heads, heads, block, block, head_dim};
+    fwd.scale = default_scale(head_dim);
+    fwd.q = tokens(q);
+    fwd.k = tokens(k);
+    fwd.v = tokens(v);
+    fwd.threads = static_cast<int>(settings.threads);
+    o_view = tokens(o);
+    lse_view = dense_rows(lse.data(), heads, block);
+    bwd.shape = fwd.shape;
+    bwd.scale = fwd.scale;
+    bwd.q = fwd.q;
+    bwd.k = fwd.k;
+    bwd.v = fwd.v;
+    bwd.out = o_view;
+    bwd.d_out = tokens(d_out);
+    bwd.lse = lse_view;
+    bwd.threads = fwd.threads;
+  }
+  KernelBlock(const KernelBlock&) = delete;
+  KernelBlock& operator=(const KernelBlock&) = delete;
+
+  void forward() { attention_forward(fwd, o_view, lse_view); }
+  void backward() { attention_backward(bwd, tokens(dq), tokens(dk), tokens(dv)); }
+
+  TokenView<float> tokens(std::vector<float>& data) {
+    return dense_tokens(data.data(), block, heads, head_dim);
+  }
+
+  int64_t block, heads, head_dim;
+  std::vector<float> q, k, v, d_out, o, lse, dq, dk, dv;
+  ForwardArgs fwd;
+  BackwardArgs bwd;
+  TokenView<float> o_view;
+  RowView<float> lse_view;
+};
+
 }  // namespace
 
 void CalibrationSettings::validate() const {
@@ -48,42 +121,28 @@ void CalibrationSettings::validate() const {
 
 Calibration measure_calibration(Communicator& world, const CalibrationSettings& settings) {
   const int64_t block = settings.block, heads = settings.heads, head_dim = settings.head_dim;
-  const int64_t iters = settings.iters, threads = settings.threads;
+  const int64_t iters = settings.iters;
   // The kernel, on every rank at once.
-  const GlobalTokens shape{1, block, heads, head_dim};
-  const std::vector<float> q = generate_tokens(1, TensorTag::q, shape);
-  const std::vector<float> k = generate_tokens(1, TensorTag::k, shape);
-  const std::vector<float> v = generate_tokens(1, TensorTag::v, shape);
-  const std::vector<float> d_out = generate_tokens(1, TensorTag::d_out, shape);
-  std::vector<float> o(q.size()), lse(static_cast<size_t>(heads * block)), dq(q.size()),
-      dk(q.size()), dv(q.size());
-  ForwardArgs fwd;
-  fwd.shape = {1, heads, heads, block, block, head_dim};
-  fwd.scale = default_scale(head_dim);
-  fwd.q = dense_tokens(q.data(), block, heads, head_dim);
-  fwd.k = dense_tokens(k.data(), block, heads, head_dim);
-  fwd.v = dense_tokens(v.data(), block, heads, head_dim);
-  fwd.threads = static_cast<int>(threads);
-  const auto o_view = dense_tokens(o.data(), block, heads, head_dim);
-  const auto lse_view = dense_rows(lse.data(), heads, block);
+  KernelBlock kb(settings);
+  ForwardArgs& fwd = kb.fwd;
+  BackwardArgs& bwd = kb.bwd;
+  const auto& o_view = kb.o_view;
+  const auto& lse_view = kb.lse_view;
   const double flops = 4.0 * static_cast<double>(block * block * head_dim * heads);
-  const double forward_s =
-      slowest_seconds(world, iters, [&] { attention_forward(fwd, o_view, lse_view); });
-  BackwardArgs bwd;
-  bwd.shape = fwd.shape;
-  bwd.scale = fwd.scale;
-  bwd.q = fwd.q;
-  bwd.k = fwd.k;
-  bwd.v = fwd.v;
-  bwd.out = o_view;
-  bwd.d_out = dense_tokens(d_out.data(), block, heads, head_dim);
-  bwd.lse = lse_view;
-  bwd.threads = fwd.threads;
-  const double backward_s = slowest_seconds(world, iters, [&] {
-    attention_backward(bwd, dense_tokens(dq.data(), block, heads, head_dim),
-                       dense_tokens(dk.data(), block, heads, head_dim),
-                       dense_tokens(dv.data(), block, heads, head_dim));
-  });
+  // The forward also with a quarter of the keys and with a quarter of the rows, in turn with the
+  // full block: the differences separate what the score entries cost from what each 24-row panel
+  // of a call costs (loading its queries, keeping and storing its running state) and what each
+  // key of a call costs (copying it into the kernel's tiles, once per query tile).
+  ForwardArgs fwd_short = fwd, fwd_few = fwd;
+  fwd_short.shape.kv_tokens = std::max<int64_t>(block / 4, 1);
+  fwd_few.shape.q_tokens = std::max<int64_t>(block / 4, 1);
+  const std::vector<double> forward_times =
+      slowest_seconds_each(world, iters,
+                           {[&] { kb.forward(); },
+                            [&] { attention_forward(fwd_short, o_view, lse_view); },
+                            [&] { attention_forward(fwd_few, o_view, lse_view); }});
+  const double forward_s = forward_times[0];
+  const double backward_s = slowest_seconds(world, iters, [&] { kb.backward(); });
   // The same block under a causal mask (positions 0..block-1 for queries and keys: a diagonal
   // block), per unmasked FLOP: the tiles on the diagonal are computed whole and masked.
   ForwardArgs fwd_causal = fwd;
@@ -94,10 +153,67 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   const double forward_causal_s =
       slowest_seconds(world, iters, [&] { attention_forward(fwd_causal, o_view, lse_view); });
   const double backward_causal_s = slowest_seconds(world, iters, [&] {
-    attention_backward(bwd_causal, dense_tokens(dq.data(), block, heads, head_dim),
-                       dense_tokens(dk.data(), block, heads, head_dim),
-                       dense_tokens(dv.data(), block, heads, head_dim));
+    attention_backward(bwd_causal, kb.tokens(kb.dq), kb.tokens(kb.dk), kb.tokens(kb.dv));
   });
+  // Per head: t = entry * entries + panel * panels + key * keys for the three calls, solved.
+  // Measurement noise can make a cost come out negative: the three are then not separable, and
+  // the forward is charged by entries alone (as the model does without them).
+  double panel_s = 0, key_s = 0;
+  {
+    std::vector<int64_t> rows(static_cast<size_t>(block));
+    std::iota(rows.begin(), rows.end(), int64_t{0});
+    const int64_t quarter = fwd_short.shape.kv_tokens;
+    const std::vector<int64_t> few(rows.begin(), rows.begin() + quarter);
+    const auto panels = [](int64_t n) {
+      return static_cast<double>((n + kCpuForwardPanel - 1) / kCpuForwardPanel);
+    };
+    const double all_keys = static_cast<double>(block), few_keys = static_cast<double>(quarter);
+    // Rows of the system: entries, panels, keys; right-hand side: seconds per head.
+    const double a[3][3] = {
+        {forward_tile_entries(Mask::none(), rows, rows), panels(block), all_keys},
+        {forward_tile_entries(Mask::none(), rows, few), panels(block), few_keys},
+        {forward_tile_entries(Mask::none(), few, rows), panels(quarter), all_keys}};
+    double t[3];
+    for (int i = 0; i < 3; ++i)
+      t[i] = forward_times[static_cast<size_t>(i)] / static_cast<double>(heads);
+    const auto det3 = [](const double m[3][3]) {
+      return m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) -
+             m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0]) +
+             m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]);
+    };
+    const double det = det3(a);
+    double x[3] = {0, 0, 0};  // Cramer's rule
+    for (int column = 0; column < 3; ++column) {
+      double m[3][3];
+      for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 3; ++j)
+          m[i][j] = j == column ? t[i] : a[i][j];
+      x[column] = det3(m) / det;
+    }
+    if (x[0] > 0 && x[1] >= 0 && x[2] >= 0) {
+      panel_s = x[1];
+      key_s = x[2];
+    }
+  }
+
+  // Sorting gathered rows by position (in place, as the algorithms do under a causal mask): 4
+  // blocks of rows gathered from 4 cyclic shards, interleaved back into position order. Repeated
+  // 16 times per timed call: one pass takes less than a time slice, and a body that short would
+  // run alone on its core and not show the sharing the algorithms' sorts run under.
+  double permute_bytes_per_s = 0;
+  {
+    const int64_t tokens = 4 * block, per_token = heads * head_dim, parts = 4;
+    std::vector<float> rows(static_cast<size_t>(tokens * per_token), 1.0f);
+    std::vector<int64_t> from(static_cast<size_t>(tokens));
+    for (int64_t j = 0; j < tokens; ++j)
+      from[static_cast<size_t>(j)] = (j % parts) * (tokens / parts) + j / parts;
+    const double permute_s = slowest_seconds(world, iters, [&] {
+      for (int pass = 0; pass < 16; ++pass)
+        permute_tokens(rows.data(), per_token, from);
+    });
+    permute_bytes_per_s = 16 * 4.0 * static_cast<double>(tokens * per_token) / permute_s;
+  }
+
   // What a rank waiting in MPI costs the computing ones: the even ranks compute while the odd
   // ones wait in a barrier. With n ranks computing and m waiting on fewer cores, each computing
   // rank gets a 1 / (n + w m) share, so half waiting takes (1 + w) / 2 of the all-computing
@@ -105,21 +221,19 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   double wait_share = 0;
   if (world.size() > 1) {
     const double half_s = slowest_seconds(world, iters, [&] {
-      if (world.rank() % 2 == 0) attention_forward(fwd, o_view, lse_view);
+      if (world.rank() % 2 == 0) kb.forward();
       world.barrier();
     });
     wait_share = std::clamp(2 * half_s / forward_s - 1, 0.0, 1.0);
   }
 
-  // Latency: an 8-byte ring shift on every rank at once. Bandwidth: the all-gather the
-  // algorithms use, 1 MiB from every rank, which the model charges as P - 1 messages and
-  // (P - 1) MiB sent per rank; measuring the collective itself (rather than one repeated
-  // shift of a buffer that stays in cache) includes what it costs when ranks share cores.
+  // Latency: an 8-byte ring shift on every rank at once, repeated back to back (the ranks stay
+  // inside MPI). Bandwidth: the all-gather the algorithms use, 1 MiB from every rank.
   const int next = (world.rank() + 1) % world.size();
   const int prev = (world.rank() - 1 + world.size()) % world.size();
-  const int64_t large = int64_t{1} << 18;  // floats: 1 MiB per rank
+  const int64_t large = int64_t{1} << 18, small = int64_t{1} << 12;  // floats: 1 MiB, 16 KiB
   std::vector<float> send(static_cast<size_t>(large), 1.0f), recv(send.size());
-  double latency_s = 0, bytes_per_s = 1e12;
+  double latency_s = 0, bytes_per_s = 1e12, sync_s = 0, step_sync_s = 0;
   if (world.size() > 1) {
     const int repeats = 200;
     latency_s = slowest_seconds(world, 5,
@@ -129,12 +243,57 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
                                 }) /
                 repeats;
     std::vector<float> gathered(send.size() * static_cast<size_t>(world.size()));
-    const std::vector<int64_t> counts(static_cast<size_t>(world.size()), large);
-    const double gather_s =
-        slowest_seconds(world, 5, [&] { world.all_gather(send.data(), gathered.data(), counts); });
+    const std::vector<int64_t> large_counts(static_cast<size_t>(world.size()), large);
+    const std::vector<int64_t> small_counts(static_cast<size_t>(world.size()), small);
+    const auto gather = [&](const std::vector<int64_t>& counts) {
+      world.all_gather(send.data(), gathered.data(), counts);
+    };
     const double steps = world.size() - 1;
-    bytes_per_s =
-        steps * 4.0 * static_cast<double>(large) / std::max(gather_s - steps * latency_s, 1e-9);
+    const double large_bytes = steps * 4.0 * static_cast<double>(large);
+    const double small_bytes = steps * 4.0 * static_cast<double>(small);
+    const double gather_s = slowest_seconds(world, 5, [&] { gather(large_counts); });
+    bytes_per_s = large_bytes / std::max(gather_s - steps * latency_s, 1e-9);
+
+    // Synchronisation. When ranks share cores, a rank that waits for others right after
+    // computing waits for them to be scheduled: the last one to finish its kernel holds its core
+    // until its time slice ends, and ranks that leave first take the cores from those still in
+    // the exchange. Two kinds, as the algorithms have them, each as 8 steps of (kernel call of a
+    // quarter of the block's rows and keys; exchange) against 8 kernel calls alone, timed in turn
+    // (slowest rank, median), less the exchange's latencies and bytes:
+    //   - a blocking all-gather of 16 KiB per rank after each call (ATTENTION2D-NO, all-gather
+    //     K/V, Ulysses: their collectives), and
+    //   - a ring step: a 16 KiB shift to the next rank posted before each call and waited for
+    //     after it, progressed from inside the kernel (Ring Attention, ATTENTION2D-O).
+    const int64_t quarter_rows = std::max<int64_t>(block / 4, 1);
+    ForwardArgs quarter = fwd;
+    quarter.shape.q_tokens = quarter.shape.kv_tokens = quarter_rows;
+    quarter.progress = [](void* context) { static_cast<Communicator*>(context)->progress(); };
+    quarter.progress_context = &world;
+    constexpr int kSteps = 8;
+    const std::vector<double> times =
+        slowest_seconds_each(world, iters,
+                             {[&] {
+                                for (int step = 0; step < kSteps; ++step)
+                                  attention_forward(quarter, o_view, lse_view);
+                              },
+                              [&] {
+                                for (int step = 0; step < kSteps; ++step) {
+                                  attention_forward(quarter, o_view, lse_view);
+                                  gather(small_counts);
+                                }
+                              },
+                              [&] {
+                                for (int step = 0; step < kSteps; ++step) {
+                                  RequestPtr shift = world.send_recv_async(
+                                      send.data(), small, next, recv.data(), small, prev);
+                                  attention_forward(quarter, o_view, lse_view);
+                                  shift->wait();
+                                }
+                              }});
+    sync_s = std::max(
+        0.0, (times[1] - times[0]) / kSteps - steps * latency_s - small_bytes / bytes_per_s);
+    step_sync_s =
+        std::max(0.0, (times[2] - times[0]) / kSteps - latency_s - 4.0 * small / bytes_per_s);
   }
 
   Calibration c;
@@ -149,6 +308,11 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   c.wait_share = wait_share;
   c.latency_s = latency_s;
   c.bytes_per_s = bytes_per_s;
+  c.kernel_forward_panel_s = panel_s;
+  c.kernel_forward_key_s = key_s;
+  c.permute_bytes_per_s = permute_bytes_per_s;
+  c.sync_s = sync_s;
+  c.step_sync_s = step_sync_s;
   return c;
 }
 
@@ -158,14 +322,20 @@ void print_calibration(const Calibration& c, const CalibrationSettings& settings
       "a2d calibrate: %d ranks on %d cores, kernel %lldx%lld rows, %lld heads, D=%lld\n"
       "  kernel forward  %.3f GFLOP/s per rank (causal %.3f)\n"
       "  kernel backward %.3f GFLOP/s per rank (causal %.3f)\n"
+      "  forward kernel per call and head: %.2f us per 24-row panel, %.3f us per key\n"
+      "  sorting rows %.3f GB/s\n"
       "  a waiting rank takes %.2f of a computing rank's CPU share\n"
-      "  latency %.2f us per message, bandwidth %.3f GB/s per rank\nsaved to %s [ranks %d]\n",
+      "  latency %.2f us per message, bandwidth %.3f GB/s per rank\n"
+      "  synchronising after a kernel call: %.2f ms per blocking collective, %.2f ms per ring "
+      "step\n"
+      "saved to %s [ranks %d]\n",
       c.ranks, c.cores, static_cast<long long>(settings.block),
       static_cast<long long>(settings.block), static_cast<long long>(settings.heads),
       static_cast<long long>(settings.head_dim), c.kernel_forward_flops / 1e9,
       c.kernel_forward_causal_flops / 1e9, c.kernel_backward_flops / 1e9,
-      c.kernel_backward_causal_flops / 1e9, c.wait_share, c.latency_s * 1e6, c.bytes_per_s / 1e9,
-      file.c_str(), c.ranks);
+      c.kernel_backward_causal_flops / 1e9, c.kernel_forward_panel_s * 1e6,
+      c.kernel_forward_key_s * 1e6, c.permute_bytes_per_s / 1e9, c.wait_share, c.latency_s * 1e6,
+      c.bytes_per_s / 1e9, c.sync_s * 1e3, c.step_sync_s * 1e3, file.c_str(), c.ranks);
 }
 
 int calibrate(int argc, char** argv, int first) {
@@ -180,12 +350,12 @@ int calibrate(int argc, char** argv, int first) {
         "Measures, with every rank of the MPI job busy at once, the attention kernel's throughput\n"
         "per rank (forward and backward, unmasked and on a causal diagonal block), the CPU share "
         "a\n"
-        "rank waiting in MPI takes from computing ranks, the latency of a ring shift and the\n"
-        "bandwidth of an all-gather of 1 MiB per rank, and saves them as the section for this "
-        "rank\n"
-        "count in the calibration file that `a2d model --machine local` and the planner read. Run\n"
-        "it at every rank count you benchmark (mpirun -np P a2d calibrate), or let `a2d bench\n"
-        "--calibrate` measure in the same run.");
+        "rank waiting in MPI takes from computing ranks, the latency of a ring shift, and the\n"
+        "bandwidth and synchronisation cost of a blocking all-gather (from 1 MiB and 16 KiB per\n"
+        "rank), and saves them as the section for this rank count in the calibration file that\n"
+        "`a2d model --machine local` and the planner read. Run it at every rank count you\n"
+        "benchmark (mpirun -np P a2d calibrate), or let `a2d bench --calibrate` measure in the\n"
+        "same run.");
     options.add_string("--out", &out, "calibration file (a section per rank count is kept)");
     options.add_int("--block", &settings.block, "query and key rows of the timed kernel call");
     options.add_int("--heads", &settings.heads, "heads of the timed kernel call");

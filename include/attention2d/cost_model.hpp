@@ -41,11 +41,29 @@ struct Machine {
   // the block the rates were calibrated on. 0: by unmasked FLOPs (accelerators' published
   // efficiencies already include their masking).
   int64_t tile_block = 0;
+  // CPUs: what the forward kernel spends, on top of the score entries, per 24-row panel of one
+  // head in each call (loading the queries, keeping and storing the running state) and per key of
+  // one head in each call (copying it into the kernel's tiles); with tile_block. Calls with few
+  // keys per query, or few queries per key, pay them over less work. 0: not charged.
+  double kernel_forward_panel_s = 0;
+  double kernel_forward_key_s = 0;
+  // CPUs: bytes per second per rank of the in-place reordering that sorts gathered rows by
+  // position under a causal mask (and puts results back). 0: not charged (accelerators: a
+  // strided copy at memory bandwidth, negligible next to the kernel).
+  double permute_bytes_per_s = 0;
   Link intra;  // between ranks of one node
   Link inter;  // between nodes
   // CPUs: ranks share the cores, so communication and computation do not overlap once every core
   // is busy. 0: one accelerator per rank.
   int shared_cores = 0;
+  // Ranks sharing cores: waiting for other ranks right after computing costs more than the
+  // messages (the last rank to finish its kernel holds its core until its time slice ends; ranks
+  // that leave first take the cores from those still in the exchange). Charged once per blocking
+  // operation (a collective, or an exchange with nothing computed meanwhile) in which some rank
+  // sends, and once per ring step that waits for a transfer. Measured by `a2d calibrate`; 0 for
+  // one accelerator per rank.
+  double sync_s = 0;
+  double step_sync_s = 0;
 };
 
 // `a100-hdr`, `h100-ndr` (datasheet numbers, docs/cost-model.md cites each one).
@@ -69,11 +87,16 @@ struct Calibration {
   double kernel_backward_flops = 0;
   double kernel_forward_causal_flops = 0;  // the same on a causal diagonal block (unmasked FLOPs)
   double kernel_backward_causal_flops = 0;
+  double kernel_forward_panel_s = 0;  // per 24-row panel of a head per call (Machine)
+  double kernel_forward_key_s = 0;    // per key of a head per call (Machine)
+  double permute_bytes_per_s = 0;     // sorting gathered rows in place (Machine)
   // CPU share a rank waiting in MPI takes from computing ranks, relative to a computing rank's
   // (0: none, 1: as much), when ranks outnumber cores; informational.
   double wait_share = 0;
   double latency_s = 0;  // point-to-point, all ranks exchanging at once
   double bytes_per_s = 0;
+  double sync_s = 0;       // per blocking collective after a kernel call (Machine)
+  double step_sync_s = 0;  // per ring step waited for after a kernel call (Machine)
 };
 // Adds or replaces the section of `c.ranks` in the file.
 void save_calibration(const std::string& file, const Calibration& c);
@@ -128,6 +151,10 @@ double rank_forward_flops(const Problem& problem, const Plan& plan, int rank);
 // Ring Attention on the contiguous layout, its step-synchronous critical path.
 double busiest_forward_flops(const Problem& problem, const Plan& plan);
 
+// Floats the busiest rank reorders in place (sorting gathered rows by position under a causal
+// mask, and putting results back), in the forward or the backward, per the algorithm's code.
+double permuted_floats(const Problem& problem, const Plan& plan, bool forward);
+
 // Score entries (per batch, summed over the rank's heads) that the CPU kernels compute on the
 // busiest rank: the backward's every (kCpuBackwardTileQ x kCpuBackwardTileK) tile pair the mask
 // does not hide whole, the forward's (panel, key tile) pairs trimmed to visible 4-key blocks,
@@ -137,6 +164,8 @@ double busiest_forward_flops(const Problem& problem, const Plan& plan);
 struct TileEntries {
   double forward = 0;
   double backward = 0;
+  double forward_panels = 0;  // 24-row query panels over the calls and heads
+  double forward_keys = 0;    // keys over the calls and heads
 };
 TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan);
 // The same for one call: `q` and `k` positions in the order the kernel sees them.

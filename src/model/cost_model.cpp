@@ -13,6 +13,7 @@
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/grid.hpp"
+#include "attention2d/kernel.hpp"
 #include "attention2d/layout.hpp"
 
 namespace a2d {
@@ -125,7 +126,12 @@ void save_calibration(const std::string& file, const Calibration& c) {
                        {"kernel_backward_causal_gflops", c.kernel_backward_causal_flops / 1e9},
                        {"wait_share", c.wait_share},
                        {"latency_us", c.latency_s * 1e6},
-                       {"bandwidth_gbs", c.bytes_per_s / 1e9}};
+                       {"bandwidth_gbs", c.bytes_per_s / 1e9},
+                       {"sync_us", c.sync_s * 1e6},
+                       {"step_sync_us", c.step_sync_s * 1e6},
+                       {"kernel_forward_panel_us", c.kernel_forward_panel_s * 1e6},
+                       {"kernel_forward_key_us", c.kernel_forward_key_s * 1e6},
+                       {"permute_gbs", c.permute_bytes_per_s / 1e9}};
   const std::string temporary = file + ".tmp";
   {
     std::ofstream out(temporary);
@@ -170,6 +176,12 @@ Machine local_machine(const std::string& file, int ranks) {
   m.intra.bytes_per_s = value("bandwidth_gbs") * 1e9;
   m.inter = m.intra;  // one node
   m.shared_cores = static_cast<int>(value("cores"));
+  // Files from before these were measured: not charged.
+  m.sync_s = optional("sync_us") * 1e-6;
+  m.step_sync_s = optional("step_sync_us") * 1e-6;
+  m.kernel_forward_panel_s = optional("kernel_forward_panel_us") * 1e-6;
+  m.kernel_forward_key_s = optional("kernel_forward_key_us") * 1e-6;
+  m.permute_bytes_per_s = optional("permute_gbs") * 1e9;
   std::ostringstream text;
   text << "this machine as calibrated at " << ranks << " ranks on " << m.shared_cores << " cores ("
        << file << ")";
@@ -194,6 +206,24 @@ Group group_of(const Plan& plan, const std::string& phase) {
   if (step == "kv_allgather" || step == "kv_ring" || step == "dkv_reduce_scatter")
     return Group::column;
   return Group::row;
+}
+
+// Whether the phase is a blocking operation (a collective, or an exchange the rank waits for
+// with nothing to compute meanwhile), which costs the machine's synchronisation once; the ring
+// phases of Ring Attention and ATTENTION2D-O move while the ranks compute.
+bool blocking_phase(const Plan& plan, const std::string& phase) {
+  const std::string step = phase.substr(phase.find('.') + 1);
+  switch (plan.algorithm) {
+    case Algorithm::ring:
+      return false;
+    case Algorithm::attention2d_overlap:
+      return step == "kv_transpose" || step == "dkv_transpose" || step == "dkv_reduce_scatter";
+    case Algorithm::attention2d:
+    case Algorithm::allgather_kv:
+    case Algorithm::ulysses:
+      return true;
+  }
+  return true;
 }
 
 // Whether some rank's `group` spans two nodes (ranks q and q' share a node iff q / G == q' / G).
@@ -290,6 +320,41 @@ double memory_floats(const Problem& p, const Plan& plan) {
   return shards + std::max(forward, backward);
 }
 
+}  // namespace
+
+double permuted_floats(const Problem& p, const Plan& plan, bool forward) {
+  if (!p.mask.is_causal() || plan.grid.size() == 1) return 0;
+  const double b = static_cast<double>(p.batch), h = static_cast<double>(p.heads);
+  const double hkv = static_cast<double>(p.kv_heads), d = static_cast<double>(p.head_dim);
+  const double big_n = static_cast<double>(p.seq);
+  const double kv_row = b * hkv * 2 * d;  // one [k v] record row
+  // A gather over more than one rank interleaves positions (cyclic shards, zigzag chunks).
+  const bool q_sorted = plan.grid.cols > 1, kv_sorted = plan.grid.rows > 1;
+  const double q_rows = std::ceil(big_n / plan.grid.rows),
+               kv_rows = std::ceil(big_n / plan.grid.cols);
+  switch (plan.algorithm) {
+    case Algorithm::attention2d:
+      // Forward: Q and K/V sorted, the partial results (acc, max, sum) put back. Backward: the
+      // Q-side records (q, dO, LSE, delta) and K/V sorted, dQ and dK/dV put back.
+      if (forward) {
+        return (q_sorted ? q_rows * b * h * (2 * d + 2) : 0) + (kv_sorted ? kv_rows * kv_row : 0);
+      }
+      return (q_sorted ? q_rows * b * h * (3 * d + 2) : 0) + (kv_sorted ? 2 * kv_rows * kv_row : 0);
+    case Algorithm::attention2d_overlap:
+      // The gathered K/V is sorted before phase B; the backward sorts dK/dV with it and puts
+      // them back.
+      return kv_sorted ? (forward ? 1 : 3) * kv_rows * kv_row : 0;
+    case Algorithm::allgather_kv:
+      return (forward ? 1 : 2) * big_n * kv_row;  // gathered K/V sorted; dK/dV put back
+    case Algorithm::ring:
+    case Algorithm::ulysses:
+      return 0;
+  }
+  return 0;
+}
+
+namespace {
+
 struct Step {
   double latency_s;
   double bytes_per_s;
@@ -341,8 +406,10 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     cost.traffic = t;
     cost.inter_node = crosses_nodes(plan, group_of(plan, name), ranks_per_node);
     const Link& link = cost.inter_node ? machine.inter : machine.intra;
-    cost.seconds =
-        t.messages * link.latency_s + factor * static_cast<double>(t.bytes) / link.bytes_per_s;
+    const bool blocking = t.messages > 0 && blocking_phase(plan, name);
+    cost.seconds = t.messages * link.latency_s +
+                   factor * static_cast<double>(t.bytes) / link.bytes_per_s +
+                   (blocking ? machine.sync_s : 0.0);
     seconds[name] = cost.seconds;
     out.phases.push_back(cost);
   }
@@ -374,19 +441,34 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
   if (machine.tile_block > 0) {
     // The CPU kernels compute whole tiles: charge those, at the rates the calibration block's
     // tiles ran at (its rates count unmasked FLOPs, so divide by the block's own tile ratio).
+    // The forward also pays per 24-row panel of every call: the block's time less its panels'
+    // share is what its entries cost.
     const TileEntries entries = busiest_tile_entries(problem, plan);
     if (entries.forward >= 0) {
       std::vector<int64_t> block(static_cast<size_t>(machine.tile_block));
       std::iota(block.begin(), block.end(), int64_t{0});
       const double square = static_cast<double>(machine.tile_block * machine.tile_block);
-      const double per_entry = 4.0 * static_cast<double>(problem.head_dim * problem.batch);
-      cf = per_entry * entries.forward /
-           (machine.kernel_forward_flops * forward_tile_entries(Mask::none(), block, block) /
-            square);
-      cb = 2.5 * per_entry * entries.backward /
+      const double per_entry = 4.0 * static_cast<double>(problem.head_dim);
+      const double batch = static_cast<double>(problem.batch);
+      const double block_s = per_entry * square / machine.kernel_forward_flops;  // one head
+      const double block_panels =
+          static_cast<double>((machine.tile_block + kCpuForwardPanel - 1) / kCpuForwardPanel);
+      const double block_keys = static_cast<double>(machine.tile_block);
+      double panel_s = machine.kernel_forward_panel_s, key_s = machine.kernel_forward_key_s;
+      if (block_panels * panel_s + block_keys * key_s >= block_s) panel_s = key_s = 0;
+      const double entry_s = (block_s - block_panels * panel_s - block_keys * key_s) /
+                             forward_tile_entries(Mask::none(), block, block);
+      cf = batch * (entry_s * entries.forward + panel_s * entries.forward_panels +
+                    key_s * entries.forward_keys);
+      cb = 2.5 * batch * per_entry * entries.backward /
            (machine.kernel_backward_flops * backward_tile_entries(Mask::none(), block, block) /
             square);
     }
+  }
+  if (machine.permute_bytes_per_s > 0) {
+    const double bytes = precision == Precision::bf16 ? 2.0 : 4.0;
+    cf += bytes * permuted_floats(problem, plan, true) / machine.permute_bytes_per_s;
+    cb += bytes * permuted_floats(problem, plan, false) / machine.permute_bytes_per_s;
   }
   out.forward_compute_s = cf;
   out.backward_compute_s = cb;
@@ -394,7 +476,8 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
   // that are all busy (then the CPU does both, one after the other).
   const bool can_overlap = machine.shared_cores == 0 || ranks < machine.shared_cores;
   const auto overlapped = [&](double compute, double comm) {
-    return can_overlap ? std::max(compute, comm) : compute + comm;
+    if (can_overlap) return std::max(compute, comm);
+    return compute + comm + (comm > 0 ? machine.step_sync_s : 0.0);
   };
 
   const int rows = plan.grid.rows, cols = plan.grid.cols;

@@ -182,14 +182,19 @@ TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan) {
   TileEntries busiest;
   for (const int rank : sample) {
     const Calls calls = kernel_calls(problem, plan, parts, rank);
-    double forward = 0, backward = 0;
+    double forward = 0, backward = 0, panels = 0, keys = 0;
     for (const auto& [q, k] : calls.calls) {
       forward += forward_tile_entries(problem.mask, q, k);
       backward += backward_tile_entries(problem.mask, q, k);
+      panels += static_cast<double>((static_cast<int64_t>(q.size()) + kCpuForwardPanel - 1) /
+                                    kCpuForwardPanel);
+      keys += static_cast<double>(k.size());
     }
     const double heads = static_cast<double>(calls.heads);
     busiest.forward = std::max(busiest.forward, forward * heads);
     busiest.backward = std::max(busiest.backward, backward * heads);
+    busiest.forward_panels = std::max(busiest.forward_panels, panels * heads);
+    busiest.forward_keys = std::max(busiest.forward_keys, keys * heads);
   }
   return busiest;
 }

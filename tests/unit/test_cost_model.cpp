@@ -157,6 +157,25 @@ TEST(CostModel, MachinesAndCalibrationFiles) {
   EXPECT_DOUBLE_EQ(four.kernel_forward_causal_flops, 10e9);
   EXPECT_DOUBLE_EQ(four.kernel_backward_causal_flops, 5e9);
   EXPECT_THROW(local_machine(file, 16), Error);
+  // Files from before the synchronisation, sorting and forward-overhead terms: none charged.
+  EXPECT_EQ(four.sync_s, 0.0);
+  EXPECT_EQ(four.step_sync_s, 0.0);
+  EXPECT_EQ(four.permute_bytes_per_s, 0.0);
+  EXPECT_EQ(four.kernel_forward_panel_s, 0.0);
+  EXPECT_EQ(four.kernel_forward_key_s, 0.0);
+  c.ranks = 3;
+  c.sync_s = 2e-3;
+  c.step_sync_s = 1e-3;
+  c.permute_bytes_per_s = 5e9;
+  c.kernel_forward_panel_s = 3e-6;
+  c.kernel_forward_key_s = 2e-8;
+  save_calibration(file, c);
+  const Machine three = local_machine(file, 3);
+  EXPECT_DOUBLE_EQ(three.sync_s, 2e-3);
+  EXPECT_DOUBLE_EQ(three.step_sync_s, 1e-3);
+  EXPECT_DOUBLE_EQ(three.permute_bytes_per_s, 5e9);
+  EXPECT_DOUBLE_EQ(three.kernel_forward_panel_s, 3e-6);
+  EXPECT_DOUBLE_EQ(three.kernel_forward_key_s, 2e-8);
 
   // A causal problem is charged at the causal rates, a non-causal one at the plain rates.
   Problem problem;
@@ -223,6 +242,125 @@ TEST(CostModel, KernelTilesAreCountedAsTheKernelsSkipThem) {
     straddle.push_back(p);
   const std::vector<int64_t> queries = range(2000, 96);
   EXPECT_EQ(backward_tile_entries(Mask::causal(), queries, straddle), 2.0 * 48 * 96);
+}
+
+// A machine whose ranks share one core (no overlap), with round numbers.
+Machine shared_machine() {
+  Machine m;
+  m.name = "test";
+  m.kernel_forward_flops = m.kernel_backward_flops = 1e9;
+  m.intra = m.inter = Link{1e-6, 1e9};
+  m.shared_cores = 1;
+  return m;
+}
+
+GridShape grid_of(int rows, int cols) {
+  for (const GridShape& shape : grid_shapes(rows * cols))
+    if (shape.rows == rows && shape.cols == cols) return shape;
+  ADD_FAILURE() << "no grid " << rows << "x" << cols;
+  return {};
+}
+
+TEST(CostModel, SynchronisationIsChargedPerBlockingOperationAndPerRingStep) {
+  Problem problem;
+  problem.seq = 64;
+  problem.heads = problem.kv_heads = 2;
+  problem.head_dim = 8;
+  const Machine plain = shared_machine();
+  Machine synced = plain;
+  synced.sync_s = 1;
+  synced.step_sync_s = 10;
+  // ATTENTION2D-NO: every phase is a blocking operation; those in which some rank sends pay once.
+  Plan no = default_plan(Algorithm::attention2d, problem, 4);
+  no.grid = grid_of(2, 2);
+  const Prediction base = predict(problem, no, plain, 4, Precision::fp32);
+  double forward_blocking = 0, backward_blocking = 0;
+  for (const PhaseCost& phase : base.phases) {
+    if (phase.traffic.messages == 0) continue;
+    (phase.name.rfind("forward", 0) == 0 ? forward_blocking : backward_blocking) += 1;
+  }
+  EXPECT_EQ(forward_blocking, 4);  // K/V transpose, K/V and Q gathers, the merge
+  EXPECT_EQ(backward_blocking, 6);
+  const Prediction no_synced = predict(problem, no, synced, 4, Precision::fp32);
+  EXPECT_NEAR(no_synced.forward_s - base.forward_s, forward_blocking, 1e-9);
+  EXPECT_NEAR(no_synced.backward_s - base.backward_s, backward_blocking, 1e-9);
+  // Ring Attention: no blocking operation; a step pays when it waits for a transfer (forward:
+  // the first P - 1 shifts; backward: K/V shifts and dK/dV shifts, which cover all P steps).
+  const Plan ring = default_plan(Algorithm::ring, problem, 4);
+  const Prediction ring_base = predict(problem, ring, plain, 4, Precision::fp32);
+  const Prediction ring_synced = predict(problem, ring, synced, 4, Precision::fp32);
+  EXPECT_NEAR(ring_synced.forward_s - ring_base.forward_s, 10.0 * 3, 1e-9);
+  EXPECT_NEAR(ring_synced.backward_s - ring_base.backward_s, 10.0 * 4, 1e-9);
+  // One accelerator per rank overlaps: the machine's synchronisation terms are 0 there anyway,
+  // and overlap does not add them.
+  Machine accelerators = synced;
+  accelerators.shared_cores = 0;
+  Machine accelerators_plain = plain;
+  accelerators_plain.shared_cores = 0;
+  EXPECT_NEAR(predict(problem, ring, accelerators, 4, Precision::fp32).forward_s,
+              predict(problem, ring, accelerators_plain, 4, Precision::fp32).forward_s, 1e-9);
+}
+
+TEST(CostModel, SortedRowsAreChargedAtThePermutationRate) {
+  Problem problem;
+  problem.seq = 8;
+  problem.heads = problem.kv_heads = 1;
+  problem.head_dim = 2;
+  Plan no = default_plan(Algorithm::attention2d, problem, 4);
+  no.grid = grid_of(2, 2);
+  EXPECT_EQ(permuted_floats(problem, no, true), 0.0);  // no mask: nothing is sorted
+  problem.mask = Mask::causal();
+  no = default_plan(Algorithm::attention2d, problem, 4);
+  no.grid = grid_of(2, 2);
+  // 4 gathered Q rows (q: 2 floats) sorted and 4 partial rows (acc, max, sum: 4) put back; 4
+  // gathered [k v] rows (4 floats) sorted. Backward: Q-side records (q, dO, LSE, delta: 6) sorted
+  // and dQ (2) put back; K/V sorted and dK/dV put back.
+  EXPECT_EQ(permuted_floats(problem, no, true), 4.0 * (2 + 4) + 4.0 * 4);
+  EXPECT_EQ(permuted_floats(problem, no, false), 4.0 * (6 + 2) + 2 * 4.0 * 4);
+  Plan one_row = no;
+  one_row.grid = grid_of(1, 4);  // a column of one rank gathers no K/V: only Q is sorted
+  EXPECT_EQ(permuted_floats(problem, one_row, true), 8.0 * (2 + 4));
+  Plan overlap = default_plan(Algorithm::attention2d_overlap, problem, 4);
+  overlap.grid = grid_of(2, 2);
+  EXPECT_EQ(permuted_floats(problem, overlap, true), 4.0 * 4);
+  EXPECT_EQ(permuted_floats(problem, overlap, false), 3 * 4.0 * 4);
+  const Plan gather = default_plan(Algorithm::allgather_kv, problem, 4);
+  EXPECT_EQ(permuted_floats(problem, gather, true), 8.0 * 4);
+  EXPECT_EQ(permuted_floats(problem, gather, false), 2 * 8.0 * 4);
+  EXPECT_EQ(permuted_floats(problem, default_plan(Algorithm::ring, problem, 4), true), 0.0);
+  // Charged at the machine's rate: bytes / (bytes per second).
+  Machine fast = shared_machine();
+  Machine sorting = fast;
+  sorting.permute_bytes_per_s = 4.0;  // one second per float
+  EXPECT_NEAR(predict(problem, no, sorting, 4, Precision::fp32).forward_compute_s -
+                  predict(problem, no, fast, 4, Precision::fp32).forward_compute_s,
+              permuted_floats(problem, no, true), 1e-9);
+}
+
+TEST(CostModel, ForwardPanelsAndKeysAreCountedPerCall) {
+  Problem problem;
+  problem.seq = 50;
+  problem.heads = problem.kv_heads = 2;
+  problem.head_dim = 8;
+  // One rank: one call of 50 queries (3 panels of 24) against 50 keys, per head.
+  const TileEntries one =
+      busiest_tile_entries(problem, default_plan(Algorithm::attention2d, problem, 1));
+  EXPECT_EQ(one.forward_panels, 2 * 3.0);
+  EXPECT_EQ(one.forward_keys, 2 * 50.0);
+  // Ring Attention on 2 ranks: two calls of 25 queries (2 panels) against 25 keys, per head.
+  const TileEntries ring = busiest_tile_entries(problem, default_plan(Algorithm::ring, problem, 2));
+  EXPECT_EQ(ring.forward_panels, 2 * 2 * 2.0);
+  EXPECT_EQ(ring.forward_keys, 2 * 2 * 25.0);
+  // The model charges them on top of the entries: with the calibration block's own shape the
+  // totals agree, and short calls pay more per entry.
+  Machine m = shared_machine();
+  m.tile_block = 48;
+  Machine overheads = m;
+  overheads.kernel_forward_panel_s = 1e-6;
+  overheads.kernel_forward_key_s = 1e-8;
+  const Plan ring_plan = default_plan(Algorithm::ring, problem, 2);
+  EXPECT_GT(predict(problem, ring_plan, overheads, 2, Precision::fp32).forward_compute_s,
+            predict(problem, ring_plan, m, 2, Precision::fp32).forward_compute_s);
 }
 
 }  // namespace
