@@ -260,10 +260,11 @@ int bench(int argc, char** argv, int first) {
     options.add_string("--calibration", &o.calibration,
                        "calibration file for the predictions (default $A2D_CALIBRATION or "
                        "./a2d-calibration.txt)");
-    options.add_flag("--calibrate", &o.calibrate,
-                     "first measure this machine as `a2d calibrate` does (median of 9, at the\n"
-                     "problem's head dimension) and save it to the calibration file, so that\n"
-                     "predictions and measurements come from the same run of a shared machine");
+    options.add_flag(
+        "--calibrate", &o.calibrate,
+        "first measure this machine as `a2d calibrate` does (median of 9, at the\n"
+        "problem's heads and head dimension) and save it to the calibration file, so that\n"
+        "predictions and measurements come from the same run of a shared machine");
     options.add_double("--timeout", &o.timeout, "watchdog timeout in seconds (0 = off)");
     bool help = false;
     Problem problem;
@@ -284,6 +285,7 @@ int bench(int argc, char** argv, int first) {
         o.calibration.empty() ? default_calibration_file() : o.calibration;
     if (o.calibrate) {
       CalibrationSettings settings;
+      settings.heads = problem.heads;  // the problem's working set per row of the block
       settings.head_dim = problem.head_dim;
       settings.iters = 9;
       settings.threads = o.threads;
