@@ -18,7 +18,7 @@ for ranks in 4 9 16; do
   for seq in 4096 16384; do
     rm -f "$out/calibration-p$ranks-n$seq.txt"
     "${mpi[@]}" -np "$ranks" "$a2d" bench --seq "$seq" --heads 8 --head-dim 64 --causal --backward \
-      --warmup 1 --iters 3 --json --calibrate --calibration "$out/calibration-p$ranks-n$seq.txt" \
+      --warmup 1 --iters 5 --json --calibrate --calibration "$out/calibration-p$ranks-n$seq.txt" \
       > "$out/bench-p$ranks-n$seq.json"
   done
 done
