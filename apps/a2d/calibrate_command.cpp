@@ -25,23 +25,9 @@
 namespace a2d::commands {
 namespace {
 
-// Seconds per call of `body` on the slowest rank, median of `iters` timed calls.
-double slowest_seconds(Communicator& world, int64_t iters, const std::function<void()>& body) {
-  body();  // warm-up
-  std::vector<double> samples;
-  for (int64_t i = 0; i < iters; ++i) {
-    world.barrier();
-    const double start = seconds_now();
-    body();
-    double elapsed = seconds_now() - start;
-    world.all_reduce(&elapsed, 1, Reduction::max);
-    samples.push_back(elapsed);
-  }
-  return summarize(samples).median;
-}
-
-// The same for several bodies timed in turn within each repeat, so that a drift of the machine's
-// speed over the repeats moves them alike (their differences are what is used).
+// Seconds per call of each body on the slowest rank, median of `iters` timed calls after one
+// untimed round; the bodies are timed in turn within each round, so that a drift of the
+// machine's speed over the rounds moves them alike (where their differences are used).
 std::vector<double> slowest_seconds_each(Communicator& world, int64_t iters,
                                          const std::vector<std::function<void()>>& bodies) {
   std::vector<std::vector<double>> samples(bodies.size());
@@ -59,6 +45,10 @@ std::vector<double> slowest_seconds_each(Communicator& world, int64_t iters,
   for (const auto& s : samples)
     medians.push_back(summarize(s).median);
   return medians;
+}
+
+double slowest_seconds(Communicator& world, int64_t iters, const std::function<void()>& body) {
+  return slowest_seconds_each(world, iters, {body})[0];
 }
 
 // The calibration's kernel call: a block x block problem of generated inputs and its outputs.
@@ -136,11 +126,10 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   ForwardArgs fwd_short = fwd, fwd_few = fwd;
   fwd_short.shape.kv_tokens = std::max<int64_t>(block / 4, 1);
   fwd_few.shape.q_tokens = std::max<int64_t>(block / 4, 1);
-  const std::vector<double> forward_times =
-      slowest_seconds_each(world, iters,
-                           {[&] { kb.forward(); },
-                            [&] { attention_forward(fwd_short, o_view, lse_view); },
-                            [&] { attention_forward(fwd_few, o_view, lse_view); }});
+  const std::vector<double> forward_times = slowest_seconds_each(
+      world, iters,
+      {[&] { kb.forward(); }, [&] { attention_forward(fwd_short, o_view, lse_view); },
+       [&] { attention_forward(fwd_few, o_view, lse_view); }});
   const double forward_s = forward_times[0];
   const double backward_s = slowest_seconds(world, iters, [&] { kb.backward(); });
   // The same block under a causal mask (positions 0..block-1 for queries and keys: a diagonal

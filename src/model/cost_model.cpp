@@ -320,6 +320,14 @@ double memory_floats(const Problem& p, const Plan& plan) {
   return shards + std::max(forward, backward);
 }
 
+struct Step {
+  double latency_s;
+  double bytes_per_s;
+  double time(double bytes, double messages) const {
+    return messages * latency_s + bytes / bytes_per_s;
+  }
+};
+
 }  // namespace
 
 double permuted_floats(const Problem& p, const Plan& plan, bool forward) {
@@ -352,18 +360,6 @@ double permuted_floats(const Problem& p, const Plan& plan, bool forward) {
   }
   return 0;
 }
-
-namespace {
-
-struct Step {
-  double latency_s;
-  double bytes_per_s;
-  double time(double bytes, double messages) const {
-    return messages * latency_s + bytes / bytes_per_s;
-  }
-};
-
-}  // namespace
 
 // ---- Prediction ------------------------------------------------------------------------------
 
@@ -441,8 +437,8 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
   if (machine.tile_block > 0) {
     // The CPU kernels compute whole tiles: charge those, at the rates the calibration block's
     // tiles ran at (its rates count unmasked FLOPs, so divide by the block's own tile ratio).
-    // The forward also pays per 24-row panel of every call: the block's time less its panels'
-    // share is what its entries cost.
+    // The forward also pays per 24-row panel and per key of every call: the block's time less
+    // their share is what its entries cost.
     const TileEntries entries = busiest_tile_entries(problem, plan);
     if (entries.forward >= 0) {
       std::vector<int64_t> block(static_cast<size_t>(machine.tile_block));
