@@ -1,8 +1,11 @@
 // a2d calibrate: measures this machine for the cost model's `local` preset, with every rank of the
 // MPI job working at once (so sharing cores between ranks is part of the numbers).
 #include <mpi.h>
+#include <sched.h>
 
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <numeric>
@@ -101,6 +104,125 @@ struct KernelBlock {
   RowView<float> lse_view;
 };
 
+// The forward kernel's cost per call and head, t = e * entries + p * panels + k * keys, fitted
+// by least squares (relative errors) to calls of several shapes within the block, timed on world
+// rank 0 alone while every other rank sleeps: on a core of its own a call's time is its work,
+// where with ranks sharing cores the time slices of the other ranks, not the call, decide a short
+// call's time. Returns {e, p, k} in seconds, and the block's own time alone in `block_s`; p or k
+// is 0 where a fit makes it negative (the others are then fitted without it).
+std::array<double, 3> fit_forward_costs(Communicator& world, KernelBlock& kb, int64_t iters,
+                                        double& block_s) {
+  const int64_t block = kb.block;
+  const int64_t eighth = std::max<int64_t>(block / 8, 1), quarter = std::max<int64_t>(block / 4, 1);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{block, block},   {block, quarter},
+                                                           {quarter, block}, {block, eighth},
+                                                           {eighth, block},  {quarter, quarter}};
+  std::vector<double> seconds(shapes.size(), 0.0);
+  if (world.rank() == 0) {
+    std::vector<ForwardArgs> calls(shapes.size(), kb.fwd);
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      calls[i].shape.q_tokens = shapes[i].first;
+      calls[i].shape.kv_tokens = shapes[i].second;
+    }
+    // The fastest of the timed calls of each shape (on an otherwise idle core, noise only adds),
+    // the shapes in turn in every round.
+    std::vector<double> best(shapes.size(), 1e30);
+    for (int64_t round = 0; round <= 2 * iters; ++round) {
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const double start = seconds_now();
+        attention_forward(calls[i], kb.o_view, kb.lse_view);
+        if (round > 0) best[i] = std::min(best[i], seconds_now() - start);
+      }
+    }
+    for (size_t i = 0; i < shapes.size(); ++i)
+      seconds[i] = best[i] / static_cast<double>(kb.heads);
+  }
+  // The calibration's world spans MPI_COMM_WORLD. Polling every 20 ms, the sleeping ranks wake
+  // rarely enough not to slow rank 0 (at 0.5 ms its calls took a third longer at 16 ranks).
+  sleeping_barrier(MPI_COMM_WORLD, std::chrono::milliseconds(20));
+  world.broadcast(seconds.data(), static_cast<int64_t>(sizeof(double) * seconds.size()), 0);
+  block_s = seconds[0] * static_cast<double>(kb.heads);
+
+  std::vector<std::array<double, 3>> features;
+  for (const auto& [rows, keys] : shapes) {
+    std::vector<int64_t> q(static_cast<size_t>(rows)), k(static_cast<size_t>(keys));
+    std::iota(q.begin(), q.end(), int64_t{0});
+    std::iota(k.begin(), k.end(), int64_t{0});
+    features.push_back({forward_tile_entries(Mask::none(), q, k),
+                        static_cast<double>((rows + kCpuForwardPanel - 1) / kCpuForwardPanel),
+                        static_cast<double>(keys)});
+  }
+  // Least squares over the unknowns still in use, each equation divided by its time.
+  std::array<bool, 3> used = {true, true, true};
+  std::array<double, 3> x = {0, 0, 0};
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    double m[3][3] = {}, b[3] = {};
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      const double w = 1.0 / (seconds[i] * seconds[i]);
+      for (int r = 0; r < 3; ++r) {
+        if (!used[r]) continue;
+        b[r] += w * features[i][r] * seconds[i];
+        for (int c = 0; c < 3; ++c)
+          if (used[c]) m[r][c] += w * features[i][r] * features[i][c];
+      }
+    }
+    for (int r = 0; r < 3; ++r)
+      if (!used[r]) m[r][r] = 1;  // x[r] = 0
+    // Gaussian elimination with partial pivoting on the 3 x 3 system.
+    for (int col = 0; col < 3; ++col) {
+      int pivot = col;
+      for (int r = col + 1; r < 3; ++r)
+        if (std::abs(m[r][col]) > std::abs(m[pivot][col])) pivot = r;
+      std::swap(m[col], m[pivot]);
+      std::swap(b[col], b[pivot]);
+      for (int r = col + 1; r < 3; ++r) {
+        const double f = m[r][col] / m[col][col];
+        for (int c = col; c < 3; ++c)
+          m[r][c] -= f * m[col][c];
+        b[r] -= f * b[col];
+      }
+    }
+    for (int r = 2; r >= 0; --r) {
+      double v = b[r];
+      for (int c = r + 1; c < 3; ++c)
+        v -= m[r][c] * x[c];
+      x[r] = v / m[r][r];
+    }
+    bool negative = false;
+    for (int r = 1; r < 3; ++r) {
+      if (used[r] && x[r] < 0) {
+        used[r] = false;
+        negative = true;
+      }
+    }
+    if (!negative) break;
+  }
+  for (int r = 1; r < 3; ++r)
+    if (!used[r]) x[r] = 0;
+  if (!(x[0] > 0)) return {0, 0, 0};
+  return x;
+}
+
+// Whether this rank computes in the wait-share measurement: half the ranks of every core, so that
+// each core holds computing and waiting ranks alike (launchers place consecutive ranks on
+// different cores, so even and odd ranks alone would put all computing ranks on some cores).
+// Ranks not bound to one CPU count as one group.
+bool computes_in_half(Communicator& world) {
+  int64_t cpu = -1;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) == 1) {
+    for (int c = 0; c < CPU_SETSIZE; ++c)
+      if (CPU_ISSET(c, &set)) cpu = c;
+  }
+  std::vector<int64_t> cpus(static_cast<size_t>(world.size()), 0);
+  cpus[static_cast<size_t>(world.rank())] = cpu + 1;  // 0 stays "not set" in the sum
+  world.all_reduce(cpus.data(), static_cast<int64_t>(cpus.size()), Reduction::sum);
+  int64_t before = 0;  // ranks before this one on the same CPU
+  for (int r = 0; r < world.rank(); ++r)
+    if (cpus[static_cast<size_t>(r)] == cpu + 1) ++before;
+  return before % 2 == 0;
+}
+
 }  // namespace
 
 void CalibrationSettings::validate() const {
@@ -119,18 +241,7 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   const auto& o_view = kb.o_view;
   const auto& lse_view = kb.lse_view;
   const double flops = 4.0 * static_cast<double>(block * block * head_dim * heads);
-  // The forward also with a quarter of the keys and with a quarter of the rows, in turn with the
-  // full block: the differences separate what the score entries cost from what each 24-row panel
-  // of a call costs (loading its queries, keeping and storing its running state) and what each
-  // key of a call costs (copying it into the kernel's tiles, once per query tile).
-  ForwardArgs fwd_short = fwd, fwd_few = fwd;
-  fwd_short.shape.kv_tokens = std::max<int64_t>(block / 4, 1);
-  fwd_few.shape.q_tokens = std::max<int64_t>(block / 4, 1);
-  const std::vector<double> forward_times = slowest_seconds_each(
-      world, iters,
-      {[&] { kb.forward(); }, [&] { attention_forward(fwd_short, o_view, lse_view); },
-       [&] { attention_forward(fwd_few, o_view, lse_view); }});
-  const double forward_s = forward_times[0];
+  const double forward_s = slowest_seconds(world, iters, [&] { kb.forward(); });
   const double backward_s = slowest_seconds(world, iters, [&] { kb.backward(); });
   // The same block under a causal mask (positions 0..block-1 for queries and keys: a diagonal
   // block), per unmasked FLOP: the tiles on the diagonal are computed whole and masked.
@@ -144,45 +255,17 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   const double backward_causal_s = slowest_seconds(world, iters, [&] {
     attention_backward(bwd_causal, kb.tokens(kb.dq), kb.tokens(kb.dk), kb.tokens(kb.dv));
   });
-  // Per head: t = entry * entries + panel * panels + key * keys for the three calls, solved.
-  // Measurement noise can make a cost come out negative: the three are then not separable, and
-  // the forward is charged by entries alone (as the model does without them).
+  // What each call pays beside its score entries, per 24-row panel (loading its queries, keeping
+  // and storing its running state) and per key (copying it into the kernel's tiles): fitted on
+  // one rank alone, and scaled to the ranks' shared cores by the block's time with every rank
+  // computing against its time alone (sharing a core slows a call's parts alike).
   double panel_s = 0, key_s = 0;
   {
-    std::vector<int64_t> rows(static_cast<size_t>(block));
-    std::iota(rows.begin(), rows.end(), int64_t{0});
-    const int64_t quarter = fwd_short.shape.kv_tokens;
-    const std::vector<int64_t> few(rows.begin(), rows.begin() + quarter);
-    const auto panels = [](int64_t n) {
-      return static_cast<double>((n + kCpuForwardPanel - 1) / kCpuForwardPanel);
-    };
-    const double all_keys = static_cast<double>(block), few_keys = static_cast<double>(quarter);
-    // Rows of the system: entries, panels, keys; right-hand side: seconds per head.
-    const double a[3][3] = {
-        {forward_tile_entries(Mask::none(), rows, rows), panels(block), all_keys},
-        {forward_tile_entries(Mask::none(), rows, few), panels(block), few_keys},
-        {forward_tile_entries(Mask::none(), few, rows), panels(quarter), all_keys}};
-    double t[3];
-    for (int i = 0; i < 3; ++i)
-      t[i] = forward_times[static_cast<size_t>(i)] / static_cast<double>(heads);
-    const auto det3 = [](const double m[3][3]) {
-      return m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) -
-             m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0]) +
-             m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]);
-    };
-    const double det = det3(a);
-    double x[3] = {0, 0, 0};  // Cramer's rule
-    for (int column = 0; column < 3; ++column) {
-      double m[3][3];
-      for (int i = 0; i < 3; ++i)
-        for (int j = 0; j < 3; ++j)
-          m[i][j] = j == column ? t[i] : a[i][j];
-      x[column] = det3(m) / det;
-    }
-    if (x[0] > 0 && x[1] >= 0 && x[2] >= 0) {
-      panel_s = x[1];
-      key_s = x[2];
-    }
+    double alone_block_s = 0;
+    const std::array<double, 3> costs = fit_forward_costs(world, kb, iters, alone_block_s);
+    const double shared = alone_block_s > 0 ? forward_s / alone_block_s : 0;
+    panel_s = shared * costs[1];
+    key_s = shared * costs[2];
   }
 
   // Sorting gathered rows by position (in place, as the algorithms do under a causal mask): 4
@@ -203,14 +286,16 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
     permute_bytes_per_s = 16 * 4.0 * static_cast<double>(tokens * per_token) / permute_s;
   }
 
-  // What a rank waiting in MPI costs the computing ones: the even ranks compute while the odd
-  // ones wait in a barrier. With n ranks computing and m waiting on fewer cores, each computing
-  // rank gets a 1 / (n + w m) share, so half waiting takes (1 + w) / 2 of the all-computing
-  // time: w = 2 t_half / t_all - 1 (0: waiting is free, 1: it costs as much as computing).
+  // What a rank waiting in MPI costs the computing ones: half the ranks of every core compute
+  // while the others wait in a barrier. With n ranks computing and m waiting on fewer cores, each
+  // computing rank gets a 1 / (n + w m) share, so half waiting takes (1 + w) / 2 of the
+  // all-computing time: w = 2 t_half / t_all - 1 (0: waiting is free, 1: it costs as much as
+  // computing).
   double wait_share = 0;
   if (world.size() > 1) {
+    const bool computes = computes_in_half(world);
     const double half_s = slowest_seconds(world, iters, [&] {
-      if (world.rank() % 2 == 0) kb.forward();
+      if (computes) kb.forward();
       world.barrier();
     });
     wait_share = std::clamp(2 * half_s / forward_s - 1, 0.0, 1.0);

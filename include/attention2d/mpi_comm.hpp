@@ -3,6 +3,7 @@
 
 #include <mpi.h>
 
+#include <chrono>
 #include <memory>
 
 #include "attention2d/comm.hpp"
@@ -35,7 +36,9 @@ class MpiSession {
 }  // namespace a2d
 
 namespace a2d {
-// A barrier on `comm` that waits without spinning: ranks that arrive early sleep between polls,
-// leaving the cores to a rank that is still computing (ranks may outnumber cores).
-void sleeping_barrier(MPI_Comm comm);
+// A barrier on `comm` that waits without spinning: ranks that arrive early sleep `poll` between
+// polls, leaving the cores to a rank that is still computing (ranks may outnumber cores). Each
+// wake-up preempts the computing rank on that core: wait long with a long poll.
+void sleeping_barrier(MPI_Comm comm,
+                      std::chrono::microseconds poll = std::chrono::microseconds(500));
 }  // namespace a2d

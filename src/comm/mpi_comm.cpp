@@ -374,13 +374,13 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
   return std::make_unique<MpiCommunicator>(copy);
 }
 
-void sleeping_barrier(MPI_Comm comm) {
+void sleeping_barrier(MPI_Comm comm, std::chrono::microseconds poll) {
   MPI_Request request;
   A2D_MPI(MPI_Ibarrier(comm, &request));
   for (int done = 0;;) {
     A2D_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return;
-    std::this_thread::sleep_for(std::chrono::microseconds(500));
+    std::this_thread::sleep_for(poll);
   }
 }
 
