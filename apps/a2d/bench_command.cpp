@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <vector>
 
@@ -31,7 +32,7 @@ struct BenchOptions {
   std::string grid, layout, calibration;
   int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42;
   bool no_kv_transpose = false, backward = false, check = false, json = false, csv = false;
-  bool calibrate = false;
+  bool calibrate = false, sequential = false;
   double timeout = 300;
 };
 
@@ -190,9 +191,10 @@ void print_table(const std::vector<Row>& rows, const Problem& problem, int ranks
     std::printf("\n");
   }
   std::printf(
-      "\nfwd ms: median over iterations of the slowest rank; (rank min avg max): per-rank "
-      "medians. bytes, msgs: sent per rank and call (max over ranks), msgs fwd+bwd.\n"
-      "peak MiB: shards + peak resident growth during the calls (max over ranks). m/p: "
+      "\nfwd ms: median over iterations of the slowest rank (rows timed round-robin unless "
+      "--sequential); (rank min avg max): per-rank medians. bytes, msgs: sent per rank and call "
+      "(max over ranks), msgs fwd+bwd.\n"
+      "peak MiB: shards + peak resident growth during a row's first call (max over ranks). m/p: "
       "measured / predicted.\n");
 }
 
@@ -253,6 +255,11 @@ int bench(int argc, char** argv, int first) {
     options.add_flag("--backward", &o.backward, "also time the backward pass");
     options.add_int("--warmup", &o.warmup, "untimed iterations per row");
     options.add_int("--iters", &o.iters, "timed iterations per row (median)");
+    options.add_flag("--sequential", &o.sequential,
+                     "time the rows one after another (default: round-robin, one call of\n"
+                     "every row per round, so that a slow spell of a shared machine falls on one\n"
+                     "repeat of many rows, which the median drops, rather than on every repeat\n"
+                     "of one row); holds one row's buffers at a time instead of every row's");
     options.add_int("--seed", &o.seed, "seed of the generated inputs");
     options.add_flag("--check", &o.check, "compare every row's outputs with the fp64 reference");
     options.add_flag("--json", &o.json, "one JSON object per row");
@@ -262,9 +269,10 @@ int bench(int argc, char** argv, int first) {
                        "./a2d-calibration.txt)");
     options.add_flag(
         "--calibrate", &o.calibrate,
-        "first measure this machine as `a2d calibrate` does (median of 9, at the\n"
-        "problem's heads and head dimension) and save it to the calibration file, so that\n"
-        "predictions and measurements come from the same run of a shared machine");
+        "measure this machine as `a2d calibrate` does (median of 9, at the problem's\n"
+        "heads and head dimension) before the rows and again after them, and save the\n"
+        "average to the calibration file, so that predictions and measurements come from\n"
+        "the same span of a shared machine");
     options.add_double("--timeout", &o.timeout, "watchdog timeout in seconds (0 = off)");
     bool help = false;
     Problem problem;
@@ -283,26 +291,15 @@ int bench(int argc, char** argv, int first) {
 
     const std::string calibration_file =
         o.calibration.empty() ? default_calibration_file() : o.calibration;
-    if (o.calibrate) {
-      CalibrationSettings settings;
-      settings.heads = problem.heads;  // the problem's working set per row of the block
-      settings.head_dim = problem.head_dim;
-      settings.iters = 9;
-      settings.threads = o.threads;
-      const Calibration measured = measure_calibration(world, settings);
-      collective_check(world, [&] {
-        if (world.rank() == 0) save_calibration(calibration_file, measured);
-      });
-    }
-    std::string machine_text = "none: no calibration for this rank count (run a2d calibrate)";
-    Machine machine;
-    bool have_machine = false;
-    try {
-      machine = local_machine(calibration_file, world.size());
-      machine_text = machine.description;
-      have_machine = true;
-    } catch (const Error&) {
-    }
+    // --calibrate measures before the rows and again after them, and the rows are predicted with
+    // the average of the two: a shared machine's speed drifts over a run of minutes.
+    CalibrationSettings settings;
+    settings.heads = problem.heads;  // the problem's working set per row of the block
+    settings.head_dim = problem.head_dim;
+    settings.iters = 9;
+    settings.threads = o.threads;
+    Calibration before;
+    if (o.calibrate) before = measure_calibration(world, settings);
 
     ReferenceOutputs reference;
     if (o.check) {
@@ -314,27 +311,42 @@ int bench(int argc, char** argv, int first) {
       sleeping_barrier(MPI_COMM_WORLD);
     }
 
-    for (Row& row : rows) {
-      if (!row.skipped.empty()) continue;
+    // A row in progress: its algorithm, its shards and its timer.
+    struct LiveRow {
+      Row* row = nullptr;
       std::unique_ptr<DistributedAttention> attention;
-      collective_check(world, [&] { attention = make_attention(problem, row.plan, world); });
-      ShardSet shards = make_shards(problem, attention->layout(), world.rank(),
-                                    static_cast<uint64_t>(o.seed), true, o.backward);
-      int64_t growth = peak_memory_growth([&] {
-        row.timings =
-            time_attention(world, *log, *attention, problem, shards, o.backward, o.warmup, o.iters);
-      });
-      int64_t peak = growth < 0 ? -1 : shard_bytes(shards) + growth;
-      world.all_reduce(&peak, 1, Reduction::max);
-      row.peak_bytes = peak;
-      if (have_machine) {
-        row.prediction = predict(problem, row.plan, machine, world.size(), Precision::fp32);
-        row.predicted = true;
+      ShardSet shards;
+      std::unique_ptr<AttentionTimer> timer;
+    };
+    const auto start_row = [&](Row& row) {
+      auto live = std::make_unique<LiveRow>();
+      live->row = &row;
+      collective_check(world, [&] { live->attention = make_attention(problem, row.plan, world); });
+      live->shards = make_shards(problem, live->attention->layout(), world.rank(),
+                                 static_cast<uint64_t>(o.seed), true, o.backward);
+      live->timer = std::make_unique<AttentionTimer>(world, *log, *live->attention, problem,
+                                                     live->shards, o.backward);
+      return live;
+    };
+    // Call `round` of a row (rounds below --warmup are not timed). The first call's peak
+    // resident growth is the row's peak memory: every call of a row does the same work.
+    const auto call_row = [&](LiveRow& live, int64_t round) {
+      if (round > 0) {
+        live.timer->call(round >= o.warmup);
+        return;
       }
+      const int64_t growth = peak_memory_growth([&] { live.timer->call(round >= o.warmup); });
+      int64_t peak = growth < 0 ? -1 : shard_bytes(live.shards) + growth;
+      world.all_reduce(&peak, 1, Reduction::max);
+      live.row->peak_bytes = peak;
+    };
+    const auto finish_row = [&](LiveRow& live) {
+      Row& row = *live.row;
+      row.timings = live.timer->finish();
       if (o.check) {
         world.set_phase("io");
         const GlobalOutputs outputs =
-            gather_outputs(world, 0, problem, attention->layout(), shards, o.backward);
+            gather_outputs(world, 0, problem, live.attention->layout(), live.shards, o.backward);
         double errors[5] = {0, 0, 0, 0, 0};
         if (world.rank() == 0) {
           const OutputErrors e = compare_outputs(outputs, reference, o.backward);
@@ -344,6 +356,44 @@ int bench(int argc, char** argv, int first) {
         world.broadcast(errors, sizeof errors, 0);
         row.errors = {errors[0], errors[1], errors[2], errors[3], errors[4]};
       }
+    };
+    const int64_t rounds = o.warmup + o.iters;
+    if (o.sequential) {
+      for (Row& row : rows) {
+        if (!row.skipped.empty()) continue;
+        const auto live = start_row(row);
+        for (int64_t round = 0; round < rounds; ++round)
+          call_row(*live, round);
+        finish_row(*live);
+      }
+    } else {
+      std::vector<std::unique_ptr<LiveRow>> live;
+      for (Row& row : rows)
+        if (row.skipped.empty()) live.push_back(start_row(row));
+      for (int64_t round = 0; round < rounds; ++round)
+        for (auto& l : live)
+          call_row(*l, round);
+      for (auto& l : live)
+        finish_row(*l);
+    }
+
+    if (o.calibrate) {
+      const Calibration measured =
+          average_calibrations(before, measure_calibration(world, settings));
+      collective_check(world, [&] {
+        if (world.rank() == 0) save_calibration(calibration_file, measured);
+      });
+    }
+    std::string machine_text = "none: no calibration for this rank count (run a2d calibrate)";
+    try {
+      const Machine machine = local_machine(calibration_file, world.size());
+      machine_text = machine.description;
+      for (Row& row : rows) {
+        if (!row.skipped.empty()) continue;
+        row.prediction = predict(problem, row.plan, machine, world.size(), Precision::fp32);
+        row.predicted = true;
+      }
+    } catch (const Error&) {
     }
 
     bool pass = true;

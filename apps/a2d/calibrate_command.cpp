@@ -4,8 +4,6 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <array>
-#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <numeric>
@@ -104,14 +102,12 @@ struct KernelBlock {
   RowView<float> lse_view;
 };
 
-// The forward kernel's cost per call and head, t = e * entries + p * panels + k * keys, fitted
-// by least squares (relative errors) to calls of several shapes within the block, timed on world
-// rank 0 alone while every other rank sleeps: on a core of its own a call's time is its work,
-// where with ranks sharing cores the time slices of the other ranks, not the call, decide a short
-// call's time. Returns {e, p, k} in seconds, and the block's own time alone in `block_s`; p or k
-// is 0 where a fit makes it negative (the others are then fitted without it).
-std::array<double, 3> fit_forward_costs(Communicator& world, KernelBlock& kb, int64_t iters,
-                                        double& block_s) {
+// The forward kernel's cost per call and head (fit_forward_call_costs) from calls of six shapes
+// within the block, timed on world rank 0 alone while every other rank sleeps: on a core of its
+// own a call's time is its work, where with ranks sharing cores the time slices of the other
+// ranks, not the call, decide a short call's time. `block_s` gets the block's own time alone.
+ForwardCallCosts measure_forward_call_costs(Communicator& world, KernelBlock& kb, int64_t iters,
+                                            double& block_s) {
   const int64_t block = kb.block;
   const int64_t eighth = std::max<int64_t>(block / 8, 1), quarter = std::max<int64_t>(block / 4, 1);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{block, block},   {block, quarter},
@@ -142,65 +138,7 @@ std::array<double, 3> fit_forward_costs(Communicator& world, KernelBlock& kb, in
   sleeping_barrier(MPI_COMM_WORLD, std::chrono::milliseconds(20));
   world.broadcast(seconds.data(), static_cast<int64_t>(sizeof(double) * seconds.size()), 0);
   block_s = seconds[0] * static_cast<double>(kb.heads);
-
-  std::vector<std::array<double, 3>> features;
-  for (const auto& [rows, keys] : shapes) {
-    std::vector<int64_t> q(static_cast<size_t>(rows)), k(static_cast<size_t>(keys));
-    std::iota(q.begin(), q.end(), int64_t{0});
-    std::iota(k.begin(), k.end(), int64_t{0});
-    features.push_back({forward_tile_entries(Mask::none(), q, k),
-                        static_cast<double>((rows + kCpuForwardPanel - 1) / kCpuForwardPanel),
-                        static_cast<double>(keys)});
-  }
-  // Least squares over the unknowns still in use, each equation divided by its time.
-  std::array<bool, 3> used = {true, true, true};
-  std::array<double, 3> x = {0, 0, 0};
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    double m[3][3] = {}, b[3] = {};
-    for (size_t i = 0; i < shapes.size(); ++i) {
-      const double w = 1.0 / (seconds[i] * seconds[i]);
-      for (int r = 0; r < 3; ++r) {
-        if (!used[r]) continue;
-        b[r] += w * features[i][r] * seconds[i];
-        for (int c = 0; c < 3; ++c)
-          if (used[c]) m[r][c] += w * features[i][r] * features[i][c];
-      }
-    }
-    for (int r = 0; r < 3; ++r)
-      if (!used[r]) m[r][r] = 1;  // x[r] = 0
-    // Gaussian elimination with partial pivoting on the 3 x 3 system.
-    for (int col = 0; col < 3; ++col) {
-      int pivot = col;
-      for (int r = col + 1; r < 3; ++r)
-        if (std::abs(m[r][col]) > std::abs(m[pivot][col])) pivot = r;
-      std::swap(m[col], m[pivot]);
-      std::swap(b[col], b[pivot]);
-      for (int r = col + 1; r < 3; ++r) {
-        const double f = m[r][col] / m[col][col];
-        for (int c = col; c < 3; ++c)
-          m[r][c] -= f * m[col][c];
-        b[r] -= f * b[col];
-      }
-    }
-    for (int r = 2; r >= 0; --r) {
-      double v = b[r];
-      for (int c = r + 1; c < 3; ++c)
-        v -= m[r][c] * x[c];
-      x[r] = v / m[r][r];
-    }
-    bool negative = false;
-    for (int r = 1; r < 3; ++r) {
-      if (used[r] && x[r] < 0) {
-        used[r] = false;
-        negative = true;
-      }
-    }
-    if (!negative) break;
-  }
-  for (int r = 1; r < 3; ++r)
-    if (!used[r]) x[r] = 0;
-  if (!(x[0] > 0)) return {0, 0, 0};
-  return x;
+  return fit_forward_call_costs(shapes, seconds);
 }
 
 // Whether this rank computes in the wait-share measurement: half the ranks of every core, so that
@@ -262,10 +200,10 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   double panel_s = 0, key_s = 0;
   {
     double alone_block_s = 0;
-    const std::array<double, 3> costs = fit_forward_costs(world, kb, iters, alone_block_s);
+    const ForwardCallCosts costs = measure_forward_call_costs(world, kb, iters, alone_block_s);
     const double shared = alone_block_s > 0 ? forward_s / alone_block_s : 0;
-    panel_s = shared * costs[1];
-    key_s = shared * costs[2];
+    panel_s = shared * costs.panel_s;
+    key_s = shared * costs.key_s;
   }
 
   // Sorting gathered rows by position (in place, as the algorithms do under a causal mask): 4

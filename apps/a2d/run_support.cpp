@@ -110,42 +110,57 @@ std::map<std::string, double> slowest_phase_medians(
 
 }  // namespace
 
+AttentionTimer::AttentionTimer(Communicator& world, TrafficLog& log,
+                               DistributedAttention& attention, const Problem& problem,
+                               ShardSet& shards, bool backward)
+    : world_(world),
+      log_(log),
+      attention_(attention),
+      problem_(problem),
+      shards_(shards),
+      backward_(backward) {}
+
+void AttentionTimer::call(bool measured) {
+  double mine = 0;
+  log_.clear();
+  const double fwd = timed(
+      world_, "forward", [&] { attention_.forward(shards_.forward(problem_)); }, mine);
+  if (measured) {
+    fwd_slowest_.push_back(fwd);
+    fwd_mine_.push_back(mine);
+    fwd_traffic_ = log_.total("forward");
+    for (const auto& [name, s] : log_.seconds())
+      phase_samples_[name].push_back(1e3 * s);
+  }
+  if (!backward_) return;
+  log_.clear();
+  const double bwd = timed(
+      world_, "backward", [&] { attention_.backward(shards_.backward(problem_)); }, mine);
+  if (measured) {
+    bwd_slowest_.push_back(bwd);
+    bwd_mine_.push_back(mine);
+    bwd_traffic_ = log_.total("backward");
+    for (const auto& [name, s] : log_.seconds())
+      phase_samples_[name].push_back(1e3 * s);
+  }
+}
+
+Timings AttentionTimer::finish() {
+  A2D_REQUIRE(!fwd_slowest_.empty(), "no timed call to summarize");
+  Timings timings;
+  timings.phase_ms = slowest_phase_medians(world_, phase_samples_);
+  timings.forward = summarize_phase(world_, fwd_slowest_, fwd_mine_, fwd_traffic_);
+  if (backward_) timings.backward = summarize_phase(world_, bwd_slowest_, bwd_mine_, bwd_traffic_);
+  return timings;
+}
+
 Timings time_attention(Communicator& world, TrafficLog& log, DistributedAttention& attention,
                        const Problem& problem, ShardSet& shards, bool backward, int64_t warmup,
                        int64_t iters) {
-  Timings timings;
-  std::vector<double> fwd_slowest, fwd_mine, bwd_slowest, bwd_mine;
-  std::map<std::string, std::vector<double>> phase_samples;
-  Traffic fwd_traffic, bwd_traffic;
-  for (int64_t i = 0; i < warmup + iters; ++i) {
-    const bool measured = i >= warmup;
-    double mine = 0;
-    log.clear();
-    const double fwd = timed(
-        world, "forward", [&] { attention.forward(shards.forward(problem)); }, mine);
-    if (measured) {
-      fwd_slowest.push_back(fwd);
-      fwd_mine.push_back(mine);
-      fwd_traffic = log.total("forward");
-      for (const auto& [name, s] : log.seconds())
-        phase_samples[name].push_back(1e3 * s);
-    }
-    if (!backward) continue;
-    log.clear();
-    const double bwd = timed(
-        world, "backward", [&] { attention.backward(shards.backward(problem)); }, mine);
-    if (measured) {
-      bwd_slowest.push_back(bwd);
-      bwd_mine.push_back(mine);
-      bwd_traffic = log.total("backward");
-      for (const auto& [name, s] : log.seconds())
-        phase_samples[name].push_back(1e3 * s);
-    }
-  }
-  timings.phase_ms = slowest_phase_medians(world, phase_samples);
-  timings.forward = summarize_phase(world, fwd_slowest, fwd_mine, fwd_traffic);
-  if (backward) timings.backward = summarize_phase(world, bwd_slowest, bwd_mine, bwd_traffic);
-  return timings;
+  AttentionTimer timer(world, log, attention, problem, shards, backward);
+  for (int64_t i = 0; i < warmup + iters; ++i)
+    timer.call(i >= warmup);
+  return timer.finish();
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "attention2d/attention.hpp"
 #include "attention2d/comm.hpp"
@@ -35,6 +36,28 @@ struct Timings {
   // the time before the first named phase): per rank the median over the timed calls, then the
   // largest over the ranks. Phases are as rank 0 names them.
   std::map<std::string, double> phase_ms;
+};
+
+// Times calls of one plan: each call() is one forward (and backward) call, each after a barrier,
+// kept for the summary when `measured`; the traffic of one call is read from `log`. finish() is
+// collective. a2d bench keeps one per row and calls them round-robin.
+class AttentionTimer {
+ public:
+  AttentionTimer(Communicator& world, TrafficLog& log, DistributedAttention& attention,
+                 const Problem& problem, ShardSet& shards, bool backward);
+  void call(bool measured);
+  Timings finish();
+
+ private:
+  Communicator& world_;
+  TrafficLog& log_;
+  DistributedAttention& attention_;
+  const Problem& problem_;
+  ShardSet& shards_;
+  bool backward_;
+  std::vector<double> fwd_slowest_, fwd_mine_, bwd_slowest_, bwd_mine_;
+  std::map<std::string, std::vector<double>> phase_samples_;
+  Traffic fwd_traffic_, bwd_traffic_;
 };
 
 // warmup + iters calls of forward (and backward), each after a barrier; the traffic of one call

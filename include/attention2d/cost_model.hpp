@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention2d/attention.hpp"
@@ -100,6 +101,11 @@ struct Calibration {
 };
 // Adds or replaces the section of `c.ranks` in the file.
 void save_calibration(const std::string& file, const Calibration& c);
+// The machine over the span of two measurements of the same rank count, block and head dim (a2d
+// bench --calibrate measures before and after its rows): every time is averaged, so rates take
+// their harmonic mean and per-operation seconds their mean; a rate one of them left unset (0)
+// takes the other's value.
+Calibration average_calibrations(const Calibration& a, const Calibration& b);
 
 struct PhaseCost {
   std::string name;
@@ -173,5 +179,18 @@ double forward_tile_entries(const Mask& mask, const std::vector<int64_t>& q,
                             const std::vector<int64_t>& k);
 double backward_tile_entries(const Mask& mask, const std::vector<int64_t>& q,
                              const std::vector<int64_t>& k);
+
+// The forward kernel's cost per call and head, t = entry_s * E + panel_s * panels + key_s * keys
+// (E the call's forward tile entries, panels its 24-row query panels), fitted by least squares on
+// relative errors to the seconds per head of unmasked calls of the given (rows, keys) shapes. A
+// per-call cost the fit makes negative is set to 0 and the others are fitted again; everything is
+// 0 when the entry cost does not come out positive.
+struct ForwardCallCosts {
+  double entry_s = 0;
+  double panel_s = 0;
+  double key_s = 0;
+};
+ForwardCallCosts fit_forward_call_costs(const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                                        const std::vector<double>& seconds);
 
 }  // namespace a2d

@@ -8,12 +8,15 @@
 // of a plan with their positions and counts the tiles, so the model charges what the kernels
 // compute (docs/cost-model.md, "Kernel tiles").
 #include <algorithm>
+#include <array>
+#include <cmath>
 #include <numeric>
 #include <set>
 #include <vector>
 
 #include "attention2d/cost_model.hpp"
 #include "attention2d/decomposition.hpp"
+#include "attention2d/error.hpp"
 #include "attention2d/grid.hpp"
 #include "attention2d/kernel.hpp"
 
@@ -167,6 +170,71 @@ double backward_tile_entries(const Mask& mask, const std::vector<int64_t>& q,
     for (const Span& qt : q_tiles)
       if (classify_block(mask, qt.min, qt.max, kt.min, kt.max) != BlockVisibility::hidden) ++pairs;
   return pairs * static_cast<double>(kCpuBackwardTileQ * kCpuBackwardTileK);
+}
+
+ForwardCallCosts fit_forward_call_costs(const std::vector<std::pair<int64_t, int64_t>>& shapes,
+                                        const std::vector<double>& seconds) {
+  A2D_REQUIRE(shapes.size() == seconds.size() && shapes.size() >= 3,
+              "fitting the forward's per-call costs needs a time for each of at least 3 shapes");
+  std::vector<std::array<double, 3>> features;
+  for (const auto& [rows, keys] : shapes) {
+    std::vector<int64_t> q(static_cast<size_t>(rows)), k(static_cast<size_t>(keys));
+    std::iota(q.begin(), q.end(), int64_t{0});
+    std::iota(k.begin(), k.end(), int64_t{0});
+    features.push_back({forward_tile_entries(Mask::none(), q, k),
+                        static_cast<double>((rows + kCpuForwardPanel - 1) / kCpuForwardPanel),
+                        static_cast<double>(keys)});
+  }
+  std::array<bool, 3> used = {true, true, true};
+  std::array<double, 3> x = {0, 0, 0};
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    // Normal equations of the weighted problem (each equation divided by its time); an unknown
+    // no longer in use is pinned to 0.
+    double m[3][3] = {}, b[3] = {};
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      A2D_REQUIRE(seconds[i] > 0, "a timed call took no time");
+      const double w = 1.0 / (seconds[i] * seconds[i]);
+      for (int r = 0; r < 3; ++r) {
+        if (!used[r]) continue;
+        b[r] += w * features[i][r] * seconds[i];
+        for (int c = 0; c < 3; ++c)
+          if (used[c]) m[r][c] += w * features[i][r] * features[i][c];
+      }
+    }
+    for (int r = 0; r < 3; ++r)
+      if (!used[r]) m[r][r] = 1;
+    // Gaussian elimination with partial pivoting.
+    for (int col = 0; col < 3; ++col) {
+      int pivot = col;
+      for (int r = col + 1; r < 3; ++r)
+        if (std::abs(m[r][col]) > std::abs(m[pivot][col])) pivot = r;
+      std::swap(m[col], m[pivot]);
+      std::swap(b[col], b[pivot]);
+      if (m[col][col] == 0) return {};  // shapes that cannot separate the costs
+      for (int r = col + 1; r < 3; ++r) {
+        const double f = m[r][col] / m[col][col];
+        for (int c = col; c < 3; ++c)
+          m[r][c] -= f * m[col][c];
+        b[r] -= f * b[col];
+      }
+    }
+    for (int r = 2; r >= 0; --r) {
+      double v = b[r];
+      for (int c = r + 1; c < 3; ++c)
+        v -= m[r][c] * x[static_cast<size_t>(c)];
+      x[static_cast<size_t>(r)] = v / m[r][r];
+    }
+    bool dropped = false;
+    for (int r = 1; r < 3; ++r) {
+      if (used[r] && x[static_cast<size_t>(r)] < 0) {
+        used[r] = false;
+        dropped = true;
+      }
+    }
+    if (!dropped) break;
+  }
+  if (!(x[0] > 0)) return {};
+  return {x[0], used[1] ? x[1] : 0.0, used[2] ? x[2] : 0.0};
 }
 
 TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan) {

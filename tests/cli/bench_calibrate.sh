@@ -28,6 +28,11 @@ python3 "$here/check_json.py" \
 [ "$(grep -c '"fwd_ms"' "$work/bench.json")" -eq 8 ] || fail "expected 8 measured rows"
 grep -q '"skipped": "ulysses shards the heads' "$work/bench.json" || fail "ulysses not skipped with its reason"
 grep -q '"pass": false' "$work/bench.json" && fail "a row failed --check"
+# Rows timed one after another instead of round-robin: the same rows, each still checked.
+"$mpiexec" --oversubscribe -np 3 "$a2d" bench "${problem[@]}" --calibration "$cal" --check --json \
+  --sequential --algo attention2d,ring > "$work/sequential.json" || fail "bench --sequential"
+[ "$(grep -c '"fwd_ms"' "$work/sequential.json")" -eq 3 ] || fail "--sequential: expected 3 rows (1x3, 3x1, ring)"
+grep -q '"pass": false' "$work/sequential.json" && fail "a --sequential row failed --check"
 # Where the time went: measured and predicted milliseconds per phase, on every measured row.
 for key in '"ms.forward.kernel"' '"ms.backward.kernel"' '"pred_ms.forward.kernel"' '"pred_ms.backward.kernel"'; do
   [ "$(grep -c "$key" "$work/bench.json")" -eq 8 ] || fail "phase times: $key not on every row"

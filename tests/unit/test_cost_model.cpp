@@ -363,5 +363,66 @@ TEST(CostModel, ForwardPanelsAndKeysAreCountedPerCall) {
             predict(problem, ring_plan, m, 2, Precision::fp32).forward_compute_s);
 }
 
+// a2d bench --calibrate measures before and after its rows and predicts with the average: the
+// mean of the two times for every term.
+TEST(CostModel, CalibrationsAverageTheirTimes) {
+  Calibration a, b;
+  a.ranks = b.ranks = 4;
+  a.kernel_forward_flops = 10e9;  // 1 s per 10 GFLOP
+  b.kernel_forward_flops = 40e9;  // 0.25 s
+  a.bytes_per_s = 1e9;
+  b.bytes_per_s = 3e9;
+  a.permute_bytes_per_s = 2e9;  // b: not measured
+  a.latency_s = 10e-6;
+  b.latency_s = 30e-6;
+  a.sync_s = 0;
+  b.sync_s = 2e-3;
+  a.kernel_forward_panel_s = 1e-6;
+  b.kernel_forward_panel_s = 3e-6;
+  const Calibration c = average_calibrations(a, b);
+  EXPECT_DOUBLE_EQ(10e9 / c.kernel_forward_flops, (1.0 + 0.25) / 2);
+  EXPECT_DOUBLE_EQ(1 / c.bytes_per_s, (1 / 1e9 + 1 / 3e9) / 2);
+  EXPECT_DOUBLE_EQ(c.permute_bytes_per_s, 2e9);
+  EXPECT_DOUBLE_EQ(c.latency_s, 20e-6);
+  EXPECT_DOUBLE_EQ(c.sync_s, 1e-3);
+  EXPECT_DOUBLE_EQ(c.kernel_forward_panel_s, 2e-6);
+  b.ranks = 8;
+  EXPECT_THROW(average_calibrations(a, b), Error);
+}
+
+// a2d calibrate times the forward on calls of several shapes and fits what a call costs per
+// score entry, per 24-row panel and per key: exact times give the costs back; a cost the times
+// make negative is dropped and the rest refitted; times that cannot be fitted give none.
+TEST(CostModel, ForwardCallCostsAreFittedFromTimedShapes) {
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{256, 256}, {256, 64}, {64, 256},
+                                                           {256, 32},  {32, 256}, {64, 64}};
+  const auto times = [&](double e, double p, double k) {
+    std::vector<double> t;
+    for (const auto& [rows, keys] : shapes) {
+      std::vector<int64_t> q(static_cast<size_t>(rows)), kv(static_cast<size_t>(keys));
+      std::iota(q.begin(), q.end(), int64_t{0});
+      std::iota(kv.begin(), kv.end(), int64_t{0});
+      t.push_back(e * forward_tile_entries(Mask::none(), q, kv) +
+                  p * static_cast<double>((rows + 23) / 24) + k * static_cast<double>(keys));
+    }
+    return t;
+  };
+  const ForwardCallCosts exact = fit_forward_call_costs(shapes, times(3e-9, 1.5e-6, 2e-8));
+  EXPECT_NEAR(exact.entry_s, 3e-9, 3e-9 * 1e-6);
+  EXPECT_NEAR(exact.panel_s, 1.5e-6, 1.5e-6 * 1e-6);
+  EXPECT_NEAR(exact.key_s, 2e-8, 2e-8 * 1e-6);
+  // Keys that seem to save time: the key cost is dropped, entries and panels refitted.
+  const ForwardCallCosts no_keys = fit_forward_call_costs(shapes, times(3e-9, 1.5e-6, -1e-9));
+  EXPECT_EQ(no_keys.key_s, 0.0);
+  EXPECT_GT(no_keys.entry_s, 0.0);
+  EXPECT_GT(no_keys.panel_s, 0.0);
+  // Calls that get faster with more work: nothing usable.
+  const ForwardCallCosts none = fit_forward_call_costs(shapes, times(-1e-9, 1e-3, 1e-5));
+  EXPECT_EQ(none.entry_s, 0.0);
+  EXPECT_EQ(none.panel_s, 0.0);
+  EXPECT_EQ(none.key_s, 0.0);
+  EXPECT_THROW(fit_forward_call_costs(shapes, {1.0, 2.0}), Error);
+}
+
 }  // namespace
 }  // namespace a2d
