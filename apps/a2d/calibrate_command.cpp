@@ -105,9 +105,11 @@ struct KernelBlock {
 // The forward kernel's cost per call and head (fit_forward_call_costs) from calls of six shapes
 // within the block, timed on world rank 0 alone while every other rank sleeps: on a core of its
 // own a call's time is its work, where with ranks sharing cores the time slices of the other
-// ranks, not the call, decide a short call's time. `block_s` gets the block's own time alone.
+// ranks, not the call, decide a short call's time. The costs are returned scaled to the ranks'
+// shared cores by `shared_block_s`, the block's time with every rank computing, over its time
+// alone: sharing a core slows a call's parts alike.
 ForwardCallCosts measure_forward_call_costs(Communicator& world, KernelBlock& kb, int64_t iters,
-                                            double& block_s) {
+                                            double shared_block_s) {
   const int64_t block = kb.block;
   const int64_t eighth = std::max<int64_t>(block / 8, 1), quarter = std::max<int64_t>(block / 4, 1);
   const std::vector<std::pair<int64_t, int64_t>> shapes = {{block, block},   {block, quarter},
@@ -137,8 +139,12 @@ ForwardCallCosts measure_forward_call_costs(Communicator& world, KernelBlock& kb
   // rarely enough not to slow rank 0 (at 0.5 ms its calls took a third longer at 16 ranks).
   sleeping_barrier(MPI_COMM_WORLD, std::chrono::milliseconds(20));
   world.broadcast(seconds.data(), static_cast<int64_t>(sizeof(double) * seconds.size()), 0);
-  block_s = seconds[0] * static_cast<double>(kb.heads);
-  return fit_forward_call_costs(shapes, seconds);
+  const double shared = shared_block_s / (seconds[0] * static_cast<double>(kb.heads));
+  ForwardCallCosts costs = fit_forward_call_costs(shapes, seconds);
+  costs.entry_s *= shared;
+  costs.panel_s *= shared;
+  costs.key_s *= shared;
+  return costs;
 }
 
 // Whether this rank computes in the wait-share measurement: half the ranks of every core, so that
@@ -194,17 +200,8 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
     attention_backward(bwd_causal, kb.tokens(kb.dq), kb.tokens(kb.dk), kb.tokens(kb.dv));
   });
   // What each call pays beside its score entries, per 24-row panel (loading its queries, keeping
-  // and storing its running state) and per key (copying it into the kernel's tiles): fitted on
-  // one rank alone, and scaled to the ranks' shared cores by the block's time with every rank
-  // computing against its time alone (sharing a core slows a call's parts alike).
-  double panel_s = 0, key_s = 0;
-  {
-    double alone_block_s = 0;
-    const ForwardCallCosts costs = measure_forward_call_costs(world, kb, iters, alone_block_s);
-    const double shared = alone_block_s > 0 ? forward_s / alone_block_s : 0;
-    panel_s = shared * costs.panel_s;
-    key_s = shared * costs.key_s;
-  }
+  // and storing its running state) and per key (copying it into the kernel's tiles).
+  const ForwardCallCosts call_costs = measure_forward_call_costs(world, kb, iters, forward_s);
 
   // Sorting gathered rows by position (in place, as the algorithms do under a causal mask): 4
   // blocks of rows gathered from 4 cyclic shards, interleaved back into position order. Repeated
@@ -320,8 +317,8 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   c.wait_share = wait_share;
   c.latency_s = latency_s;
   c.bytes_per_s = bytes_per_s;
-  c.kernel_forward_panel_s = panel_s;
-  c.kernel_forward_key_s = key_s;
+  c.kernel_forward_panel_s = call_costs.panel_s;
+  c.kernel_forward_key_s = call_costs.key_s;
   c.permute_bytes_per_s = permute_bytes_per_s;
   c.sync_s = sync_s;
   c.step_sync_s = step_sync_s;

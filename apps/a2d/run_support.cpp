@@ -118,39 +118,39 @@ AttentionTimer::AttentionTimer(Communicator& world, TrafficLog& log,
       attention_(attention),
       problem_(problem),
       shards_(shards),
-      backward_(backward) {}
+      with_backward_(backward) {}
 
 void AttentionTimer::call(bool measured) {
-  double mine = 0;
-  log_.clear();
-  const double fwd = timed(
-      world_, "forward", [&] { attention_.forward(shards_.forward(problem_)); }, mine);
-  if (measured) {
-    fwd_slowest_.push_back(fwd);
-    fwd_mine_.push_back(mine);
-    fwd_traffic_ = log_.total("forward");
-    for (const auto& [name, s] : log_.seconds())
-      phase_samples_[name].push_back(1e3 * s);
-  }
-  if (!backward_) return;
-  log_.clear();
-  const double bwd = timed(
-      world_, "backward", [&] { attention_.backward(shards_.backward(problem_)); }, mine);
-  if (measured) {
-    bwd_slowest_.push_back(bwd);
-    bwd_mine_.push_back(mine);
-    bwd_traffic_ = log_.total("backward");
-    for (const auto& [name, s] : log_.seconds())
-      phase_samples_[name].push_back(1e3 * s);
+  time_direction(
+      "forward", [&] { attention_.forward(shards_.forward(problem_)); }, measured, forward_);
+  if (with_backward_) {
+    time_direction(
+        "backward", [&] { attention_.backward(shards_.backward(problem_)); }, measured, backward_);
   }
 }
 
+void AttentionTimer::time_direction(const std::string& direction, const std::function<void()>& body,
+                                    bool measured, Samples& samples) {
+  double mine = 0;
+  log_.clear();
+  const double slowest = timed(world_, direction, body, mine);
+  if (!measured) return;
+  samples.slowest.push_back(slowest);
+  samples.mine.push_back(mine);
+  samples.traffic = log_.total(direction);
+  for (const auto& [name, s] : log_.seconds())
+    phase_samples_[name].push_back(1e3 * s);
+}
+
 Timings AttentionTimer::finish() {
-  A2D_REQUIRE(!fwd_slowest_.empty(), "no timed call to summarize");
+  A2D_REQUIRE(!forward_.slowest.empty(), "no timed call to summarize");
   Timings timings;
   timings.phase_ms = slowest_phase_medians(world_, phase_samples_);
-  timings.forward = summarize_phase(world_, fwd_slowest_, fwd_mine_, fwd_traffic_);
-  if (backward_) timings.backward = summarize_phase(world_, bwd_slowest_, bwd_mine_, bwd_traffic_);
+  timings.forward = summarize_phase(world_, forward_.slowest, forward_.mine, forward_.traffic);
+  if (with_backward_) {
+    timings.backward =
+        summarize_phase(world_, backward_.slowest, backward_.mine, backward_.traffic);
+  }
   return timings;
 }
 

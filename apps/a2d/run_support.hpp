@@ -49,15 +49,22 @@ class AttentionTimer {
   Timings finish();
 
  private:
+  // One direction's measured calls: the slowest rank's and this rank's times, one call's traffic.
+  struct Samples {
+    std::vector<double> slowest, mine;
+    Traffic traffic;
+  };
+  void time_direction(const std::string& direction, const std::function<void()>& body,
+                      bool measured, Samples& samples);
+
   Communicator& world_;
   TrafficLog& log_;
   DistributedAttention& attention_;
   const Problem& problem_;
   ShardSet& shards_;
-  bool backward_;
-  std::vector<double> fwd_slowest_, fwd_mine_, bwd_slowest_, bwd_mine_;
+  bool with_backward_;
+  Samples forward_, backward_;
   std::map<std::string, std::vector<double>> phase_samples_;
-  Traffic fwd_traffic_, bwd_traffic_;
 };
 
 // warmup + iters calls of forward (and backward), each after a barrier; the traffic of one call

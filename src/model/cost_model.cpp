@@ -118,7 +118,7 @@ std::map<int, std::map<std::string, double>> read_sections(const std::string& fi
 Calibration average_calibrations(const Calibration& a, const Calibration& b) {
   A2D_REQUIRE(a.ranks == b.ranks && a.block == b.block && a.head_dim == b.head_dim,
               "averaging calibrations of different rank counts, blocks or head dims");
-  const auto seconds = [](double x, double y) { return (x + y) / 2; };
+  const auto mean = [](double x, double y) { return (x + y) / 2; };
   const auto rate = [](double x, double y) {  // 0: not measured
     if (x == 0) return y;
     if (y == 0) return x;
@@ -131,14 +131,14 @@ Calibration average_calibrations(const Calibration& a, const Calibration& b) {
       rate(a.kernel_forward_causal_flops, b.kernel_forward_causal_flops);
   c.kernel_backward_causal_flops =
       rate(a.kernel_backward_causal_flops, b.kernel_backward_causal_flops);
-  c.kernel_forward_panel_s = seconds(a.kernel_forward_panel_s, b.kernel_forward_panel_s);
-  c.kernel_forward_key_s = seconds(a.kernel_forward_key_s, b.kernel_forward_key_s);
+  c.kernel_forward_panel_s = mean(a.kernel_forward_panel_s, b.kernel_forward_panel_s);
+  c.kernel_forward_key_s = mean(a.kernel_forward_key_s, b.kernel_forward_key_s);
   c.permute_bytes_per_s = rate(a.permute_bytes_per_s, b.permute_bytes_per_s);
-  c.wait_share = (a.wait_share + b.wait_share) / 2;
-  c.latency_s = seconds(a.latency_s, b.latency_s);
+  c.wait_share = mean(a.wait_share, b.wait_share);
+  c.latency_s = mean(a.latency_s, b.latency_s);
   c.bytes_per_s = rate(a.bytes_per_s, b.bytes_per_s);
-  c.sync_s = seconds(a.sync_s, b.sync_s);
-  c.step_sync_s = seconds(a.step_sync_s, b.step_sync_s);
+  c.sync_s = mean(a.sync_s, b.sync_s);
+  c.step_sync_s = mean(a.step_sync_s, b.step_sync_s);
   return c;
 }
 
