@@ -20,6 +20,9 @@ if(A2D_SANITIZE)
       -fno-sanitize-recover=undefined)
   add_compile_options(${A2D_SANITIZER_FLAGS})
   add_link_options(${A2D_SANITIZER_FLAGS})
+  # Uninitialised algorithm buffers start as NaN here (src/algorithms/records.hpp), so that the
+  # tests see a read of an element nothing wrote.
+  add_compile_definitions(A2D_POISON_UNINITIALIZED)
 endif()
 
 # Fuzzing build (scripts/fuzz.sh): clang's coverage instrumentation everywhere, with ASan and
@@ -33,4 +36,5 @@ if(A2D_FUZZ)
   add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=all
                       -fno-omit-frame-pointer -Wno-pass-failed)
   add_link_options(-fsanitize=address,undefined)
+  add_compile_definitions(A2D_POISON_UNINITIALIZED)
 endif()

@@ -30,7 +30,7 @@ class AllGatherKvAttention final : public SequenceParallel {
   }
 
   void forward(const ForwardShards& s) override {
-    std::vector<float> kv = gather_kv(s.k, s.v, "forward");
+    Floats kv = gather_kv(s.k, s.v, "forward");
     comm_->set_phase("forward.kernel");
     kv_order_.sort(kv, kv_rec_.per_token());
     ForwardArgs args;
@@ -49,7 +49,7 @@ class AllGatherKvAttention final : public SequenceParallel {
 
   void backward(const BackwardShards& s) override {
     const int64_t d = problem_.head_dim;
-    std::vector<float> kv = gather_kv(s.k, s.v, "backward");
+    Floats kv = gather_kv(s.k, s.v, "backward");
     comm_->set_phase("backward.kernel");
     kv_order_.sort(kv, kv_rec_.per_token());
     BackwardArgs args;
@@ -67,12 +67,12 @@ class AllGatherKvAttention final : public SequenceParallel {
     args.threads = plan_.threads;
     args.accumulate = false;
     // dK, dV of every key from this rank's queries, [dk dv] records in gathered order.
-    std::vector<float> dkv(static_cast<size_t>(kv_rec_.floats(problem_.seq)));
+    Floats dkv(static_cast<size_t>(kv_rec_.floats(problem_.seq)));
     progress_through(args, *comm_);
     attention_backward(args, s.dq, kv_rec_.tokens(dkv.data(), 0), kv_rec_.tokens(dkv.data(), d));
     kv_order_.unsort(dkv, kv_rec_.per_token());
 
-    std::vector<float> dkv_own(static_cast<size_t>(kv_rec_.floats(own_tokens_)));
+    Floats dkv_own(static_cast<size_t>(kv_rec_.floats(own_tokens_)));
     comm_->set_phase("backward.dkv_reduce_scatter");
     comm_->reduce_scatter(dkv.data(), dkv_own.data(),
                           scaled(parts_.counts, problem_.batch * problem_.kv_heads), 2 * d,
@@ -83,10 +83,10 @@ class AllGatherKvAttention final : public SequenceParallel {
 
  private:
   // Every rank's K and V as [k v] records, parts in rank order (N rows).
-  std::vector<float> gather_kv(TokenView<const float> k, TokenView<const float> v,
+  Floats gather_kv(TokenView<const float> k, TokenView<const float> v,
                                const std::string& phase) {
     const int64_t d = problem_.head_dim;
-    std::vector<float> kv(static_cast<size_t>(kv_rec_.floats(problem_.seq)));
+    Floats kv(static_cast<size_t>(kv_rec_.floats(problem_.seq)));
     float* slot = kv.data() + kv_rec_.floats(parts_.offsets[static_cast<size_t>(rank_)]);
     pack(k, own_tokens_, d, kv_rec_, slot, 0);
     pack(v, own_tokens_, d, kv_rec_, slot, d);

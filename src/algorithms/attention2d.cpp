@@ -84,7 +84,7 @@ class Attention2D final : public DistributedAttention {
   void place_kv(TokenView<const float> k, TokenView<const float> v, const std::string& phase,
                 float* slot) {
     const int64_t d = head_dim();
-    std::vector<float> own(static_cast<size_t>(kv_rec_.floats(own_tokens_)));
+    Floats own(static_cast<size_t>(kv_rec_.floats(own_tokens_)));
     pack(k, own_tokens_, d, kv_rec_, own.data(), 0);
     pack(v, own_tokens_, d, kv_rec_, own.data(), d);
     grid_.world().set_phase(phase + ".kv_transpose");
@@ -97,7 +97,7 @@ class Attention2D final : public DistributedAttention {
   void return_dkv(const float* dkv_part, const std::string& phase, TokenView<float> dk,
                   TokenView<float> dv) {
     const int64_t d = head_dim();
-    std::vector<float> own(static_cast<size_t>(kv_rec_.floats(own_tokens_)));
+    Floats own(static_cast<size_t>(kv_rec_.floats(own_tokens_)));
     grid_.world().set_phase(phase + ".dkv_transpose");
     grid_.world().send_recv(dkv_part, kv_rec_.floats(col_counts_[static_cast<size_t>(row())]),
                             kv_source_, own.data(), kv_rec_.floats(own_tokens_), kv_dest_,
@@ -172,8 +172,8 @@ class Attention2D final : public DistributedAttention {
   void forward_no_overlap(const ForwardShards& s) {
     Communicator& row_comm = grid_.row_comm();
     Communicator& col_comm = grid_.col_comm();
-    std::vector<float> kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
-    std::vector<float> q(static_cast<size_t>(q_rec_.floats(q_rows_)));
+    Floats kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
+    Floats q(static_cast<size_t>(q_rec_.floats(q_rows_)));
     float* kv_slot = kv.data() + kv_rec_.floats(col_offsets_[static_cast<size_t>(row())]);
     float* q_slot = q.data() + q_rec_.floats(row_offsets_[static_cast<size_t>(col())]);
 
@@ -192,14 +192,14 @@ class Attention2D final : public DistributedAttention {
     grid_.world().set_phase("forward.kernel");
     q_order_.sort(q, q_rec_.per_token());
     kv_order_.sort(kv, kv_rec_.per_token());
-    std::vector<float> partial(static_cast<size_t>(partial_rec_.floats(q_rows_)));
+    Floats partial(static_cast<size_t>(partial_rec_.floats(q_rows_)));
     attention_forward_partial(kernel_forward_args(q.data(), q_rows_, q_order_.positions.data(),
                                                   kv.data(), kv_rows_, kv_order_.positions.data()),
                               partial_view(partial.data()), false);
     q_order_.unsort(partial, partial_rec_.per_token());
 
     // 5. Merge along the row; each rank keeps its own tokens. 6. Normalise.
-    std::vector<float> own(static_cast<size_t>(partial_rec_.floats(own_tokens_)));
+    Floats own(static_cast<size_t>(partial_rec_.floats(own_tokens_)));
     row_comm.set_phase("forward.merge_reduce_scatter");
     row_comm.reduce_scatter(partial.data(), own.data(),
                             scaled(row_counts_, problem_.batch * problem_.heads),
@@ -211,8 +211,8 @@ class Attention2D final : public DistributedAttention {
     const int64_t d = head_dim();
     Communicator& row_comm = grid_.row_comm();
     Communicator& col_comm = grid_.col_comm();
-    std::vector<float> q_back(static_cast<size_t>(q_back_rec_.floats(q_rows_)));
-    std::vector<float> kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
+    Floats q_back(static_cast<size_t>(q_back_rec_.floats(q_rows_)));
+    Floats kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
     float* q_slot = q_back.data() + q_back_rec_.floats(row_offsets_[static_cast<size_t>(col())]);
     float* kv_slot = kv.data() + kv_rec_.floats(col_offsets_[static_cast<size_t>(row())]);
 
@@ -224,8 +224,8 @@ class Attention2D final : public DistributedAttention {
     col_comm.all_gather(kv_slot, kv.data(), scaled(col_counts_, kv_rec_.per_token()));
 
     const RecordLayout dq_rec{problem_.batch, problem_.heads, d};
-    std::vector<float> dq(static_cast<size_t>(dq_rec.floats(q_rows_)));
-    std::vector<float> dkv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
+    Floats dq(static_cast<size_t>(dq_rec.floats(q_rows_)));
+    Floats dkv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
     grid_.world().set_phase("backward.kernel");
     q_order_.sort(q_back, q_back_rec_.per_token());
     kv_order_.sort(kv, kv_rec_.per_token());
@@ -236,12 +236,12 @@ class Attention2D final : public DistributedAttention {
 
     // dQ summed along the row back to each rank's tokens; dK, dV along the column, then back
     // through the transpose.
-    std::vector<float> dq_own(static_cast<size_t>(dq_rec.floats(own_tokens_)));
+    Floats dq_own(static_cast<size_t>(dq_rec.floats(own_tokens_)));
     row_comm.set_phase("backward.dq_reduce_scatter");
     row_comm.reduce_scatter(dq.data(), dq_own.data(),
                             scaled(row_counts_, problem_.batch * problem_.heads), d,
                             Reduction::sum);
-    std::vector<float> dkv_part(
+    Floats dkv_part(
         static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
     col_comm.set_phase("backward.dkv_reduce_scatter");
     col_comm.reduce_scatter(dkv.data(), dkv_part.data(),
@@ -277,7 +277,7 @@ class Attention2D final : public DistributedAttention {
   // Runs the column ring over the K/V buffer; `work(slot)` computes with the part in `slot`
   // while the next part travels.
   template <typename Work>
-  void column_ring(std::vector<float>& kv, const std::string& phase, Work&& work) {
+  void column_ring(Floats& kv, const std::string& phase, Work&& work) {
     Communicator& col_comm = grid_.col_comm();
     const int rows = plan_.grid.rows;
     const int next = (row() + 1) % rows, prev = (row() - 1 + rows) % rows;
@@ -301,7 +301,7 @@ class Attention2D final : public DistributedAttention {
   // The Q-side ring of phase B: parts of `rec` records travel to the right. Starts the first
   // shift (own part out, left neighbour's in) so it overlaps phase A.
   struct QRing {
-    std::vector<float> buffers[2];
+    Floats buffers[2];
     int current = 0;
     RequestPtr inflight;
   };
@@ -344,8 +344,8 @@ class Attention2D final : public DistributedAttention {
   void forward_overlapped(const ForwardShards& s) {
     const int cols = plan_.grid.cols;
     const int64_t d = head_dim();
-    std::vector<float> kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
-    std::vector<float> q_own(static_cast<size_t>(q_rec_.floats(own_tokens_)));
+    Floats kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
+    Floats q_own(static_cast<size_t>(q_rec_.floats(own_tokens_)));
     pack(s.q, own_tokens_, d, q_rec_, q_own.data(), 0);
     place_kv(s.k, s.v, "forward",
              kv.data() + kv_rec_.floats(col_offsets_[static_cast<size_t>(row())]));
@@ -354,7 +354,7 @@ class Attention2D final : public DistributedAttention {
     start_q_ring(q_ring, q_rec_, q_own.data(), "forward");
 
     // Phase A: own queries against each K/V part of the column.
-    std::vector<float> own_partial(static_cast<size_t>(partial_rec_.floats(own_tokens_)));
+    Floats own_partial(static_cast<size_t>(partial_rec_.floats(own_tokens_)));
     const int64_t* own_positions = q_positions_.data() + row_offsets_[static_cast<size_t>(col())];
     column_ring(kv, "forward", [&](int slot) {
       grid_.world().set_phase("forward.kernel");
@@ -372,7 +372,7 @@ class Attention2D final : public DistributedAttention {
     Communicator& row_comm = grid_.row_comm();
     const int next = (col() + 1) % cols, prev = (col() - 1 + cols) % cols;
     const int64_t largest = *std::max_element(row_counts_.begin(), row_counts_.end());
-    std::vector<float> computed[2], incoming(static_cast<size_t>(partial_rec_.floats(largest)));
+    Floats computed[2], incoming(static_cast<size_t>(partial_rec_.floats(largest)));
     for (auto& buffer : computed)
       buffer.resize(static_cast<size_t>(partial_rec_.floats(largest)));
     RequestPtr partial_out = completed_request();
@@ -387,7 +387,7 @@ class Attention2D final : public DistributedAttention {
             row_comm.send_recv_async(nullptr, 0, next, incoming.data(),
                                      partial_rec_.floats(row_counts_[part]), prev, kTagPartial);
       }
-      std::vector<float>& result = computed[step % 2];
+      Floats& result = computed[step % 2];
       grid_.world().set_phase("forward.kernel");
       attention_forward_partial(
           kernel_forward_args(q_part, row_counts_[part], q_positions_.data() + row_offsets_[part],
@@ -420,8 +420,8 @@ class Attention2D final : public DistributedAttention {
     const int cols = plan_.grid.cols;
     const int64_t d = head_dim();
     const RecordLayout dq_rec{problem_.batch, problem_.heads, d};
-    std::vector<float> kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
-    std::vector<float> q_own(static_cast<size_t>(q_back_rec_.floats(own_tokens_)));
+    Floats kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
+    Floats q_own(static_cast<size_t>(q_back_rec_.floats(own_tokens_)));
     pack_backward_rows(s, q_own.data());
     place_kv(s.k, s.v, "backward",
              kv.data() + kv_rec_.floats(col_offsets_[static_cast<size_t>(row())]));
@@ -430,8 +430,8 @@ class Attention2D final : public DistributedAttention {
     start_q_ring(q_ring, q_back_rec_, q_own.data(), "backward");
 
     // Phase A: own Q-side rows against each K/V part; dK, dV land in the part's slot.
-    std::vector<float> dq_own(static_cast<size_t>(dq_rec.floats(own_tokens_)), 0.0f);
-    std::vector<float> dkv(static_cast<size_t>(kv_rec_.floats(kv_rows_)), 0.0f);
+    Floats dq_own(static_cast<size_t>(dq_rec.floats(own_tokens_)), 0.0f);
+    Floats dkv(static_cast<size_t>(kv_rec_.floats(kv_rows_)), 0.0f);
     const int64_t* own_positions = q_positions_.data() + row_offsets_[static_cast<size_t>(col())];
     column_ring(kv, "backward", [&](int slot) {
       grid_.world().set_phase("backward.kernel");
@@ -449,7 +449,7 @@ class Attention2D final : public DistributedAttention {
     Communicator& row_comm = grid_.row_comm();
     const int next = (col() + 1) % cols, prev = (col() - 1 + cols) % cols;
     const int64_t largest = *std::max_element(row_counts_.begin(), row_counts_.end());
-    std::vector<float> computed[2], incoming(static_cast<size_t>(dq_rec.floats(largest)));
+    Floats computed[2], incoming(static_cast<size_t>(dq_rec.floats(largest)));
     for (auto& buffer : computed)
       buffer.resize(static_cast<size_t>(dq_rec.floats(largest)));
     RequestPtr dq_out = completed_request();
@@ -463,7 +463,7 @@ class Attention2D final : public DistributedAttention {
                                          dq_rec.floats(row_counts_[part]), prev, kTagPartial);
       }
       dq_out->wait();  // computed[step % 2] was sent two steps ago
-      std::vector<float>& result = computed[step % 2];
+      Floats& result = computed[step % 2];
       std::fill_n(result.begin(), dq_rec.floats(row_counts_[part]), 0.0f);
       grid_.world().set_phase("backward.kernel");
       kernel_backward(q_part, row_counts_[part], q_positions_.data() + row_offsets_[part],
@@ -487,7 +487,7 @@ class Attention2D final : public DistributedAttention {
 
     // dK, dV summed along the column and sent home.
     kv_order_.unsort(dkv, kv_rec_.per_token());
-    std::vector<float> dkv_part(
+    Floats dkv_part(
         static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
     Communicator& col_comm = grid_.col_comm();
     col_comm.set_phase("backward.dkv_reduce_scatter");

@@ -40,7 +40,7 @@ class RingAttention final : public SequenceParallel {
 
   void forward(const ForwardShards& s) override {
     KvBuffers kv = own_kv(s.k, s.v);
-    std::vector<float> partial(static_cast<size_t>(partial_rec_.floats(own_tokens_)));
+    Floats partial(static_cast<size_t>(partial_rec_.floats(own_tokens_)));
     const PartialView state{partial_rec_.tokens(partial.data(), 2),
                             partial_rec_.rows(partial.data(), 0),
                             partial_rec_.rows(partial.data(), 1)};
@@ -64,17 +64,17 @@ class RingAttention final : public SequenceParallel {
 
   void backward(const BackwardShards& s) override {
     const int64_t d = problem_.head_dim;
-    std::vector<float> delta(static_cast<size_t>(problem_.batch * problem_.heads * own_tokens_));
+    Floats delta(static_cast<size_t>(problem_.batch * problem_.heads * own_tokens_));
     const RowView<float> delta_rows = dense_rows(delta.data(), problem_.heads, own_tokens_);
     compute_delta({problem_.batch, own_tokens_, problem_.heads, d}, s.out, s.d_out, delta_rows);
 
     KvBuffers kv = own_kv(s.k, s.v);
     // dK, dV accumulators as [dk dv] records: the own part's (kept here), the two most recently
     // computed visiting parts (one may still be on its way to rank + 1) and the incoming one.
-    std::vector<float> dkv_own(static_cast<size_t>(kv_rec_.floats(own_tokens_)));
+    Floats dkv_own(static_cast<size_t>(kv_rec_.floats(own_tokens_)));
     const size_t largest = static_cast<size_t>(kv_rec_.floats(largest_part_));
-    std::vector<float> computed[2] = {std::vector<float>(largest), std::vector<float>(largest)};
-    std::vector<float> incoming(largest);
+    Floats computed[2] = {Floats(largest), Floats(largest)};
+    Floats incoming(largest);
     RequestPtr sent[2] = {completed_request(), completed_request()};
     const int next = (rank_ + 1) % ranks_, prev = (rank_ - 1 + ranks_) % ranks_;
 
@@ -108,7 +108,7 @@ class RingAttention final : public SequenceParallel {
         comm_->set_phase("backward.dkv_ring");
         arriving = comm_->send_recv_async(nullptr, 0, next, incoming.data(), floats, prev, kTagDkv);
       }
-      std::vector<float>& result = computed[step % 2];
+      Floats& result = computed[step % 2];
       // result was sent two steps ago; the last step's send stays in flight during this step.
       sent[step % 2]->wait();
       std::fill(result.begin(), result.end(), 0.0f);
@@ -139,7 +139,7 @@ class RingAttention final : public SequenceParallel {
  private:
   // The block being used and the block in flight, each large enough for the largest part.
   struct KvBuffers {
-    std::vector<float> block[2];
+    Floats block[2];
     int current = 0;
   };
 

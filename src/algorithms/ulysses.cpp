@@ -56,7 +56,7 @@ class UlyssesAttention final : public SequenceParallel {
     const int64_t d = problem_.head_dim, hq = group_.heads, hkv = group_.kv_heads;
     // [q(hq x D) k(hkv x D) v(hkv x D)] per (token, batch).
     const HeadRecords in{problem_.batch, d, (hq + 2 * hkv) * d};
-    std::vector<float> send(static_cast<size_t>(ranks_ * in.floats(own_tokens_)));
+    Floats send(static_cast<size_t>(ranks_ * in.floats(own_tokens_)));
     for (int dest = 0; dest < ranks_; ++dest) {
       float* block = send.data() + dest * in.floats(own_tokens_);
       const UlyssesHeads heads = ulysses_heads(problem_, ranks_, dest);
@@ -64,13 +64,13 @@ class UlyssesAttention final : public SequenceParallel {
       copy_heads(from_head(s.k, heads.first_kv_head), in.tokens(block, hq * d), hkv);
       copy_heads(from_head(s.v, heads.first_kv_head), in.tokens(block, (hq + hkv) * d), hkv);
     }
-    std::vector<float> gathered(static_cast<size_t>(in.floats(problem_.seq)));
+    Floats gathered(static_cast<size_t>(in.floats(problem_.seq)));
     comm_->set_phase("forward.to_heads_all_to_all");
     comm_->all_to_all(send.data(), own_block_counts(in), gathered.data(), part_counts(in));
 
     // [o(hq x D) lse(hq)] per (token, batch), the whole sequence in gathered order.
     const HeadRecords out{problem_.batch, d, hq * (d + 1)};
-    std::vector<float> results(static_cast<size_t>(out.floats(problem_.seq)));
+    Floats results(static_cast<size_t>(out.floats(problem_.seq)));
     ForwardArgs args;
     args.shape = group_shape();
     args.mask = problem_.mask;
@@ -85,7 +85,7 @@ class UlyssesAttention final : public SequenceParallel {
     comm_->set_phase("forward.kernel");
     attention_forward(args, out.tokens(results.data(), 0), out.rows(results.data(), hq * d));
 
-    std::vector<float> returned(static_cast<size_t>(ranks_ * out.floats(own_tokens_)));
+    Floats returned(static_cast<size_t>(ranks_ * out.floats(own_tokens_)));
     comm_->set_phase("forward.to_sequence_all_to_all");
     comm_->all_to_all(results.data(), part_counts(out), returned.data(), own_block_counts(out));
     for (int source = 0; source < ranks_; ++source) {
@@ -100,7 +100,7 @@ class UlyssesAttention final : public SequenceParallel {
   void backward(const BackwardShards& s) override {
     const int64_t b = problem_.batch, d = problem_.head_dim, hq = group_.heads,
                   hkv = group_.kv_heads;
-    std::vector<float> delta(static_cast<size_t>(b * problem_.heads * own_tokens_));
+    Floats delta(static_cast<size_t>(b * problem_.heads * own_tokens_));
     const RowView<float> delta_rows = dense_rows(delta.data(), problem_.heads, own_tokens_);
     compute_delta({b, own_tokens_, problem_.heads, d}, s.out, s.d_out, delta_rows);
 
@@ -108,7 +108,7 @@ class UlyssesAttention final : public SequenceParallel {
     const int64_t k_at = 2 * hq * d, v_at = k_at + hkv * d, lse_at = v_at + hkv * d;
     const int64_t delta_at = lse_at + hq;
     const HeadRecords in{b, d, delta_at + hq};
-    std::vector<float> send(static_cast<size_t>(ranks_ * in.floats(own_tokens_)));
+    Floats send(static_cast<size_t>(ranks_ * in.floats(own_tokens_)));
     for (int dest = 0; dest < ranks_; ++dest) {
       float* block = send.data() + dest * in.floats(own_tokens_);
       const UlyssesHeads heads = ulysses_heads(problem_, ranks_, dest);
@@ -120,13 +120,13 @@ class UlyssesAttention final : public SequenceParallel {
       copy_rows(from_head(RowView<const float>(delta_rows), heads.first_head),
                 in.rows(block, delta_at), b, hq, own_tokens_);
     }
-    std::vector<float> gathered(static_cast<size_t>(in.floats(problem_.seq)));
+    Floats gathered(static_cast<size_t>(in.floats(problem_.seq)));
     comm_->set_phase("backward.to_heads_all_to_all");
     comm_->all_to_all(send.data(), own_block_counts(in), gathered.data(), part_counts(in));
 
     // [dq(hq x D) dk(hkv x D) dv(hkv x D)] per (token, batch), gathered order.
     const HeadRecords grads{b, d, (hq + 2 * hkv) * d};
-    std::vector<float> results(static_cast<size_t>(grads.floats(problem_.seq)));
+    Floats results(static_cast<size_t>(grads.floats(problem_.seq)));
     BackwardArgs args;
     args.shape = group_shape();
     args.mask = problem_.mask;
@@ -146,7 +146,7 @@ class UlyssesAttention final : public SequenceParallel {
     attention_backward(args, grads.tokens(results.data(), 0), grads.tokens(results.data(), hq * d),
                        grads.tokens(results.data(), (hq + hkv) * d));
 
-    std::vector<float> returned(static_cast<size_t>(ranks_ * grads.floats(own_tokens_)));
+    Floats returned(static_cast<size_t>(ranks_ * grads.floats(own_tokens_)));
     comm_->set_phase("backward.to_sequence_all_to_all");
     comm_->all_to_all(results.data(), part_counts(grads), returned.data(), own_block_counts(grads));
     for (int source = 0; source < ranks_; ++source) {

@@ -266,8 +266,10 @@ TEST(KernelPaths, MemoryStridesChangeNoBit) {
 }
 
 TEST(KernelPaths, RowsWithoutVisibleKeysGiveZeroAndMinusInfinity) {
-  // Causal, queries at 0..59 and keys at 30..129: queries 0..29 see nothing. They fill the first
-  // panel and part of the second, so empty and non-empty rows share panels and tiles.
+  // Causal, queries at 0..59 and keys at 30..129: queries 0..29 see nothing, keys 60..129 are
+  // seen by no query. Empty rows fill the first panel and part of the second, so empty and
+  // non-empty rows share panels and tiles. Every output starts as NaN: with accumulate = false
+  // the kernel overwrites all of it (the algorithms hand it uninitialised buffers).
   Case c;
   c.heads = 2;
   c.kv_heads = 1;
@@ -285,7 +287,8 @@ TEST(KernelPaths, RowsWithoutVisibleKeysGiveZeroAndMinusInfinity) {
   for (const KernelPath path : supported_paths()) {
     SCOPED_TRACE(kernel_path_name(path));
     const PathScope scope(path);
-    std::vector<float> out(p.q.size(), 7.0f), lse(static_cast<size_t>(2 * 60), 7.0f);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> out(p.q.size(), nan), lse(static_cast<size_t>(2 * 60), nan);
     ForwardArgs fwd;
     fwd.shape = s;
     fwd.mask = c.mask;
@@ -308,7 +311,7 @@ TEST(KernelPaths, RowsWithoutVisibleKeysGiveZeroAndMinusInfinity) {
     bwd.lse = dense_rows(lse.data(), 2, 60);
     bwd.q_positions = q_pos.data();
     bwd.kv_positions = k_pos.data();
-    std::vector<float> dq(p.q.size(), 7.0f), dk(p.k.size(), 7.0f), dv(p.v.size(), 7.0f);
+    std::vector<float> dq(p.q.size(), nan), dk(p.k.size(), nan), dv(p.v.size(), nan);
     attention_backward(bwd, dense_tokens(dq.data(), 60, 2, 16), dense_tokens(dk.data(), 100, 1, 16),
                        dense_tokens(dv.data(), 100, 1, 16));
     for (int64_t h = 0; h < 2; ++h) {
@@ -327,10 +330,38 @@ TEST(KernelPaths, RowsWithoutVisibleKeysGiveZeroAndMinusInfinity) {
         }
       }
     }
-    for (const float x : dk)
-      ASSERT_FALSE(std::isnan(x));
-    for (const float x : dv)
-      ASSERT_FALSE(std::isnan(x));
+    for (int64_t j = 0; j < 100; ++j) {
+      for (int64_t d = 0; d < 16; ++d) {
+        const float gk = dk[j * 16 + d], gv = dv[j * 16 + d];
+        ASSERT_FALSE(std::isnan(gk) || std::isnan(gv)) << "key " << j;
+        if (j >= 30) {  // position 60 or later: no query sees it
+          EXPECT_EQ(gk, 0.0f) << "key " << j;
+          EXPECT_EQ(gv, 0.0f) << "key " << j;
+        }
+      }
+    }
+
+    // The partial form (accumulate = false): an empty row is (max -inf, sum 0, acc 0).
+    std::vector<float> row_max(lse.size(), nan), row_sum(lse.size(), nan), acc(p.q.size(), nan);
+    attention_forward_partial(fwd,
+                              {dense_tokens(acc.data(), 60, 2, 16), dense_rows(row_max.data(), 2, 60),
+                               dense_rows(row_sum.data(), 2, 60)},
+                              /*accumulate=*/false);
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t i = 0; i < 60; ++i) {
+        const bool empty = i < 30;
+        ASSERT_FALSE(std::isnan(row_max[h * 60 + i]) || std::isnan(row_sum[h * 60 + i]))
+            << "row " << i;
+        EXPECT_EQ(row_sum[h * 60 + i] == 0.0f, empty) << "row " << i;
+        for (int64_t d = 0; d < 16; ++d) {
+          const float a = acc[(i * 2 + h) * 16 + d];
+          ASSERT_FALSE(std::isnan(a)) << "row " << i;
+          if (empty) {
+            EXPECT_EQ(a, 0.0f);
+          }
+        }
+      }
+    }
   }
 }
 

@@ -1,8 +1,10 @@
-// TokenOrder (src/algorithms/records.hpp): the in-place sort of gathered rows by position that
-// ATTENTION2D and all-gather K/V apply under a causal mask, and its inverse.
+// src/algorithms/records.hpp: TokenOrder, the in-place sort of gathered rows by position that
+// ATTENTION2D and all-gather K/V apply under a causal mask, and its inverse; Floats, the
+// algorithms' buffers, uninitialised unless asked for zero (NaN in the sanitizer build).
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <vector>
 
@@ -55,6 +57,28 @@ TEST(TokenOrder, KeepsTheGatheredOrderWithoutAMask) {
   const std::vector<float> original = rows;
   order.sort(rows, 1);
   EXPECT_EQ(rows, original);
+}
+
+TEST(Floats, ZeroOnlyWhenAskedAndPoisonedInTheSanitizerBuild) {
+  const Floats zeroed(1000, 0.0f);
+  EXPECT_TRUE(std::all_of(zeroed.begin(), zeroed.end(), [](float x) { return x == 0.0f; }));
+  Floats grown(10, 1.5f);
+  grown.resize(1000);
+  EXPECT_EQ(grown[9], 1.5f);
+  const Floats fresh(1000);
+  EXPECT_EQ(fresh.size(), 1000u);
+#ifdef A2D_POISON_UNINITIALIZED
+  // The sanitizer build: elements nothing wrote are NaN, so reading one poisons a result.
+  EXPECT_TRUE(std::all_of(fresh.begin(), fresh.end(), [](float x) { return std::isnan(x); }));
+  EXPECT_TRUE(std::isnan(grown[10]) && std::isnan(grown[999]));
+#endif
+  Floats copy = zeroed;  // copies keep their values
+  EXPECT_EQ(copy, zeroed);
+  std::vector<float> plain(4, 2.0f);
+  const TokenOrder order(gathered_cyclic(4, 2), /*reorder=*/true);
+  order.sort(plain, 1);  // sort and unsort take any contiguous float buffer
+  order.unsort(plain, 1);
+  EXPECT_EQ(plain, std::vector<float>(4, 2.0f));
 }
 
 }  // namespace
