@@ -25,8 +25,8 @@ done
 python3 - "$out" <<'PY'
 import glob, json, os, sys
 out = sys.argv[1]
-print("| P | N | kernel fwd GFLOP/s/rank | kernel bwd GFLOP/s/rank | fwd µs/panel | waiting rank's CPU share | latency µs | all-gather GB/s | sync ms/collective | sync ms/ring step | sort GB/s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+print("| P | N | kernel fwd GFLOP/s/rank | kernel bwd GFLOP/s/rank | fwd µs/panel | waiting rank's CPU share | latency µs | all-gather GB/s | sync ms/collective | sync ms/ring step | sort GB/s | sum GB/s | merge GB/s |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for ranks in (4, 9, 16):
     for seq in (4096, 16384):
         c = {}
@@ -34,10 +34,11 @@ for ranks in (4, 9, 16):
             if "=" in line and not line.startswith("#"):
                 key, value = line.split("=")
                 c[key.strip()] = float(value)
-        print("| %d | %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f |" % (
+        print("| %d | %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
               ranks, seq, c["kernel_forward_gflops"], c["kernel_backward_gflops"],
               c["kernel_forward_panel_us"], c["wait_share"], c["latency_us"], c["bandwidth_gbs"],
-              c["sync_us"] / 1e3, c["step_sync_us"] / 1e3, c["permute_gbs"]))
+              c["sync_us"] / 1e3, c["step_sync_us"] / 1e3, c["permute_gbs"], c["sum_gbs"],
+              c["merge_gbs"]))
 print()
 print("| P | N | algorithm | grid / layout | fwd ms | pred | m/p | bwd ms | pred | m/p | MB sent fwd+bwd /rank | msgs | peak MiB |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")

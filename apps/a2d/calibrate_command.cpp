@@ -221,6 +221,37 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
     permute_bytes_per_s = 16 * 4.0 * static_cast<double>(tokens * per_token) / permute_s;
   }
 
+  // The reductions of reduce-scatters and reduction rings, per received float, as the MPI
+  // communicator's ring does them between its transfers: copy this rank's contribution, then add
+  // the received words to it (sum) or merge the received partial attention records [max, sum,
+  // acc(D)] with it (merge). 4 passes over 4·block rows of every head per timed call, every rank
+  // at once, the two timed in turn.
+  double sum_bytes_per_s = 0, merge_bytes_per_s = 0;
+  {
+    const int64_t records = 4 * block * heads, record = head_dim + 2;
+    const size_t floats = static_cast<size_t>(records * record);
+    std::vector<float> own(floats, 0.5f), received(floats, 1.0f), result(floats);
+    constexpr int kPasses = 4;
+    const std::vector<double> times = slowest_seconds_each(
+        world, iters,
+        {[&] {
+           for (int pass = 0; pass < kPasses; ++pass) {
+             std::copy(own.begin(), own.end(), result.begin());
+             for (size_t i = 0; i < floats; ++i)
+               result[i] += received[i];
+           }
+         },
+         [&] {
+           for (int pass = 0; pass < kPasses; ++pass) {
+             std::copy(own.begin(), own.end(), result.begin());
+             merge_partial_records(result.data(), received.data(), records, record);
+           }
+         }});
+    const double bytes = kPasses * 4.0 * static_cast<double>(floats);
+    sum_bytes_per_s = bytes / times[0];
+    merge_bytes_per_s = bytes / times[1];
+  }
+
   // What a rank waiting in MPI costs the computing ones: half the ranks of every core compute
   // while the others wait in a barrier. With n ranks computing and m waiting on fewer cores, each
   // computing rank gets a 1 / (n + w m) share, so half waiting takes (1 + w) / 2 of the
@@ -320,6 +351,8 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   c.kernel_forward_panel_s = call_costs.panel_s;
   c.kernel_forward_key_s = call_costs.key_s;
   c.permute_bytes_per_s = permute_bytes_per_s;
+  c.sum_bytes_per_s = sum_bytes_per_s;
+  c.merge_bytes_per_s = merge_bytes_per_s;
   c.sync_s = sync_s;
   c.step_sync_s = step_sync_s;
   return c;
@@ -332,7 +365,7 @@ void print_calibration(const Calibration& c, const CalibrationSettings& settings
       "  kernel forward  %.3f GFLOP/s per rank (causal %.3f)\n"
       "  kernel backward %.3f GFLOP/s per rank (causal %.3f)\n"
       "  forward kernel per call and head: %.2f us per 24-row panel, %.3f us per key\n"
-      "  sorting rows %.3f GB/s\n"
+      "  sorting rows %.3f GB/s; reducing received words %.3f GB/s (sum), %.3f GB/s (merge)\n"
       "  a waiting rank takes %.2f of a computing rank's CPU share\n"
       "  latency %.2f us per message, bandwidth %.3f GB/s per rank\n"
       "  synchronising after a kernel call: %.2f ms per blocking collective, %.2f ms per ring "
@@ -343,7 +376,8 @@ void print_calibration(const Calibration& c, const CalibrationSettings& settings
       static_cast<long long>(settings.head_dim), c.kernel_forward_flops / 1e9,
       c.kernel_forward_causal_flops / 1e9, c.kernel_backward_flops / 1e9,
       c.kernel_backward_causal_flops / 1e9, c.kernel_forward_panel_s * 1e6,
-      c.kernel_forward_key_s * 1e6, c.permute_bytes_per_s / 1e9, c.wait_share, c.latency_s * 1e6,
+      c.kernel_forward_key_s * 1e6, c.permute_bytes_per_s / 1e9, c.sum_bytes_per_s / 1e9,
+      c.merge_bytes_per_s / 1e9, c.wait_share, c.latency_s * 1e6,
       c.bytes_per_s / 1e9, c.sync_s * 1e3, c.step_sync_s * 1e3, file.c_str(), c.ranks);
 }
 
@@ -359,7 +393,8 @@ int calibrate(int argc, char** argv, int first) {
         "Measures, with every rank of the MPI job busy at once, the attention kernel's throughput\n"
         "per rank (forward and backward, unmasked and on a causal diagonal block), the CPU share "
         "a\n"
-        "rank waiting in MPI takes from computing ranks, the latency of a ring shift, and the\n"
+        "rank waiting in MPI takes from computing ranks, the rates of sorting rows and of the\n"
+        "reductions of reduce-scatters, the latency of a ring shift, and the\n"
         "bandwidth and synchronisation cost of a blocking all-gather (from 1 MiB and 16 KiB per\n"
         "rank), and saves them as the section for this rank count in the calibration file that\n"
         "`a2d model --machine local` and the planner read. Run it at every rank count you\n"

@@ -52,6 +52,14 @@ struct Machine {
   // position under a causal mask (and puts results back). 0: not charged (accelerators: a
   // strided copy at memory bandwidth, negligible next to the kernel).
   double permute_bytes_per_s = 0;
+  // CPUs: bytes per second per rank of the reductions in reduce-scatters and reduction rings (the
+  // gamma term of a reduction collective): each received word is added to (sum) or merged with
+  // (merge: partial attention records, rescaled by exp of their max difference) this rank's own,
+  // as the MPI communicator's ring and the algorithms' rings do between their transfers. Charged
+  // per word the phase's busiest rank receives (what it sends). 0: not charged (accelerators:
+  // NCCL reduces inside the copy kernels of its pipelined ring, under the transfer).
+  double sum_bytes_per_s = 0;
+  double merge_bytes_per_s = 0;
   Link intra;  // between ranks of one node
   Link inter;  // between nodes
   // CPUs: ranks share the cores, so communication and computation do not overlap once every core
@@ -91,6 +99,8 @@ struct Calibration {
   double kernel_forward_panel_s = 0;  // per 24-row panel of a head per call (Machine)
   double kernel_forward_key_s = 0;    // per key of a head per call (Machine)
   double permute_bytes_per_s = 0;     // sorting gathered rows in place (Machine)
+  double sum_bytes_per_s = 0;         // reductions: sums of received words (Machine)
+  double merge_bytes_per_s = 0;       // reductions: merges of partial attention records (Machine)
   // CPU share a rank waiting in MPI takes from computing ranks, relative to a computing rank's
   // (0: none, 1: as much), when ranks outnumber cores; informational.
   double wait_share = 0;

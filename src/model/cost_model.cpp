@@ -134,6 +134,8 @@ Calibration average_calibrations(const Calibration& a, const Calibration& b) {
   c.kernel_forward_panel_s = mean(a.kernel_forward_panel_s, b.kernel_forward_panel_s);
   c.kernel_forward_key_s = mean(a.kernel_forward_key_s, b.kernel_forward_key_s);
   c.permute_bytes_per_s = rate(a.permute_bytes_per_s, b.permute_bytes_per_s);
+  c.sum_bytes_per_s = rate(a.sum_bytes_per_s, b.sum_bytes_per_s);
+  c.merge_bytes_per_s = rate(a.merge_bytes_per_s, b.merge_bytes_per_s);
   c.wait_share = mean(a.wait_share, b.wait_share);
   c.latency_s = mean(a.latency_s, b.latency_s);
   c.bytes_per_s = rate(a.bytes_per_s, b.bytes_per_s);
@@ -158,7 +160,9 @@ void save_calibration(const std::string& file, const Calibration& c) {
                        {"step_sync_us", c.step_sync_s * 1e6},
                        {"kernel_forward_panel_us", c.kernel_forward_panel_s * 1e6},
                        {"kernel_forward_key_us", c.kernel_forward_key_s * 1e6},
-                       {"permute_gbs", c.permute_bytes_per_s / 1e9}};
+                       {"permute_gbs", c.permute_bytes_per_s / 1e9},
+                       {"sum_gbs", c.sum_bytes_per_s / 1e9},
+                       {"merge_gbs", c.merge_bytes_per_s / 1e9}};
   const std::string temporary = file + ".tmp";
   {
     std::ofstream out(temporary);
@@ -209,6 +213,8 @@ Machine local_machine(const std::string& file, int ranks) {
   m.kernel_forward_panel_s = optional("kernel_forward_panel_us") * 1e-6;
   m.kernel_forward_key_s = optional("kernel_forward_key_us") * 1e-6;
   m.permute_bytes_per_s = optional("permute_gbs") * 1e9;
+  m.sum_bytes_per_s = optional("sum_gbs") * 1e9;
+  m.merge_bytes_per_s = optional("merge_gbs") * 1e9;
   std::ostringstream text;
   text << "this machine as calibrated at " << ranks << " ranks on " << m.shared_cores << " cores ("
        << file << ")";
@@ -251,6 +257,18 @@ bool blocking_phase(const Plan& plan, const std::string& phase) {
       return true;
   }
   return true;
+}
+
+// The rate at which a phase reduces what it receives (0: it reduces nothing, or the machine does
+// not charge it): partial attention results are merged, gradients summed.
+double reduction_bytes_per_s(const Machine& machine, const std::string& phase) {
+  const std::string step = phase.substr(phase.find('.') + 1);
+  if (step == "merge_reduce_scatter" || step == "partial_ring") return machine.merge_bytes_per_s;
+  if (step == "dq_reduce_scatter" || step == "dkv_reduce_scatter" || step == "dq_ring" ||
+      step == "dkv_ring") {
+    return machine.sum_bytes_per_s;
+  }
+  return 0;
 }
 
 // Whether some rank's `group` spans two nodes (ranks q and q' share a node iff q / G == q' / G).
@@ -422,7 +440,7 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     out.backward.bytes = std::max(out.backward.bytes, backward.bytes);
     out.backward.messages = std::max(out.backward.messages, backward.messages);
   }
-  std::map<std::string, double> seconds;
+  std::map<std::string, double> seconds, reducing;
   for (const auto& [name, t] : phases) {
     PhaseCost cost;
     cost.name = name;
@@ -430,9 +448,13 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     cost.inter_node = crosses_nodes(plan, group_of(plan, name), ranks_per_node);
     const Link& link = cost.inter_node ? machine.inter : machine.intra;
     const bool blocking = t.messages > 0 && blocking_phase(plan, name);
+    // A reduction's words arrive and are reduced in turn: the busiest rank reduces as many words
+    // as it sends (one block per ring step each way).
+    const double reduce_rate = reduction_bytes_per_s(machine, name);
+    reducing[name] = reduce_rate > 0 ? factor * static_cast<double>(t.bytes) / reduce_rate : 0.0;
     cost.seconds = t.messages * link.latency_s +
                    factor * static_cast<double>(t.bytes) / link.bytes_per_s +
-                   (blocking ? machine.sync_s : 0.0);
+                   (blocking ? machine.sync_s : 0.0) + reducing[name];
     seconds[name] = cost.seconds;
     out.phases.push_back(cost);
   }
@@ -444,10 +466,15 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     const auto it = phases.find(name);
     return it == phases.end() ? int64_t{0} : it->second.messages;
   };
-  // Per message of a ring phase: its time divided over its messages.
+  const auto reduced = [&](const std::string& name) {
+    const auto it = reducing.find(name);
+    return it == reducing.end() ? 0.0 : it->second;
+  };
+  // Per message of a ring phase: its transfer time divided over its messages (the formulas below
+  // charge a ring's reductions once, as they happen: one per received block).
   const auto per_step = [&](const std::string& name) {
     const int64_t m = messages(name);
-    return m > 0 ? t(name) / static_cast<double>(m) : 0.0;
+    return m > 0 ? (t(name) - reduced(name)) / static_cast<double>(m) : 0.0;
   };
 
   out.forward_flops = busiest_forward_flops(problem, plan);
@@ -525,7 +552,7 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
         for (int s = 1; s < cols; ++s)
           time += overlapped(compute / cols, per_step(q) + per_step(partial));
         if (cols > 1) time += per_step(partial);
-        return time;
+        return time + reduced(partial);
       };
       out.forward_s = t("forward.kv_transpose") +
                       phases_ab(cf, "forward.kv_ring", "forward.q_ring", "forward.partial_ring");
@@ -543,7 +570,8 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
                                                (s >= 1 ? per_step("backward.dkv_ring") : 0.0));
       }
       out.forward_s = forward;
-      out.backward_s = backward + (ranks > 1 ? per_step("backward.dkv_ring") : 0.0);
+      out.backward_s = backward + (ranks > 1 ? per_step("backward.dkv_ring") : 0.0) +
+                       reduced("backward.dkv_ring");
       break;
     }
     case Algorithm::allgather_kv:

@@ -15,7 +15,7 @@ cal="$work/calibration.txt"
 "$mpiexec" --oversubscribe -np 4 "$a2d" calibrate --out "$cal" --block 256 --iters 1 >/dev/null
 "$mpiexec" --oversubscribe -np 2 "$a2d" calibrate --out "$cal" --block 256 --iters 1 >/dev/null
 grep -q '^\[ranks 4\]' "$cal" && grep -q '^\[ranks 2\]' "$cal" || fail "calibration sections missing"
-for key in kernel_forward_causal_gflops kernel_backward_causal_gflops wait_share; do
+for key in kernel_forward_causal_gflops kernel_backward_causal_gflops wait_share sum_gbs merge_gbs; do
   [ "$(grep -c "^$key = " "$cal")" -eq 2 ] || fail "calibration lacks $key in a section"
 done
 

@@ -163,14 +163,20 @@ TEST(CostModel, MachinesAndCalibrationFiles) {
   EXPECT_EQ(four.permute_bytes_per_s, 0.0);
   EXPECT_EQ(four.kernel_forward_panel_s, 0.0);
   EXPECT_EQ(four.kernel_forward_key_s, 0.0);
+  EXPECT_EQ(four.sum_bytes_per_s, 0.0);
+  EXPECT_EQ(four.merge_bytes_per_s, 0.0);
   c.ranks = 3;
   c.sync_s = 2e-3;
   c.step_sync_s = 1e-3;
   c.permute_bytes_per_s = 5e9;
   c.kernel_forward_panel_s = 3e-6;
   c.kernel_forward_key_s = 2e-8;
+  c.sum_bytes_per_s = 3e9;
+  c.merge_bytes_per_s = 1.5e9;
   save_calibration(file, c);
   const Machine three = local_machine(file, 3);
+  EXPECT_DOUBLE_EQ(three.sum_bytes_per_s, 3e9);
+  EXPECT_DOUBLE_EQ(three.merge_bytes_per_s, 1.5e9);
   EXPECT_DOUBLE_EQ(three.sync_s, 2e-3);
   EXPECT_DOUBLE_EQ(three.step_sync_s, 1e-3);
   EXPECT_DOUBLE_EQ(three.permute_bytes_per_s, 5e9);
@@ -337,6 +343,68 @@ TEST(CostModel, SortedRowsAreChargedAtThePermutationRate) {
               permuted_floats(problem, no, true), 1e-9);
 }
 
+// The gamma term of reductions: every word a reduce-scatter or reduction ring receives is merged
+// (partial attention results) or summed (gradients), charged per word the busiest rank sends in
+// the phase, at the machine's rate.
+TEST(CostModel, ReductionsAreChargedPerReceivedWordAtTheirRates) {
+  Problem problem;
+  problem.seq = 60;
+  problem.heads = 4;
+  problem.kv_heads = 2;
+  problem.head_dim = 8;
+  const Machine plain = shared_machine();
+  Machine merging = plain, summing = plain;
+  merging.merge_bytes_per_s = 4.0;  // one second per float
+  summing.sum_bytes_per_s = 8.0;    // half a second per float
+  const auto floats = [](const Prediction& p, const std::string& phase) {
+    for (const PhaseCost& c : p.phases) {
+      if (c.name == phase) return static_cast<double>(c.traffic.bytes) / 4.0;
+    }
+    return 0.0;
+  };
+  for (const Algorithm algorithm :
+       {Algorithm::attention2d, Algorithm::ring, Algorithm::allgather_kv, Algorithm::ulysses}) {
+    const Plan plan = default_plan(algorithm, problem, 2);
+    SCOPED_TRACE(algorithm_name(algorithm));
+    const Prediction base = predict(problem, plan, plain, 2, Precision::fp32);
+    const Prediction merged = predict(problem, plan, merging, 2, Precision::fp32);
+    const Prediction summed = predict(problem, plan, summing, 2, Precision::fp32);
+    EXPECT_NEAR(merged.forward_s - base.forward_s, floats(base, "forward.merge_reduce_scatter"),
+                1e-9);
+    EXPECT_NEAR(merged.backward_s, base.backward_s, 1e-9);  // gradients are summed, not merged
+    EXPECT_NEAR(summed.forward_s, base.forward_s, 1e-9);
+    EXPECT_NEAR(summed.backward_s - base.backward_s,
+                0.5 * (floats(base, "backward.dq_reduce_scatter") +
+                       floats(base, "backward.dkv_reduce_scatter") +
+                       floats(base, "backward.dkv_ring")),
+                1e-9);
+  }
+  // The cases above are not empty: ATTENTION2D-NO on one row of 2 merges, all-gather K/V and
+  // Ring Attention sum dK, dV; Ulysses reduces nothing.
+  Plan row = default_plan(Algorithm::attention2d, problem, 2);
+  row.grid = grid_of(1, 2);
+  const Prediction row_base = predict(problem, row, plain, 2, Precision::fp32);
+  EXPECT_GT(floats(row_base, "forward.merge_reduce_scatter"), 0.0);
+  EXPECT_GT(predict(problem, row, merging, 2, Precision::fp32).forward_s, row_base.forward_s);
+  EXPECT_GT(floats(predict(problem, default_plan(Algorithm::ring, problem, 2), plain, 2,
+                           Precision::fp32),
+                   "backward.dkv_ring"),
+            0.0);
+  // ATTENTION2D-O merges along its partial ring and sums along its dQ ring, once per received
+  // part (the ring formulas charge a step's transfer per message, the reductions once).
+  Plan overlap = default_plan(Algorithm::attention2d_overlap, problem, 2);
+  overlap.grid = grid_of(1, 2);
+  const Prediction o_base = predict(problem, overlap, plain, 2, Precision::fp32);
+  EXPECT_GT(floats(o_base, "forward.partial_ring"), 0.0);
+  EXPECT_NEAR(predict(problem, overlap, merging, 2, Precision::fp32).forward_s - o_base.forward_s,
+              floats(o_base, "forward.partial_ring"), 1e-9);
+  EXPECT_NEAR(predict(problem, overlap, summing, 2, Precision::fp32).backward_s -
+                  o_base.backward_s,
+              0.5 * (floats(o_base, "backward.dq_ring") +
+                     floats(o_base, "backward.dkv_reduce_scatter")),
+              1e-9);
+}
+
 TEST(CostModel, ForwardPanelsAndKeysAreCountedPerCall) {
   Problem problem;
   problem.seq = 50;
@@ -373,6 +441,8 @@ TEST(CostModel, CalibrationsAverageTheirTimes) {
   a.bytes_per_s = 1e9;
   b.bytes_per_s = 3e9;
   a.permute_bytes_per_s = 2e9;  // b: not measured
+  a.merge_bytes_per_s = 1e9;
+  b.merge_bytes_per_s = 4e9;
   a.latency_s = 10e-6;
   b.latency_s = 30e-6;
   a.sync_s = 0;
@@ -383,6 +453,7 @@ TEST(CostModel, CalibrationsAverageTheirTimes) {
   EXPECT_DOUBLE_EQ(10e9 / c.kernel_forward_flops, (1.0 + 0.25) / 2);
   EXPECT_DOUBLE_EQ(1 / c.bytes_per_s, (1 / 1e9 + 1 / 3e9) / 2);
   EXPECT_DOUBLE_EQ(c.permute_bytes_per_s, 2e9);
+  EXPECT_DOUBLE_EQ(1 / c.merge_bytes_per_s, (1 / 1e9 + 1 / 4e9) / 2);
   EXPECT_DOUBLE_EQ(c.latency_s, 20e-6);
   EXPECT_DOUBLE_EQ(c.sync_s, 1e-3);
   EXPECT_DOUBLE_EQ(c.kernel_forward_panel_s, 2e-6);
