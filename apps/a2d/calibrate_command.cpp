@@ -377,8 +377,8 @@ void print_calibration(const Calibration& c, const CalibrationSettings& settings
       c.kernel_forward_causal_flops / 1e9, c.kernel_backward_flops / 1e9,
       c.kernel_backward_causal_flops / 1e9, c.kernel_forward_panel_s * 1e6,
       c.kernel_forward_key_s * 1e6, c.permute_bytes_per_s / 1e9, c.sum_bytes_per_s / 1e9,
-      c.merge_bytes_per_s / 1e9, c.wait_share, c.latency_s * 1e6,
-      c.bytes_per_s / 1e9, c.sync_s * 1e3, c.step_sync_s * 1e3, file.c_str(), c.ranks);
+      c.merge_bytes_per_s / 1e9, c.wait_share, c.latency_s * 1e6, c.bytes_per_s / 1e9,
+      c.sync_s * 1e3, c.step_sync_s * 1e3, file.c_str(), c.ranks);
 }
 
 int calibrate(int argc, char** argv, int first) {

@@ -83,8 +83,7 @@ class AllGatherKvAttention final : public SequenceParallel {
 
  private:
   // Every rank's K and V as [k v] records, parts in rank order (N rows).
-  Floats gather_kv(TokenView<const float> k, TokenView<const float> v,
-                               const std::string& phase) {
+  Floats gather_kv(TokenView<const float> k, TokenView<const float> v, const std::string& phase) {
     const int64_t d = problem_.head_dim;
     Floats kv(static_cast<size_t>(kv_rec_.floats(problem_.seq)));
     float* slot = kv.data() + kv_rec_.floats(parts_.offsets[static_cast<size_t>(rank_)]);

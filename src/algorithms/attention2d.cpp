@@ -241,8 +241,7 @@ class Attention2D final : public DistributedAttention {
     row_comm.reduce_scatter(dq.data(), dq_own.data(),
                             scaled(row_counts_, problem_.batch * problem_.heads), d,
                             Reduction::sum);
-    Floats dkv_part(
-        static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
+    Floats dkv_part(static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
     col_comm.set_phase("backward.dkv_reduce_scatter");
     col_comm.reduce_scatter(dkv.data(), dkv_part.data(),
                             scaled(col_counts_, problem_.batch * problem_.kv_heads), 2 * d,
@@ -487,8 +486,7 @@ class Attention2D final : public DistributedAttention {
 
     // dK, dV summed along the column and sent home.
     kv_order_.unsort(dkv, kv_rec_.per_token());
-    Floats dkv_part(
-        static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
+    Floats dkv_part(static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
     Communicator& col_comm = grid_.col_comm();
     col_comm.set_phase("backward.dkv_reduce_scatter");
     col_comm.reduce_scatter(dkv.data(), dkv_part.data(),

@@ -458,17 +458,17 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     seconds[name] = cost.seconds;
     out.phases.push_back(cost);
   }
-  const auto t = [&](const std::string& name) {
-    const auto it = seconds.find(name);
-    return it == seconds.end() ? 0.0 : it->second;
+  // A phase's seconds (t) and the part of them its reductions take (reduced); 0 for a phase
+  // the plan does not have.
+  const auto lookup = [](const std::map<std::string, double>& of, const std::string& name) {
+    const auto it = of.find(name);
+    return it == of.end() ? 0.0 : it->second;
   };
+  const auto t = [&](const std::string& name) { return lookup(seconds, name); };
+  const auto reduced = [&](const std::string& name) { return lookup(reducing, name); };
   const auto messages = [&](const std::string& name) {
     const auto it = phases.find(name);
     return it == phases.end() ? int64_t{0} : it->second.messages;
-  };
-  const auto reduced = [&](const std::string& name) {
-    const auto it = reducing.find(name);
-    return it == reducing.end() ? 0.0 : it->second;
   };
   // Per message of a ring phase: its transfer time divided over its messages (the formulas below
   // charge a ring's reductions once, as they happen: one per received block).

@@ -373,11 +373,11 @@ TEST(CostModel, ReductionsAreChargedPerReceivedWordAtTheirRates) {
                 1e-9);
     EXPECT_NEAR(merged.backward_s, base.backward_s, 1e-9);  // gradients are summed, not merged
     EXPECT_NEAR(summed.forward_s, base.forward_s, 1e-9);
-    EXPECT_NEAR(summed.backward_s - base.backward_s,
-                0.5 * (floats(base, "backward.dq_reduce_scatter") +
-                       floats(base, "backward.dkv_reduce_scatter") +
-                       floats(base, "backward.dkv_ring")),
-                1e-9);
+    EXPECT_NEAR(
+        summed.backward_s - base.backward_s,
+        0.5 * (floats(base, "backward.dq_reduce_scatter") +
+               floats(base, "backward.dkv_reduce_scatter") + floats(base, "backward.dkv_ring")),
+        1e-9);
   }
   // The cases above are not empty: ATTENTION2D-NO on one row of 2 merges, all-gather K/V and
   // Ring Attention sum dK, dV; Ulysses reduces nothing.
@@ -386,10 +386,10 @@ TEST(CostModel, ReductionsAreChargedPerReceivedWordAtTheirRates) {
   const Prediction row_base = predict(problem, row, plain, 2, Precision::fp32);
   EXPECT_GT(floats(row_base, "forward.merge_reduce_scatter"), 0.0);
   EXPECT_GT(predict(problem, row, merging, 2, Precision::fp32).forward_s, row_base.forward_s);
-  EXPECT_GT(floats(predict(problem, default_plan(Algorithm::ring, problem, 2), plain, 2,
-                           Precision::fp32),
-                   "backward.dkv_ring"),
-            0.0);
+  EXPECT_GT(
+      floats(predict(problem, default_plan(Algorithm::ring, problem, 2), plain, 2, Precision::fp32),
+             "backward.dkv_ring"),
+      0.0);
   // ATTENTION2D-O merges along its partial ring and sums along its dQ ring, once per received
   // part (the ring formulas charge a step's transfer per message, the reductions once).
   Plan overlap = default_plan(Algorithm::attention2d_overlap, problem, 2);
@@ -398,11 +398,10 @@ TEST(CostModel, ReductionsAreChargedPerReceivedWordAtTheirRates) {
   EXPECT_GT(floats(o_base, "forward.partial_ring"), 0.0);
   EXPECT_NEAR(predict(problem, overlap, merging, 2, Precision::fp32).forward_s - o_base.forward_s,
               floats(o_base, "forward.partial_ring"), 1e-9);
-  EXPECT_NEAR(predict(problem, overlap, summing, 2, Precision::fp32).backward_s -
-                  o_base.backward_s,
-              0.5 * (floats(o_base, "backward.dq_ring") +
-                     floats(o_base, "backward.dkv_reduce_scatter")),
-              1e-9);
+  EXPECT_NEAR(
+      predict(problem, overlap, summing, 2, Precision::fp32).backward_s - o_base.backward_s,
+      0.5 * (floats(o_base, "backward.dq_ring") + floats(o_base, "backward.dkv_reduce_scatter")),
+      1e-9);
 }
 
 TEST(CostModel, ForwardPanelsAndKeysAreCountedPerCall) {

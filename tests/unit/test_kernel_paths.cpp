@@ -343,10 +343,11 @@ TEST(KernelPaths, RowsWithoutVisibleKeysGiveZeroAndMinusInfinity) {
 
     // The partial form (accumulate = false): an empty row is (max -inf, sum 0, acc 0).
     std::vector<float> row_max(lse.size(), nan), row_sum(lse.size(), nan), acc(p.q.size(), nan);
-    attention_forward_partial(fwd,
-                              {dense_tokens(acc.data(), 60, 2, 16), dense_rows(row_max.data(), 2, 60),
-                               dense_rows(row_sum.data(), 2, 60)},
-                              /*accumulate=*/false);
+    attention_forward_partial(
+        fwd,
+        {dense_tokens(acc.data(), 60, 2, 16), dense_rows(row_max.data(), 2, 60),
+         dense_rows(row_sum.data(), 2, 60)},
+        /*accumulate=*/false);
     for (int64_t h = 0; h < 2; ++h) {
       for (int64_t i = 0; i < 60; ++i) {
         const bool empty = i < 30;
