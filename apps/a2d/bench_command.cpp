@@ -270,7 +270,8 @@ int bench(int argc, char** argv, int first) {
     options.add_flag(
         "--calibrate", &o.calibrate,
         "measure this machine as `a2d calibrate` does (median of 9, at the problem's\n"
-        "heads and head dimension) before the rows and again after them, and save the\n"
+        "heads and head dimension, timing kernel calls in regions of up to a second\n"
+        "that do up to a row's kernel work per rank) before the rows and again after them, and save the\n"
         "average to the calibration file, so that predictions and measurements come from\n"
         "the same span of a shared machine");
     options.add_double("--timeout", &o.timeout, "watchdog timeout in seconds (0 = off)");
@@ -298,6 +299,8 @@ int bench(int argc, char** argv, int first) {
     settings.head_dim = problem.head_dim;
     settings.iters = 9;
     settings.threads = o.threads;
+    // Timed regions of kernel calls as long as a row's kernel work per rank (up to a second).
+    settings.kernel_region_flops = forward_flops(problem) / static_cast<double>(world.size());
     Calibration before;
     if (o.calibrate) before = measure_calibration(world, settings);
 

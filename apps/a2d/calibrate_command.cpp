@@ -4,6 +4,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <numeric>
@@ -50,6 +51,42 @@ std::vector<double> slowest_seconds_each(Communicator& world, int64_t iters,
 
 double slowest_seconds(Communicator& world, int64_t iters, const std::function<void()>& body) {
   return slowest_seconds_each(world, iters, {body})[0];
+}
+
+// A kernel body's timing: seconds per call on the slowest rank, and the calls per timed region.
+struct KernelTiming {
+  double seconds = 0;
+  int64_t calls = 1;
+};
+
+// Times a kernel body as slowest_seconds does, with each timed region made of as many calls as
+// do `region_flops` of work (0: no such limit) but last no longer than `region_s` together
+// (judged from an untimed call on the slowest rank; at least one call). The rows the model
+// predicts are as long as their problem's work per rank and timed on their slowest rank: a core
+// slowed for a spell of seconds (this machine is shared) slows a long call's slowest rank, but
+// only some of a short call's samples, whose median then misses it. Measured at 4 ranks on 2
+// cores: 1.5-second regions of 1024-row calls gave 10-12 % lower causal rates than single calls,
+// as the rows of N = 16384 ran slower than single-call calibrations predicted.
+KernelTiming slowest_kernel_seconds(Communicator& world, int64_t iters, double region_s,
+                                    double region_flops, double call_flops,
+                                    const std::function<void()>& body) {
+  world.barrier();
+  double once = seconds_now();
+  body();
+  once = seconds_now() - once;
+  world.all_reduce(&once, 1, Reduction::max);
+  KernelTiming t;
+  t.calls = std::max<int64_t>(1, static_cast<int64_t>(region_s / once));
+  if (region_flops > 0)
+    t.calls = std::min(t.calls, static_cast<int64_t>(std::ceil(region_flops / call_flops)));
+  t.calls = std::max<int64_t>(1, t.calls);
+  t.seconds = slowest_seconds(world, iters,
+                              [&] {
+                                for (int64_t c = 0; c < t.calls; ++c)
+                                  body();
+                              }) /
+              static_cast<double>(t.calls);
+  return t;
 }
 
 // The calibration's kernel call: a block x block problem of generated inputs and its outputs.
@@ -171,8 +208,10 @@ bool computes_in_half(Communicator& world) {
 
 void CalibrationSettings::validate() const {
   A2D_REQUIRE(
-      block >= 64 && heads >= 1 && head_dim >= 1 && iters >= 1 && threads >= 1,
-      "calibration: the block must be >= 64 rows and heads, head dim, iterations, threads >= 1");
+      block >= 64 && heads >= 1 && head_dim >= 1 && iters >= 1 && threads >= 1 &&
+          kernel_region_s >= 0 && kernel_region_flops >= 0,
+      "calibration: the block must be >= 64 rows, heads, head dim, iterations, threads >= 1 and "
+      "the kernel's timed region >= 0 seconds");
 }
 
 Calibration measure_calibration(Communicator& world, const CalibrationSettings& settings) {
@@ -185,20 +224,26 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   const auto& o_view = kb.o_view;
   const auto& lse_view = kb.lse_view;
   const double flops = 4.0 * static_cast<double>(block * block * head_dim * heads);
-  const double forward_s = slowest_seconds(world, iters, [&] { kb.forward(); });
-  const double backward_s = slowest_seconds(world, iters, [&] { kb.backward(); });
+  const double causal_flops = 4.0 * static_cast<double>(block * (block + 1) / 2 * head_dim * heads);
+  const auto time_kernel = [&](double call_flops, const std::function<void()>& body) {
+    return slowest_kernel_seconds(world, iters, settings.kernel_region_s,
+                                  settings.kernel_region_flops, call_flops, body);
+  };
+  const KernelTiming forward = time_kernel(flops, [&] { kb.forward(); });
+  const double forward_s = forward.seconds;
+  const double backward_s = time_kernel(flops, [&] { kb.backward(); }).seconds;
   // The same block under a causal mask (positions 0..block-1 for queries and keys: a diagonal
   // block), per unmasked FLOP: the tiles on the diagonal are computed whole and masked.
   ForwardArgs fwd_causal = fwd;
   fwd_causal.mask = Mask::causal();
   BackwardArgs bwd_causal = bwd;
   bwd_causal.mask = Mask::causal();
-  const double causal_flops = 4.0 * static_cast<double>(block * (block + 1) / 2 * head_dim * heads);
   const double forward_causal_s =
-      slowest_seconds(world, iters, [&] { attention_forward(fwd_causal, o_view, lse_view); });
-  const double backward_causal_s = slowest_seconds(world, iters, [&] {
-    attention_backward(bwd_causal, kb.tokens(kb.dq), kb.tokens(kb.dk), kb.tokens(kb.dv));
-  });
+      time_kernel(causal_flops, [&] { attention_forward(fwd_causal, o_view, lse_view); }).seconds;
+  const double backward_causal_s =
+      time_kernel(causal_flops, [&] {
+        attention_backward(bwd_causal, kb.tokens(kb.dq), kb.tokens(kb.dk), kb.tokens(kb.dv));
+      }).seconds;
   // What each call pays beside its score entries, per 24-row panel (loading its queries, keeping
   // and storing its running state) and per key (copying it into the kernel's tiles).
   const ForwardCallCosts call_costs = measure_forward_call_costs(world, kb, iters, forward_s);
@@ -260,10 +305,15 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   double wait_share = 0;
   if (world.size() > 1) {
     const bool computes = computes_in_half(world);
-    const double half_s = slowest_seconds(world, iters, [&] {
-      if (computes) kb.forward();
-      world.barrier();
-    });
+    // As many calls per timed region as the forward's timing had, so that the two compare.
+    const double half_s = slowest_seconds(world, iters,
+                                          [&] {
+                                            if (computes)
+                                              for (int64_t c = 0; c < forward.calls; ++c)
+                                                kb.forward();
+                                            world.barrier();
+                                          }) /
+                          static_cast<double>(forward.calls);
     wait_share = std::clamp(2 * half_s / forward_s - 1, 0.0, 1.0);
   }
 
@@ -406,6 +456,9 @@ int calibrate(int argc, char** argv, int first) {
     options.add_int("--head-dim", &settings.head_dim, "head dimension of the timed kernel call");
     options.add_int("--iters", &settings.iters, "timed repetitions (median)");
     options.add_int("--threads", &settings.threads, "kernel threads per rank");
+    options.add_double("--kernel-seconds", &settings.kernel_region_s,
+                       "timed regions of kernel calls repeat the call for up to this many seconds\n"
+                       "(0: one call per region)");
     bool help = false;
     collective_check(world, [&] {
       help = !options.parse(argc, argv, first);

@@ -17,6 +17,10 @@ struct CalibrationSettings {
   int64_t head_dim = 64;
   int64_t iters = 3;  // timed repetitions (median of the slowest rank)
   int64_t threads = 1;
+  // Each timed region of kernel calls repeats the call for up to kernel_region_s seconds and, where
+  // kernel_region_flops > 0, for no more calls than do that much work (a problem's per rank).
+  double kernel_region_s = 1.0;
+  double kernel_region_flops = 0;
   void validate() const;  // collective callers wrap it in collective_check
 };
 

@@ -12,8 +12,13 @@ trap 'rm -rf "$work"' EXIT
 fail() { echo "bench_calibrate.sh: $*" >&2; exit 1; }
 cal="$work/calibration.txt"
 
-"$mpiexec" --oversubscribe -np 4 "$a2d" calibrate --out "$cal" --block 256 --iters 1 >/dev/null
-"$mpiexec" --oversubscribe -np 2 "$a2d" calibrate --out "$cal" --block 256 --iters 1 >/dev/null
+"$mpiexec" --oversubscribe -np 4 "$a2d" calibrate --out "$cal" --block 256 --iters 1 --kernel-seconds 0 >/dev/null
+"$mpiexec" --oversubscribe -np 2 "$a2d" calibrate --out "$cal" --block 256 --iters 1 --kernel-seconds 0.2 >/dev/null
+if "$mpiexec" --oversubscribe -np 2 "$a2d" calibrate --out "$work/bad.txt" --kernel-seconds -1 2>"$work/bad.err"; then
+  fail "a negative --kernel-seconds was accepted"
+fi
+grep -q "timed region >= 0 seconds" "$work/bad.err" || fail "--kernel-seconds -1 not explained: $(cat "$work/bad.err")"
+[ ! -e "$work/bad.txt" ] || fail "a refused calibration wrote its file"
 grep -q '^\[ranks 4\]' "$cal" && grep -q '^\[ranks 2\]' "$cal" || fail "calibration sections missing"
 for key in kernel_forward_causal_gflops kernel_backward_causal_gflops wait_share sum_gbs merge_gbs; do
   [ "$(grep -c "^$key = " "$cal")" -eq 2 ] || fail "calibration lacks $key in a section"
