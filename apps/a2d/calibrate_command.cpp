@@ -53,40 +53,43 @@ double slowest_seconds(Communicator& world, int64_t iters, const std::function<v
   return slowest_seconds_each(world, iters, {body})[0];
 }
 
-// A kernel body's timing: seconds per call on the slowest rank, and the calls per timed region.
-struct KernelTiming {
+// A kernel body to time, the unmasked FLOPs of one call, and (once timed) seconds per call on the
+// slowest rank and the calls of each timed region.
+struct KernelBody {
+  double call_flops = 0;
+  std::function<void()> body;
   double seconds = 0;
   int64_t calls = 1;
 };
 
-// Times a kernel body as slowest_seconds does, with each timed region made of as many calls as
-// do `region_flops` of work (0: no such limit) but last no longer than `region_s` together
-// (judged from an untimed call on the slowest rank; at least one call). The rows the model
-// predicts are as long as their problem's work per rank and timed on their slowest rank: a core
-// slowed for a spell of seconds (this machine is shared) slows a long call's slowest rank, but
-// only some of a short call's samples, whose median then misses it. Measured at 4 ranks on 2
-// cores: 1.5-second regions of 1024-row calls gave 10-12 % lower causal rates than single calls,
-// as the rows of N = 16384 ran slower than single-call calibrations predicted.
-KernelTiming slowest_kernel_seconds(Communicator& world, int64_t iters, double region_s,
-                                    double region_flops, double call_flops,
-                                    const std::function<void()>& body) {
-  world.barrier();
-  double once = seconds_now();
-  body();
-  once = seconds_now() - once;
-  world.all_reduce(&once, 1, Reduction::max);
-  KernelTiming t;
-  t.calls = std::max<int64_t>(1, static_cast<int64_t>(region_s / once));
-  if (region_flops > 0)
-    t.calls = std::min(t.calls, static_cast<int64_t>(std::ceil(region_flops / call_flops)));
-  t.calls = std::max<int64_t>(1, t.calls);
-  t.seconds = slowest_seconds(world, iters,
-                              [&] {
-                                for (int64_t c = 0; c < t.calls; ++c)
-                                  body();
-                              }) /
-              static_cast<double>(t.calls);
-  return t;
+// Times kernel bodies as slowest_seconds_each does (in turn within every round, so that a slow
+// spell of the machine falls on the same rounds of every body, which their medians drop), each
+// timed region made of as many calls as do `region_flops` of work (0: no such limit) but last no
+// longer than `region_s` together (judged from an untimed call on the slowest rank; at least one
+// call). The rows the model predicts are as long as their problem's work per rank and timed on
+// their slowest rank: a core slowed for a spell of seconds (this machine is shared) slows a long
+// call's slowest rank, but only some of a short call's samples, whose median then misses it.
+void time_kernel_bodies(Communicator& world, int64_t iters, double region_s, double region_flops,
+                        std::vector<KernelBody>& bodies) {
+  std::vector<std::function<void()>> regions;
+  for (KernelBody& k : bodies) {
+    world.barrier();
+    double once = seconds_now();
+    k.body();
+    once = seconds_now() - once;
+    world.all_reduce(&once, 1, Reduction::max);
+    k.calls = std::max<int64_t>(1, static_cast<int64_t>(region_s / once));
+    if (region_flops > 0)
+      k.calls = std::min(k.calls, static_cast<int64_t>(std::ceil(region_flops / k.call_flops)));
+    k.calls = std::max<int64_t>(1, k.calls);
+    regions.push_back([&k] {
+      for (int64_t c = 0; c < k.calls; ++c)
+        k.body();
+    });
+  }
+  const std::vector<double> seconds = slowest_seconds_each(world, iters, regions);
+  for (size_t b = 0; b < bodies.size(); ++b)
+    bodies[b].seconds = seconds[b] / static_cast<double>(bodies[b].calls);
 }
 
 // The calibration's kernel call: a block x block problem of generated inputs and its outputs.
@@ -225,25 +228,23 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   const auto& lse_view = kb.lse_view;
   const double flops = 4.0 * static_cast<double>(block * block * head_dim * heads);
   const double causal_flops = 4.0 * static_cast<double>(block * (block + 1) / 2 * head_dim * heads);
-  const auto time_kernel = [&](double call_flops, const std::function<void()>& body) {
-    return slowest_kernel_seconds(world, iters, settings.kernel_region_s,
-                                  settings.kernel_region_flops, call_flops, body);
-  };
-  const KernelTiming forward = time_kernel(flops, [&] { kb.forward(); });
-  const double forward_s = forward.seconds;
-  const double backward_s = time_kernel(flops, [&] { kb.backward(); }).seconds;
   // The same block under a causal mask (positions 0..block-1 for queries and keys: a diagonal
   // block), per unmasked FLOP: the tiles on the diagonal are computed whole and masked.
   ForwardArgs fwd_causal = fwd;
   fwd_causal.mask = Mask::causal();
   BackwardArgs bwd_causal = bwd;
   bwd_causal.mask = Mask::causal();
-  const double forward_causal_s =
-      time_kernel(causal_flops, [&] { attention_forward(fwd_causal, o_view, lse_view); }).seconds;
-  const double backward_causal_s =
-      time_kernel(causal_flops, [&] {
-        attention_backward(bwd_causal, kb.tokens(kb.dq), kb.tokens(kb.dk), kb.tokens(kb.dv));
-      }).seconds;
+  std::vector<KernelBody> kernels = {
+      {flops, [&] { kb.forward(); }},
+      {flops, [&] { kb.backward(); }},
+      {causal_flops, [&] { attention_forward(fwd_causal, o_view, lse_view); }},
+      {causal_flops, [&] {
+         attention_backward(bwd_causal, kb.tokens(kb.dq), kb.tokens(kb.dk), kb.tokens(kb.dv));
+       }}};
+  time_kernel_bodies(world, iters, settings.kernel_region_s, settings.kernel_region_flops, kernels);
+  const KernelBody& forward = kernels[0];
+  const double forward_s = kernels[0].seconds, backward_s = kernels[1].seconds;
+  const double forward_causal_s = kernels[2].seconds, backward_causal_s = kernels[3].seconds;
   // What each call pays beside its score entries, per 24-row panel (loading its queries, keeping
   // and storing its running state) and per key (copying it into the kernel's tiles).
   const ForwardCallCosts call_costs = measure_forward_call_costs(world, kb, iters, forward_s);
