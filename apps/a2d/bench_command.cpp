@@ -270,10 +270,10 @@ int bench(int argc, char** argv, int first) {
     options.add_flag(
         "--calibrate", &o.calibrate,
         "measure this machine as `a2d calibrate` does (median of 9, at the problem's\n"
-        "heads and head dimension, timing kernel calls in regions of up to a second\n"
-        "that do up to a row's kernel work per rank) before the rows and again after them, and save the\n"
-        "average to the calibration file, so that predictions and measurements come from\n"
-        "the same span of a shared machine");
+        "heads and head dimension, kernel calls timed in regions of up to a second that\n"
+        "do at most a row's kernel work per rank) before the rows and again after them,\n"
+        "and save the average to the calibration file, so that predictions and\n"
+        "measurements come from the same span of a shared machine");
     options.add_double("--timeout", &o.timeout, "watchdog timeout in seconds (0 = off)");
     bool help = false;
     Problem problem;

@@ -78,10 +78,10 @@ void time_kernel_bodies(Communicator& world, int64_t iters, double region_s, dou
     k.body();
     once = seconds_now() - once;
     world.all_reduce(&once, 1, Reduction::max);
-    k.calls = std::max<int64_t>(1, static_cast<int64_t>(region_s / once));
+    int64_t calls = static_cast<int64_t>(region_s / once);
     if (region_flops > 0)
-      k.calls = std::min(k.calls, static_cast<int64_t>(std::ceil(region_flops / k.call_flops)));
-    k.calls = std::max<int64_t>(1, k.calls);
+      calls = std::min(calls, static_cast<int64_t>(std::ceil(region_flops / k.call_flops)));
+    k.calls = std::max<int64_t>(1, calls);
     regions.push_back([&k] {
       for (int64_t c = 0; c < k.calls; ++c)
         k.body();
@@ -243,7 +243,7 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
        }}};
   time_kernel_bodies(world, iters, settings.kernel_region_s, settings.kernel_region_flops, kernels);
   const KernelBody& forward = kernels[0];
-  const double forward_s = kernels[0].seconds, backward_s = kernels[1].seconds;
+  const double forward_s = forward.seconds, backward_s = kernels[1].seconds;
   const double forward_causal_s = kernels[2].seconds, backward_causal_s = kernels[3].seconds;
   // What each call pays beside its score entries, per 24-row panel (loading its queries, keeping
   // and storing its running state) and per key (copying it into the kernel's tiles).
