@@ -32,7 +32,7 @@ struct BenchOptions {
   std::string grid, layout, calibration;
   int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42;
   bool no_kv_transpose = false, backward = false, check = false, json = false, csv = false;
-  bool calibrate = false, sequential = false;
+  bool calibrate = false, no_resample_kernel = false, sequential = false;
   double timeout = 300;
 };
 
@@ -272,8 +272,13 @@ int bench(int argc, char** argv, int first) {
         "measure this machine as `a2d calibrate` does (median of 9, at the problem's\n"
         "heads and head dimension, kernel calls timed in regions of up to a second that\n"
         "do at most a row's kernel work per rank) before the rows and again after them,\n"
-        "and save the average to the calibration file, so that predictions and\n"
-        "measurements come from the same span of a shared machine");
+        "and save the average to the calibration file, with the kernel's rates from its\n"
+        "timings taken again between the rows' timed rounds (or rows, with\n"
+        "--sequential), so that predictions and measurements come from the same span of\n"
+        "a shared machine");
+    options.add_flag("--no-resample-kernel", &o.no_resample_kernel,
+                     "with --calibrate: the kernel's rates from the calibrations before and after\n"
+                     "the rows only, not from its timings between the rows' rounds");
     options.add_double("--timeout", &o.timeout, "watchdog timeout in seconds (0 = off)");
     bool help = false;
     Problem problem;
@@ -284,6 +289,7 @@ int bench(int argc, char** argv, int first) {
       A2D_REQUIRE(o.warmup >= 0 && o.iters >= 1, "--warmup must be >= 0 and --iters >= 1");
       A2D_REQUIRE(o.threads >= 1, "--threads must be at least 1");
       A2D_REQUIRE(!(o.json && o.csv), "choose one of --json and --csv");
+      A2D_REQUIRE(o.calibrate || !o.no_resample_kernel, "--no-resample-kernel needs --calibrate");
       problem = o.problem.problem();
       rows = candidate_rows(o, problem, world.size());
     });
@@ -293,7 +299,8 @@ int bench(int argc, char** argv, int first) {
     const std::string calibration_file =
         o.calibration.empty() ? default_calibration_file() : o.calibration;
     // --calibrate measures before the rows and again after them, and the rows are predicted with
-    // the average of the two: a shared machine's speed drifts over a run of minutes.
+    // the average of the two and the kernel rates of the span of the rows: a shared machine's
+    // speed drifts over a run of minutes.
     CalibrationSettings settings;
     settings.heads = problem.heads;  // the problem's working set per row of the block
     settings.head_dim = problem.head_dim;
@@ -302,7 +309,13 @@ int bench(int argc, char** argv, int first) {
     // Timed regions of kernel calls as long as a row's kernel work per rank (up to a second).
     settings.kernel_region_flops = forward_flops(problem) / static_cast<double>(world.size());
     Calibration before;
-    if (o.calibrate) before = measure_calibration(world, settings);
+    // The kernel's timings again between the rows' timed rounds: the kernel is most of a row's
+    // time, and this machine's speed moves over minutes (docs/cost-model.md, section 5).
+    std::unique_ptr<KernelSampler> kernel_sampler;
+    if (o.calibrate) {
+      before = measure_calibration(world, settings);
+      if (!o.no_resample_kernel) kernel_sampler = std::make_unique<KernelSampler>(world, settings);
+    }
 
     ReferenceOutputs reference;
     if (o.check) {
@@ -368,21 +381,24 @@ int bench(int argc, char** argv, int first) {
         for (int64_t round = 0; round < rounds; ++round)
           call_row(*live, round);
         finish_row(*live);
+        if (kernel_sampler) kernel_sampler->sample();
       }
     } else {
       std::vector<std::unique_ptr<LiveRow>> live;
       for (Row& row : rows)
         if (row.skipped.empty()) live.push_back(start_row(row));
-      for (int64_t round = 0; round < rounds; ++round)
+      for (int64_t round = 0; round < rounds; ++round) {
         for (auto& l : live)
           call_row(*l, round);
+        if (kernel_sampler && round >= o.warmup) kernel_sampler->sample();
+      }
       for (auto& l : live)
         finish_row(*l);
     }
 
     if (o.calibrate) {
-      const Calibration measured =
-          average_calibrations(before, measure_calibration(world, settings));
+      Calibration measured = average_calibrations(before, measure_calibration(world, settings));
+      if (kernel_sampler && kernel_sampler->samples() > 0) kernel_sampler->apply(measured);
       collective_check(world, [&] {
         if (world.rank() == 0) save_calibration(calibration_file, measured);
       });

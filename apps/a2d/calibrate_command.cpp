@@ -27,6 +27,16 @@
 namespace a2d::commands {
 namespace {
 
+// One call of `body` on every rank, started together: the slowest rank's seconds.
+double slowest_seconds_once(Communicator& world, const std::function<void()>& body) {
+  world.barrier();
+  const double start = seconds_now();
+  body();
+  double elapsed = seconds_now() - start;
+  world.all_reduce(&elapsed, 1, Reduction::max);
+  return elapsed;
+}
+
 // Seconds per call of each body on the slowest rank, median of `iters` timed calls after one
 // untimed round; the bodies are timed in turn within each round, so that a drift of the
 // machine's speed over the rounds moves them alike (where their differences are used).
@@ -35,11 +45,7 @@ std::vector<double> slowest_seconds_each(Communicator& world, int64_t iters,
   std::vector<std::vector<double>> samples(bodies.size());
   for (int64_t i = 0; i <= iters; ++i) {
     for (size_t b = 0; b < bodies.size(); ++b) {
-      world.barrier();
-      const double start = seconds_now();
-      bodies[b]();
-      double elapsed = seconds_now() - start;
-      world.all_reduce(&elapsed, 1, Reduction::max);
+      const double elapsed = slowest_seconds_once(world, bodies[b]);
       if (i > 0) samples[b].push_back(elapsed);  // the first round is a warm-up
     }
   }
@@ -51,45 +57,6 @@ std::vector<double> slowest_seconds_each(Communicator& world, int64_t iters,
 
 double slowest_seconds(Communicator& world, int64_t iters, const std::function<void()>& body) {
   return slowest_seconds_each(world, iters, {body})[0];
-}
-
-// A kernel body to time, the unmasked FLOPs of one call, and (once timed) seconds per call on the
-// slowest rank and the calls of each timed region.
-struct KernelBody {
-  double call_flops = 0;
-  std::function<void()> body;
-  double seconds = 0;
-  int64_t calls = 1;
-};
-
-// Times kernel bodies as slowest_seconds_each does (in turn within every round, so that a slow
-// spell of the machine falls on the same rounds of every body, which their medians drop), each
-// timed region made of as many calls as do `region_flops` of work (0: no such limit) but last no
-// longer than `region_s` together (judged from an untimed call on the slowest rank; at least one
-// call). The rows the model predicts are as long as their problem's work per rank and timed on
-// their slowest rank: a core slowed for a spell of seconds (this machine is shared) slows a long
-// call's slowest rank, but only some of a short call's samples, whose median then misses it.
-void time_kernel_bodies(Communicator& world, int64_t iters, double region_s, double region_flops,
-                        std::vector<KernelBody>& bodies) {
-  std::vector<std::function<void()>> regions;
-  for (KernelBody& k : bodies) {
-    world.barrier();
-    double once = seconds_now();
-    k.body();
-    once = seconds_now() - once;
-    world.all_reduce(&once, 1, Reduction::max);
-    int64_t calls = static_cast<int64_t>(region_s / once);
-    if (region_flops > 0)
-      calls = std::min(calls, static_cast<int64_t>(std::ceil(region_flops / k.call_flops)));
-    k.calls = std::max<int64_t>(1, calls);
-    regions.push_back([&k] {
-      for (int64_t c = 0; c < k.calls; ++c)
-        k.body();
-    });
-  }
-  const std::vector<double> seconds = slowest_seconds_each(world, iters, regions);
-  for (size_t b = 0; b < bodies.size(); ++b)
-    bodies[b].seconds = seconds[b] / static_cast<double>(bodies[b].calls);
 }
 
 // The calibration's kernel call: a block x block problem of generated inputs and its outputs.
@@ -141,6 +108,110 @@ struct KernelBlock {
   TokenView<float> o_view;
   RowView<float> lse_view;
 };
+
+// A kernel body to time, the unmasked FLOPs of one call, its calls per timed region, and the
+// slowest rank's seconds of each timed region so far.
+struct KernelBody {
+  double call_flops = 0;
+  std::function<void()> body;
+  int64_t calls = 1;
+  std::vector<double> region_s;
+
+  double seconds_per_call() const {
+    return summarize(region_s).median / static_cast<double>(calls);
+  }
+};
+
+}  // namespace
+
+// The calibration's four kernel timings on one block: forward and backward, unmasked and under a
+// causal mask (positions 0..block-1 for queries and keys: a diagonal block, counted in unmasked
+// FLOPs; the tiles on the diagonal are computed whole and masked).
+struct KernelSampler::State {
+  explicit State(const CalibrationSettings& settings)
+      : kb(settings),
+        flops(4.0 * static_cast<double>(kb.block * kb.block * kb.head_dim * kb.heads)),
+        causal_flops(4.0 *
+                     static_cast<double>(kb.block * (kb.block + 1) / 2 * kb.head_dim * kb.heads)),
+        fwd_causal(kb.fwd),
+        bwd_causal(kb.bwd) {
+    fwd_causal.mask = Mask::causal();
+    bwd_causal.mask = Mask::causal();
+    const auto add = [this](double call_flops, std::function<void()> body) {
+      KernelBody k;
+      k.call_flops = call_flops;
+      k.body = std::move(body);
+      bodies.push_back(std::move(k));
+    };
+    add(flops, [this] { kb.forward(); });
+    add(flops, [this] { kb.backward(); });
+    add(causal_flops, [this] { attention_forward(fwd_causal, kb.o_view, kb.lse_view); });
+    add(causal_flops, [this] {
+      attention_backward(bwd_causal, kb.tokens(kb.dq), kb.tokens(kb.dk), kb.tokens(kb.dv));
+    });
+  }
+  KernelBlock kb;
+  double flops, causal_flops;
+  ForwardArgs fwd_causal;
+  BackwardArgs bwd_causal;
+  std::vector<KernelBody> bodies;  // forward, backward, causal forward, causal backward
+};
+
+// Each timed region is made of as many calls as do `kernel_region_flops` of work (0: no such
+// limit) but last no longer than `kernel_region_s` together (judged from an untimed call on the
+// slowest rank; at least one call). The rows the model predicts are as long as their problem's
+// work per rank and timed on their slowest rank: a core slowed for a spell of seconds (this
+// machine is shared) slows a long call's slowest rank, but only some of a short call's samples,
+// whose median then misses it.
+KernelSampler::KernelSampler(Communicator& world, const CalibrationSettings& settings)
+    : world_(world), state_(std::make_unique<State>(settings)) {
+  for (KernelBody& k : state_->bodies) {
+    const double once = slowest_seconds_once(world, k.body);
+    int64_t calls = static_cast<int64_t>(settings.kernel_region_s / once);
+    if (settings.kernel_region_flops > 0) {
+      calls = std::min(
+          calls, static_cast<int64_t>(std::ceil(settings.kernel_region_flops / k.call_flops)));
+    }
+    k.calls = std::max<int64_t>(1, calls);
+  }
+}
+
+KernelSampler::~KernelSampler() = default;
+
+// The timings in turn, as slowest_seconds_each has them, so that a slow spell of the machine
+// falls on the same samples of every timing, which their medians drop.
+void KernelSampler::sample(bool keep) {
+  for (KernelBody& k : state_->bodies) {
+    const double elapsed = slowest_seconds_once(world_, [&k] {
+      for (int64_t c = 0; c < k.calls; ++c)
+        k.body();
+    });
+    if (keep) k.region_s.push_back(elapsed);
+  }
+}
+
+int64_t KernelSampler::samples() const {
+  return static_cast<int64_t>(state_->bodies[0].region_s.size());
+}
+
+void KernelSampler::apply(Calibration& c) const {
+  A2D_REQUIRE(samples() > 0, "calibration: no kernel samples were taken");
+  const std::vector<KernelBody>& k = state_->bodies;
+  const double forward_flops = state_->flops / k[0].seconds_per_call();
+  // The forward's per-panel and per-key costs were scaled to the forward's time with every rank
+  // computing; they follow it.
+  if (c.kernel_forward_flops > 0) {
+    const double slower = c.kernel_forward_flops / forward_flops;
+    c.kernel_forward_panel_s *= slower;
+    c.kernel_forward_key_s *= slower;
+  }
+  c.kernel_forward_flops = forward_flops;
+  c.kernel_backward_flops = 2.5 * state_->flops / k[1].seconds_per_call();
+  c.kernel_forward_causal_flops = state_->causal_flops / k[2].seconds_per_call();
+  c.kernel_backward_causal_flops = 2.5 * state_->causal_flops / k[3].seconds_per_call();
+}
+
+namespace {
 
 // The forward kernel's cost per call and head (fit_forward_call_costs) from calls of six shapes
 // within the block, timed on world rank 0 alone while every other rank sleeps: on a core of its
@@ -220,31 +291,16 @@ void CalibrationSettings::validate() const {
 Calibration measure_calibration(Communicator& world, const CalibrationSettings& settings) {
   const int64_t block = settings.block, heads = settings.heads, head_dim = settings.head_dim;
   const int64_t iters = settings.iters;
-  // The kernel, on every rank at once.
-  KernelBlock kb(settings);
-  ForwardArgs& fwd = kb.fwd;
-  BackwardArgs& bwd = kb.bwd;
+  // The kernel, on every rank at once; the first round is a warm-up.
+  KernelSampler sampler(world, settings);
+  KernelBlock& kb = sampler.state_->kb;
+  const ForwardArgs& fwd = kb.fwd;
   const auto& o_view = kb.o_view;
   const auto& lse_view = kb.lse_view;
-  const double flops = 4.0 * static_cast<double>(block * block * head_dim * heads);
-  const double causal_flops = 4.0 * static_cast<double>(block * (block + 1) / 2 * head_dim * heads);
-  // The same block under a causal mask (positions 0..block-1 for queries and keys: a diagonal
-  // block), per unmasked FLOP: the tiles on the diagonal are computed whole and masked.
-  ForwardArgs fwd_causal = fwd;
-  fwd_causal.mask = Mask::causal();
-  BackwardArgs bwd_causal = bwd;
-  bwd_causal.mask = Mask::causal();
-  std::vector<KernelBody> kernels = {
-      {flops, [&] { kb.forward(); }},
-      {flops, [&] { kb.backward(); }},
-      {causal_flops, [&] { attention_forward(fwd_causal, o_view, lse_view); }},
-      {causal_flops, [&] {
-         attention_backward(bwd_causal, kb.tokens(kb.dq), kb.tokens(kb.dk), kb.tokens(kb.dv));
-       }}};
-  time_kernel_bodies(world, iters, settings.kernel_region_s, settings.kernel_region_flops, kernels);
-  const KernelBody& forward = kernels[0];
-  const double forward_s = forward.seconds, backward_s = kernels[1].seconds;
-  const double forward_causal_s = kernels[2].seconds, backward_causal_s = kernels[3].seconds;
+  for (int64_t i = 0; i <= iters; ++i)
+    sampler.sample(i > 0);
+  const KernelBody& forward = sampler.state_->bodies[0];
+  const double forward_s = forward.seconds_per_call();
   // What each call pays beside its score entries, per 24-row panel (loading its queries, keeping
   // and storing its running state) and per key (copying it into the kernel's tiles).
   const ForwardCallCosts call_costs = measure_forward_call_costs(world, kb, iters, forward_s);
@@ -392,10 +448,6 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   c.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   c.head_dim = head_dim;
   c.block = block;
-  c.kernel_forward_flops = flops / forward_s;
-  c.kernel_backward_flops = 2.5 * flops / backward_s;
-  c.kernel_forward_causal_flops = causal_flops / forward_causal_s;
-  c.kernel_backward_causal_flops = 2.5 * causal_flops / backward_causal_s;
   c.wait_share = wait_share;
   c.latency_s = latency_s;
   c.bytes_per_s = bytes_per_s;
@@ -406,6 +458,7 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   c.merge_bytes_per_s = merge_bytes_per_s;
   c.sync_s = sync_s;
   c.step_sync_s = step_sync_s;
+  sampler.apply(c);  // the kernel rates (after the forward's call costs: apply scales set ones)
   return c;
 }
 

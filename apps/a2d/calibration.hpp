@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "attention2d/comm.hpp"
@@ -26,6 +27,31 @@ struct CalibrationSettings {
 
 // Every rank of `world` takes part; every rank gets the same result.
 Calibration measure_calibration(Communicator& world, const CalibrationSettings& settings);
+
+// The calibration's four kernel timings (forward and backward, unmasked and on a causal diagonal
+// block), each a timed region of repeated calls on the slowest rank (see kernel_region_s), taken
+// one round at a time: measure_calibration takes its rounds back to back, and `a2d bench
+// --calibrate` also takes one between the rounds of its rows, so that the kernel rates of its
+// predictions are those of the span the rows ran in. Every member function is collective.
+class KernelSampler {
+ public:
+  KernelSampler(Communicator& world, const CalibrationSettings& settings);  // sizes the regions
+  ~KernelSampler();
+  KernelSampler(const KernelSampler&) = delete;
+  KernelSampler& operator=(const KernelSampler&) = delete;
+
+  void sample(bool keep = true);  // one timed region of every timing, in turn
+  int64_t samples() const;        // rounds kept
+  // Sets c's kernel rates from the medians of the rounds kept (at least one), and scales the
+  // forward's per-panel and per-key costs, where c has a forward rate, by its change.
+  void apply(Calibration& c) const;
+
+ private:
+  friend Calibration measure_calibration(Communicator& world, const CalibrationSettings& settings);
+  struct State;
+  Communicator& world_;
+  std::unique_ptr<State> state_;
+};
 // The human-readable summary (rank 0 calls it).
 void print_calibration(const Calibration& c, const CalibrationSettings& settings,
                        const std::string& file);

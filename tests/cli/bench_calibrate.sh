@@ -52,6 +52,18 @@ head -1 "$work/bench.csv" | grep -q '^algo,grid,layout' || fail "CSV header"
 grep -q '^\[ranks 2\]' "$work/inline.txt" && grep -q '^head_dim = 32$' "$work/inline.txt" ||
   fail "bench --calibrate did not save a calibration at the problem's head dim"
 grep -q '"pred_fwd_ms": [0-9]' "$work/inline.json" || fail "bench --calibrate rows lack predictions"
+# The kernel's timings between the rows (after each row with --sequential), or not at all.
+for mode in --sequential --no-resample-kernel; do
+  rm -f "$work/inline.txt"
+  "$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$work/inline.txt" --calibrate \
+    --json --algo ring,attention2d "$mode" > "$work/inline.json" || fail "bench --calibrate $mode"
+  [ "$(grep -c '"pred_fwd_ms": [0-9]' "$work/inline.json")" -eq 3 ] || fail "bench --calibrate $mode: rows lack predictions"
+  grep -q '^kernel_forward_causal_gflops = [0-9]' "$work/inline.txt" || fail "bench --calibrate $mode: no kernel rate saved"
+done
+if "$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --algo ring --no-resample-kernel 2>"$work/bad.err"; then
+  fail "--no-resample-kernel without --calibrate was accepted"
+fi
+grep -q "needs --calibrate" "$work/bad.err" || fail "--no-resample-kernel refusal not explained: $(cat "$work/bad.err")"
 [ "$(wc -l < "$work/bench.csv")" -eq 4 ] || fail "CSV rows"
 "$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$cal" | grep -q "measured / predicted" ||
   fail "bench table"
