@@ -458,7 +458,8 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   c.merge_bytes_per_s = merge_bytes_per_s;
   c.sync_s = sync_s;
   c.step_sync_s = step_sync_s;
-  sampler.apply(c);  // the kernel rates (after the forward's call costs: apply scales set ones)
+  // The kernel rates; c has none yet, so the call costs, scaled by these very timings, stay.
+  sampler.apply(c);
   return c;
 }
 

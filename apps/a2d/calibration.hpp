@@ -52,6 +52,7 @@ class KernelSampler {
   Communicator& world_;
   std::unique_ptr<State> state_;
 };
+
 // The human-readable summary (rank 0 calls it).
 void print_calibration(const Calibration& c, const CalibrationSettings& settings,
                        const std::string& file);
