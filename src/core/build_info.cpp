@@ -22,7 +22,12 @@ std::string build_info() {
   int length = 0;
   MPI_Get_library_version(library, &length);
   std::string mpi(library, static_cast<size_t>(length));
-  if (const auto newline = mpi.find('\n'); newline != std::string::npos) mpi.resize(newline);
+  // The first line, without the terminating NUL that some Open MPI releases count in `length`
+  // (4.1.6 does) or trailing blanks.
+  if (const auto end = mpi.find_first_of(std::string("\n\0", 2)); end != std::string::npos)
+    mpi.resize(end);
+  while (!mpi.empty() && (mpi.back() == ' ' || mpi.back() == '\t' || mpi.back() == '\r'))
+    mpi.pop_back();
   out << "MPI: " << mpi << "\n";
 #else
   out << "MPI: not built (configure with -DA2D_WITH_MPI=ON)\n";
