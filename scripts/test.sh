@@ -14,6 +14,19 @@ phase "setup and build"
 (cd build && ctest --output-on-failure -j "$(nproc)" --timeout 600)
 phase "tests"
 
+# The CUDA pieces, where a CUDA toolkit is installed (building them needs no GPU): configure with
+# A2D_WITH_CUDA=ON and compile the .cu sources (the a2d_cuda objects, bench/a2d_gemm_peak).
+if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  cmake -S . -B build-cuda -DA2D_WITH_CUDA=ON -DA2D_WERROR=ON -DA2D_BUILD_TESTS=OFF \
+    > build-cuda.configure.log 2>&1 || { cat build-cuda.configure.log; exit 1; }
+  grep -q "CUDA=ON" build-cuda.configure.log ||
+    { cat build-cuda.configure.log; echo "test.sh: A2D_WITH_CUDA=ON turned itself off"; exit 1; }
+  cmake --build build-cuda -j "$(nproc)" --target a2d_cuda a2d_gemm_peak
+  phase "CUDA build"
+else
+  echo "test.sh: no CUDA toolkit (/usr/local/cuda/bin/nvcc): the CUDA pieces are not built"
+fi
+
 # Sanitizers: unit and command tests, and the MPI tests up to 4 ranks (label 'heavy' excluded).
 # Leak reports from inside Open MPI are suppressed by tests/sanitizers/lsan.supp, nothing else.
 scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DA2D_SANITIZE=ON -DA2D_BUILD_BENCH=OFF
