@@ -21,7 +21,7 @@ namespace a2d::algorithms {
 namespace {
 
 // Tags keep concurrent point-to-point streams between the same ranks apart.
-enum Tag : int { kTagTranspose = 1, kTagKv = 2, kTagQ = 3, kTagPartial = 4 };
+enum Tag : int { kTagTranspose = 1, kTagKv = 2, kTagQ = 3, kTagPartial = 4, kTagDkv = 5 };
 
 class Attention2D final : public DistributedAttention {
  public:
@@ -367,7 +367,7 @@ class Attention2D final : public DistributedAttention {
     // Phase B: visiting Q parts against the gathered K/V (sorted by position); partial results
     // travel right.
     grid_.world().set_phase("forward.kernel");
-    kv_order_.sort(kv, kv_rec_.per_token());
+    if (cols > 1) kv_order_.sort(kv, kv_rec_.per_token());
     Communicator& row_comm = grid_.row_comm();
     const int next = (col() + 1) % cols, prev = (col() - 1 + cols) % cols;
     const int64_t largest = *std::max_element(row_counts_.begin(), row_counts_.end());
@@ -415,38 +415,99 @@ class Attention2D final : public DistributedAttention {
     finalize(own_partial.data(), s.out, s.lse);
   }
 
+  // dK, dV summed along the column by a ring that runs beside the last pass over the K/V parts:
+  // step k (1 <= k < R) sends the sum for part (r - k) mod R (this rank's share of it complete,
+  // plus what arrived for it at step k - 1) to the next rank of the column and receives the sum
+  // for part (r - k - 1); after R - 1 steps the sum for the rank's own part arrives. The bytes and
+  // messages are those of a ring reduce-scatter (docs/attention2d.md).
+  class DkvRing {
+   public:
+    DkvRing(Attention2D& at, Floats& dkv) : at_(at), dkv_(dkv) {
+      const int rows = at_.plan_.grid.rows;
+      if (rows > 1) {
+        const int64_t largest = *std::max_element(at_.col_counts_.begin(), at_.col_counts_.end());
+        incoming_.resize(static_cast<size_t>(at_.kv_rec_.floats(largest)));
+      }
+    }
+    // This rank's share of the part in `slot` is complete: the next step of the ring.
+    void send(int slot) {
+      const int rows = at_.plan_.grid.rows;
+      Communicator& col_comm = at_.grid_.col_comm();
+      col_comm.set_phase("backward.dkv_ring");
+      float* part = at_.slot_of(dkv_, slot);
+      const int64_t count = at_.kv_rec_.floats(at_.col_counts_[static_cast<size_t>(slot)]);
+      if (steps_ > 0) {
+        step_->wait();
+        add_into(part, incoming_.data(), count);
+      }
+      const int arriving = (slot - 1 + rows) % rows;
+      step_ = col_comm.send_recv_async(
+          part, count, (at_.row() + 1) % rows, incoming_.data(),
+          at_.kv_rec_.floats(at_.col_counts_[static_cast<size_t>(arriving)]),
+          (at_.row() - 1 + rows) % rows, kTagDkv);
+      ++steps_;
+    }
+    // After the last step: the sum for the rank's own part, in its slot.
+    float* finish() {
+      const int own = at_.row();
+      if (steps_ > 0) {
+        at_.grid_.col_comm().set_phase("backward.dkv_ring");
+        step_->wait();
+        add_into(at_.slot_of(dkv_, own), incoming_.data(),
+                 at_.kv_rec_.floats(at_.col_counts_[static_cast<size_t>(own)]));
+      }
+      return at_.slot_of(dkv_, own);
+    }
+
+   private:
+    Attention2D& at_;
+    Floats& dkv_;
+    Floats incoming_;
+    RequestPtr step_ = completed_request();
+    int steps_ = 0;
+  };
+
+  float* slot_of(Floats& kv_records, int slot) {
+    return kv_records.data() + kv_rec_.floats(col_offsets_[static_cast<size_t>(slot)]);
+  }
+
   void backward_overlapped(const BackwardShards& s) {
-    const int cols = plan_.grid.cols;
+    const int rows = plan_.grid.rows, cols = plan_.grid.cols;
     const int64_t d = head_dim();
     const RecordLayout dq_rec{problem_.batch, problem_.heads, d};
     Floats kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
     Floats q_own(static_cast<size_t>(q_back_rec_.floats(own_tokens_)));
     pack_backward_rows(s, q_own.data());
-    place_kv(s.k, s.v, "backward",
-             kv.data() + kv_rec_.floats(col_offsets_[static_cast<size_t>(row())]));
+    place_kv(s.k, s.v, "backward", slot_of(kv, row()));
 
     QRing q_ring;
     start_q_ring(q_ring, q_back_rec_, q_own.data(), "backward");
 
-    // Phase A: own Q-side rows against each K/V part; dK, dV land in the part's slot.
+    // Phase A: own Q-side rows against each K/V part; dK, dV land in the part's slot. With one
+    // column there is no phase B: a part's dK, dV are complete after its step, and the column
+    // sum runs beside the remaining steps.
     Floats dq_own(static_cast<size_t>(dq_rec.floats(own_tokens_)), 0.0f);
     Floats dkv(static_cast<size_t>(kv_rec_.floats(kv_rows_)), 0.0f);
+    DkvRing dkv_ring(*this, dkv);
     const int64_t* own_positions = q_positions_.data() + row_offsets_[static_cast<size_t>(col())];
     column_ring(kv, "backward", [&](int slot) {
       grid_.world().set_phase("backward.kernel");
-      kernel_backward(q_own.data(), own_tokens_, own_positions,
-                      kv.data() + kv_rec_.floats(col_offsets_[slot]), col_counts_[slot],
-                      kv_positions_.data() + col_offsets_[slot], dq_own.data(),
-                      dkv.data() + kv_rec_.floats(col_offsets_[slot]), true);
+      kernel_backward(q_own.data(), own_tokens_, own_positions, slot_of(kv, slot),
+                      col_counts_[slot], kv_positions_.data() + col_offsets_[slot], dq_own.data(),
+                      slot_of(dkv, slot), true);
+      if (cols == 1 && slot != row()) dkv_ring.send(slot);
     });
 
     // Phase B: visiting Q-side parts against all K/V (sorted by position, with their dK, dV);
-    // their dQ travels right and is summed.
-    grid_.world().set_phase("backward.kernel");
-    kv_order_.sort(kv, kv_rec_.per_token());
-    kv_order_.sort(dkv, kv_rec_.per_token());
+    // their dQ travels right and is summed. The last step attends its part to the K/V parts one
+    // at a time, in the column ring's order, so that the column sum of dK, dV runs beside it.
     Communicator& row_comm = grid_.row_comm();
     const int next = (col() + 1) % cols, prev = (col() - 1 + cols) % cols;
+    if (cols > 1) {
+      grid_.world().set_phase("backward.kernel");
+      kv_order_.sort(kv, kv_rec_.per_token());
+      kv_order_.sort(dkv, kv_rec_.per_token());
+    }
     const int64_t largest = *std::max_element(row_counts_.begin(), row_counts_.end());
     Floats computed[2], incoming(static_cast<size_t>(dq_rec.floats(largest)));
     for (auto& buffer : computed)
@@ -465,9 +526,23 @@ class Attention2D final : public DistributedAttention {
       Floats& result = computed[step % 2];
       std::fill_n(result.begin(), dq_rec.floats(row_counts_[part]), 0.0f);
       grid_.world().set_phase("backward.kernel");
-      kernel_backward(q_part, row_counts_[part], q_positions_.data() + row_offsets_[part],
-                      kv.data(), kv_rows_, kv_order_.positions.data(), result.data(), dkv.data(),
-                      true);
+      const int64_t* part_positions = q_positions_.data() + row_offsets_[part];
+      if (step + 1 < cols || rows == 1) {
+        kernel_backward(q_part, row_counts_[part], part_positions, kv.data(), kv_rows_,
+                        kv_order_.positions.data(), result.data(), dkv.data(), true);
+        if (step + 1 == cols) kv_order_.unsort(dkv, kv_rec_.per_token());
+      } else {
+        kv_order_.unsort(kv, kv_rec_.per_token());
+        kv_order_.unsort(dkv, kv_rec_.per_token());
+        for (int k = 1; k <= rows; ++k) {
+          const int slot = kv_slot_at(k % rows);  // (r - 1), (r - 2), ..., (r + 1), then r
+          grid_.world().set_phase("backward.kernel");
+          kernel_backward(q_part, row_counts_[part], part_positions, slot_of(kv, slot),
+                          col_counts_[slot], kv_positions_.data() + col_offsets_[slot],
+                          result.data(), slot_of(dkv, slot), true);
+          if (k < rows) dkv_ring.send(slot);
+        }
+      }
       row_comm.set_phase("backward.dq_ring");
       dq_in->wait();
       if (step >= 2) add_into(result.data(), incoming.data(), dq_rec.floats(row_counts_[part]));
@@ -484,15 +559,8 @@ class Attention2D final : public DistributedAttention {
     }
     unpack(dq_rec, dq_own.data(), 0, own_tokens_, d, s.dq);
 
-    // dK, dV summed along the column and sent home.
-    kv_order_.unsort(dkv, kv_rec_.per_token());
-    Floats dkv_part(static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
-    Communicator& col_comm = grid_.col_comm();
-    col_comm.set_phase("backward.dkv_reduce_scatter");
-    col_comm.reduce_scatter(dkv.data(), dkv_part.data(),
-                            scaled(col_counts_, problem_.batch * problem_.kv_heads), 2 * d,
-                            Reduction::sum);
-    return_dkv(dkv_part.data(), "backward", s.dk, s.dv);
+    // dK, dV of the rank's part, summed along the column, sent home.
+    return_dkv(dkv_ring.finish(), "backward", s.dk, s.dv);
   }
 
   Problem problem_;

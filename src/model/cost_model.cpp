@@ -236,8 +236,10 @@ Group group_of(const Plan& plan, const std::string& phase) {
     return Group::world;
   }
   if (step == "kv_transpose" || step == "dkv_transpose") return Group::pair;
-  if (step == "kv_allgather" || step == "kv_ring" || step == "dkv_reduce_scatter")
+  if (step == "kv_allgather" || step == "kv_ring" || step == "dkv_reduce_scatter" ||
+      step == "dkv_ring") {
     return Group::column;
+  }
   return Group::row;
 }
 
@@ -250,7 +252,7 @@ bool blocking_phase(const Plan& plan, const std::string& phase) {
     case Algorithm::ring:
       return false;
     case Algorithm::attention2d_overlap:
-      return step == "kv_transpose" || step == "dkv_transpose" || step == "dkv_reduce_scatter";
+      return step == "kv_transpose" || step == "dkv_transpose";
     case Algorithm::attention2d:
     case Algorithm::allgather_kv:
     case Algorithm::ulysses:
@@ -394,9 +396,10 @@ double permuted_floats(const Problem& p, const Plan& plan, bool forward) {
       }
       return (q_sorted ? q_rows * b * h * (3 * d + 2) : 0) + (kv_sorted ? 2 * kv_rows * kv_row : 0);
     case Algorithm::attention2d_overlap:
-      // The gathered K/V is sorted before phase B; the backward sorts dK/dV with it and puts
-      // them back.
-      return kv_sorted ? (forward ? 1 : 3) * kv_rows * kv_row : 0;
+      // The gathered K/V is sorted before phase B (none with one column); the backward sorts
+      // dK/dV with it and puts both back before phase B's last step.
+      if (!kv_sorted || plan.grid.cols == 1) return 0;
+      return (forward ? 1 : 4) * kv_rows * kv_row;
     case Algorithm::allgather_kv:
       return (forward ? 1 : 2) * big_n * kv_row;  // gathered K/V sorted; dK/dV put back
     case Algorithm::ring:
@@ -543,22 +546,46 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
       // Phase A: R steps of (own queries x one K/V part) hiding the next part's transfer.
       // Phase B: C - 1 steps of (one visiting Q part x all gathered K/V) hiding the Q and
       // partial transfers; the last partial arrives after the last step.
-      const auto phases_ab = [&](double compute, const std::string& kv, const std::string& q,
-                                 const std::string& partial) {
-        double time = 0;
-        for (int s = 0; s < rows; ++s) {
-          time += overlapped(compute / (rows * cols), s + 1 < rows ? per_step(kv) : 0.0);
+      double forward = 0;
+      for (int s = 0; s < rows; ++s)
+        forward += overlapped(cf / (rows * cols), s + 1 < rows ? per_step("forward.kv_ring") : 0.0);
+      for (int s = 1; s < cols; ++s) {
+        forward +=
+            overlapped(cf / cols, per_step("forward.q_ring") + per_step("forward.partial_ring"));
+      }
+      if (cols > 1) forward += per_step("forward.partial_ring");
+      out.forward_s = t("forward.kv_transpose") + forward + reduced("forward.partial_ring");
+      // The backward's dK/dV column sum is a ring of R - 1 steps beside the last pass over the
+      // K/V parts: with C = 1, phase A (step s sends the part computed at step s, so the last
+      // send is exposed); with C > 1, the last step of phase B, which attends its Q part to the
+      // K/V parts one at a time (R calls, each but the first hiding a step of the sum).
+      const double dkv = per_step("backward.dkv_ring");
+      const double q = per_step("backward.q_ring"), dq = per_step("backward.dq_ring");
+      double backward = 0;
+      for (int s = 0; s < rows; ++s) {
+        backward +=
+            overlapped(cb / (rows * cols), (s + 1 < rows ? per_step("backward.kv_ring") : 0.0) +
+                                               (cols == 1 && s >= 2 ? dkv : 0.0));
+      }
+      if (cols == 1 && rows > 1) backward += dkv;
+      for (int s = 1; s + 1 < cols; ++s)
+        backward += overlapped(cb / cols, q + dq);
+      if (cols > 1) {
+        // The last step: R calls of c = C_b/(CR). Its Q and dQ transfers are in flight during
+        // all of them; step k of the sum starts when call k is done and step k - 1 has arrived,
+        // so the sum ends at c + (R - 1)·step(dkv_ring) when its steps outlast the calls.
+        const double call = cb / (cols * rows);
+        if (can_overlap) {
+          backward += std::max({cb / cols, q + dq, call + (rows - 1) * dkv});
+        } else {
+          backward += overlapped(call, q + dq);
+          for (int k = 2; k <= rows; ++k)
+            backward += overlapped(call, dkv);
         }
-        for (int s = 1; s < cols; ++s)
-          time += overlapped(compute / cols, per_step(q) + per_step(partial));
-        if (cols > 1) time += per_step(partial);
-        return time + reduced(partial);
-      };
-      out.forward_s = t("forward.kv_transpose") +
-                      phases_ab(cf, "forward.kv_ring", "forward.q_ring", "forward.partial_ring");
-      out.backward_s = t("backward.kv_transpose") +
-                       phases_ab(cb, "backward.kv_ring", "backward.q_ring", "backward.dq_ring") +
-                       t("backward.dkv_reduce_scatter") + t("backward.dkv_transpose");
+        backward += dq;
+      }
+      out.backward_s = t("backward.kv_transpose") + backward + reduced("backward.dq_ring") +
+                       reduced("backward.dkv_ring") + t("backward.dkv_transpose");
       break;
     }
     case Algorithm::ring: {

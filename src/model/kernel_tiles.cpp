@@ -49,15 +49,17 @@ std::vector<int64_t> slice(const std::vector<int64_t>& positions, int64_t begin,
   return {positions.begin() + begin, positions.begin() + begin + count};
 }
 
-// The kernel calls of `rank` (forward and backward make the same ones) (query positions, key
-// positions, in the order the algorithm passes them), per batch and query head; `heads` = the query
-// heads the rank attends.
+// The kernel calls of `rank` in one direction (query positions, key positions, in the order the
+// algorithm passes them), per batch and query head; `heads` = the query heads the rank attends.
+// Forward and backward make the same calls but in ATTENTION2D-O's backward, whose last phase-B
+// step attends its Q part to the K/V parts one at a time.
 struct Calls {
   std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> calls;
   int64_t heads = 0;
 };
 
-Calls kernel_calls(const Problem& problem, const Plan& plan, const SequenceParts& parts, int rank) {
+Calls kernel_calls(const Problem& problem, const Plan& plan, const SequenceParts& parts, int rank,
+                   bool backward) {
   Calls out;
   out.heads = problem.heads;
   const bool causal = problem.mask.is_causal();
@@ -80,9 +82,18 @@ Calls kernel_calls(const Problem& problem, const Plan& plan, const SequenceParts
           slice(at.q_positions, q_offsets[static_cast<size_t>(at.col)], at.own_tokens);
       for (size_t part = 0; part < at.col_counts.size(); ++part)
         out.calls.push_back({own, slice(at.kv_positions, kv_offsets[part], at.col_counts[part])});
+      const int rows = plan.grid.rows, cols = plan.grid.cols;
+      const size_t last = static_cast<size_t>((at.col + 1) % cols);  // phase B's last Q part
       for (size_t part = 0; part < at.row_counts.size(); ++part) {
         if (static_cast<int>(part) == at.col) continue;
-        out.calls.push_back({slice(at.q_positions, q_offsets[part], at.row_counts[part]), kv});
+        const std::vector<int64_t> q = slice(at.q_positions, q_offsets[part], at.row_counts[part]);
+        if (backward && part == last && rows > 1) {
+          for (size_t kv_part = 0; kv_part < at.col_counts.size(); ++kv_part)
+            out.calls.push_back(
+                {q, slice(at.kv_positions, kv_offsets[kv_part], at.col_counts[kv_part])});
+        } else {
+          out.calls.push_back({q, kv});
+        }
       }
       break;
     }
@@ -249,11 +260,12 @@ TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan) {
   const SequenceParts parts = sequence ? sequence_parts(problem, plan) : SequenceParts{};
   TileEntries busiest;
   for (const int rank : sample) {
-    const Calls calls = kernel_calls(problem, plan, parts, rank);
+    const Calls calls = kernel_calls(problem, plan, parts, rank, false);
     double forward = 0, backward = 0, panels = 0, keys = 0;
+    for (const auto& [q, k] : kernel_calls(problem, plan, parts, rank, true).calls)
+      backward += backward_tile_entries(problem.mask, q, k);
     for (const auto& [q, k] : calls.calls) {
       forward += forward_tile_entries(problem.mask, q, k);
-      backward += backward_tile_entries(problem.mask, q, k);
       panels += static_cast<double>((static_cast<int64_t>(q.size()) + kCpuForwardPanel - 1) /
                                     kCpuForwardPanel);
       keys += static_cast<double>(k.size());

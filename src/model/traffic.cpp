@@ -40,8 +40,8 @@ std::map<std::string, Traffic> attention2d_traffic(const Problem& p, const Plan&
   const bool overlap = plan.algorithm == Algorithm::attention2d_overlap;
   const Traffic transpose_in = point_to_point(at.own_tokens * kv_token * 2 * d, at.kv_dest == rank);
   const Traffic transpose_out = point_to_point(held_kv * kv_token * 2 * d, at.kv_source == rank);
-  // The K/V gather, the Q gather and the merge are the same ring charges whether they run as
-  // collectives (no-overlap) or as point-to-point rings (overlapped).
+  // The K/V gather, the Q gather, the merge and the dK/dV sum are the same ring charges whether
+  // they run as collectives (no-overlap) or as point-to-point rings (overlapped).
   const Traffic kv_gather =
       ring(ring_all_gather_charge(times(at.col_counts, kv_token * 2 * d), at.row));
   const auto q_gather = [&](int64_t record) {
@@ -57,8 +57,8 @@ std::map<std::string, Traffic> attention2d_traffic(const Problem& p, const Plan&
   phases["forward.kv_transpose"] = transpose_in;
   phases["backward.kv_transpose"] = transpose_in;
   phases["backward.dkv_transpose"] = transpose_out;
-  phases["backward.dkv_reduce_scatter"] = dkv_reduce;
   if (overlap) {
+    phases["backward.dkv_ring"] = dkv_reduce;
     phases["forward.kv_ring"] = kv_gather;
     phases["forward.q_ring"] = q_gather(d);
     phases["forward.partial_ring"] = row_reduce(d + 2);
@@ -72,6 +72,7 @@ std::map<std::string, Traffic> attention2d_traffic(const Problem& p, const Plan&
     phases["backward.kv_allgather"] = kv_gather;
     phases["backward.q_allgather"] = q_gather(2 * d + 2);
     phases["backward.dq_reduce_scatter"] = row_reduce(d);
+    phases["backward.dkv_reduce_scatter"] = dkv_reduce;
   }
   return phases;
 }

@@ -307,6 +307,53 @@ TEST(CostModel, SynchronisationIsChargedPerBlockingOperationAndPerRingStep) {
               predict(problem, ring, accelerators_plain, 4, Precision::fp32).forward_s, 1e-9);
 }
 
+// ATTENTION2D-O's backward sums dK/dV along the column as a ring beside the last pass over the
+// K/V parts (docs/attention2d.md): where computation overlaps communication and dominates it,
+// only the transposes, the last dQ step and (with one column) the sum's last step show.
+TEST(CostModel, OverlappedBackwardHidesTheColumnSumOfDkDv) {
+  Problem problem;
+  problem.seq = 96;
+  problem.heads = problem.kv_heads = 2;
+  problem.head_dim = 8;
+  Machine accelerators = shared_machine();
+  accelerators.shared_cores = 0;
+  accelerators.kernel_forward_flops = accelerators.kernel_backward_flops = 1e3;  // compute-bound
+  const auto seconds = [](const Prediction& p, const std::string& name) {
+    for (const PhaseCost& phase : p.phases)
+      if (phase.name == name) return phase.seconds;
+    ADD_FAILURE() << "no phase " << name;
+    return 0.0;
+  };
+  const auto messages = [](const Prediction& p, const std::string& name) {
+    for (const PhaseCost& phase : p.phases)
+      if (phase.name == name) return static_cast<double>(phase.traffic.messages);
+    return 0.0;
+  };
+  for (const auto& [rows, cols] : {std::pair{2, 3}, std::pair{3, 2}, std::pair{6, 1}}) {
+    Plan plan = default_plan(Algorithm::attention2d_overlap, problem, 6);
+    plan.grid = grid_of(rows, cols);
+    const Prediction p = predict(problem, plan, accelerators, 6, Precision::fp32);
+    const double exposed = cols > 1
+                               ? seconds(p, "backward.dq_ring") / messages(p, "backward.dq_ring")
+                               : seconds(p, "backward.dkv_ring") / messages(p, "backward.dkv_ring");
+    EXPECT_GT(seconds(p, "backward.dkv_ring"), 0) << rows << "x" << cols;
+    EXPECT_NEAR(p.backward_s,
+                seconds(p, "backward.kv_transpose") + p.backward_compute_s + exposed +
+                    seconds(p, "backward.dkv_transpose"),
+                1e-9 * p.backward_s)
+        << rows << "x" << cols;
+  }
+  // Where ranks share cores, every step of the sum costs its time and a step's synchronisation.
+  Machine synced = shared_machine();
+  synced.step_sync_s = 10;
+  Plan square = default_plan(Algorithm::attention2d_overlap, problem, 4);
+  square.grid = grid_of(2, 2);
+  const double base = predict(problem, square, shared_machine(), 4, Precision::fp32).backward_s;
+  // Phase A's K/V shift, the last phase-B step's Q and dQ transfers, its second call's dK/dV step.
+  EXPECT_NEAR(predict(problem, square, synced, 4, Precision::fp32).backward_s - base, 3 * 10.0,
+              1e-9);
+}
+
 TEST(CostModel, SortedRowsAreChargedAtThePermutationRate) {
   Problem problem;
   problem.seq = 8;
@@ -329,7 +376,13 @@ TEST(CostModel, SortedRowsAreChargedAtThePermutationRate) {
   Plan overlap = default_plan(Algorithm::attention2d_overlap, problem, 4);
   overlap.grid = grid_of(2, 2);
   EXPECT_EQ(permuted_floats(problem, overlap, true), 4.0 * 4);
-  EXPECT_EQ(permuted_floats(problem, overlap, false), 3 * 4.0 * 4);
+  // Backward: K/V and dK/dV sorted before phase B, both put back before its last step (which
+  // attends its Q part to the K/V parts one at a time, in their gathered order).
+  EXPECT_EQ(permuted_floats(problem, overlap, false), 4 * 4.0 * 4);
+  Plan one_column = overlap;
+  one_column.grid = grid_of(4, 1);  // no phase B: the K/V parts are used in their gathered order
+  EXPECT_EQ(permuted_floats(problem, one_column, true), 0.0);
+  EXPECT_EQ(permuted_floats(problem, one_column, false), 0.0);
   const Plan gather = default_plan(Algorithm::allgather_kv, problem, 4);
   EXPECT_EQ(permuted_floats(problem, gather, true), 8.0 * 4);
   EXPECT_EQ(permuted_floats(problem, gather, false), 2 * 8.0 * 4);
