@@ -262,7 +262,11 @@ TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan) {
   for (const int rank : sample) {
     const Calls calls = kernel_calls(problem, plan, parts, rank, false);
     double forward = 0, backward = 0, panels = 0, keys = 0;
-    for (const auto& [q, k] : kernel_calls(problem, plan, parts, rank, true).calls)
+    // Only ATTENTION2D-O's backward makes other calls than its forward.
+    const Calls split = plan.algorithm == Algorithm::attention2d_overlap
+                            ? kernel_calls(problem, plan, parts, rank, true)
+                            : Calls{};
+    for (const auto& [q, k] : (split.calls.empty() ? calls : split).calls)
       backward += backward_tile_entries(problem.mask, q, k);
     for (const auto& [q, k] : calls.calls) {
       forward += forward_tile_entries(problem.mask, q, k);
