@@ -14,11 +14,15 @@ mpi=(mpiexec --oversubscribe --bind-to core:overload-allowed)
 # Each (P, N) group measures the machine first (bench --calibrate) into its own calibration file,
 # so that every prediction comes from the same run as the times it is compared with: the machine
 # is shared, and its speed drifts by tens of per cent over minutes.
+# Rows at N = 4096 take a few hundred ms, where one slow spell of the shared cores is a large part
+# of a repeat: they get 11 timed rounds (medians of 11), the rows at N = 16384 (seconds each) 5.
 for ranks in 4 9 16; do
   for seq in 4096 16384; do
+    iters=5
+    if [ "$seq" -le 4096 ]; then iters=11; fi
     rm -f "$out/calibration-p$ranks-n$seq.txt"
     "${mpi[@]}" -np "$ranks" "$a2d" bench --seq "$seq" --heads 8 --head-dim 64 --causal --backward \
-      --warmup 1 --iters 5 --json --calibrate --calibration "$out/calibration-p$ranks-n$seq.txt" \
+      --warmup 1 --iters "$iters" --json --calibrate --calibration "$out/calibration-p$ranks-n$seq.txt" \
       > "$out/bench-p$ranks-n$seq.json"
   done
 done
