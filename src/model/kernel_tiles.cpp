@@ -263,10 +263,9 @@ TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan) {
     const Calls calls = kernel_calls(problem, plan, parts, rank, false);
     double forward = 0, backward = 0, panels = 0, keys = 0;
     // Only ATTENTION2D-O's backward makes other calls than its forward.
-    const Calls split = plan.algorithm == Algorithm::attention2d_overlap
-                            ? kernel_calls(problem, plan, parts, rank, true)
-                            : Calls{};
-    for (const auto& [q, k] : (split.calls.empty() ? calls : split).calls)
+    const bool own_backward = plan.algorithm == Algorithm::attention2d_overlap;
+    const Calls split = own_backward ? kernel_calls(problem, plan, parts, rank, true) : Calls{};
+    for (const auto& [q, k] : (own_backward ? split : calls).calls)
       backward += backward_tile_entries(problem.mask, q, k);
     for (const auto& [q, k] : calls.calls) {
       forward += forward_tile_entries(problem.mask, q, k);
