@@ -1,9 +1,11 @@
 #include "targets.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "attention2d/dtype.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/grid.hpp"
 #include "attention2d/layout.hpp"
@@ -39,13 +41,32 @@ void npy_reader(const uint8_t* data, size_t size) {
   try {
     const npy::Array array = npy::parse(reinterpret_cast<const std::byte*>(data), size, "fuzz.npy");
     const int64_t count = array.element_count();
-    expect(static_cast<size_t>(count) * (array.dtype == npy::DType::float32 ? 4 : 8) ==
-           array.bytes.size());
+    expect(static_cast<size_t>(count) * npy::item_size(array.dtype) == array.bytes.size());
     if (array.dtype == npy::DType::float32) {
       const std::vector<float> values = array.to_float();
       const auto encoded = npy::encode(array.shape, npy::DType::float32, values.data());
       const npy::Array again = npy::parse(encoded.data(), encoded.size(), "re-encoded");
       expect(again.shape == array.shape && again.bytes == array.bytes);
+    } else if (array.dtype == npy::DType::float16) {
+      // Widening is exact: to_float and to_double agree, and rounding back to binary16 gives the
+      // file's bits (a NaN's bits with the quiet bit 0x0200 set).
+      const std::vector<float> values = array.to_float();
+      const std::vector<double> wide = array.to_double();
+      expect(static_cast<int64_t>(values.size()) == count &&
+             static_cast<int64_t>(wide.size()) == count);
+      std::vector<uint16_t> bits(values.size());
+      if (count > 0) std::memcpy(bits.data(), array.bytes.data(), array.bytes.size());
+      for (size_t i = 0; i < bits.size(); ++i) {
+        if (std::isnan(values[i])) {
+          expect(std::isnan(wide[i]) && float_to_f16(values[i]) == (bits[i] | 0x0200u));
+        } else {
+          expect(wide[i] == values[i] && float_to_f16(values[i]) == bits[i]);
+        }
+      }
+      const auto encoded = npy::encode(array.shape, npy::DType::float16, bits.data());
+      const npy::Array again = npy::parse(encoded.data(), encoded.size(), "re-encoded");
+      expect(again.dtype == npy::DType::float16 && again.shape == array.shape &&
+             again.bytes == array.bytes);
     } else {
       const std::vector<double> values = array.to_double();
       expect(static_cast<int64_t>(values.size()) == count);

@@ -1,8 +1,9 @@
 // attention2d: NumPy .npy files (format versions 1.0, 2.0 and 3.0).
 //
-// Read: float32 ('<f4') or float64 ('<f8'), C order, little endian. Anything else (bad magic,
-// another dtype, Fortran order, a truncated body, a malformed header) is refused with an
-// a2d::Error that names the file and what is wrong.
+// Read: float16 ('<f2', IEEE binary16), float32 ('<f4') or float64 ('<f8'), C order, little
+// endian. Anything else (bad magic, another dtype such as '<i2' or a big-endian '>f2', Fortran
+// order, a truncated body, a malformed header) is refused with an a2d::Error that names the file
+// and what is wrong. to_float() and to_double() widen float16 exactly.
 // Write: version 1.0, C order, little endian, through a temporary file renamed into place; an
 // existing file is refused unless overwrite is asked for.
 #pragma once
@@ -14,8 +15,11 @@
 
 namespace a2d::npy {
 
-enum class DType { float32, float64 };
-const char* dtype_name(DType dtype);
+// float16 elements are binary16 bit patterns (uint16_t); dtype.hpp's float_to_f16 and f16_to_float
+// convert them.
+enum class DType { float32, float64, float16 };
+const char* dtype_name(DType dtype);  // "float32", "float64", "float16" (numpy's names)
+std::size_t item_size(DType dtype);   // bytes per element: 4, 8, 2
 
 struct Array {
   DType dtype = DType::float32;

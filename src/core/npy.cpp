@@ -14,6 +14,7 @@
 #include <sstream>
 #include <variant>
 
+#include "attention2d/dtype.hpp"
 #include "attention2d/error.hpp"
 
 namespace a2d::npy {
@@ -21,10 +22,6 @@ namespace {
 
 constexpr char kMagic[] = "\x93NUMPY";
 constexpr std::size_t kMagicSize = 6;
-
-std::size_t item_size(DType dtype) {
-  return dtype == DType::float32 ? 4 : 8;
-}
 
 // The header dict holds strings, booleans and tuples of non-negative integers; nothing else is
 // accepted.
@@ -147,10 +144,22 @@ int64_t checked_count(const std::vector<int64_t>& shape, const std::string& name
   return count;
 }
 
+// numpy's 'descr' of each dtype (little endian).
+const char* descr_of(DType dtype) {
+  switch (dtype) {
+    case DType::float32:
+      return "<f4";
+    case DType::float64:
+      return "<f8";
+    case DType::float16:
+      return "<f2";
+  }
+  return "?";
+}
+
 std::string header_text(const std::vector<int64_t>& shape, DType dtype) {
   std::ostringstream dict;
-  dict << "{'descr': '" << (dtype == DType::float32 ? "<f4" : "<f8")
-       << "', 'fortran_order': False, 'shape': (";
+  dict << "{'descr': '" << descr_of(dtype) << "', 'fortran_order': False, 'shape': (";
   for (std::size_t i = 0; i < shape.size(); ++i) {
     dict << shape[i] << (shape.size() == 1 || i + 1 < shape.size() ? "," : "");
     if (i + 1 < shape.size()) dict << ' ';
@@ -171,12 +180,43 @@ std::string errno_text() {
 }  // namespace
 
 const char* dtype_name(DType dtype) {
-  return dtype == DType::float32 ? "float32" : "float64";
+  switch (dtype) {
+    case DType::float32:
+      return "float32";
+    case DType::float64:
+      return "float64";
+    case DType::float16:
+      return "float16";
+  }
+  return "?";
+}
+
+std::size_t item_size(DType dtype) {
+  switch (dtype) {
+    case DType::float32:
+      return 4;
+    case DType::float64:
+      return 8;
+    case DType::float16:
+      return 2;
+  }
+  return 0;
 }
 
 int64_t Array::element_count() const {
   return checked_count(shape, "array");
 }
+
+namespace {
+
+// Element i of a float16 array, widened exactly (every binary16 value is a binary32 value).
+float f16_at(const std::vector<std::byte>& bytes, int64_t i) {
+  uint16_t bits;
+  std::memcpy(&bits, bytes.data() + 2 * i, 2);
+  return f16_to_float(bits);
+}
+
+}  // namespace
 
 std::vector<float> Array::to_float() const {
   const int64_t n = element_count();
@@ -184,6 +224,9 @@ std::vector<float> Array::to_float() const {
   if (dtype == DType::float32) {
     // n == 0: both pointers may be null, which memcpy does not allow (found by fuzz_npy).
     if (n > 0) std::memcpy(out.data(), bytes.data(), static_cast<std::size_t>(n) * 4);
+  } else if (dtype == DType::float16) {
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = f16_at(bytes, i);
   } else {
     for (int64_t i = 0; i < n; ++i) {
       double value;
@@ -199,6 +242,9 @@ std::vector<double> Array::to_double() const {
   std::vector<double> out(static_cast<std::size_t>(n));
   if (dtype == DType::float64) {
     if (n > 0) std::memcpy(out.data(), bytes.data(), static_cast<std::size_t>(n) * 8);
+  } else if (dtype == DType::float16) {
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = f16_at(bytes, i);
   } else {
     for (int64_t i = 0; i < n; ++i) {
       float value;
@@ -243,16 +289,18 @@ Array parse(const std::byte* data, std::size_t size, const std::string& name) {
              " boolean and 'shape' a tuple");
   }
   Array array;
-  if (*descr == "<f4") {
+  if (*descr == "<f2") {
+    array.dtype = DType::float16;
+  } else if (*descr == "<f4") {
     array.dtype = DType::float32;
   } else if (*descr == "<f8") {
     array.dtype = DType::float64;
-  } else if (*descr == ">f4" || *descr == ">f8") {
+  } else if (*descr == ">f2" || *descr == ">f4" || *descr == ">f8") {
     A2D_FAIL(name, " is big-endian ('", *descr, "'); convert it with array.astype('<f",
              descr->back(), "')");
   } else {
     A2D_FAIL(name, " has unsupported dtype '", *descr,
-             "'; attention2d reads float32 ('<f4') or float64 ('<f8')");
+             "'; attention2d reads float16 ('<f2'), float32 ('<f4') or float64 ('<f8')");
   }
   if (*fortran) {
     A2D_FAIL(name, " is in Fortran order; save it in C order (numpy.ascontiguousarray)");

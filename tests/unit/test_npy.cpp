@@ -3,6 +3,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <bit>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -52,6 +54,18 @@ std::vector<std::byte> handmade(const std::string& header, std::size_t body_byte
   text += header;
   text.append(body_bytes, '\0');
   return bytes_of(text);
+}
+
+// A hand-made float16 file: the header dict with 'descr' '<f2' and `shape` (a Python tuple
+// literal), then `bits` as little-endian binary16.
+std::vector<std::byte> handmade_f16(const std::string& shape, const std::vector<uint16_t>& bits) {
+  std::vector<std::byte> bytes =
+      handmade("{'descr': '<f2', 'fortran_order': False, 'shape': " + shape + ", }", 0);
+  for (const uint16_t b : bits) {
+    bytes.push_back(static_cast<std::byte>(b & 0xff));
+    bytes.push_back(static_cast<std::byte>(b >> 8));
+  }
+  return bytes;
 }
 
 std::string error_of(const std::vector<std::byte>& bytes) {
@@ -137,6 +151,96 @@ TEST_F(NpyTest, MalformedInputsAreRefusedWithTheReason) {
   auto bad_version = handmade("{}", 0);
   bad_version[6] = std::byte{9};
   EXPECT_NE(error_of(bad_version).find("version"), std::string::npos);
+}
+
+// Zero, -0, normal, the largest finite (65504), the smallest and largest subnormals, the smallest
+// normal, both infinities, a quiet and a signalling NaN, and 1/3 rounded to binary16.
+const std::vector<uint16_t> kF16Bits = {0x0000, 0x8000, 0x3c00, 0xc100, 0x7bff, 0x0001, 0x03ff,
+                                        0x0400, 0x7c00, 0xfc00, 0x7e00, 0x7d01, 0x3555};
+const std::vector<float> kF16Values = {
+    0.0f,     -0.0f,    1.0f,      -2.5f, 65504.0f, 0x1p-24f,   1023 * 0x1p-24f,
+    0x1p-14f, INFINITY, -INFINITY, NAN,   NAN,      0x1.554p-2f};
+
+// to_float() and to_double() give exactly `expected` (NaN for NaN, the sign of zero kept).
+void expect_values(const npy::Array& a, const std::vector<float>& expected) {
+  const std::vector<float> f = a.to_float();
+  const std::vector<double> d = a.to_double();
+  ASSERT_EQ(f.size(), expected.size());
+  ASSERT_EQ(d.size(), expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    SCOPED_TRACE(i);
+    if (std::isnan(expected[i])) {
+      EXPECT_TRUE(std::isnan(f[i]));
+      EXPECT_TRUE(std::isnan(d[i]));
+    } else {
+      EXPECT_EQ(std::bit_cast<uint32_t>(f[i]), std::bit_cast<uint32_t>(expected[i]));
+      EXPECT_EQ(std::bit_cast<uint64_t>(d[i]),
+                std::bit_cast<uint64_t>(static_cast<double>(expected[i])));
+    }
+  }
+}
+
+TEST_F(NpyTest, Float16ReadsExactly) {
+  const auto bytes = handmade_f16("(13,)", kF16Bits);
+  const npy::Array a = npy::parse(bytes.data(), bytes.size(), "h.npy");
+  EXPECT_EQ(a.dtype, npy::DType::float16);
+  EXPECT_STREQ(npy::dtype_name(a.dtype), "float16");
+  EXPECT_EQ(npy::item_size(a.dtype), 2u);
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{13}));
+  EXPECT_EQ(a.bytes.size(), 26u);
+  expect_values(a, kF16Values);
+}
+
+TEST_F(NpyTest, Float16Shapes) {
+  const std::vector<uint16_t> six = {0x3c00, 0x4000, 0x4200, 0x4400, 0x4500, 0x4600};  // 1 to 6
+  const auto matrix = handmade_f16("(2, 3)", six);
+  const npy::Array a = npy::parse(matrix.data(), matrix.size(), "m.npy");
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(a.to_float(), (std::vector<float>{1, 2, 3, 4, 5, 6}));
+  npy::require_shape(a, {2, 3}, "--q");
+  try {
+    npy::require_shape(a, {3, 2}, "--q");
+    FAIL() << "accepted a wrong shape";
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("--q has shape [2, 3] but [3, 2] is required"), std::string::npos);
+  }
+  const auto scalar = handmade_f16("()", {0xc000});
+  const npy::Array s = npy::parse(scalar.data(), scalar.size(), "s.npy");
+  EXPECT_TRUE(s.shape.empty());
+  EXPECT_EQ(s.to_double(), (std::vector<double>{-2.0}));
+  const auto empty = handmade_f16("(0, 4)", {});
+  const npy::Array e = npy::parse(empty.data(), empty.size(), "e.npy");
+  EXPECT_EQ(e.element_count(), 0);
+  EXPECT_TRUE(e.to_float().empty());
+  EXPECT_TRUE(e.to_double().empty());
+}
+
+TEST_F(NpyTest, OtherTwoByteTypesAndBadFloat16BodiesAreRefused) {
+  auto file = [](const std::string& descr, std::size_t body) {
+    return handmade("{'descr': '" + descr + "', 'fortran_order': False, 'shape': (3,), }", body);
+  };
+  for (const char* descr : {"<i2", "<u2", "|f2", "<e", "|V2"}) {
+    SCOPED_TRACE(descr);
+    EXPECT_NE(error_of(file(descr, 6))
+                  .find(std::string("x.npy has unsupported dtype '") + descr +
+                        "'; attention2d reads float16 ('<f2'), float32 ('<f4') or float64 ('<f8')"),
+              std::string::npos);
+  }
+  EXPECT_NE(error_of(file(">f2", 6))
+                .find("x.npy is big-endian ('>f2'); convert it with array.astype('<f2')"),
+            std::string::npos);
+  EXPECT_NE(error_of(handmade("{'descr': '<f2', 'fortran_order': True, 'shape': (2, 2), }", 8))
+                .find("Fortran order"),
+            std::string::npos);
+  // A body one element short, half an element short, and with a trailing odd byte.
+  EXPECT_NE(error_of(file("<f2", 4))
+                .find("x.npy is truncated: shape [3] of float16 needs 6 data bytes but the file "
+                      "has 4"),
+            std::string::npos);
+  EXPECT_NE(error_of(file("<f2", 5)).find("needs 6 data bytes but the file has 5"),
+            std::string::npos);
+  EXPECT_NE(error_of(file("<f2", 7)).find("x.npy has 1 unexpected bytes after the data"),
+            std::string::npos);
 }
 
 TEST_F(NpyTest, RequireShapeNamesTheTensor) {
