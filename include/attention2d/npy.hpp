@@ -4,13 +4,15 @@
 // endian. Anything else (bad magic, another dtype such as '<i2' or a big-endian '>f2', Fortran
 // order, a truncated body, a malformed header) is refused with an a2d::Error that names the file
 // and what is wrong. to_float() and to_double() widen float16 exactly.
-// Write: version 1.0, C order, little endian, through a temporary file renamed into place; an
-// existing file is refused unless overwrite is asked for.
+// Write: float16, float32 or float64, version 1.0, C order, little endian, data on a 64-byte
+// boundary, through a temporary file renamed into place; an existing file is refused unless
+// overwrite is asked for.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace a2d::npy {
@@ -45,14 +47,29 @@ void write(const std::string& path, const std::vector<int64_t>& shape, const flo
            Overwrite overwrite);
 void write(const std::string& path, const std::vector<int64_t>& shape, const double* data,
            Overwrite overwrite);
+// `data` holds the shape's element count of `dtype`: float, double, or for float16 the binary16
+// bits as uint16_t (dtype.hpp's from_float(DType::f16, ...) makes them from fp32).
+void write(const std::string& path, const std::vector<int64_t>& shape, DType dtype,
+           const void* data, Overwrite overwrite);
 
 // Writes several files as one unit: every file is first written to a temporary beside its target;
 // only when all are complete are they moved into place. On any failure the temporaries (and, when
 // not overwriting, the files already moved) are removed, so a failed write leaves no partial set.
+// A File is float32 unless given a dtype; `data` is as for write().
 struct File {
+  File(std::string file_path, std::vector<int64_t> file_shape, const float* values)
+      : File(std::move(file_path), std::move(file_shape), DType::float32, values) {}
+  File(std::string file_path, std::vector<int64_t> file_shape, DType element_type,
+       const void* values)
+      : path(std::move(file_path)),
+        shape(std::move(file_shape)),
+        dtype(element_type),
+        data(values) {}
+
   std::string path;
   std::vector<int64_t> shape;
-  const float* data;
+  DType dtype;
+  const void* data;
 };
 void write_all(const std::vector<File>& files, Overwrite overwrite);
 

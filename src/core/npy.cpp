@@ -412,8 +412,8 @@ void write_all(const std::vector<File>& files, Overwrite overwrite) {
   size_t written = 0, committed = 0;
   try {
     for (; written < files.size(); ++written) {
-      write_temporary(files[written].path,
-                      encode(files[written].shape, DType::float32, files[written].data));
+      const File& f = files[written];
+      write_temporary(f.path, encode(f.shape, f.dtype, f.data));
     }
     for (; committed < files.size(); ++committed)
       commit_temporary(files[committed].path, overwrite);
@@ -444,14 +444,19 @@ void write_bytes(const std::string& path, const std::vector<std::byte>& bytes,
 }
 }  // namespace
 
+void write(const std::string& path, const std::vector<int64_t>& shape, DType dtype,
+           const void* data, Overwrite overwrite) {
+  write_bytes(path, encode(shape, dtype, data), overwrite);
+}
+
 void write(const std::string& path, const std::vector<int64_t>& shape, const float* data,
            Overwrite overwrite) {
-  write_bytes(path, encode(shape, DType::float32, data), overwrite);
+  write(path, shape, DType::float32, data, overwrite);
 }
 
 void write(const std::string& path, const std::vector<int64_t>& shape, const double* data,
            Overwrite overwrite) {
-  write_bytes(path, encode(shape, DType::float64, data), overwrite);
+  write(path, shape, DType::float64, data, overwrite);
 }
 
 }  // namespace a2d::npy

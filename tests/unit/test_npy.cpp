@@ -9,8 +9,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "attention2d/dtype.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/npy.hpp"
 
@@ -241,6 +243,70 @@ TEST_F(NpyTest, OtherTwoByteTypesAndBadFloat16BodiesAreRefused) {
             std::string::npos);
   EXPECT_NE(error_of(file("<f2", 7)).find("x.npy has 1 unexpected bytes after the data"),
             std::string::npos);
+}
+
+TEST_F(NpyTest, Float16WriteReadRoundTrip) {
+  // The bits go to the file unchanged, a signalling NaN's included.
+  npy::write(path("h.npy"), {13}, npy::DType::float16, kF16Bits.data(), npy::Overwrite::refuse);
+  const npy::Array a = npy::read(path("h.npy"));
+  EXPECT_EQ(a.dtype, npy::DType::float16);
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{13}));
+  ASSERT_EQ(a.bytes.size(), 2 * kF16Bits.size());
+  EXPECT_EQ(std::memcmp(a.bytes.data(), kF16Bits.data(), a.bytes.size()), 0);
+  expect_values(a, kF16Values);
+
+  std::vector<uint16_t> x(2 * 3 * 4 * 5);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = float_to_f16(static_cast<float>(i) / 8);
+  npy::write(path("x.npy"), {2, 3, 4, 5}, npy::DType::float16, x.data(), npy::Overwrite::refuse);
+  const npy::Array b = npy::read(path("x.npy"));
+  EXPECT_EQ(b.shape, (std::vector<int64_t>{2, 3, 4, 5}));
+  const std::vector<float> values = b.to_float();
+  for (size_t i = 0; i < x.size(); ++i)
+    EXPECT_EQ(values[i], static_cast<float>(i) / 8);
+  npy::write(path("e.npy"), {0, 4}, npy::DType::float16, x.data(), npy::Overwrite::refuse);
+  EXPECT_EQ(npy::read(path("e.npy")).element_count(), 0);
+  EXPECT_THROW(
+      npy::write(path("h.npy"), {1}, npy::DType::float16, x.data(), npy::Overwrite::refuse), Error);
+}
+
+// The exact bytes of a float16 file: the header numpy.save writes (numpy 1.24 gives these same
+// bytes for these shapes), padded with spaces and a newline so the data starts at byte 128.
+TEST_F(NpyTest, Float16HeaderBytesAreNumpys) {
+  const std::vector<uint16_t> six = {0x3c00, 0x4000, 0x4200, 0x4400, 0x4500, 0x4600};
+  const std::pair<std::vector<int64_t>, std::string> cases[] = {
+      {{2, 3}, "(2, 3)"}, {{6}, "(6,)"}, {{1, 2, 1, 3}, "(1, 2, 1, 3)"}};
+  for (const auto& [shape, tuple] : cases) {
+    SCOPED_TRACE(tuple);
+    std::string header = "{'descr': '<f2', 'fortran_order': False, 'shape': " + tuple + ", }";
+    header.append(128 - 10 - 1 - header.size(), ' ');
+    header.push_back('\n');
+    std::string expected("\x93NUMPY\x01\x00", 8);          // magic, version 1.0
+    expected.push_back(static_cast<char>(header.size()));  // 118: the length, little endian
+    expected.push_back('\0');
+    expected += header;
+    expected.append("\x00\x3c\x00\x40\x00\x42\x00\x44\x00\x45\x00\x46", 12);
+    const std::vector<std::byte> encoded = npy::encode(shape, npy::DType::float16, six.data());
+    EXPECT_EQ(std::string(reinterpret_cast<const char*>(encoded.data()), encoded.size()), expected);
+  }
+}
+
+TEST_F(NpyTest, WriteAllCarriesEachFilesDType) {
+  const std::vector<float> f = {1.5f, -2.0f};
+  const std::vector<uint16_t> h = {0x3e00, 0xc000};  // 1.5, -2
+  const std::vector<double> d = {1.5, -2.0};
+  npy::write_all({{path("f.npy"), {2}, f.data()},
+                  {path("h.npy"), {2}, npy::DType::float16, h.data()},
+                  {path("d.npy"), {2}, npy::DType::float64, d.data()}},
+                 npy::Overwrite::refuse);
+  const npy::Array a = npy::read(path("f.npy")), b = npy::read(path("h.npy")),
+                   c = npy::read(path("d.npy"));
+  EXPECT_EQ(a.dtype, npy::DType::float32);
+  EXPECT_EQ(b.dtype, npy::DType::float16);
+  EXPECT_EQ(c.dtype, npy::DType::float64);
+  EXPECT_EQ(a.to_float(), f);
+  EXPECT_EQ(b.to_float(), f);
+  EXPECT_EQ(c.to_double(), d);
 }
 
 TEST_F(NpyTest, RequireShapeNamesTheTensor) {
