@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -289,6 +290,30 @@ TEST_F(NpyTest, Float16HeaderBytesAreNumpys) {
     const std::vector<std::byte> encoded = npy::encode(shape, npy::DType::float16, six.data());
     EXPECT_EQ(std::string(reinterpret_cast<const char*>(encoded.data()), encoded.size()), expected);
   }
+}
+
+std::vector<char> file_bytes(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(in), {});
+}
+
+// A file numpy wrote (also a seed of the fuzz corpus), made by
+//   python3 -c "import numpy as np; np.save('fuzz/corpus/npy/f2_special_13.npy', np.array([0x0000,
+//     0x8000, 0x3c00, 0xc100, 0x7bff, 0x0001, 0x03ff, 0x0400, 0x7c00, 0xfc00, 0x7e00, 0x7d01,
+//     0x3555], dtype='<u2').view('<f2'))"
+// i.e. kF16Bits. It reads exactly, and writing the array again gives the same bytes.
+TEST_F(NpyTest, ReadsAndRewritesAFloat16FileWrittenByNumpy) {
+  const std::string numpy_file = std::string(A2D_SOURCE_DIR) + "/fuzz/corpus/npy/f2_special_13.npy";
+  const npy::Array a = npy::read(numpy_file);
+  EXPECT_EQ(a.dtype, npy::DType::float16);
+  EXPECT_EQ(a.shape, (std::vector<int64_t>{13}));
+  ASSERT_EQ(a.bytes.size(), 2 * kF16Bits.size());
+  EXPECT_EQ(std::memcmp(a.bytes.data(), kF16Bits.data(), a.bytes.size()), 0);
+  expect_values(a, kF16Values);
+  npy::write(path("again.npy"), a.shape, a.dtype, a.bytes.data(), npy::Overwrite::refuse);
+  const std::vector<char> original = file_bytes(numpy_file);
+  EXPECT_FALSE(original.empty());
+  EXPECT_EQ(file_bytes(path("again.npy")), original);
 }
 
 TEST_F(NpyTest, WriteAllCarriesEachFilesDType) {
