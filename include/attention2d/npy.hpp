@@ -48,7 +48,7 @@ void write(const std::string& path, const std::vector<int64_t>& shape, const flo
 void write(const std::string& path, const std::vector<int64_t>& shape, const double* data,
            Overwrite overwrite);
 // `data` holds the shape's element count of `dtype`: float, double, or for float16 the binary16
-// bits as uint16_t (dtype.hpp's from_float(DType::f16, ...) makes them from fp32).
+// bits as uint16_t (a2d::from_float(a2d::DType::f16, ...) in dtype.hpp makes them from fp32).
 void write(const std::string& path, const std::vector<int64_t>& shape, DType dtype,
            const void* data, Overwrite overwrite);
 
