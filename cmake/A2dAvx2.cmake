@@ -1,4 +1,5 @@
-# The AVX2/FMA kernel path: its sources are compiled with -mavx2 -mfma (and only they) into the
+# The AVX2/FMA kernel path: its sources are compiled with -mavx2 -mfma -mf16c (and only they; F16C
+# converts fp16 inputs and outputs, and the run-time check requires it with AVX2 and FMA) into the
 # object library attention2d_avx2, and the library picks the path at run time
 # (src/kernels/cpu/dispatch.cpp), so one binary runs on CPUs with and without AVX2. Only for
 # x86-64 with GCC or Clang; elsewhere the portable path is all there is.
@@ -17,7 +18,7 @@ function(a2d_add_avx2_sources target)
     return()
   endif()
   add_library(attention2d_avx2 OBJECT ${ARGN})
-  target_compile_options(attention2d_avx2 PRIVATE -mavx2 -mfma)
+  target_compile_options(attention2d_avx2 PRIVATE -mavx2 -mfma -mf16c)
   target_compile_definitions(attention2d_avx2 PRIVATE A2D_HAVE_AVX2_PATH=1)
   target_include_directories(attention2d_avx2 PRIVATE
     $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)

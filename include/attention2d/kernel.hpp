@@ -13,8 +13,12 @@
 // PyTorch's repeat_interleave do.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
+
+#include "attention2d/dtype.hpp"
 
 namespace a2d {
 
@@ -111,6 +115,58 @@ RowView<T> dense_rows(T* data, int64_t heads, int64_t tokens) {
   return {data, heads * tokens, tokens, 1};
 }
 
+// A [batch, tokens, heads, head_dim] tensor of any DType, for the kernels' inputs (Const = const)
+// and outputs: strides in elements, the head dimension dense. Converts implicitly from an fp32
+// TokenView, so fp32 callers pass their views as before.
+template <bool Const>
+struct TypedTokens {
+  using Byte = std::conditional_t<Const, const std::byte, std::byte>;
+  using Void = std::conditional_t<Const, const void, void>;
+  Void* data = nullptr;
+  DType dtype = DType::f32;
+  int64_t batch_stride = 0;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+
+  TypedTokens() = default;
+  TypedTokens(Void* data_, DType dtype_, int64_t batch_stride_, int64_t token_stride_,
+              int64_t head_stride_)
+      : data(data_),
+        dtype(dtype_),
+        batch_stride(batch_stride_),
+        token_stride(token_stride_),
+        head_stride(head_stride_) {}
+  template <typename T>
+    requires(std::is_same_v<std::remove_const_t<T>, float> && (Const || !std::is_const_v<T>))
+  TypedTokens(TokenView<T> view)  // NOLINT(google-explicit-constructor): fp32 views pass as before
+      : TypedTokens(view.data, DType::f32, view.batch_stride, view.token_stride, view.head_stride) {}
+  operator TypedTokens<true>() const  // NOLINT(google-explicit-constructor)
+    requires(!Const)
+  {
+    return {data, dtype, batch_stride, token_stride, head_stride};
+  }
+
+  // The first element of row (batch, token, head).
+  Byte* at(int64_t batch, int64_t token, int64_t head) const {
+    return static_cast<Byte*>(data) +
+           (batch * batch_stride + token * token_stride + head * head_stride) * dtype_bytes(dtype);
+  }
+  // The fp32 view of an fp32 tensor (callers check dtype first).
+  TokenView<std::conditional_t<Const, const float, float>> floats() const {
+    return {static_cast<std::conditional_t<Const, const float, float>*>(data), batch_stride,
+            token_stride, head_stride};
+  }
+};
+using InTokens = TypedTokens<true>;
+using OutTokens = TypedTokens<false>;
+
+// `count` elements of `dtype` at `row` -> fp32 at `to`, times `scale` (widening is exact; with
+// scale != 1 each element is one fp32 product), and `count` fp32 values -> `dtype` at `row`
+// (rounded to nearest even, as from_float in dtype.hpp). The portable kernels convert rows with
+// these; the AVX2 kernels convert inside their tile copies, to the same bits.
+void load_row(const std::byte* row, DType dtype, int64_t count, float* to, float scale = 1.0f);
+void store_row(const float* from, int64_t count, std::byte* row, DType dtype);
+
 struct AttentionShape {
   int64_t batch = 1;
   int64_t heads = 1;
@@ -134,7 +190,7 @@ struct ForwardArgs {
   AttentionShape shape;
   Mask mask;
   float scale = 0.0f;  // softmax scale; must be finite and positive
-  TokenView<const float> q, k, v;
+  InTokens q, k, v;    // any DType (converted to fp32 as the kernel loads them)
   // Global positions of the q_tokens query rows and kv_tokens key rows; nullptr = 0, 1, 2, ...
   // Any order is allowed; increasing positions let more blocks be skipped.
   const int64_t* q_positions = nullptr;
@@ -163,7 +219,8 @@ using ConstPartialView = PartialState<const float>;
 
 // O = softmax(scale Q K^T + mask) V and LSE = log sum_j exp(s_ij) (natural log). A row that sees
 // no key gets O = 0 and LSE = -inf.
-void attention_forward(const ForwardArgs& args, TokenView<float> out, RowView<float> lse);
+// O is written in its own DType (rounded once, from the fp32 result).
+void attention_forward(const ForwardArgs& args, OutTokens out, RowView<float> lse);
 
 // The partial triple for merging. With accumulate = false the state is overwritten; with
 // accumulate = true the kernel continues from the state already in `partial` (equivalent to
@@ -185,28 +242,27 @@ void merge_partial(const RowsShape& rows, const PartialView& into, const ConstPa
 // format of partial results in the distributed algorithms.
 void merge_partial_records(float* into, const float* from, int64_t count, int64_t record);
 // O = acc / row_sum, LSE = row_max + log(row_sum); empty rows give O = 0, LSE = -inf.
-void finalize_partial(const RowsShape& rows, const ConstPartialView& partial, TokenView<float> out,
+void finalize_partial(const RowsShape& rows, const ConstPartialView& partial, OutTokens out,
                       RowView<float> lse);
 // The same merge in (O, LSE) form: out_a, lse_a <- merge((out_a, lse_a), (out_b, lse_b)).
 void merge_output(const RowsShape& rows, TokenView<float> out_a, RowView<float> lse_a,
                   TokenView<const float> out_b, RowView<const float> lse_b);
 
 // delta = rowsum(dO * O), the backward's per-row correction, in [batch, heads, tokens].
-void compute_delta(const RowsShape& rows, TokenView<const float> out, TokenView<const float> d_out,
-                   RowView<float> delta);
+void compute_delta(const RowsShape& rows, InTokens out, InTokens d_out, RowView<float> delta);
 
 // Inputs of the backward kernel.
 struct BackwardArgs {
   AttentionShape shape;
   Mask mask;
   float scale = 0.0f;
-  TokenView<const float> q, k, v;
-  TokenView<const float> d_out;
+  InTokens q, k, v;  // any DType, as d_out and out
+  InTokens d_out;
   RowView<const float> lse;  // from the forward over *all* keys of these rows
   // Either delta = rowsum(dO * O) (distributed callers pass the global one) or out, from which
   // the kernel computes delta. delta takes precedence when its data is not null.
   RowView<const float> delta;
-  TokenView<const float> out;
+  InTokens out;
   const int64_t* q_positions = nullptr;
   const int64_t* kv_positions = nullptr;
   int threads = 1;
@@ -218,6 +274,9 @@ struct BackwardArgs {
 };
 
 // dQ, dK, dV of sum(O * dO). For GQA, dK and dV sum over the query heads sharing a K/V head.
+// dq, dk and dv are fp32 whatever the DType of the inputs: they are partial gradient sums, which
+// callers accumulate (across key blocks and ranks) and round to the problem's DType once, at the
+// end.
 void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView<float> dk,
                         TokenView<float> dv);
 
@@ -225,7 +284,8 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
 // kFp32RelativeBound of the fp64 reference (docs/kernels.md):
 //   portable  plain C++ loops the compiler vectorises for the build's baseline ISA
 //   avx2      register-blocked AVX2/FMA micro-kernels and a vectorised exp; needs a CPU with
-//             AVX2 and FMA (checked at run time) and an x86-64 build
+//             AVX2, FMA and F16C (checked at run time; F16C converts fp16 inputs) and an x86-64
+//             build
 // The process starts on the path named by the environment variable A2D_KERNEL_PATH (auto,
 // portable or avx2; auto = unset = the fastest path this CPU supports) and set_kernel_path
 // changes it. The choice applies to attention_forward, attention_forward_partial and
@@ -243,7 +303,10 @@ KernelPath parse_kernel_path(const std::string& name);
 // Bytes the forward kernel allocates besides its inputs and outputs, on the current path, for
 // this shape and thread count: per-thread tiles plus per-call tables of key positions. It does not
 // grow with q_tokens, and grows with kv_tokens only by 16 bytes per 4 keys (the table of key
-// micro-block positions), so the forward never needs memory of the order of Nq x Nk.
+// micro-block positions), so the forward never needs memory of the order of Nq x Nk. The AVX2
+// path converts 16-bit inputs inside its tiles (no extra memory); the portable path adds, for
+// 16-bit inputs, per-thread fp32 rows of one key tile (forward and backward: 2 x 64 x head_dim
+// floats) and of one query tile (backward: 2 x 64 x head_dim floats), not counted here.
 int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
 // The same for the backward: per-thread tiles, threads - 1 private dQ buffers (dQ rows get
 // contributions from every key tile; the buffers keep the sum deterministic) and, when delta is

@@ -1,8 +1,10 @@
-// Test access to the AVX2 building blocks of src/kernels/cpu/avx2/simd.hpp. Compiled with
-// -mavx2 -mfma, like the kernels; the functions below take and return plain arrays, so the test
-// translation units that call them (only on CPUs with AVX2) are compiled without AVX2.
+// Test access to the AVX2 building blocks of src/kernels/cpu/avx2/simd.hpp and convert.hpp.
+// Compiled with -mavx2 -mfma -mf16c, like the kernels; the functions below take and return plain
+// arrays, so the test translation units that call them (only on CPUs with AVX2) are compiled
+// without AVX2.
 #include "simd_avx2_probe.hpp"
 
+#include "../../src/kernels/cpu/avx2/convert.hpp"
 #include "../../src/kernels/cpu/avx2/simd.hpp"
 
 namespace a2d::test {
@@ -44,6 +46,28 @@ bool multiply_avx2(int rows, int vectors, bool a_row_major, const float* a, int6
   A2D_CASE(1, 3)
 #undef A2D_CASE
   return false;
+}
+
+namespace {
+template <DType kType>
+void narrow_row_exact(const float* from, uint16_t* to, int64_t count) {
+  auto* out = reinterpret_cast<std::byte*>(to);
+  int64_t i = 0;
+  for (; i + cpu::avx2::kLanes <= count; i += cpu::avx2::kLanes)
+    cpu::avx2::narrow8<kType>(_mm256_loadu_ps(from + i), out + 2 * i);
+  for (; i < count; ++i)
+    cpu::avx2::narrow1<kType>(from[i], out + 2 * i);
+}
+}  // namespace
+
+void widen_avx2(DType dtype, const uint16_t* from, float* to, int64_t count) {
+  cpu::avx2::widen_row(dtype, reinterpret_cast<const std::byte*>(from), to, count);
+}
+
+// Not narrow_row itself: its scale (x * 1) would quiet a signalling NaN before the conversion.
+void narrow_avx2(DType dtype, const float* from, uint16_t* to, int64_t count) {
+  if (dtype == DType::bf16) narrow_row_exact<DType::bf16>(from, to, count);
+  if (dtype == DType::f16) narrow_row_exact<DType::f16>(from, to, count);
 }
 
 }  // namespace a2d::test

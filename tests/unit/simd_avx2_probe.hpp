@@ -4,7 +4,15 @@
 
 #include <cstdint>
 
+#include "attention2d/dtype.hpp"
+
 namespace a2d::test {
+
+// The AVX2 kernels' conversions (src/kernels/cpu/avx2/convert.hpp) of count 16-bit values of
+// `dtype` (bf16 or f16) to fp32 and back: 8 lanes at a time, the last count % 8 one at a time,
+// as the kernels' row copies and O stores do.
+void widen_avx2(DType dtype, const uint16_t* from, float* to, int64_t count);
+void narrow_avx2(DType dtype, const float* from, uint16_t* to, int64_t count);
 
 // out[i] = 2^x[i] by exp2_lanes, for count a multiple of 8.
 void exp2_avx2(const float* x, float* out, int64_t count);

@@ -10,4 +10,7 @@ bool multiply_avx2(int, int, bool, const float*, int64_t, const float*, int64_t,
   return false;
 }
 
+void widen_avx2(DType, const uint16_t*, float*, int64_t) {}
+void narrow_avx2(DType, const float*, uint16_t*, int64_t) {}
+
 }  // namespace a2d::test

@@ -10,6 +10,11 @@
 // dQ rows receive contributions from every key tile, so with several threads each thread adds
 // into its own dQ buffer and the buffers are summed at the end (in thread order: results are
 // deterministic for a given thread count).
+//
+// Element types: fp32 Q, K, V and dO are read in place. 16-bit K and V rows of the item's key
+// tile are converted to fp32 once per item, 16-bit Q and dO rows once per (query head, query
+// tile) block, into per-thread rows, and the same loops run on those: a 16-bit input gives the
+// bits of the fp32 kernel on the widened values. dQ, dK and dV are fp32.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -33,12 +38,32 @@ struct Workspace {
   std::vector<float> dk, dv;   // [kBlockK, head_dim] accumulators of the item's key rows
   std::vector<float> prob;     // P,  [kBlockQ, kBlockK]
   std::vector<float> d_score;  // dS, [kBlockQ, kBlockK]
+  // 16-bit inputs in fp32 (sized on first use): K, V rows of the key tile [kBlockK, head_dim],
+  // Q, dO rows of the query tile [kBlockQ, head_dim].
+  std::vector<float> k, v, q, d_out;
   explicit Workspace(int64_t head_dim)
       : dk(kBlockK * head_dim),
         dv(kBlockK * head_dim),
         prob(kBlockQ * kBlockK),
         d_score(kBlockQ * kBlockK) {}
 };
+
+// Rows [tile.begin, tile.end) of head `head` in fp32: row i at rows + i * stride.
+struct Rows {
+  const float* rows;
+  int64_t stride;
+  const float* at(int64_t i) const { return rows + i * stride; }
+};
+
+// In place for fp32, else converted into `scratch`.
+Rows rows_of(InTokens x, int64_t b, int64_t head, const cpu::Tile& tile, int64_t block, int64_t dim,
+             std::vector<float>& scratch) {
+  if (x.dtype == DType::f32) return {x.floats().at(b, tile.begin, head), x.token_stride};
+  scratch.resize(static_cast<size_t>(block * dim));
+  for (int64_t i = 0; i < tile.size(); ++i)
+    load_row(x.at(b, tile.begin + i, head), x.dtype, dim, scratch.data() + i * dim);
+  return {scratch.data(), dim};
+}
 
 float dot(const float* a, const float* b, int64_t n) {
   float sum = 0.0f;
@@ -56,10 +81,11 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
 
 // One (query tile, key tile) block of one query head.
 void backward_block(const BackwardArgs& args, RowView<const float> delta, int64_t b, int64_t h,
-                    const cpu::Tile& qt, const cpu::Tile& kt, BlockVisibility visibility,
-                    TokenView<float> dq, Workspace& ws) {
+                    const cpu::Tile& qt, const cpu::Tile& kt, BlockVisibility visibility, Rows keys,
+                    Rows values, TokenView<float> dq, Workspace& ws) {
   const int64_t dim = args.shape.head_dim;
-  const int64_t kvh = args.shape.kv_head_of(h);
+  const Rows queries = rows_of(args.q, b, h, qt, kBlockQ, dim, ws.q);
+  const Rows d_out = rows_of(args.d_out, b, h, qt, kBlockQ, dim, ws.d_out);
   const int64_t rows = qt.size();
   const int64_t cols = kt.size();
   const float scale = args.scale;
@@ -68,8 +94,8 @@ void backward_block(const BackwardArgs& args, RowView<const float> delta, int64_
     const int64_t qi = qt.begin + i;
     const float lse = args.lse.at(b, h, qi);
     const float row_delta = delta.at(b, h, qi);
-    const float* q = args.q.at(b, qi, h);
-    const float* g = args.d_out.at(b, qi, h);
+    const float* q = queries.at(i);
+    const float* g = d_out.at(i);
     const int64_t q_pos = cpu::position_of(args.q_positions, qi);
     float* p = ws.prob.data() + i * kBlockK;
     float* ds = ws.d_score.data() + i * kBlockK;
@@ -82,12 +108,12 @@ void backward_block(const BackwardArgs& args, RowView<const float> delta, int64_
         p[j] = ds[j] = 0.0f;
         continue;
       }
-      p[j] = std::exp(scale * dot(q, args.k.at(b, kj, kvh), dim) - lse);
-      ds[j] = p[j] * (dot(g, args.v.at(b, kj, kvh), dim) - row_delta);
+      p[j] = std::exp(scale * dot(q, keys.at(j), dim) - lse);
+      ds[j] = p[j] * (dot(g, values.at(j), dim) - row_delta);
     }
     float* dq_row = dq.at(b, qi, h);
     for (int64_t j = 0; j < cols; ++j) {
-      if (ds[j] != 0.0f) axpy(scale * ds[j], args.k.at(b, kt.begin + j, kvh), dq_row, dim);
+      if (ds[j] != 0.0f) axpy(scale * ds[j], keys.at(j), dq_row, dim);
     }
   }
   for (int64_t j = 0; j < cols; ++j) {
@@ -96,8 +122,8 @@ void backward_block(const BackwardArgs& args, RowView<const float> delta, int64_
     for (int64_t i = 0; i < rows; ++i) {
       const float p = ws.prob[i * kBlockK + j];
       if (p == 0.0f) continue;
-      axpy(p, args.d_out.at(b, qt.begin + i, h), dv, dim);
-      axpy(scale * ws.d_score[i * kBlockK + j], args.q.at(b, qt.begin + i, h), dk, dim);
+      axpy(p, d_out.at(i), dv, dim);
+      axpy(scale * ws.d_score[i * kBlockK + j], queries.at(i), dk, dim);
     }
   }
 }
@@ -152,11 +178,15 @@ void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk
       if (args.progress && thread == 0) args.progress(args.progress_context);
       std::fill(ws.dk.begin(), ws.dk.end(), 0.0f);
       std::fill(ws.dv.begin(), ws.dv.end(), 0.0f);
+      // Without queries there is no block, and K and V may be unset.
+      const bool blocks = !q_tiles.empty();
+      const Rows keys = blocks ? rows_of(args.k, b, kvh, kt, kBlockK, dim, ws.k) : Rows{};
+      const Rows values = blocks ? rows_of(args.v, b, kvh, kt, kBlockK, dim, ws.v) : Rows{};
       for (int64_t h = kvh * shape.group_size(); h < (kvh + 1) * shape.group_size(); ++h) {
         for (const cpu::Tile& qt : q_tiles) {
           const BlockVisibility visibility = cpu::classify(args.mask, qt, kt);
           if (visibility == BlockVisibility::hidden) continue;
-          backward_block(args, delta, b, h, qt, kt, visibility, my_dq, ws);
+          backward_block(args, delta, b, h, qt, kt, visibility, keys, values, my_dq, ws);
         }
       }
       for (int64_t j = 0; j < kt.size(); ++j) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -12,13 +13,21 @@
 #include "paths.hpp"
 #include "tiles.hpp"
 
+#if A2D_HAVE_AVX2_PATH
+#include <cpuid.h>
+#endif
+
 namespace a2d {
 namespace {
 
-bool cpu_has_avx2_fma() {
+// AVX2 and FMA for the products, F16C for the fp16 conversions of the tile copies. (Clang's
+// __builtin_cpu_supports knows no "f16c": CPUID leaf 1, ECX bit 29, is read directly.)
+bool cpu_has_avx2_fma_f16c() {
 #if A2D_HAVE_AVX2_PATH
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 #else
   return false;
 #endif
@@ -42,16 +51,36 @@ void zero_tokens(TokenView<float> view, int64_t batch, int64_t tokens, int64_t h
         std::fill(view.at(b, t, h), view.at(b, t, h) + dim, 0.0f);
 }
 
+// True when no 16-bit value of the row is NaN or infinite: those are the values whose exponent
+// bits (`exponent`: 0x7f80 for bf16, 0x7c00 for fp16) are all set.
+bool finite_bits(const std::byte* row, int64_t dim, uint16_t exponent) {
+  unsigned poison = 0;
+#pragma omp simd reduction(| : poison)
+  for (int64_t d = 0; d < dim; ++d) {
+    uint16_t bits;
+    std::memcpy(&bits, row + 2 * d, sizeof bits);
+    poison |= (bits & exponent) == exponent ? 1u : 0u;
+  }
+  return poison == 0;
+}
+
 // The AVX2 kernels run dense products over partial (diagonal) tiles, where a masked pair's
 // probability 0 times a NaN or Inf key or value would poison a row the mask hides (0 x NaN = NaN);
 // the portable path skips masked pairs exactly. Inputs holding NaN or Inf therefore take the
 // portable path: one pass over the inputs, against a pass over every (query, key) pair.
-bool finite_tokens(TokenView<const float> x, int64_t batch, int64_t tokens, int64_t heads,
-                   int64_t dim) {
+bool finite_tokens(InTokens x, int64_t batch, int64_t tokens, int64_t heads, int64_t dim) {
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t h = 0; h < heads; ++h) {
-        const float* row = x.at(b, t, h);
+        if (x.dtype == DType::bf16) {
+          if (!finite_bits(x.at(b, t, h), dim, 0x7f80u)) return false;
+          continue;
+        }
+        if (x.dtype == DType::f16) {
+          if (!finite_bits(x.at(b, t, h), dim, 0x7c00u)) return false;
+          continue;
+        }
+        const float* row = x.floats().at(b, t, h);
         float poison = 0.0f;  // x * 0 is NaN exactly when x is NaN or infinite
 #pragma omp simd reduction(+ : poison)
         for (int64_t d = 0; d < dim; ++d)
@@ -98,7 +127,7 @@ bool kernel_path_supported(KernelPath path) {
     case KernelPath::portable:
       return true;
     case KernelPath::avx2: {
-      static const bool supported = cpu_has_avx2_fma();
+      static const bool supported = cpu_has_avx2_fma_f16c();
       return supported;
     }
   }
@@ -128,7 +157,7 @@ KernelPath parse_kernel_path(const std::string& name) {
 
 void set_kernel_path(KernelPath path) {
   const char* reason = A2D_HAVE_AVX2_PATH
-                           ? "this CPU lacks AVX2 or FMA"
+                           ? "this CPU lacks AVX2, FMA or F16C"
                            : "this build has no AVX2 code (it needs an x86-64 GCC or Clang build)";
   A2D_REQUIRE(kernel_path_supported(path), "the ", kernel_path_name(path),
               " kernel path is not available: ", reason, "; use auto or portable");
@@ -168,7 +197,7 @@ int64_t backward_workspace_bytes(const AttentionShape& shape, int threads, bool 
   return delta_bytes + cpu::portable::backward_workspace_bytes(shape, threads);
 }
 
-void attention_forward(const ForwardArgs& args, TokenView<float> out, RowView<float> lse) {
+void attention_forward(const ForwardArgs& args, OutTokens out, RowView<float> lse) {
   run_forward(args, {out, lse, nullptr, false});
 }
 

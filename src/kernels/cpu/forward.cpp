@@ -5,6 +5,11 @@
 // entirely: S = scale Q K^T, rescale the running state to the new row maximum, add P V. Tiles
 // the mask leaves fully visible skip the per-element mask test. Memory: one tile of scores and
 // one accumulator per thread, never q_tokens x kv_tokens.
+//
+// Element types: Q is converted (exactly) to fp32 as it is scaled into the query tile. fp32 K
+// and V are read in place; 16-bit K and V rows of a key tile are converted once per (item, key
+// tile) into per-thread fp32 rows, and the same loops run on those, so a 16-bit input gives the
+// bits of the fp32 kernel on the widened values. O is rounded to its DType once, at the store.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -30,15 +35,32 @@ struct TileState {
 struct Workspace {
   std::vector<float> q;       // scale * Q tile, [kBlockQ, head_dim]
   std::vector<float> scores;  // [kBlockQ, kBlockK]
+  std::vector<float> k, v;    // 16-bit K, V rows of one key tile in fp32, [kBlockK, head_dim]
   explicit Workspace(int64_t head_dim) : q(kBlockQ * head_dim), scores(kBlockQ * kBlockK) {}
 };
 
+// Rows of one key tile in fp32: row j at rows + j * stride.
+struct KeyRows {
+  const float* rows;
+  int64_t stride;
+};
+
+// K or V rows [kt.begin, kt.end) of K/V head kvh: in place for fp32, else converted into
+// `scratch` (sized on first use).
+KeyRows key_rows(InTokens x, int64_t b, int64_t kvh, const cpu::Tile& kt, int64_t dim,
+                 std::vector<float>& scratch) {
+  if (x.dtype == DType::f32) return {x.floats().at(b, kt.begin, kvh), x.token_stride};
+  scratch.resize(static_cast<size_t>(kBlockK * dim));
+  for (int64_t j = 0; j < kt.size(); ++j)
+    load_row(x.at(b, kt.begin + j, kvh), x.dtype, dim, scratch.data() + j * dim);
+  return {scratch.data(), dim};
+}
+
 // Folds one key tile into the state of one query tile.
-void attend_key_tile(const ForwardArgs& args, int64_t b, int64_t h, const cpu::Tile& qt,
-                     const cpu::Tile& kt, BlockVisibility visibility, Workspace& ws,
+void attend_key_tile(const ForwardArgs& args, const cpu::Tile& qt, const cpu::Tile& kt,
+                     BlockVisibility visibility, KeyRows keys, KeyRows values, Workspace& ws,
                      TileState& state) {
   const int64_t dim = args.shape.head_dim;
-  const int64_t kvh = args.shape.kv_head_of(h);
   const int64_t rows = qt.size();
   const int64_t cols = kt.size();
   float* scores = ws.scores.data();
@@ -46,7 +68,7 @@ void attend_key_tile(const ForwardArgs& args, int64_t b, int64_t h, const cpu::T
   for (int64_t i = 0; i < rows; ++i) {
     const float* q = ws.q.data() + i * dim;
     for (int64_t j = 0; j < cols; ++j) {
-      const float* k = args.k.at(b, kt.begin + j, kvh);
+      const float* k = keys.rows + j * keys.stride;
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
       for (int64_t d = 0; d < dim; ++d)
@@ -90,7 +112,7 @@ void attend_key_tile(const ForwardArgs& args, int64_t b, int64_t h, const cpu::T
     for (int64_t j = 0; j < cols; ++j) {
       const float p = s[j];
       if (p == 0.0f) continue;
-      const float* v = args.v.at(b, kt.begin + j, kvh);
+      const float* v = values.rows + j * values.stride;
 #pragma omp simd
       for (int64_t d = 0; d < dim; ++d)
         acc[d] += p * v[d];
@@ -122,14 +144,21 @@ void run_forward(const ForwardArgs& args, Begin begin, Finish finish) {
       if (args.progress && cpu::is_calling_thread()) args.progress(args.progress_context);
       begin(b, h, qt, state);
       for (int64_t i = 0; i < qt.size(); ++i) {
-        const float* q = args.q.at(b, qt.begin + i, h);
+        if (args.q.dtype != DType::f32) {
+          load_row(args.q.at(b, qt.begin + i, h), args.q.dtype, dim, &ws.q[i * dim], args.scale);
+          continue;
+        }
+        const float* q = args.q.floats().at(b, qt.begin + i, h);
         for (int64_t d = 0; d < dim; ++d)
           ws.q[i * dim + d] = args.scale * q[d];
       }
+      const int64_t kvh = shape.kv_head_of(h);
       for (const cpu::Tile& kt : k_tiles) {
         const BlockVisibility visibility = cpu::classify(args.mask, qt, kt);
         if (visibility == BlockVisibility::hidden) continue;
-        attend_key_tile(args, b, h, qt, kt, visibility, ws, state);
+        const KeyRows keys = key_rows(args.k, b, kvh, kt, dim, ws.k);
+        const KeyRows values = key_rows(args.v, b, kvh, kt, dim, ws.v);
+        attend_key_tile(args, qt, kt, visibility, keys, values, ws, state);
       }
       finish(b, h, qt, state);
     }
@@ -155,25 +184,32 @@ int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
 void forward(const ForwardArgs& args, const ForwardResult& result) {
   const int64_t dim = args.shape.head_dim;
   if (!result.partial) {
-    const TokenView<float> out = result.out;
+    const OutTokens out = result.out;
     const RowView<float> lse = result.lse;
     run_forward(
         args, [](int64_t, int64_t, const cpu::Tile&, TileState& state) { reset(state); },
         [&](int64_t b, int64_t h, const cpu::Tile& qt, TileState& state) {
           for (int64_t i = 0; i < qt.size(); ++i) {
-            float* o = out.at(b, qt.begin + i, h);
+            float* acc = state.acc.data() + i * dim;
             const float sum = state.row_sum[i];
+            lse.at(b, h, qt.begin + i) = sum == 0.0f ? kNegInf : state.row_max[i] + std::log(sum);
+            const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
+            if (out.dtype != DType::f32) {
+              // O in fp32 in place of the accumulator (reset before the next item), then
+              // rounded once into the output's DType.
+              for (int64_t d = 0; d < dim; ++d)
+                acc[d] = sum == 0.0f ? 0.0f : acc[d] * inverse;
+              store_row(acc, dim, out.at(b, qt.begin + i, h), out.dtype);
+              continue;
+            }
+            float* o = out.floats().at(b, qt.begin + i, h);
             if (sum == 0.0f) {
               for (int64_t d = 0; d < dim; ++d)
                 o[d] = 0.0f;
-              lse.at(b, h, qt.begin + i) = kNegInf;
               continue;
             }
-            const float inverse = 1.0f / sum;
-            const float* acc = state.acc.data() + i * dim;
             for (int64_t d = 0; d < dim; ++d)
               o[d] = acc[d] * inverse;
-            lse.at(b, h, qt.begin + i) = state.row_max[i] + std::log(sum);
           }
         });
     return;

@@ -3,8 +3,11 @@
 //   M = max(M1, M2), E1 = exp(M1 - M), E2 = exp(M2 - M)
 //   acc = E1 acc1 + E2 acc2,  sum = E1 sum1 + E2 sum2
 // An empty side has M = -inf and sum = 0; its weight is defined as 0 (never exp(-inf + inf)).
+// The partial state and LSE are fp32; O (finalize_partial) and the delta's O and dO may be of any
+// DType.
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "attention2d/kernel.hpp"
 
@@ -49,24 +52,29 @@ void merge_partial_records(float* into, const float* from, int64_t count, int64_
   merge_partial(rows, into_view, from_view);
 }
 
-void finalize_partial(const RowsShape& rows, const ConstPartialView& partial, TokenView<float> out,
+void finalize_partial(const RowsShape& rows, const ConstPartialView& partial, OutTokens out,
                       RowView<float> lse) {
+  // An fp32 O is written in place; any other is computed into one fp32 row and rounded once,
+  // at the store.
+  const bool in_place = out.dtype == DType::f32;
+  std::vector<float> row(in_place ? 0 : static_cast<size_t>(rows.head_dim));
   for (int64_t b = 0; b < rows.batch; ++b) {
     for (int64_t h = 0; h < rows.heads; ++h) {
       for (int64_t t = 0; t < rows.tokens; ++t) {
         const float sum = partial.row_sum.at(b, h, t);
-        float* o = out.at(b, t, h);
+        float* o = in_place ? out.floats().at(b, t, h) : row.data();
         if (sum == 0.0f || partial.row_max.at(b, h, t) == kNegInf) {
           for (int64_t d = 0; d < rows.head_dim; ++d)
             o[d] = 0.0f;
           lse.at(b, h, t) = kNegInf;
-          continue;
+        } else {
+          const float inverse = 1.0f / sum;
+          const float* acc = partial.acc.at(b, t, h);
+          for (int64_t d = 0; d < rows.head_dim; ++d)
+            o[d] = acc[d] * inverse;
+          lse.at(b, h, t) = partial.row_max.at(b, h, t) + std::log(sum);
         }
-        const float inverse = 1.0f / sum;
-        const float* acc = partial.acc.at(b, t, h);
-        for (int64_t d = 0; d < rows.head_dim; ++d)
-          o[d] = acc[d] * inverse;
-        lse.at(b, h, t) = partial.row_max.at(b, h, t) + std::log(sum);
+        if (!in_place) store_row(o, rows.head_dim, out.at(b, t, h), out.dtype);
       }
     }
   }
@@ -94,13 +102,20 @@ void merge_output(const RowsShape& rows, TokenView<float> out_a, RowView<float> 
   }
 }
 
-void compute_delta(const RowsShape& rows, TokenView<const float> out, TokenView<const float> d_out,
-                   RowView<float> delta) {
+void compute_delta(const RowsShape& rows, InTokens out, InTokens d_out, RowView<float> delta) {
+  // fp32 rows are read in place, others converted (exactly) into one fp32 row each.
+  std::vector<float> o_row(out.dtype == DType::f32 ? 0 : static_cast<size_t>(rows.head_dim));
+  std::vector<float> g_row(d_out.dtype == DType::f32 ? 0 : static_cast<size_t>(rows.head_dim));
+  auto row_of = [&](InTokens x, std::vector<float>& scratch, int64_t b, int64_t t, int64_t h) {
+    if (x.dtype == DType::f32) return x.floats().at(b, t, h);
+    load_row(x.at(b, t, h), x.dtype, rows.head_dim, scratch.data());
+    return static_cast<const float*>(scratch.data());
+  };
   for (int64_t b = 0; b < rows.batch; ++b) {
     for (int64_t t = 0; t < rows.tokens; ++t) {
       for (int64_t h = 0; h < rows.heads; ++h) {
-        const float* o = out.at(b, t, h);
-        const float* g = d_out.at(b, t, h);
+        const float* o = row_of(out, o_row, b, t, h);
+        const float* g = row_of(d_out, g_row, b, t, h);
         double sum = 0.0;  // head_dim terms, accumulated wide: this feeds every dS of the row
         for (int64_t d = 0; d < rows.head_dim; ++d)
           sum += static_cast<double>(o[d]) * g[d];

@@ -11,7 +11,7 @@ namespace a2d::cpu {
 // Where the forward kernel leaves its result: either (O, LSE), or the online-softmax triple
 // `partial` (continuing from what it holds when `accumulate` is true).
 struct ForwardResult {
-  TokenView<float> out;
+  OutTokens out;  // any DType
   RowView<float> lse;
   const PartialView* partial = nullptr;
   bool accumulate = false;

@@ -24,12 +24,17 @@
 // into its own zeroed buffer, and the buffers are summed in thread order at the end. Items are
 // assigned to threads by a fixed rule (a snake over the item list, which balances the causal
 // mask's decreasing work per key tile), so the result is deterministic for a thread count.
+//
+// Element types: the copies into Kt, Vt, Ks (once per item) and into the Q and dO tiles (once per
+// block) are where 16-bit inputs become fp32 (exactly; convert.hpp), so everything after them is
+// the fp32 kernel's arithmetic on the widened values. dQ, dK and dV are fp32.
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include "../paths.hpp"
 #include "../tiles.hpp"
+#include "convert.hpp"
 #include "simd.hpp"
 
 #ifdef _OPENMP
@@ -108,7 +113,7 @@ void zero(float* x, int64_t count) {
 }
 
 // Prefetches `bytes` from `at` into the L2 cache.
-void prefetch(const float* at, int64_t bytes) {
+void prefetch(const void* at, int64_t bytes) {
   const char* p = reinterpret_cast<const char*>(at);
   for (int64_t b = 0; b < bytes; b += 64)
     _mm_prefetch(p + b, _MM_HINT_T1);
@@ -213,7 +218,11 @@ class KeyTile {
         row_delta_(workspace + layout.delta) {}
 
   void run(TokenView<float> dk_out, TokenView<float> dv_out) {
-    if (!(skip_ & kSkipCopies)) load_keys();
+    if (!(skip_ & kSkipCopies)) {
+      with_dtype(args_.k.dtype, [&]<DType kKey>() {
+        with_dtype(args_.v.dtype, [&]<DType kValue>() { load_keys<kKey, kValue>(); });
+      });
+    }
     const AttentionShape& shape = args_.shape;
     const int64_t group = shape.group_size();
     for (int64_t head = kv_head_ * group; head < (kv_head_ + 1) * group; ++head) {
@@ -243,6 +252,8 @@ class KeyTile {
   }
 
  private:
+  // Kt, Vt and Ks of the item's keys (K of element type kKey, V of kValue), zero past the last.
+  template <DType kKey, DType kValue>
   void load_keys() {
     const float scale = args_.scale;
     for (int64_t j = 0; j < kTileK; ++j) {
@@ -253,12 +264,13 @@ class KeyTile {
         zero(k_row, padded_dim_);
         continue;
       }
-      const float* k = args_.k.at(batch_, keys_.begin + j, kv_head_);
-      const float* v = args_.v.at(batch_, keys_.begin + j, kv_head_);
+      const std::byte* k = args_.k.at(batch_, keys_.begin + j, kv_head_);
+      const std::byte* v = args_.v.at(batch_, keys_.begin + j, kv_head_);
       for (int64_t d = 0; d < dim_; ++d) {
-        k_t_[d * kTileK + j] = scale * k[d];
-        v_t_[d * kTileK + j] = v[d];
-        k_row[d] = scale * k[d];
+        const float key = scale * widen1<kKey>(k + d * kElementBytes<kKey>);
+        k_t_[d * kTileK + j] = key;
+        v_t_[d * kTileK + j] = widen1<kValue>(v + d * kElementBytes<kValue>);
+        k_row[d] = key;
       }
       zero(k_row + dim_, padded_dim_ - dim_);
     }
@@ -285,12 +297,9 @@ class KeyTile {
         continue;
       }
       const int64_t row = queries.begin + i;
-      const float* q = args_.q.at(batch_, row, head);
-      const float* g = args_.d_out.at(batch_, row, head);
-      for (int64_t d = 0; d < dim_; ++d) {
-        q_row[d] = q[d];
-        do_row[d] = g[d];
-      }
+      // One switch per row: fp32 rows are copied, 16-bit rows widened 8 lanes at a time.
+      widen_row(args_.q.dtype, args_.q.at(batch_, row, head), q_row, dim_);
+      widen_row(args_.d_out.dtype, args_.d_out.at(batch_, row, head), do_row, dim_);
       zero(q_row + dim_, padded_dim_ - dim_);
       zero(do_row + dim_, padded_dim_ - dim_);
       const float lse = args_.lse.at(batch_, head, row);
@@ -320,9 +329,9 @@ class KeyTile {
   }
   void prefetch_next_query_row() {
     if (next_row_ >= next_end_) return;
-    const int64_t bytes = dim_ * static_cast<int64_t>(sizeof(float));
-    prefetch(args_.q.at(batch_, next_row_, prefetch_head_), bytes);
-    prefetch(args_.d_out.at(batch_, next_row_, prefetch_head_), bytes);
+    prefetch(args_.q.at(batch_, next_row_, prefetch_head_), dim_ * dtype_bytes(args_.q.dtype));
+    prefetch(args_.d_out.at(batch_, next_row_, prefetch_head_),
+             dim_ * dtype_bytes(args_.d_out.dtype));
     ++next_row_;
   }
   void prefetch_next_dq_row() {

@@ -25,12 +25,17 @@
 // when the maximum did not change. Under a mask, a key tile is classified against each panel and
 // each block of 4 keys against the panel: hidden blocks at either end are not computed at all,
 // hidden blocks inside get -inf, partial blocks get a per-element mask, full blocks no test.
+//
+// Element types: the copies into Qt and the K and V tiles are where 16-bit inputs become fp32
+// (exactly; convert.hpp), chosen once per item or tile, so everything after them is the fp32
+// kernel's arithmetic on the widened values. O is rounded to its DType once, at the store.
 #include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include "../paths.hpp"
 #include "../tiles.hpp"
+#include "convert.hpp"
 #include "simd.hpp"
 
 namespace a2d::cpu::avx2 {
@@ -160,15 +165,6 @@ A2D_NOINLINE void value_block(const float* prob, const float* v, int64_t v_strid
     }
 }
 
-// to[0, count) = from[0, count).
-void copy_floats(const float* from, float* to, int64_t count) {
-  int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes)
-    _mm256_storeu_ps(to + i, _mm256_loadu_ps(from + i));
-  for (; i < count; ++i)
-    to[i] = from[i];
-}
-
 // Runs `body.template operator()<M>()` for M = count in 1..4 (a compile-time block height).
 template <typename Body>
 void with_rows(int count, Body&& body) {
@@ -209,10 +205,12 @@ class QueryTile {
         k_tile_(workspace + call.layout.k_tile),
         v_tile_(workspace + call.layout.v_tile),
         padded_dim_(call.layout.padded_dim),
-        stride_(call.layout.row_stride) {}
+        stride_(call.layout.row_stride),
+        k_row_bytes_(dim_ * dtype_bytes(args_.k.dtype)),
+        v_row_bytes_(dim_ * dtype_bytes(args_.v.dtype)) {}
 
   void run() {
-    load_queries();
+    with_dtype(args_.q.dtype, [&]<DType kType>() { load_queries<kType>(); });
     load_state();
     for (int64_t t = 0; t * kTileK < args_.shape.kv_tokens; ++t) {
       // Every few key tiles the calling thread lets MPI progress (ForwardArgs::progress).
@@ -220,13 +218,19 @@ class QueryTile {
         args_.progress(args_.progress_context);
       attend_key_tile(t);
     }
-    store_state();
+    if (call_.result.partial) {
+      store_state<DType::f32>();
+    } else {
+      with_dtype(call_.result.out.dtype, [&]<DType kType>() { store_state<kType>(); });
+    }
   }
 
  private:
   int64_t panel_rows(int64_t p) const { return smaller(kPanel, rows_ - p * kPanel); }
 
-  // Qt panels: q_panels_[p][d][r] = scale * Q[row_begin + 24 p + r][d], zero past the last row.
+  // Qt panels: q_panels_[p][d][r] = scale * Q[row_begin + 24 p + r][d], zero past the last row
+  // (Q of element type kType, widened exactly before the product).
+  template <DType kType>
   void load_queries() {
     for (int64_t p = 0; p < panels_; ++p) {
       float* panel = q_panels_ + p * dim_ * kPanel;
@@ -238,9 +242,9 @@ class QueryTile {
           continue;
         }
         const int64_t row = row_begin_ + p * kPanel + r;
-        const float* q = args_.q.at(batch_, row, head_);
+        const std::byte* q = args_.q.at(batch_, row, head_);
         for (int64_t d = 0; d < dim_; ++d)
-          panel[d * kPanel + r] = args_.scale * q[d];
+          panel[d * kPanel + r] = args_.scale * widen1<kType>(q + d * kElementBytes<kType>);
         const int64_t pos = position(args_.q_positions, row);
         bounds.min = pos < bounds.min ? pos : bounds.min;
         bounds.max = pos > bounds.max ? pos : bounds.max;
@@ -284,6 +288,8 @@ class QueryTile {
     }
   }
 
+  // The final state: O (of element type kOut) and LSE, or the partial triple (kOut = f32).
+  template <DType kOut>
   void store_state() const {
     const ForwardResult& result = call_.result;
     for (int64_t p = 0; p < panels_; ++p) {
@@ -294,10 +300,14 @@ class QueryTile {
         const float sum = sum_[p * kPanel + r];
         const bool empty = sum == 0.0f || max2 == kNegInf;
         if (!result.partial) {
-          float* o = result.out.at(batch_, row, head_);
           const float inverse = empty ? 0.0f : 1.0f / sum;
-          for (int64_t d = 0; d < dim_; ++d)
-            o[d] = acc[d] * inverse;
+          if constexpr (kOut == DType::f32) {
+            float* o = result.out.floats().at(batch_, row, head_);
+            for (int64_t d = 0; d < dim_; ++d)
+              o[d] = acc[d] * inverse;
+          } else {
+            narrow_row<kOut>(acc, inverse, result.out.at(batch_, row, head_), dim_);
+          }
           result.lse.at(batch_, head_, row) =
               empty ? kNegInf
                     : static_cast<float>((max2 + std::log2(static_cast<double>(sum))) * kLn2);
@@ -331,7 +341,12 @@ class QueryTile {
     }
     const int64_t key_begin = t * kTileK;
     const int64_t cols = smaller(kTileK, args_.shape.kv_tokens - key_begin);
-    if (!(call_.skip & kSkipCopies)) copy_keys_and_values(key_begin, cols);
+    if (!(call_.skip & kSkipCopies)) {
+      with_dtype(args_.k.dtype, [&]<DType kKey>() {
+        with_dtype(args_.v.dtype,
+                   [&]<DType kValue>() { copy_keys_and_values<kKey, kValue>(key_begin, cols); });
+      });
+    }
     // While this tile is computed, the next tile's K and V rows are pulled towards the core, one
     // row per 4-key block of S (compute_scores), so that the next copy finds them in L2. Spread
     // out like this, the prefetches do not pile up in the core's queue of outstanding misses.
@@ -353,19 +368,27 @@ class QueryTile {
     if (prefetch_row_ >= prefetch_end_) return;
     const char* k = reinterpret_cast<const char*>(args_.k.at(batch_, prefetch_row_, kv_head_));
     const char* v = reinterpret_cast<const char*>(args_.v.at(batch_, prefetch_row_, kv_head_));
-    for (int64_t byte = 0; byte < dim_ * static_cast<int64_t>(sizeof(float)); byte += 64) {
-      _mm_prefetch(k + byte, _MM_HINT_T1);
-      _mm_prefetch(v + byte, _MM_HINT_T1);
+    if (k_row_bytes_ == v_row_bytes_) {
+      for (int64_t byte = 0; byte < k_row_bytes_; byte += 64) {
+        _mm_prefetch(k + byte, _MM_HINT_T1);
+        _mm_prefetch(v + byte, _MM_HINT_T1);
+      }
+    } else {
+      for (int64_t byte = 0; byte < k_row_bytes_; byte += 64)
+        _mm_prefetch(k + byte, _MM_HINT_T1);
+      for (int64_t byte = 0; byte < v_row_bytes_; byte += 64)
+        _mm_prefetch(v + byte, _MM_HINT_T1);
     }
     ++prefetch_row_;
   }
 
-  // K rows to k_tile_[j][0, D), V rows to v_tile_[j][0, D); the padding columns of the V tile
-  // were zeroed with the workspace and are never written.
+  // K rows to k_tile_[j][0, D), V rows to v_tile_[j][0, D), widened from their element types;
+  // the padding columns of the V tile were zeroed with the workspace and are never written.
+  template <DType kKey, DType kValue>
   void copy_keys_and_values(int64_t key_begin, int64_t cols) {
     for (int64_t j = 0; j < cols; ++j) {
-      copy_floats(args_.k.at(batch_, key_begin + j, kv_head_), k_tile_ + j * dim_, dim_);
-      copy_floats(args_.v.at(batch_, key_begin + j, kv_head_), v_tile_ + j * stride_, dim_);
+      widen_row<kKey>(args_.k.at(batch_, key_begin + j, kv_head_), k_tile_ + j * dim_, dim_);
+      widen_row<kValue>(args_.v.at(batch_, key_begin + j, kv_head_), v_tile_ + j * stride_, dim_);
     }
   }
 
@@ -512,6 +535,7 @@ class QueryTile {
   float* const k_tile_;
   float* const v_tile_;
   const int64_t padded_dim_, stride_;
+  const int64_t k_row_bytes_, v_row_bytes_;  // bytes of one K and one V row (prefetches)
   Bounds panel_bounds_[kMaxPanelsPerTile];
   int64_t prefetch_row_ = 0;  // next K/V row to prefetch, and the end of the rows to prefetch
   int64_t prefetch_end_ = 0;

@@ -1,8 +1,8 @@
 // Internal: AVX2/FMA building blocks of the fast CPU kernels: a vectorised exp and the
 // register-blocked micro-kernel every tile product is made of.
 //
-// Include this only from translation units compiled with -mavx2 -mfma (CMake does that for the
-// files in this directory). Everything here has internal linkage: an inline function compiled
+// Include this only from translation units compiled with -mavx2 -mfma -mf16c (CMake does that for
+// the files in this directory). Everything here has internal linkage: an inline function compiled
 // with AVX2 must never be shared, through the linker's choice of one copy of an inline
 // function, with code that runs on the portable path of a CPU without AVX2.
 #pragma once
