@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
       for (int i = 0; i < size; ++i)
         offsets[static_cast<size_t>(i)] = i * n;
       const std::vector<int64_t> counts64(static_cast<size_t>(size), n);
+      const std::vector<int64_t> bytes64(static_cast<size_t>(size), 4 * int64_t{n});
       const double ag = slowest_median_ms(MPI_COMM_WORLD, [&] {
         MPI_Allgatherv(block.data(), n, MPI_FLOAT, out.data(), counts.data(), offsets.data(),
                        MPI_FLOAT, MPI_COMM_WORLD);
@@ -68,8 +69,10 @@ int main(int argc, char** argv) {
                         MPI_FLOAT, MPI_COMM_WORLD, &request);
         MPI_Wait(&request, MPI_STATUS_IGNORE);
       });
-      const double a2d_ag = slowest_median_ms(
-          MPI_COMM_WORLD, [&] { comm->all_gather(block.data(), out.data(), counts64); });
+      const double a2d_ag = slowest_median_ms(MPI_COMM_WORLD, [&] {
+        comm->all_gather(a2d::Place::at_host(block.data()), a2d::Place::at_host(out.data()),
+                         bytes64);
+      });
       const double rs = slowest_median_ms(MPI_COMM_WORLD, [&] {
         MPI_Reduce_scatter(all.data(), mine.data(), counts.data(), MPI_FLOAT, MPI_SUM,
                            MPI_COMM_WORLD);
@@ -81,7 +84,8 @@ int main(int argc, char** argv) {
         MPI_Wait(&request, MPI_STATUS_IGNORE);
       });
       const double ring = slowest_median_ms(MPI_COMM_WORLD, [&] {
-        comm->reduce_scatter(all.data(), mine.data(), counts64, 1, a2d::Reduction::sum);
+        comm->reduce_scatter(a2d::Place::at_host(all.data()), a2d::Place::at_host(mine.data()),
+                             counts64, 1, a2d::Reduction::sum);
       });
       if (rank == 0) {
         std::printf("%12ld %12.2f %12.2f %12.2f %14.2f %12.2f %12.2f %11.1fx\n", bytes, ag, iag,

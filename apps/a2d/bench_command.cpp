@@ -28,6 +28,7 @@ namespace {
 
 struct BenchOptions {
   cli::ProblemOptions problem;
+  cli::DeviceOptions device;
   std::string algos = "attention2d,attention2d-overlap,ring,allgather-kv,ulysses";
   std::string grid, layout, calibration;
   int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42;
@@ -116,7 +117,8 @@ cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool back
       .add("kv_heads", problem.kv_heads)
       .add("head_dim", problem.head_dim)
       .add("causal", problem.mask.is_causal())
-      .add("window", problem.mask.window);
+      .add("window", problem.mask.window)
+      .add("dtype", dtype_name(problem.dtype));
   if (!r.skipped.empty()) return line.add("skipped", r.skipped);
   const double flops = forward_flops(problem);
   const PhaseTiming& f = r.timings.forward;
@@ -157,8 +159,10 @@ cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool back
     line.add("pred_ms.forward.kernel", 1e3 * r.prediction.forward_compute_s);
     if (backward) line.add("pred_ms.backward.kernel", 1e3 * r.prediction.backward_compute_s);
   }
-  if (check)
-    line.add("max_rel_err", r.errors.max()).add("pass", r.errors.max() <= kFp32RelativeBound);
+  if (check) {
+    line.add("max_rel_err", r.errors.max())
+        .add("pass", r.errors.within(output_bounds(problem.dtype)));
+  }
   return line;
 }
 
@@ -245,6 +249,7 @@ int bench(int argc, char** argv, int first) {
         "messages each rank sent, its peak memory, and the cost model's prediction for this\n"
         "machine (from a2d calibrate) with measured / predicted.");
     o.problem.declare(options);
+    o.device.declare(options);
     options.add_string("--algo", &o.algos, "comma-separated algorithms");
     options.add_string("--grid", &o.grid, "only this ATTENTION2D grid RxC (default: every one)");
     options.add_string("--layout", &o.layout, "layout of ring and allgather-kv (default: theirs)");
@@ -283,6 +288,7 @@ int bench(int argc, char** argv, int first) {
     bool help = false;
     Problem problem;
     std::vector<Row> rows;
+    std::unique_ptr<Backend> backend;
     collective_check(world, [&] {
       help = !options.parse(argc, argv, first);
       if (help) return;
@@ -292,6 +298,7 @@ int bench(int argc, char** argv, int first) {
       A2D_REQUIRE(o.calibrate || !o.no_resample_kernel, "--no-resample-kernel needs --calibrate");
       problem = o.problem.problem();
       rows = candidate_rows(o, problem, world.size());
+      backend = o.device.backend();
     });
     if (help) return 0;
     Watchdog watchdog(MPI_COMM_WORLD, o.timeout);
@@ -337,9 +344,10 @@ int bench(int argc, char** argv, int first) {
     const auto start_row = [&](Row& row) {
       auto live = std::make_unique<LiveRow>();
       live->row = &row;
-      collective_check(world, [&] { live->attention = make_attention(problem, row.plan, world); });
+      collective_check(
+          world, [&] { live->attention = make_attention(problem, row.plan, world, *backend); });
       live->shards = make_shards(problem, live->attention->layout(), world.rank(),
-                                 static_cast<uint64_t>(o.seed), true, o.backward);
+                                 static_cast<uint64_t>(o.seed), true, o.backward, *backend);
       live->timer = std::make_unique<AttentionTimer>(world, *log, *live->attention, problem,
                                                      live->shards, o.backward);
       return live;
@@ -409,7 +417,7 @@ int bench(int argc, char** argv, int first) {
       machine_text = machine.description;
       for (Row& row : rows) {
         if (!row.skipped.empty()) continue;
-        row.prediction = predict(problem, row.plan, machine, world.size(), Precision::fp32);
+        row.prediction = predict(problem, row.plan, machine, world.size());
         row.predicted = true;
       }
     } catch (const Error&) {
@@ -417,7 +425,8 @@ int bench(int argc, char** argv, int first) {
 
     bool pass = true;
     for (const Row& row : rows)
-      pass = pass && (!o.check || !row.skipped.empty() || row.errors.max() <= kFp32RelativeBound);
+      pass = pass &&
+             (!o.check || !row.skipped.empty() || row.errors.within(output_bounds(problem.dtype)));
     if (world.rank() == 0) {
       if (o.json) {
         for (const Row& r : rows)

@@ -318,7 +318,8 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
       from[static_cast<size_t>(j)] = (j % parts) * (tokens / parts) + j / parts;
     const double permute_s = slowest_seconds(world, iters, [&] {
       for (int pass = 0; pass < 16; ++pass)
-        permute_tokens(rows.data(), per_token, from);
+        permute_tokens(rows.data(), per_token * static_cast<int64_t>(sizeof(float)), from.data(),
+                       tokens);
     });
     permute_bytes_per_s = 16 * 4.0 * static_cast<double>(tokens * per_token) / permute_s;
   }
@@ -386,14 +387,15 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
     latency_s = slowest_seconds(world, 5,
                                 [&] {
                                   for (int i = 0; i < repeats; ++i)
-                                    world.send_recv(send.data(), 2, next, recv.data(), 2, prev);
+                                    world.send_recv(Place::at_host(send.data()), 8, next,
+                                                    Place::at_host(recv.data()), 8, prev);
                                 }) /
                 repeats;
     std::vector<float> gathered(send.size() * static_cast<size_t>(world.size()));
-    const std::vector<int64_t> large_counts(static_cast<size_t>(world.size()), large);
-    const std::vector<int64_t> small_counts(static_cast<size_t>(world.size()), small);
-    const auto gather = [&](const std::vector<int64_t>& counts) {
-      world.all_gather(send.data(), gathered.data(), counts);
+    const std::vector<int64_t> large_counts(static_cast<size_t>(world.size()), 4 * large);
+    const std::vector<int64_t> small_counts(static_cast<size_t>(world.size()), 4 * small);
+    const auto gather = [&](const std::vector<int64_t>& bytes) {
+      world.all_gather(Place::at_host(send.data()), Place::at_host(gathered.data()), bytes);
     };
     const double steps = world.size() - 1;
     const double large_bytes = steps * 4.0 * static_cast<double>(large);
@@ -432,7 +434,8 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
                               [&] {
                                 for (int step = 0; step < kSteps; ++step) {
                                   RequestPtr shift = world.send_recv_async(
-                                      send.data(), small, next, recv.data(), small, prev);
+                                      Place::at_host(send.data()), 4 * small, next,
+                                      Place::at_host(recv.data()), 4 * small, prev);
                                   attention_forward(quarter, o_view, lse_view);
                                   shift->wait();
                                 }

@@ -21,7 +21,6 @@ struct ModelOptions {
   cli::ProblemOptions problem;
   std::string machine = "h100-ndr";
   std::string calibration;  // "" = default_calibration_file()
-  std::string dtype = "bf16";
   std::string plot;
   std::string plot_x = "gpus";
   int64_t gpus = 16;
@@ -30,12 +29,12 @@ struct ModelOptions {
   bool forward_only = false;
 
   void declare(cli::Options& options) {
+    problem.dtype = "bf16";  // the GPUs' precision
     problem.declare(options);
     options.add_string("--machine", &machine, "a100-hdr, h100-ndr or local (from a2d calibrate)");
     options.add_string("--calibration", &calibration,
                        "calibration file of --machine local (default $A2D_CALIBRATION or "
                        "./a2d-calibration.txt)");
-    options.add_string("--dtype", &dtype, "bf16 or fp32");
     options.add_int("--gpus", &gpus, "ranks P (GPUs, or processes on this machine)");
     options.add_int("--gpus-per-node", &gpus_per_node,
                     "ranks per node (consecutive ranks share one)");
@@ -44,8 +43,7 @@ struct ModelOptions {
   }
 
   MachineChoice machine_choice() const {
-    return {machine, calibration.empty() ? default_calibration_file() : calibration,
-            parse_precision(dtype)};
+    return {machine, calibration.empty() ? default_calibration_file() : calibration};
   }
 };
 
@@ -58,10 +56,10 @@ std::string grid_text(const Plan& plan) {
 }
 
 void print_table(const PlanSearch& search, const Problem& problem, const Machine& machine,
-                 int ranks, int per_node, const std::string& dtype) {
-  std::printf("a2d model: %s dtype=%s\nmachine: %s (%s)\n%d ranks, %d per node\n\n",
-              problem.describe().c_str(), dtype.c_str(), machine.name.c_str(),
-              machine.description.c_str(), ranks, per_node);
+                 int ranks, int per_node) {
+  std::printf("a2d model: %s\nmachine: %s (%s)\n%d ranks, %d per node\n\n",
+              problem.describe().c_str(), machine.name.c_str(), machine.description.c_str(), ranks,
+              per_node);
   std::printf("%-4s %-20s %-16s %10s %10s %10s %14s %14s %9s %12s\n", "#", "algorithm",
               "grid/layout", "fwd ms", "bwd ms", "total ms", "words fwd", "words bwd", "messages",
               "memory MiB");
@@ -139,12 +137,11 @@ void plot(const ModelOptions& o, const Problem& base) {
       ranks = static_cast<int>(x);
     else
       problem.seq = x;
-    const Machine machine = choice.machine(ranks);
-    const auto best =
-        best_per_algorithm(search_plans(problem, ranks, machine,
-                                        static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)),
-                                        choice.precision, !o.forward_only),
-                           o.forward_only);
+    const Machine machine = choice.machine(ranks, problem.dtype);
+    const auto best = best_per_algorithm(
+        search_plans(problem, ranks, machine,
+                     static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)), !o.forward_only),
+        o.forward_only);
     data << x;
     for (const std::string& name : names) {
       const auto it = best.find(name);
@@ -160,8 +157,8 @@ void plot(const ModelOptions& o, const Problem& base) {
   script << "set terminal " << (svg ? "svg size 900,560 dynamic" : "pngcairo size 900,560") << "\n"
          << "set output '" << o.plot << "'\n"
          << "set title 'Predicted " << (o.forward_only ? "forward" : "forward + backward")
-         << " time, " << choice.name << " (" << precision_name(choice.precision)
-         << "), N=" << base.seq << " H=" << base.heads << " D=" << base.head_dim
+         << " time, " << choice.name << " (" << dtype_name(base.dtype) << "), N=" << base.seq
+         << " H=" << base.heads << " D=" << base.head_dim
          << (base.mask.is_causal() ? " causal" : "") << "' noenhanced\n"
          << "set xlabel '" << (over_gpus ? "ranks P" : "sequence length N") << "'\n"
          << "set ylabel 'time per layer (ms)'\nset logscale xy 2\nset grid\nset key left top\n"
@@ -201,9 +198,8 @@ int model(int argc, char** argv, int first) {
   const MachineChoice choice = o.machine_choice();
   const int ranks = static_cast<int>(o.gpus);
   const int per_node = static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks));
-  const Machine machine = choice.machine(ranks);
-  const PlanSearch search =
-      search_plans(problem, ranks, machine, per_node, choice.precision, !o.forward_only);
+  const Machine machine = choice.machine(ranks, problem.dtype);
+  const PlanSearch search = search_plans(problem, ranks, machine, per_node, !o.forward_only);
   if (o.json) {
     int index = 1;
     for (const RankedPlan& r : search.ranked)
@@ -212,7 +208,7 @@ int model(int argc, char** argv, int first) {
       std::cout << cli::JsonLine().add("algo", algorithm).add("skipped", reason).str() << "\n";
     }
   } else {
-    print_table(search, problem, machine, ranks, per_node, o.dtype);
+    print_table(search, problem, machine, ranks, per_node);
   }
   if (!o.plot.empty()) plot(o, problem);
   return 0;

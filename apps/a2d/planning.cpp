@@ -6,9 +6,9 @@
 
 namespace a2d::commands {
 
-Machine MachineChoice::machine(int ranks) const {
+Machine MachineChoice::machine(int ranks, DType dtype) const {
   if (name == "local") return local_machine(calibration_file, ranks);
-  if (!name.empty()) return preset_machine(name, precision);
+  if (!name.empty()) return preset_machine(name, dtype);
   try {
     return local_machine(calibration_file, ranks);
   } catch (const Error&) {
@@ -26,8 +26,8 @@ Machine MachineChoice::machine(int ranks) const {
 PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
                        const MachineChoice& choice, const std::string& algo,
                        const std::string& grid) {
-  const Machine machine = choice.machine(ranks);
-  const PlanSearch search = search_plans(problem, ranks, machine, ranks_per_node, choice.precision);
+  const Machine machine = choice.machine(ranks, problem.dtype);
+  const PlanSearch search = search_plans(problem, ranks, machine, ranks_per_node);
   for (const RankedPlan& r : search.ranked) {
     if (!algo.empty() && algorithm_name(r.plan.algorithm) != algo) continue;
     if (!grid.empty() && r.plan.grid.describe() != parse_grid(grid).describe()) continue;

@@ -14,9 +14,9 @@ struct MachineChoice {
   // rank plans when nothing was calibrated; docs/cost-model.md.
   std::string name;
   std::string calibration_file;
-  Precision precision = Precision::fp32;
 
-  Machine machine(int ranks) const;
+  // The machine for `ranks` ranks; a preset's kernel rates are those of `dtype`.
+  Machine machine(int ranks, DType dtype) const;
 };
 
 struct PlannedRun {

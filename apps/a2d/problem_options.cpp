@@ -15,6 +15,9 @@ void ProblemOptions::declare(Options& options) {
   options.add_int("--window", &window,
                   "causal with a window of W tokens: q - W < k <= q (implies --causal; 0 = none)");
   options.add_double("--scale", &scale, "softmax scale (0 = 1/sqrt(D))");
+  options.add_string("--dtype", &dtype,
+                     "element type of Q, K, V, O and the gradients: fp32, bf16 or fp16 (default " +
+                         dtype + "); statistics and partial sums stay fp32");
 }
 
 Problem ProblemOptions::problem() const {
@@ -28,8 +31,19 @@ Problem ProblemOptions::problem() const {
   p.head_dim = head_dim;
   p.mask = window > 0 ? Mask::causal_window(window) : (causal ? Mask::causal() : Mask::none());
   p.scale = static_cast<float>(scale);
+  p.dtype = parse_dtype(dtype);
   p.validate();
   return p;
+}
+
+void DeviceOptions::declare(Options& options) {
+  options.add_string("--device", &device,
+                     "the backend: cpu (default), or fenced: the CPU's kernels on memory only "
+                     "the backend may touch, staged through host memory (a test of the engine)");
+}
+
+std::unique_ptr<Backend> DeviceOptions::backend() const {
+  return make_backend(device);
 }
 
 void PlanOptions::declare(Options& options) {
@@ -58,7 +72,7 @@ Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen) c
   const bool grid_matters = algo.empty() || algo == "attention2d" || algo == "attention2d-overlap";
   if (algo.empty() || (grid.empty() && grid_matters)) {
     const commands::MachineChoice machine{
-        "", calibration.empty() ? default_calibration_file() : calibration, Precision::fp32};
+        "", calibration.empty() ? default_calibration_file() : calibration};
     const commands::PlannedRun planned =
         commands::choose_plan(problem, ranks, ranks, machine, algo, grid_matters ? grid : "");
     p = planned.plan;

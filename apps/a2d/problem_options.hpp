@@ -2,9 +2,11 @@
 // plan, declared once.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "attention2d/attention.hpp"
+#include "attention2d/backend.hpp"
 #include "cli.hpp"
 
 namespace a2d::cli {
@@ -18,9 +20,18 @@ struct ProblemOptions {
   int64_t window = 0;
   double scale = 0.0;
   bool causal = false;
+  std::string dtype = "fp32";  // the command's default; --dtype changes it
 
   void declare(Options& options);
   Problem problem() const;  // validated
+};
+
+// --device: the backend the algorithms compute with.
+struct DeviceOptions {
+  std::string device = "cpu";
+
+  void declare(Options& options);
+  std::unique_ptr<Backend> backend() const;  // throws a2d::Error for an unknown device
 };
 
 struct PlanOptions {

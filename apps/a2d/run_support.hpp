@@ -78,7 +78,7 @@ Timings time_attention(Communicator& world, TrafficLog& log, DistributedAttentio
 // /proc does not allow it.
 int64_t peak_memory_growth(const std::function<void()>& body);
 
-// Bytes of a rank's shard buffers (inputs, outputs and gradients).
+// Bytes of a rank's shard buffers (inputs, outputs and gradients, in the problem's dtype).
 int64_t shard_bytes(const ShardSet& shards);
 
 // Unmasked FLOPs of one forward call of the whole problem (4 * pairs * D per head).
@@ -92,6 +92,7 @@ struct RunReport {
   Timings timings;
   bool checked = false;
   OutputErrors errors;
+  std::string device = "cpu";
 
   std::string text() const;
   std::string json() const;

@@ -9,14 +9,17 @@
 //            shards; backward() takes Q, K, V, O, LSE and dO shards and returns dQ, dK, dV.
 //            Between the two only these N/P-sized shards are kept (by the caller).
 //
-// Shards are [batch, local tokens, heads, head_dim] (TokenView; any strides) and LSE is
-// [batch, heads, local tokens] (RowView), with the local tokens in the order layout() lists them.
+// Shards are tensors in buffers of the backend the attention was made with:
+// [batch, local tokens, heads, head_dim] (TokenTensor, in the problem's dtype, any strides) and
+// LSE [batch, heads, local tokens] (RowTensor, fp32), with the local tokens in the order layout()
+// lists them. The algorithms touch them only through the backend's operations.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
 
+#include "attention2d/backend.hpp"
 #include "attention2d/comm.hpp"
 #include "attention2d/grid.hpp"
 #include "attention2d/kernel.hpp"
@@ -37,6 +40,9 @@ struct Problem {
   int64_t head_dim = 0;
   Mask mask;
   float scale = 0.0f;  // 0: 1/sqrt(head_dim)
+  // Element type of Q, K, V, O, dO, dQ, dK, dV (the shards and what is sent of them); row
+  // statistics and partial sums are fp32 whatever it is (dtype.hpp).
+  DType dtype = DType::f32;
 
   float softmax_scale() const;
   void validate() const;  // throws a2d::Error saying what to change
@@ -67,16 +73,20 @@ Plan default_plan(Algorithm algorithm, const Problem& problem, int ranks);
 void check_plan(const Plan& plan, const Problem& problem, int ranks);
 
 struct ForwardShards {
-  TokenView<const float> q, k, v;
-  TokenView<float> out;
-  RowView<float> lse;
+  TokenTensor q, k, v;  // read
+  TokenTensor out;      // written
+  RowTensor lse;        // written
 };
 
 struct BackwardShards {
-  TokenView<const float> q, k, v, out, d_out;
-  RowView<const float> lse;
-  TokenView<float> dq, dk, dv;
+  TokenTensor q, k, v, out, d_out;  // read
+  RowTensor lse;                    // read
+  TokenTensor dq, dk, dv;           // written
 };
+
+// Throws unless every shard tensor has the problem's dtype and lies in a buffer of `backend`.
+void check_shards(const Problem& problem, const Backend& backend, const ForwardShards& shards);
+void check_shards(const Problem& problem, const Backend& backend, const BackwardShards& shards);
 
 class DistributedAttention {
  public:
@@ -89,15 +99,18 @@ class DistributedAttention {
   virtual const Plan& plan() const = 0;
   // Which global tokens each world rank's shards hold (parts = world ranks).
   virtual const TokenLayout& layout() const = 0;
+  virtual Backend& backend() const = 0;
   virtual void forward(const ForwardShards& shards) = 0;
   virtual void backward(const BackwardShards& shards) = 0;
 };
 
 // Collective over `world`. Before any data moves, every rank validates its problem and plan and
 // all ranks check that they agree (check_agreement); any failure raises the same CollectiveError
-// on every rank.
+// on every rank. The attention computes with `backend` (which must outlive it); where the
+// backend's memory is not host-accessible, its communicators stage transfers through host memory
+// (make_staged_communicator).
 std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, const Plan& plan,
-                                                     Communicator& world);
+                                                     Communicator& world, Backend& backend);
 
 // Collective: throws CollectiveError on every rank, naming each field and the ranks that hold
 // each value, unless all ranks pass the same problem and plan (kernel threads may differ).

@@ -1,9 +1,13 @@
 // attention2d: the communicator interface every distributed algorithm is written against.
 //
-// Data are fp32 buffers; counts are in floats unless a `record` size is given. Each operation
-// has a non-blocking form returning a Request and a blocking form that waits for it. MPI
-// implements the interface (mpi_comm.hpp); a CountingCommunicator wraps any implementation and
-// records the bytes and messages this rank sends, per phase.
+// Data move between Places (backend.hpp): positions in a backend's buffers, or in plain host
+// memory. Counts are in bytes, so records that mix element types (bf16 rows with fp32 row
+// statistics) move as they are; reductions combine fp32 records of `record` floats. Each
+// operation has a non-blocking form returning a Request and a blocking form that waits for it.
+// MPI implements the interface (mpi_comm.hpp) for host-accessible memory;
+// make_staged_communicator wraps any communicator so that buffers the host cannot touch (a GPU's,
+// the fenced test backend's) move through host staging memory; a CountingCommunicator wraps any
+// implementation and records the bytes and messages this rank sends, per phase.
 //
 // Counting convention (docs/cost-model.md): each collective is charged what this rank sends in
 // the bandwidth-optimal ring schedule for it, which is also what the cost model assumes; a block
@@ -25,9 +29,11 @@
 #include <span>
 #include <string>
 
+#include "attention2d/backend.hpp"
+
 namespace a2d {
 
-// How reduce_scatter and all_reduce combine contributions.
+// How reduce_scatter and all_reduce combine contributions (always fp32).
 //   sum, max:         element-wise
 //   attention_merge:  records of `record` floats [row max, row sum, acc(record - 2)], merged as
 //                     partial attention results (merge_partial in kernel.hpp)
@@ -58,23 +64,21 @@ class Communicator {
   // Ranks with the same color form a new communicator, ordered by key (as MPI_Comm_split).
   virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 
-  // Rank i contributes counts[i] floats; recv receives all contributions in rank order
-  // (sum(counts) floats). `send` may point into recv at this rank's own offset.
-  virtual RequestPtr all_gather_async(const float* send, float* recv,
-                                      std::span<const int64_t> counts) = 0;
-  // send holds sum(counts) records, block i (counts[i] records of `record` floats) destined for
-  // rank i; recv receives counts[rank()] records, reduced over every rank's block.
-  virtual RequestPtr reduce_scatter_async(const float* send, float* recv,
-                                          std::span<const int64_t> counts, int64_t record,
-                                          Reduction reduction) = 0;
-  // Sends send_count floats to `dest` and receives recv_count floats from `source`. Both sides
-  // must agree on the counts; a zero count posts nothing. Concurrent exchanges between the same
-  // ranks are told apart by `tag`.
-  virtual RequestPtr send_recv_async(const float* send, int64_t send_count, int dest, float* recv,
-                                     int64_t recv_count, int source, int tag = 0) = 0;
-  // Block i of send (send_counts[i] floats) goes to rank i; block j of recv comes from rank j.
-  virtual RequestPtr all_to_all_async(const float* send, std::span<const int64_t> send_counts,
-                                      float* recv, std::span<const int64_t> recv_counts) = 0;
+  // Rank i contributes bytes[i] bytes; recv receives all contributions in rank order
+  // (sum(bytes) bytes). `send` may be recv at this rank's own offset.
+  virtual RequestPtr all_gather_async(Place send, Place recv, std::span<const int64_t> bytes) = 0;
+  // send holds sum(counts) fp32 records, block i (counts[i] records of `record` floats) destined
+  // for rank i; recv receives counts[rank()] records, reduced over every rank's block.
+  virtual RequestPtr reduce_scatter_async(Place send, Place recv, std::span<const int64_t> counts,
+                                          int64_t record, Reduction reduction) = 0;
+  // Sends send_bytes to `dest` and receives recv_bytes from `source`. Both sides must agree on
+  // the sizes; a zero size posts nothing. Concurrent exchanges between the same ranks are told
+  // apart by `tag`.
+  virtual RequestPtr send_recv_async(Place send, int64_t send_bytes, int dest, Place recv,
+                                     int64_t recv_bytes, int source, int tag = 0) = 0;
+  // Block i of send (send_bytes[i] bytes) goes to rank i; block j of recv comes from rank j.
+  virtual RequestPtr all_to_all_async(Place send, std::span<const int64_t> send_bytes, Place recv,
+                                      std::span<const int64_t> recv_bytes) = 0;
 
   // Copies `bytes` bytes from `root` to every rank (used to distribute inputs and references,
   // never inside an algorithm).
@@ -95,20 +99,20 @@ class Communicator {
   // blocking all-gather is Open MPI's tuned MPI_Allgatherv; Open MPI's non-blocking
   // reduce-scatter was ~30x slower for large blocks (docs/benchmarks.md). Use these whenever
   // nothing is computed while the collective runs.
-  virtual void all_gather(const float* send, float* recv, std::span<const int64_t> counts) {
-    all_gather_async(send, recv, counts)->wait();
+  virtual void all_gather(Place send, Place recv, std::span<const int64_t> bytes) {
+    all_gather_async(send, recv, bytes)->wait();
   }
-  virtual void reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts,
+  virtual void reduce_scatter(Place send, Place recv, std::span<const int64_t> counts,
                               int64_t record, Reduction reduction) {
     reduce_scatter_async(send, recv, counts, record, reduction)->wait();
   }
-  void send_recv(const float* send, int64_t send_count, int dest, float* recv, int64_t recv_count,
+  void send_recv(Place send, int64_t send_bytes, int dest, Place recv, int64_t recv_bytes,
                  int source, int tag = 0) {
-    send_recv_async(send, send_count, dest, recv, recv_count, source, tag)->wait();
+    send_recv_async(send, send_bytes, dest, recv, recv_bytes, source, tag)->wait();
   }
-  virtual void all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
-                          std::span<const int64_t> recv_counts) {
-    all_to_all_async(send, send_counts, recv, recv_counts)->wait();
+  virtual void all_to_all(Place send, std::span<const int64_t> send_bytes, Place recv,
+                          std::span<const int64_t> recv_bytes) {
+    all_to_all_async(send, send_bytes, recv, recv_bytes)->wait();
   }
 };
 
@@ -151,19 +155,18 @@ class CountingCommunicator : public Communicator {
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   std::unique_ptr<Communicator> split(int color, int key) override;
-  RequestPtr all_gather_async(const float* send, float* recv,
-                              std::span<const int64_t> counts) override;
-  RequestPtr reduce_scatter_async(const float* send, float* recv, std::span<const int64_t> counts,
+  RequestPtr all_gather_async(Place send, Place recv, std::span<const int64_t> bytes) override;
+  RequestPtr reduce_scatter_async(Place send, Place recv, std::span<const int64_t> counts,
                                   int64_t record, Reduction reduction) override;
-  RequestPtr send_recv_async(const float* send, int64_t send_count, int dest, float* recv,
-                             int64_t recv_count, int source, int tag = 0) override;
-  RequestPtr all_to_all_async(const float* send, std::span<const int64_t> send_counts, float* recv,
-                              std::span<const int64_t> recv_counts) override;
-  void all_gather(const float* send, float* recv, std::span<const int64_t> counts) override;
-  void reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts,
-                      int64_t record, Reduction reduction) override;
-  void all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
-                  std::span<const int64_t> recv_counts) override;
+  RequestPtr send_recv_async(Place send, int64_t send_bytes, int dest, Place recv,
+                             int64_t recv_bytes, int source, int tag = 0) override;
+  RequestPtr all_to_all_async(Place send, std::span<const int64_t> send_bytes, Place recv,
+                              std::span<const int64_t> recv_bytes) override;
+  void all_gather(Place send, Place recv, std::span<const int64_t> bytes) override;
+  void reduce_scatter(Place send, Place recv, std::span<const int64_t> counts, int64_t record,
+                      Reduction reduction) override;
+  void all_to_all(Place send, std::span<const int64_t> send_bytes, Place recv,
+                  std::span<const int64_t> recv_bytes) override;
   void broadcast(void* data, int64_t bytes, int root) override;
   void all_reduce(float* data, int64_t count, Reduction reduction) override;
   void all_reduce(double* data, int64_t count, Reduction reduction) override;
@@ -176,9 +179,9 @@ class CountingCommunicator : public Communicator {
 
  private:
   void charge(int64_t bytes, int64_t messages);
-  void charge_all_gather(std::span<const int64_t> counts);
+  void charge_all_gather(std::span<const int64_t> bytes);
   void charge_reduce_scatter(std::span<const int64_t> counts, int64_t record);
-  void charge_all_to_all(std::span<const int64_t> send_counts);
+  void charge_all_to_all(std::span<const int64_t> send_bytes);
   void charge_all_reduce(int64_t count, int64_t element_bytes);
 
   std::unique_ptr<Communicator> inner_;
@@ -194,5 +197,12 @@ struct RingCharge {
 };
 RingCharge ring_all_gather_charge(std::span<const int64_t> counts, int rank);
 RingCharge ring_reduce_scatter_charge(std::span<const int64_t> counts, int rank);
+
+// `inner` with staging: data in buffers whose host_data() is null (a device's, the fenced
+// backend's) is copied by `backend` into host staging memory before it is sent and out of it
+// once it has arrived (at wait() for a posted operation); host-accessible places pass straight
+// through. Reductions run on the staged host copies. Splits are staged as well.
+std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<Communicator> inner,
+                                                       Backend& backend);
 
 }  // namespace a2d

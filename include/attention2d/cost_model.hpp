@@ -15,12 +15,6 @@
 
 namespace a2d {
 
-// Element type of the modelled run: bf16 halves the bytes of every tensor on the wire and the
-// kernel runs at the machine's bf16 rate; statistics (row max, row sum, LSE) stay fp32.
-enum class Precision { fp32, bf16 };
-Precision parse_precision(const std::string& name);
-std::string precision_name(Precision precision);
-
 // A link: each message costs `latency_s` plus bytes / `bytes_per_s` (per direction, per rank).
 struct Link {
   double latency_s = 0;
@@ -75,8 +69,9 @@ struct Machine {
   double step_sync_s = 0;
 };
 
-// `a100-hdr`, `h100-ndr` (datasheet numbers, docs/cost-model.md cites each one).
-Machine preset_machine(const std::string& name, Precision precision);
+// `a100-hdr`, `h100-ndr` (datasheet numbers, docs/cost-model.md cites each one), with the kernel
+// rates of `dtype` (bf16 and fp16: the tensor-core rate).
+Machine preset_machine(const std::string& name, DType dtype);
 std::vector<std::string> preset_names();
 
 // This machine, as measured by `a2d calibrate` at `ranks` ranks (the calibration file holds one
@@ -131,8 +126,8 @@ struct Prediction {
   double backward_compute_s = 0;
   double forward_flops = 0;  // busiest rank, unmasked
   double backward_flops = 0;
-  // Bytes (in the modelled precision) and messages of the rank that sends the most; words = the
-  // elements that rank sends (the paper's unit).
+  // Bytes and messages of the rank that sends the most (each record in its own element types,
+  // wire_records); words = those bytes in units of the problem's dtype element (the paper's unit).
   Traffic forward;
   Traffic backward;
   double words_forward = 0;
@@ -142,9 +137,11 @@ struct Prediction {
 };
 
 // ranks_per_node: consecutive world ranks share a node (so ATTENTION2D's columns, which hold
-// consecutive ranks, lie inside a node when R divides ranks_per_node).
+// consecutive ranks, lie inside a node when R divides ranks_per_node). Bytes follow
+// problem.dtype; the machine's kernel rates are taken as given (preset_machine picks them by
+// dtype).
 Prediction predict(const Problem& problem, const Plan& plan, const Machine& machine,
-                   int ranks_per_node, Precision precision);
+                   int ranks_per_node);
 
 // Every algorithm and every grid of P that can run the problem, fastest (forward + backward)
 // first; skipped ones are listed with the reason.
@@ -157,7 +154,7 @@ struct PlanSearch {
   std::vector<std::pair<std::string, std::string>> skipped;  // (algorithm, reason)
 };
 PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machine,
-                        int ranks_per_node, Precision precision, bool include_backward = true);
+                        int ranks_per_node, bool include_backward = true);
 
 // Unmasked forward FLOPs (4 * pairs * D per batch and head) of one rank, in closed form: no token
 // lists, so instant for N up to 2^40 and P up to 2^20. The backward is 2.5 times this.
@@ -167,9 +164,9 @@ double rank_forward_flops(const Problem& problem, const Plan& plan, int rank);
 // Ring Attention on the contiguous layout, its step-synchronous critical path.
 double busiest_forward_flops(const Problem& problem, const Plan& plan);
 
-// Floats the busiest rank reorders in place (sorting gathered rows by position under a causal
+// Bytes the busiest rank reorders in place (sorting gathered rows by position under a causal
 // mask, and putting results back), in the forward or the backward, per the algorithm's code.
-double permuted_floats(const Problem& problem, const Plan& plan, bool forward);
+double permuted_bytes(const Problem& problem, const Plan& plan, bool forward);
 
 // Score entries (per batch, summed over the rank's heads) that the CPU kernels compute on the
 // busiest rank: the backward's every (kCpuBackwardTileQ x kCpuBackwardTileK) tile pair the mask

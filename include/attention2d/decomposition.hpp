@@ -39,6 +39,30 @@ Attention2DRank attention2d_rank(const Problem& problem, const Plan& plan, int r
 // measure of docs/attention2d.md.
 int64_t attention2d_unmasked_pairs(const Problem& problem, const Plan& plan, int rank);
 
+// ---- What goes on the wire -------------------------------------------------------------------
+//
+// Bytes per record of what the algorithms send (src/algorithms/records.hpp); e = the element
+// size of the problem's dtype. Tensors of the dtype travel in it; row statistics, partial
+// results and partial gradient sums travel in fp32 (dtype.hpp). Shared by the algorithms and the
+// cost model, so that the model charges what is sent; docs/cost-model.md lists them.
+struct WireRecords {
+  // per (token, batch, head):
+  int64_t q = 0;           // [q(D)]                          D e
+  int64_t kv = 0;          // [k(D) v(D)]                     2 D e
+  int64_t partial = 0;     // [row max, row sum, acc(D)]      4 (D + 2)
+  int64_t q_backward = 0;  // [lse, delta, q(D), dO(D)]       8 + 2 D e
+  int64_t dq = 0;          // partial dQ sums [dq(D)]         4 D
+  int64_t dkv = 0;         // partial dK, dV sums [dk dv]     8 D
+  int64_t dkv_final = 0;   // summed dK, dV, rounded [dk dv]  2 D e
+  // Ulysses, per (token, batch), for hq query and hkv K/V heads of one rank's group:
+  int64_t ulysses_in = 0;            // [q k v]                        (hq + 2 hkv) D e
+  int64_t ulysses_out = 0;           // [lse(hq) o]   rounded up to 4  4 hq + hq D e
+  int64_t ulysses_backward_in = 0;   // [lse delta q dO k v]           8 hq + (2 hq + 2 hkv) D e
+  int64_t ulysses_backward_out = 0;  // [dq dk dv]                     (hq + 2 hkv) D e
+};
+// ulysses_ranks: the group size P for the Ulysses records (0 = leave them 0).
+WireRecords wire_records(const Problem& problem, int ulysses_ranks = 0);
+
 // ---- Baselines (docs/baselines.md) ----------------------------------------------------------
 //
 // Ring Attention, all-gather K/V and Ulysses run on all P ranks as one group, with the tokens of

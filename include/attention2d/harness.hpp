@@ -4,45 +4,78 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "attention2d/attention.hpp"
+#include "attention2d/backend.hpp"
 #include "attention2d/comm.hpp"
 #include "attention2d/layout.hpp"
 
 namespace a2d {
 
 // Dense global tensors: q, out, d_out, dq [batch, seq, heads, head_dim]; k, v, dk, dv
-// [batch, seq, kv_heads, head_dim]; lse [batch, heads, seq].
+// [batch, seq, kv_heads, head_dim]; lse [batch, heads, seq]. Values are fp32 holding exactly the
+// problem's dtype (generated values are rounded to it).
 struct GlobalTensors {
   std::vector<float> q, k, v, d_out;
 };
 GlobalTensors generate_global(const Problem& problem, uint64_t seed, bool with_d_out);
+// Rounds every tensor to `dtype` in place (inputs read from float32 files for a 16-bit run).
+void round_inputs(GlobalTensors& tensors, DType dtype);
 
 struct GlobalOutputs {
   std::vector<float> out, lse, dq, dk, dv;
 };
 
-// One rank's shards (dense [batch, tokens, heads, head_dim]; lse [batch, heads, tokens]).
+// One rank's shards: host copies as fp32 values (dense [batch, tokens, heads, head_dim]; lse
+// [batch, heads, tokens]) and the same tensors in buffers of a backend, in the problem's dtype,
+// which the algorithms compute on. upload_inputs() copies the host inputs into the buffers (each
+// value rounded to the dtype, the host copy too), download_outputs() the outputs back. For fp32
+// on a host-accessible backend the buffers are the host copies themselves (nothing is copied).
 struct ShardSet {
+  Problem problem;
+  Backend* backend = nullptr;
   int64_t tokens = 0;
+  bool with_backward = false;
   std::vector<float> q, k, v, d_out, out, lse, dq, dk, dv;
+
+  ShardSet() = default;
+  ShardSet(ShardSet&&) = default;  // buffers may be the vectors' memory: moved, never copied
+  ShardSet& operator=(ShardSet&&) = default;
 
   ForwardShards forward(const Problem& problem);
   BackwardShards backward(const Problem& problem);
+  void upload_inputs();
+  void download_outputs();
+  // Bytes of the shards in the backend's memory.
+  int64_t device_bytes() const;
+
+ private:
+  friend ShardSet make_shards(const Problem&, const TokenLayout&, int64_t, uint64_t, bool, bool,
+                              Backend&);
+  struct Tensors {
+    std::shared_ptr<Buffer> q, k, v, d_out, out, lse, dq, dk, dv;
+  };
+  bool zero_copy() const;
+  Tensors buffers_;
 };
 
-// Buffers for the shards `part` holds; inputs filled from (seed, global index) when `generate`.
+// Buffers for the shards `part` holds; inputs filled from (seed, global index) and uploaded when
+// `generate`.
 ShardSet make_shards(const Problem& problem, const TokenLayout& layout, int64_t part, uint64_t seed,
-                     bool generate, bool backward);
+                     bool generate, bool backward, Backend& backend);
 
-// Root holds `global` (ignored elsewhere); every rank receives its shard's inputs.
+// Root holds `global` (ignored elsewhere); every rank receives its shard's inputs and uploads
+// them.
 void scatter_inputs(Communicator& comm, int root, const Problem& problem, const TokenLayout& layout,
                     const GlobalTensors& global, ShardSet& shards, bool backward);
 
-// Every rank's outputs, in global token order, on `root` (empty elsewhere).
+// Every rank's outputs (downloaded from the backend), in global token order, on `root` (empty
+// elsewhere).
 GlobalOutputs gather_outputs(Communicator& comm, int root, const Problem& problem,
-                             const TokenLayout& layout, const ShardSet& shards, bool backward);
+                             const TokenLayout& layout, ShardSet& shards, bool backward);
 
 // The first non-finite input element in global order (Q, then K, V and dO; within a tensor by
 // global index), over every rank's shards, and the rank that holds it. Collective.
@@ -57,16 +90,31 @@ struct NonFiniteInput {
 NonFiniteInput find_nonfinite(Communicator& comm, const Problem& problem, const TokenLayout& layout,
                               const ShardSet& shards, bool backward);
 
+// The fp64 reference of the problem on `inputs` (already rounded to the dtype). In 16 bits the
+// backward's delta = rowsum(dO * O) is taken of O rounded to the dtype: the O a backward receives
+// in 16 bits, from which the algorithms compute delta (as every fused attention backward does;
+// the rounding moves dQ and dK by a problem-dependent amount, check.hpp's
+// kBf16DeltaGradientBound, which is a property of storing O in 16 bits, not of the algorithm).
 struct ReferenceOutputs {
   std::vector<double> out, lse, dq, dk, dv;
 };
 ReferenceOutputs reference_outputs(const Problem& problem, const GlobalTensors& inputs,
                                    bool backward, int threads);
 
+// The bounds every output of a distributed run must meet (relative Frobenius errors against the
+// fp64 reference on the rounded inputs, check.hpp). O, dQ, dK and dV are computed in fp32 and
+// rounded once to the problem's dtype; LSE stays fp32.
+struct OutputBounds {
+  double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;
+  double of(int index) const;  // in the order O, LSE, dQ, dK, dV
+};
+OutputBounds output_bounds(DType dtype);
+
 // Relative Frobenius errors (check.hpp) of every output; -1 for outputs not computed.
 struct OutputErrors {
   double out = -1, lse = -1, dq = -1, dk = -1, dv = -1;
   double max() const;
+  bool within(const OutputBounds& bounds) const;
 };
 OutputErrors compare_outputs(const GlobalOutputs& got, const ReferenceOutputs& expected,
                              bool backward);

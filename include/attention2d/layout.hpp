@@ -62,9 +62,10 @@ class TokenLayout {
   int64_t stripe_;
 };
 
-// Reorders `from.size()` tokens of `per_token` floats in place: out[i] = in[from[i]] (`from` a
-// permutation). One cycle at a time with one token of scratch, so no second copy of the buffer is
-// made. The algorithms sort gathered rows by position with it; `a2d calibrate` times it.
-void permute_tokens(float* rows, int64_t per_token, const std::vector<int64_t>& from);
+// Reorders `count` tokens of `token_bytes` bytes in place: out[i] = in[from[i]] (`from` a
+// permutation of [0, count)). One cycle at a time with one token of scratch, so no second copy of
+// the buffer is made. The CPU backends sort gathered rows by position with it; `a2d calibrate`
+// times it.
+void permute_tokens(void* rows, int64_t token_bytes, const int64_t* from, int64_t count);
 
 }  // namespace a2d

@@ -26,7 +26,11 @@ struct Inputs {
 
 void forward(const Inputs& in, double* out, double* lse);
 
-// Gradients of sum(O * d_out); the reference derives softmax probabilities itself.
-void backward(const Inputs& in, const double* d_out, double* dq, double* dk, double* dv);
+// Gradients of sum(O * d_out); the reference derives softmax probabilities itself. With
+// `out_for_delta` ([batch, q_tokens, heads, head_dim]) the backward's row correction is
+// delta_i = rowsum(dO_i * out_i) of that O, as a backward that receives O in 16 bits computes it
+// (every fused attention backward does), instead of the exact delta_i = sum_j P_ij dP_ij.
+void backward(const Inputs& in, const double* d_out, double* dq, double* dk, double* dv,
+              const double* out_for_delta = nullptr);
 
 }  // namespace a2d::reference

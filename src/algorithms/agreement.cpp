@@ -17,7 +17,13 @@ namespace {
 struct Field {
   const char* name;
   int64_t value;
+  // How a value reads in the message (nullptr: as the number).
+  std::string (*text)(int64_t value) = nullptr;
 };
+
+std::string dtype_text(int64_t value) {
+  return dtype_name(static_cast<DType>(value));
+}
 
 std::vector<Field> descriptor(const Problem& p, const Plan& plan) {
   int32_t scale_bits = 0;
@@ -25,7 +31,7 @@ std::vector<Field> descriptor(const Problem& p, const Plan& plan) {
   std::memcpy(&scale_bits, &scale, sizeof scale_bits);
   return {
       {"library version", A2D_VERSION_MAJOR * 10000 + A2D_VERSION_MINOR * 100 + A2D_VERSION_PATCH},
-      {"dtype", 32},  // inputs and arithmetic are fp32
+      {"dtype", static_cast<int64_t>(p.dtype), dtype_text},
       {"batch", p.batch},
       {"heads", p.heads},
       {"kv_heads", p.kv_heads},
@@ -43,7 +49,8 @@ std::vector<Field> descriptor(const Problem& p, const Plan& plan) {
 }
 
 // "8 on ranks 0-2, 4-15; 12 on rank 3"
-std::string describe_values(const std::vector<int64_t>& by_rank) {
+std::string describe_values(const std::vector<int64_t>& by_rank,
+                            std::string (*text)(int64_t value)) {
   std::map<int64_t, std::vector<int>> ranks_of;
   for (int rank = 0; rank < static_cast<int>(by_rank.size()); ++rank) {
     ranks_of[by_rank[static_cast<size_t>(rank)]].push_back(rank);
@@ -51,7 +58,8 @@ std::string describe_values(const std::vector<int64_t>& by_rank) {
   std::ostringstream out;
   bool first_value = true;
   for (const auto& [value, ranks] : ranks_of) {
-    out << (first_value ? "" : "; ") << value << " on rank" << (ranks.size() > 1 ? "s " : " ");
+    out << (first_value ? "" : "; ") << (text ? text(value) : std::to_string(value)) << " on rank"
+        << (ranks.size() > 1 ? "s " : " ");
     first_value = false;
     for (size_t i = 0; i < ranks.size();) {
       size_t j = i;
@@ -82,22 +90,21 @@ void check_agreement(Communicator& world, const Problem& problem, const Plan& pl
     agree = agree && high[i] == -low[i];
   if (agree) return;
 
-  // Name the ranks: every rank's descriptor, as raw bits in float slots (two per int64).
-  std::vector<float> packed(static_cast<size_t>(2 * fields));
+  // Name the ranks: every rank's descriptor.
+  std::vector<int64_t> values(static_cast<size_t>(fields));
   for (int64_t i = 0; i < fields; ++i)
-    std::memcpy(&packed[2 * i], &mine[i].value, 8);
-  std::vector<float> all(packed.size() * static_cast<size_t>(world.size()));
-  world.all_gather(packed.data(), all.data(),
-                   std::vector<int64_t>(static_cast<size_t>(world.size()), 2 * fields));
+    values[static_cast<size_t>(i)] = mine[i].value;
+  std::vector<int64_t> all(values.size() * static_cast<size_t>(world.size()));
+  world.all_gather(Place::at_host(values.data()), Place::at_host(all.data()),
+                   std::vector<int64_t>(static_cast<size_t>(world.size()),
+                                        fields * static_cast<int64_t>(sizeof(int64_t))));
   std::ostringstream differences;
   for (int64_t i = 0; i < fields; ++i) {
     if (high[i] == -low[i]) continue;
     std::vector<int64_t> by_rank(static_cast<size_t>(world.size()));
-    for (int rank = 0; rank < world.size(); ++rank) {
-      std::memcpy(&by_rank[static_cast<size_t>(rank)],
-                  &all[static_cast<size_t>((rank * fields + i) * 2)], 8);
-    }
-    differences << "\n  " << mine[i].name << ": " << describe_values(by_rank);
+    for (int rank = 0; rank < world.size(); ++rank)
+      by_rank[static_cast<size_t>(rank)] = all[static_cast<size_t>(rank * fields + i)];
+    differences << "\n  " << mine[i].name << ": " << describe_values(by_rank, mine[i].text);
   }
   // Every rank reaches this point with the same text: the error is collective by construction.
   throw CollectiveError(

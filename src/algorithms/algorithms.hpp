@@ -8,43 +8,65 @@
 
 namespace a2d::algorithms {
 
+// A private copy of `world` for one algorithm (its messages never mix with the caller's), staged
+// through host memory when the backend's buffers are not host-accessible.
+inline std::unique_ptr<Communicator> private_communicator(Communicator& world, Backend& backend) {
+  std::unique_ptr<Communicator> comm = world.split(0, world.rank());
+  if (!backend.host_accessible()) comm = make_staged_communicator(std::move(comm), backend);
+  return comm;
+}
+
 // What the sequence-parallel algorithms (Ring Attention, all-gather K/V, Ulysses) share: all
 // ranks in one group (a private copy of the world, so their messages never mix with the
 // caller's) and the shards in the plan's layout.
 class SequenceParallel : public DistributedAttention {
  public:
-  SequenceParallel(const Problem& problem, const Plan& plan, Communicator& world)
+  SequenceParallel(const Problem& problem, const Plan& plan, Communicator& world, Backend& backend)
       : problem_(problem),
         plan_(plan),
-        comm_(world.split(0, world.rank())),
+        backend_(backend),
+        comm_(private_communicator(world, backend)),
         layout_(plan.layout, problem.seq, world.size(), plan.stripe),
         parts_(sequence_parts(problem, plan)),
         rank_(comm_->rank()),
         ranks_(comm_->size()),
-        own_tokens_(parts_.counts[static_cast<size_t>(rank_)]) {}
+        own_tokens_(parts_.counts[static_cast<size_t>(rank_)]),
+        wire_(wire_records(problem, problem.kv_heads % ranks_ == 0 ? ranks_ : 0)),
+        positions_(upload_indices(backend, parts_.positions)) {}
 
   const Problem& problem() const override { return problem_; }
   const Plan& plan() const override { return plan_; }
   const TokenLayout& layout() const override { return layout_; }
+  Backend& backend() const override { return backend_; }
 
  protected:
+  // The positions of part `part`'s tokens in the backend's copy of parts_.positions.
+  Place positions_of(int part) const {
+    return Place::in(*positions_, parts_.offsets[static_cast<size_t>(part)] *
+                                      static_cast<int64_t>(sizeof(int64_t)));
+  }
+  Place all_positions() const { return Place::in(*positions_); }
+
   Problem problem_;
   Plan plan_;
+  Backend& backend_;
   std::unique_ptr<Communicator> comm_;
   TokenLayout layout_;
   SequenceParts parts_;
   int rank_ = 0;
   int ranks_ = 1;
   int64_t own_tokens_ = 0;
+  WireRecords wire_;
+  BufferPtr positions_;  // parts_.positions in the backend's memory
 };
 
 std::unique_ptr<DistributedAttention> make_attention2d(const Problem& problem, const Plan& plan,
-                                                       Communicator& world);
+                                                       Communicator& world, Backend& backend);
 std::unique_ptr<DistributedAttention> make_ring(const Problem& problem, const Plan& plan,
-                                                Communicator& world);
+                                                Communicator& world, Backend& backend);
 std::unique_ptr<DistributedAttention> make_allgather_kv(const Problem& problem, const Plan& plan,
-                                                        Communicator& world);
+                                                        Communicator& world, Backend& backend);
 std::unique_ptr<DistributedAttention> make_ulysses(const Problem& problem, const Plan& plan,
-                                                   Communicator& world);
+                                                   Communicator& world, Backend& backend);
 
 }  // namespace a2d::algorithms

@@ -6,7 +6,8 @@
 //             order: N rows), then one kernel call: the rank's own queries against every key.
 //   backward  all-gather K and V again (the backward keeps nothing from the forward), one kernel
 //             call giving the rank's dQ and a dK, dV contribution for all N keys, then a
-//             reduce-scatter (sum) returns to every rank the dK, dV of its own tokens.
+//             reduce-scatter (sum, fp32) returns to every rank the dK, dV of its own tokens,
+//             rounded once into the shards' dtype.
 //
 // The gathers are not overlapped with computation (as in Llama 3 and TransformerEngine, whose
 // all_gather mode exposes them); the layout (zigzag by default for causal masks) balances the
@@ -22,87 +23,114 @@ namespace {
 
 class AllGatherKvAttention final : public SequenceParallel {
  public:
-  AllGatherKvAttention(const Problem& problem, const Plan& plan, Communicator& world)
-      : SequenceParallel(problem, plan, world) {
-    kv_rec_ = {problem_.batch, problem_.kv_heads, 2 * problem_.head_dim};
+  AllGatherKvAttention(const Problem& problem, const Plan& plan, Communicator& world,
+                       Backend& backend)
+      : SequenceParallel(problem, plan, world, backend) {
+    kv_rec_ = {problem_.batch, problem_.kv_heads, wire_.kv};
+    dkv_rec_ = {problem_.batch, problem_.kv_heads, wire_.dkv};
     // The kernel sees the gathered keys sorted by position under a causal mask (records.hpp).
     kv_order_ = TokenOrder(parts_.positions, problem_.mask.is_causal());
+    kv_order_.attach(backend_);
   }
 
   void forward(const ForwardShards& s) override {
-    Floats kv = gather_kv(s.k, s.v, "forward");
+    check_shards(problem_, backend_, s);
+    BufferPtr kv = gather_kv(s.k, s.v, "forward");
     comm_->set_phase("forward.kernel");
-    kv_order_.sort(kv, kv_rec_.per_token());
-    ForwardArgs args;
-    args.shape = problem_.local_shape(own_tokens_, problem_.seq);
-    args.mask = problem_.mask;
-    args.scale = problem_.softmax_scale();
-    args.q = s.q;
-    args.k = kv_rec_.tokens(kv.data(), 0);
-    args.v = kv_rec_.tokens(kv.data(), problem_.head_dim);
-    args.q_positions = parts_.positions_of(rank_);
-    args.kv_positions = kv_order_.positions.data();
-    args.threads = plan_.threads;
-    progress_through(args, *comm_);
-    attention_forward(args, s.out, s.lse);
+    kv_order_.sort(Place::in(*kv), kv_rec_.per_token());
+    ForwardCall call;
+    call.shape = problem_.local_shape(own_tokens_, problem_.seq);
+    call.mask = problem_.mask;
+    call.scale = problem_.softmax_scale();
+    call.q = s.q;
+    call.k = key_field(*kv, 0);
+    call.v = key_field(*kv, 1);
+    call.q_positions = positions_of(rank_);
+    call.kv_positions = kv_order_.device_positions();
+    call.threads = plan_.threads;
+    progress_through(call, *comm_);
+    backend_.attention_forward(call, s.out, s.lse);
   }
 
   void backward(const BackwardShards& s) override {
-    const int64_t d = problem_.head_dim;
-    Floats kv = gather_kv(s.k, s.v, "backward");
+    check_shards(problem_, backend_, s);
+    const int64_t d = problem_.head_dim, b = problem_.batch, h = problem_.heads;
+    BufferPtr kv = gather_kv(s.k, s.v, "backward");
     comm_->set_phase("backward.kernel");
-    kv_order_.sort(kv, kv_rec_.per_token());
-    BackwardArgs args;
-    args.shape = problem_.local_shape(own_tokens_, problem_.seq);
-    args.mask = problem_.mask;
-    args.scale = problem_.softmax_scale();
-    args.q = s.q;
-    args.d_out = s.d_out;
-    args.lse = s.lse;
-    args.out = s.out;  // the kernel computes delta = rowsum(dO * O) of the rank's own rows
-    args.k = kv_rec_.tokens(kv.data(), 0);
-    args.v = kv_rec_.tokens(kv.data(), d);
-    args.q_positions = parts_.positions_of(rank_);
-    args.kv_positions = kv_order_.positions.data();
-    args.threads = plan_.threads;
-    args.accumulate = false;
-    // dK, dV of every key from this rank's queries, [dk dv] records in gathered order.
-    Floats dkv(static_cast<size_t>(kv_rec_.floats(problem_.seq)));
-    progress_through(args, *comm_);
-    attention_backward(args, s.dq, kv_rec_.tokens(dkv.data(), 0), kv_rec_.tokens(dkv.data(), d));
-    kv_order_.unsort(dkv, kv_rec_.per_token());
+    kv_order_.sort(Place::in(*kv), kv_rec_.per_token());
+    BackwardCall call;
+    call.shape = problem_.local_shape(own_tokens_, problem_.seq);
+    call.mask = problem_.mask;
+    call.scale = problem_.softmax_scale();
+    call.q = s.q;
+    call.d_out = s.d_out;
+    call.lse = s.lse;
+    call.out = s.out;  // the kernel computes delta = rowsum(dO * O) of the rank's own rows
+    call.k = key_field(*kv, 0);
+    call.v = key_field(*kv, 1);
+    call.q_positions = positions_of(rank_);
+    call.kv_positions = kv_order_.device_positions();
+    call.threads = plan_.threads;
+    call.accumulate = false;
+    // dQ is complete after the call (the rank's queries against every key): into the shard when
+    // it is fp32, else through an fp32 buffer rounded once.
+    BufferPtr dq;
+    TokenTensor dq_out = s.dq;
+    if (problem_.dtype != DType::f32) {
+      dq = backend_.allocate(b * own_tokens_ * h * d * kFloatBytes);
+      dq_out = dense_token_tensor(*dq, DType::f32, own_tokens_, h, d);
+    }
+    // dK, dV of every key from this rank's queries, fp32 [dk dv] records in gathered order.
+    BufferPtr dkv = backend_.allocate(dkv_rec_.bytes(problem_.seq));
+    progress_through(call, *comm_);
+    backend_.attention_backward(call, dq_out, gradient_field(*dkv, 0), gradient_field(*dkv, 1));
+    kv_order_.unsort(Place::in(*dkv), dkv_rec_.per_token());
+    if (dq) backend_.copy_tokens(dq_out, s.dq, {b, own_tokens_, h, d});
 
-    Floats dkv_own(static_cast<size_t>(kv_rec_.floats(own_tokens_)));
+    BufferPtr dkv_own = backend_.allocate(dkv_rec_.bytes(own_tokens_));
     comm_->set_phase("backward.dkv_reduce_scatter");
-    comm_->reduce_scatter(dkv.data(), dkv_own.data(),
-                          scaled(parts_.counts, problem_.batch * problem_.kv_heads), 2 * d,
-                          Reduction::sum);
-    unpack(kv_rec_, dkv_own.data(), 0, own_tokens_, d, s.dk);
-    unpack(kv_rec_, dkv_own.data(), d, own_tokens_, d, s.dv);
+    comm_->reduce_scatter(Place::in(*dkv), Place::in(*dkv_own),
+                          scaled(parts_.counts, problem_.batch * problem_.kv_heads),
+                          dkv_rec_.record / kFloatBytes, Reduction::sum);
+    const TokenBlock rows{b, own_tokens_, problem_.kv_heads, d};
+    backend_.copy_tokens(gradient_field(*dkv_own, 0), s.dk, rows);
+    backend_.copy_tokens(gradient_field(*dkv_own, 1), s.dv, rows);
   }
 
  private:
-  // Every rank's K and V as [k v] records, parts in rank order (N rows).
-  Floats gather_kv(TokenView<const float> k, TokenView<const float> v, const std::string& phase) {
-    const int64_t d = problem_.head_dim;
-    Floats kv(static_cast<size_t>(kv_rec_.floats(problem_.seq)));
-    float* slot = kv.data() + kv_rec_.floats(parts_.offsets[static_cast<size_t>(rank_)]);
-    pack(k, own_tokens_, d, kv_rec_, slot, 0);
-    pack(v, own_tokens_, d, kv_rec_, slot, d);
+  TokenTensor key_field(Buffer& block, int field) const {
+    return kv_rec_.tokens(block, 0, field * problem_.head_dim * dtype_bytes(problem_.dtype),
+                          problem_.dtype);
+  }
+  TokenTensor gradient_field(Buffer& block, int field) const {
+    return dkv_rec_.tokens(block, 0, field * problem_.head_dim * kFloatBytes, DType::f32);
+  }
+
+  // Every rank's K and V as [k v] records in the problem's dtype, parts in rank order (N rows).
+  BufferPtr gather_kv(const TokenTensor& k, const TokenTensor& v, const std::string& phase) {
+    BufferPtr kv = backend_.allocate(kv_rec_.bytes(problem_.seq));
+    const int64_t slot = kv_rec_.bytes(parts_.offsets[static_cast<size_t>(rank_)]);
+    const TokenBlock rows{problem_.batch, own_tokens_, problem_.kv_heads, problem_.head_dim};
+    TokenTensor k_slot = key_field(*kv, 0), v_slot = key_field(*kv, 1);
+    k_slot.offset += slot;
+    v_slot.offset += slot;
+    backend_.copy_tokens(k, k_slot, rows);
+    backend_.copy_tokens(v, v_slot, rows);
     comm_->set_phase(phase + ".kv_allgather");
-    comm_->all_gather(slot, kv.data(), scaled(parts_.counts, kv_rec_.per_token()));
+    comm_->all_gather(Place::in(*kv, slot), Place::in(*kv),
+                      scaled(parts_.counts, kv_rec_.per_token()));
     return kv;  // parts in rank order
   }
 
-  RecordLayout kv_rec_;
+  RecordLayout kv_rec_, dkv_rec_;
   TokenOrder kv_order_;
 };
 
 }  // namespace
 
 std::unique_ptr<DistributedAttention> make_allgather_kv(const Problem& problem, const Plan& plan,
-                                                        Communicator& world) {
-  return std::make_unique<AllGatherKvAttention>(problem, plan, world);
+                                                        Communicator& world, Backend& backend) {
+  return std::make_unique<AllGatherKvAttention>(problem, plan, world, backend);
 }
 
 }  // namespace a2d::algorithms

@@ -25,40 +25,49 @@ enum Tag : int { kTagTranspose = 1, kTagKv = 2, kTagQ = 3, kTagPartial = 4, kTag
 
 class Attention2D final : public DistributedAttention {
  public:
-  Attention2D(const Problem& problem, const Plan& plan, Communicator& world)
+  Attention2D(const Problem& problem, const Plan& plan, Communicator& world, Backend& backend)
       : problem_(problem),
         plan_(plan),
-        grid_(world.split(0, world.rank()), plan.grid),
+        backend_(backend),
+        grid_(private_communicator(world, backend), plan.grid),
         layout_(LayoutKind::cyclic, problem.seq, plan.grid.size()) {
     const Attention2DRank at = attention2d_rank(problem_, plan_, grid_.rank());
     own_tokens_ = at.own_tokens;
     row_counts_ = at.row_counts;
     col_counts_ = at.col_counts;
-    q_positions_ = at.q_positions;
-    kv_positions_ = at.kv_positions;
     row_offsets_ = prefix_offsets(row_counts_);
     col_offsets_ = prefix_offsets(col_counts_);
     q_rows_ = row_offsets_.back();
     kv_rows_ = col_offsets_.back();
     kv_source_ = at.kv_source;
     kv_dest_ = at.kv_dest;
-    // The kernel works on gathered buffers sorted by position when a mask can hide tiles.
-    q_order_ = TokenOrder(q_positions_, problem_.mask.is_causal());
-    kv_order_ = TokenOrder(kv_positions_, problem_.mask.is_causal());
+    // The gathered rows' positions in the backend's memory, in gathered order (the overlapped
+    // variant's per-part calls) and sorted by position where a mask can hide tiles (records.hpp).
+    q_positions_ = upload_indices(backend_, at.q_positions);
+    kv_positions_ = upload_indices(backend_, at.kv_positions);
+    q_order_ = TokenOrder(at.q_positions, problem_.mask.is_causal());
+    kv_order_ = TokenOrder(at.kv_positions, problem_.mask.is_causal());
+    q_order_.attach(backend_);
+    kv_order_.attach(backend_);
 
     const int64_t b = problem_.batch, h = problem_.heads, hkv = problem_.kv_heads;
-    const int64_t d = problem_.head_dim;
-    q_rec_ = {b, h, d};
-    kv_rec_ = {b, hkv, 2 * d};
-    partial_rec_ = {b, h, d + 2};
-    q_back_rec_ = {b, h, 2 * d + 2};
+    const WireRecords wire = wire_records(problem_);
+    q_rec_ = {b, h, wire.q};
+    kv_rec_ = {b, hkv, wire.kv};
+    partial_rec_ = {b, h, wire.partial};
+    q_back_rec_ = {b, h, wire.q_backward};
+    dq_rec_ = {b, h, wire.dq};
+    dkv_rec_ = {b, hkv, wire.dkv};
+    dkv_final_rec_ = {b, hkv, wire.dkv_final};
   }
 
   const Problem& problem() const override { return problem_; }
   const Plan& plan() const override { return plan_; }
   const TokenLayout& layout() const override { return layout_; }
+  Backend& backend() const override { return backend_; }
 
   void forward(const ForwardShards& shards) override {
+    check_shards(problem_, backend_, shards);
     if (plan_.algorithm == Algorithm::attention2d_overlap) {
       forward_overlapped(shards);
     } else {
@@ -67,6 +76,7 @@ class Attention2D final : public DistributedAttention {
   }
 
   void backward(const BackwardShards& shards) override {
+    check_shards(problem_, backend_, shards);
     if (plan_.algorithm == Algorithm::attention2d_overlap) {
       backward_overlapped(shards);
     } else {
@@ -78,93 +88,148 @@ class Attention2D final : public DistributedAttention {
   int row() const { return grid_.row(); }
   int col() const { return grid_.col(); }
   int64_t head_dim() const { return problem_.head_dim; }
+  DType dtype() const { return problem_.dtype; }
+  int64_t tensor_bytes() const { return head_dim() * dtype_bytes(dtype()); }  // one row, dtype
+  TokenBlock q_block(int64_t tokens) const {
+    return {problem_.batch, tokens, problem_.heads, head_dim()};
+  }
+  TokenBlock kv_block(int64_t tokens) const {
+    return {problem_.batch, tokens, problem_.kv_heads, head_dim()};
+  }
+
+  // Record fields (records.hpp): the records start `at` bytes into the buffer.
+  TokenTensor q_field(Buffer& buffer, int64_t at) const {
+    return q_rec_.tokens(buffer, at, 0, dtype());
+  }
+  TokenTensor k_field(Buffer& buffer, int64_t at) const {
+    return kv_rec_.tokens(buffer, at, 0, dtype());
+  }
+  TokenTensor v_field(Buffer& buffer, int64_t at) const {
+    return kv_rec_.tokens(buffer, at, tensor_bytes(), dtype());
+  }
+  // [lse, delta, q(D), dO(D)]
+  RowTensor lse_field(Buffer& buffer, int64_t at) const { return q_back_rec_.rows(buffer, at, 0); }
+  RowTensor delta_field(Buffer& buffer, int64_t at) const {
+    return q_back_rec_.rows(buffer, at, kFloatBytes);
+  }
+  TokenTensor back_q_field(Buffer& buffer, int64_t at) const {
+    return q_back_rec_.tokens(buffer, at, 2 * kFloatBytes, dtype());
+  }
+  TokenTensor back_do_field(Buffer& buffer, int64_t at) const {
+    return q_back_rec_.tokens(buffer, at, 2 * kFloatBytes + tensor_bytes(), dtype());
+  }
+  TokenTensor dq_field(Buffer& buffer, int64_t at) const {
+    return dq_rec_.tokens(buffer, at, 0, DType::f32);
+  }
+  TokenTensor dk_field(Buffer& buffer, int64_t at) const {
+    return dkv_rec_.tokens(buffer, at, 0, DType::f32);
+  }
+  TokenTensor dv_field(Buffer& buffer, int64_t at) const {
+    return dkv_rec_.tokens(buffer, at, head_dim() * kFloatBytes, DType::f32);
+  }
+
+  // Positions of the gathered rows from token `first` on, in gathered order.
+  Place q_positions_from(int64_t first) const {
+    return Place::in(*q_positions_, first * kIndexBytes);
+  }
+  Place kv_positions_from(int64_t first) const {
+    return Place::in(*kv_positions_, first * kIndexBytes);
+  }
+  // Byte offset of K/V part `slot` in a gathered K/V (or dK/dV) record buffer.
+  int64_t kv_slot(const RecordLayout& rec, int slot) const {
+    return rec.bytes(col_offsets_[static_cast<size_t>(slot)]);
+  }
 
   // K and V of this rank's shard, packed as [k v] records and moved to where the column gathers
-  // want them (the paper's transpose), into `slot` (kv_rec_ records of this rank's column part).
-  void place_kv(TokenView<const float> k, TokenView<const float> v, const std::string& phase,
-                float* slot) {
-    const int64_t d = head_dim();
-    Floats own(static_cast<size_t>(kv_rec_.floats(own_tokens_)));
-    pack(k, own_tokens_, d, kv_rec_, own.data(), 0);
-    pack(v, own_tokens_, d, kv_rec_, own.data(), d);
+  // want them (the paper's transpose), into `buffer` at byte `slot` (this rank's column part).
+  void place_kv(const TokenTensor& k, const TokenTensor& v, const std::string& phase,
+                Buffer& buffer, int64_t slot) {
+    BufferPtr own = backend_.allocate(kv_rec_.bytes(own_tokens_));
+    backend_.copy_tokens(k, k_field(*own, 0), kv_block(own_tokens_));
+    backend_.copy_tokens(v, v_field(*own, 0), kv_block(own_tokens_));
     grid_.world().set_phase(phase + ".kv_transpose");
-    grid_.world().send_recv(own.data(), kv_rec_.floats(own_tokens_), kv_dest_, slot,
-                            kv_rec_.floats(col_counts_[static_cast<size_t>(row())]), kv_source_,
-                            kTagTranspose);
+    grid_.world().send_recv(
+        Place::in(*own), kv_rec_.bytes(own_tokens_), kv_dest_, Place::in(buffer, slot),
+        kv_rec_.bytes(col_counts_[static_cast<size_t>(row())]), kv_source_, kTagTranspose);
   }
 
-  // Sends this rank's dK, dV part back to the rank that owns those tokens and unpacks its own.
-  void return_dkv(const float* dkv_part, const std::string& phase, TokenView<float> dk,
-                  TokenView<float> dv) {
-    const int64_t d = head_dim();
-    Floats own(static_cast<size_t>(kv_rec_.floats(own_tokens_)));
+  // Sends this rank's dK, dV part (fp32 sums, complete) back to the rank that owns those tokens,
+  // rounded to the dtype first, and unpacks its own into the shards.
+  void return_dkv(Buffer& dkv_part, int64_t at, const std::string& phase, const TokenTensor& dk,
+                  const TokenTensor& dv) {
+    const int64_t part = col_counts_[static_cast<size_t>(row())];
+    BufferPtr rounded;
+    Buffer* outgoing = &dkv_part;
+    if (dtype() != DType::f32) {
+      rounded = backend_.allocate(dkv_final_rec_.bytes(part));
+      backend_.copy_tokens(dkv_rec_.tokens(dkv_part, at, 0, DType::f32),
+                           dkv_final_rec_.tokens(*rounded, 0, 0, dtype()),
+                           {problem_.batch, part, problem_.kv_heads, 2 * head_dim()});
+      outgoing = rounded.get();
+      at = 0;
+    }
+    BufferPtr own = backend_.allocate(dkv_final_rec_.bytes(own_tokens_));
     grid_.world().set_phase(phase + ".dkv_transpose");
-    grid_.world().send_recv(dkv_part, kv_rec_.floats(col_counts_[static_cast<size_t>(row())]),
-                            kv_source_, own.data(), kv_rec_.floats(own_tokens_), kv_dest_,
+    grid_.world().send_recv(Place::in(*outgoing, at), dkv_final_rec_.bytes(part), kv_source_,
+                            Place::in(*own), dkv_final_rec_.bytes(own_tokens_), kv_dest_,
                             kTagTranspose);
-    unpack(kv_rec_, own.data(), 0, own_tokens_, d, dk);
-    unpack(kv_rec_, own.data(), d, own_tokens_, d, dv);
+    backend_.copy_tokens(dkv_final_rec_.tokens(*own, 0, 0, dtype()), dk, kv_block(own_tokens_));
+    backend_.copy_tokens(dkv_final_rec_.tokens(*own, 0, tensor_bytes(), dtype()), dv,
+                         kv_block(own_tokens_));
   }
 
-  ForwardArgs kernel_forward_args(const float* q, int64_t q_tokens, const int64_t* q_pos,
-                                  const float* kv, int64_t kv_tokens, const int64_t* kv_pos) {
-    ForwardArgs args;
-    args.shape = problem_.local_shape(q_tokens, kv_tokens);
-    args.mask = problem_.mask;
-    args.scale = problem_.softmax_scale();
-    args.q = q_rec_.tokens(q, 0);
-    args.k = kv_rec_.tokens(kv, 0);
-    args.v = kv_rec_.tokens(kv, head_dim());
-    args.q_positions = q_pos;
-    args.kv_positions = kv_pos;
-    args.threads = plan_.threads;
-    progress_through(args, grid_.world());
-    return args;
+  ForwardCall forward_call(const TokenTensor& q, int64_t q_tokens, Place q_pos, Buffer& kv,
+                           int64_t kv_at, int64_t kv_tokens, Place kv_pos) {
+    ForwardCall call;
+    call.shape = problem_.local_shape(q_tokens, kv_tokens);
+    call.mask = problem_.mask;
+    call.scale = problem_.softmax_scale();
+    call.q = q;
+    call.k = k_field(kv, kv_at);
+    call.v = v_field(kv, kv_at);
+    call.q_positions = q_pos;
+    call.kv_positions = kv_pos;
+    call.threads = plan_.threads;
+    progress_through(call, grid_.world());
+    return call;
   }
 
-  PartialView partial_view(float* records) const {
-    return {partial_rec_.tokens(records, 2), partial_rec_.rows(records, 0),
-            partial_rec_.rows(records, 1)};
+  void finalize(Buffer& own_partial, const TokenTensor& out, const RowTensor& lse) {
+    backend_.finalize({problem_.batch, own_tokens_, problem_.heads, head_dim()},
+                      partial_records(partial_rec_, own_partial, 0), out, lse);
   }
 
-  void finalize(float* own_partial, TokenView<float> out, RowView<float> lse) const {
-    finalize_partial({problem_.batch, own_tokens_, problem_.heads, head_dim()},
-                     partial_view(own_partial), out, lse);
+  // Q-side records of the backward: [lse delta q(D) dO(D)] for this rank's rows, at byte `at`.
+  void pack_backward_rows(const BackwardShards& s, Buffer& buffer, int64_t at) {
+    backend_.copy_tokens(s.q, back_q_field(buffer, at), q_block(own_tokens_));
+    backend_.copy_tokens(s.d_out, back_do_field(buffer, at), q_block(own_tokens_));
+    backend_.copy_rows(s.lse, lse_field(buffer, at), problem_.batch, problem_.heads, own_tokens_);
+    backend_.delta({problem_.batch, own_tokens_, problem_.heads, head_dim()}, s.out, s.d_out,
+                   delta_field(buffer, at));
   }
 
-  // Q-side records of the backward: [q(D) dO(D) lse delta] for this rank's rows, into `slot`.
-  void pack_backward_rows(const BackwardShards& s, float* slot) const {
-    const int64_t d = head_dim();
-    pack(s.q, own_tokens_, d, q_back_rec_, slot, 0);
-    pack(s.d_out, own_tokens_, d, q_back_rec_, slot, d);
-    pack_rows(s.lse, own_tokens_, q_back_rec_, slot, 2 * d);
-    compute_delta({problem_.batch, own_tokens_, problem_.heads, d}, s.out, s.d_out,
-                  q_back_rec_.rows(slot, 2 * d + 1));
-  }
-
-  // dQ (into dq records, D wide) and dK, dV (into [dk dv] records) of Q-side records against
-  // K/V records. accumulate: add to the gradient buffers instead of overwriting them.
-  void kernel_backward(const float* q_back, int64_t q_tokens, const int64_t* q_pos, const float* kv,
-                       int64_t kv_tokens, const int64_t* kv_pos, float* dq, float* dkv,
-                       bool accumulate) {
-    const int64_t d = head_dim();
-    const RecordLayout dq_rec{problem_.batch, problem_.heads, d};
-    BackwardArgs args;
-    args.shape = problem_.local_shape(q_tokens, kv_tokens);
-    args.mask = problem_.mask;
-    args.scale = problem_.softmax_scale();
-    args.q = q_back_rec_.tokens(q_back, 0);
-    args.d_out = q_back_rec_.tokens(q_back, d);
-    args.lse = q_back_rec_.rows(q_back, 2 * d);
-    args.delta = q_back_rec_.rows(q_back, 2 * d + 1);
-    args.k = kv_rec_.tokens(kv, 0);
-    args.v = kv_rec_.tokens(kv, d);
-    args.q_positions = q_pos;
-    args.kv_positions = kv_pos;
-    args.threads = plan_.threads;
-    progress_through(args, grid_.world());
-    args.accumulate = accumulate;
-    attention_backward(args, dq_rec.tokens(dq, 0), kv_rec_.tokens(dkv, 0), kv_rec_.tokens(dkv, d));
+  // dQ (fp32 [dq] records at dq_at) and dK, dV (fp32 [dk dv] records at dkv_at) of Q-side records
+  // against K/V records. accumulate: add to the gradient buffers instead of overwriting them.
+  void kernel_backward(Buffer& q_back, int64_t q_at, int64_t q_tokens, Place q_pos, Buffer& kv,
+                       int64_t kv_at, int64_t kv_tokens, Place kv_pos, Buffer& dq, int64_t dq_at,
+                       Buffer& dkv, int64_t dkv_at, bool accumulate) {
+    BackwardCall call;
+    call.shape = problem_.local_shape(q_tokens, kv_tokens);
+    call.mask = problem_.mask;
+    call.scale = problem_.softmax_scale();
+    call.q = back_q_field(q_back, q_at);
+    call.d_out = back_do_field(q_back, q_at);
+    call.lse = lse_field(q_back, q_at);
+    call.delta = delta_field(q_back, q_at);
+    call.k = k_field(kv, kv_at);
+    call.v = v_field(kv, kv_at);
+    call.q_positions = q_pos;
+    call.kv_positions = kv_pos;
+    call.threads = plan_.threads;
+    progress_through(call, grid_.world());
+    call.accumulate = accumulate;
+    backend_.attention_backward(call, dq_field(dq, dq_at), dk_field(dkv, dkv_at),
+                                dv_field(dkv, dkv_at));
   }
 
   // ---- ATTENTION2D-NO -------------------------------------------------------------------------
@@ -172,82 +237,85 @@ class Attention2D final : public DistributedAttention {
   void forward_no_overlap(const ForwardShards& s) {
     Communicator& row_comm = grid_.row_comm();
     Communicator& col_comm = grid_.col_comm();
-    Floats kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
-    Floats q(static_cast<size_t>(q_rec_.floats(q_rows_)));
-    float* kv_slot = kv.data() + kv_rec_.floats(col_offsets_[static_cast<size_t>(row())]);
-    float* q_slot = q.data() + q_rec_.floats(row_offsets_[static_cast<size_t>(col())]);
+    BufferPtr kv = backend_.allocate(kv_rec_.bytes(kv_rows_));
+    BufferPtr q = backend_.allocate(q_rec_.bytes(q_rows_));
+    const int64_t kv_at = kv_slot(kv_rec_, row());
+    const int64_t q_at = q_rec_.bytes(row_offsets_[static_cast<size_t>(col())]);
 
     // 1. K/V into the column layout; 2, 3. column gather of K/V and row gather of Q, together.
-    place_kv(s.k, s.v, "forward", kv_slot);
-    pack(s.q, own_tokens_, head_dim(), q_rec_, q_slot, 0);
+    place_kv(s.k, s.v, "forward", *kv, kv_at);
+    backend_.copy_tokens(s.q, q_field(*q, q_at), q_block(own_tokens_));
     // Blocking collectives one after the other: nothing is computed meanwhile, and MPI's
     // blocking algorithms (ring, neighbour exchange) beat its non-blocking ones on large data
     // (docs/benchmarks.md).
     col_comm.set_phase("forward.kv_allgather");
-    col_comm.all_gather(kv_slot, kv.data(), scaled(col_counts_, kv_rec_.per_token()));
+    col_comm.all_gather(Place::in(*kv, kv_at), Place::in(*kv),
+                        scaled(col_counts_, kv_rec_.per_token()));
     row_comm.set_phase("forward.q_allgather");
-    row_comm.all_gather(q_slot, q.data(), scaled(row_counts_, q_rec_.per_token()));
+    row_comm.all_gather(Place::in(*q, q_at), Place::in(*q),
+                        scaled(row_counts_, q_rec_.per_token()));
 
     // 4. The (N/R) x (N/C) block, on the gathered rows sorted by position.
     grid_.world().set_phase("forward.kernel");
-    q_order_.sort(q, q_rec_.per_token());
-    kv_order_.sort(kv, kv_rec_.per_token());
-    Floats partial(static_cast<size_t>(partial_rec_.floats(q_rows_)));
-    attention_forward_partial(kernel_forward_args(q.data(), q_rows_, q_order_.positions.data(),
-                                                  kv.data(), kv_rows_, kv_order_.positions.data()),
-                              partial_view(partial.data()), false);
-    q_order_.unsort(partial, partial_rec_.per_token());
+    q_order_.sort(Place::in(*q), q_rec_.per_token());
+    kv_order_.sort(Place::in(*kv), kv_rec_.per_token());
+    BufferPtr partial = backend_.allocate(partial_rec_.bytes(q_rows_));
+    backend_.attention_forward_partial(
+        forward_call(q_field(*q, 0), q_rows_, q_order_.device_positions(), *kv, 0, kv_rows_,
+                     kv_order_.device_positions()),
+        partial_records(partial_rec_, *partial, 0), false);
+    q_order_.unsort(Place::in(*partial), partial_rec_.per_token());
 
     // 5. Merge along the row; each rank keeps its own tokens. 6. Normalise.
-    Floats own(static_cast<size_t>(partial_rec_.floats(own_tokens_)));
+    BufferPtr own = backend_.allocate(partial_rec_.bytes(own_tokens_));
     row_comm.set_phase("forward.merge_reduce_scatter");
-    row_comm.reduce_scatter(partial.data(), own.data(),
+    row_comm.reduce_scatter(Place::in(*partial), Place::in(*own),
                             scaled(row_counts_, problem_.batch * problem_.heads),
-                            partial_rec_.record, Reduction::attention_merge);
-    finalize(own.data(), s.out, s.lse);
+                            partial_rec_.record / kFloatBytes, Reduction::attention_merge);
+    finalize(*own, s.out, s.lse);
   }
 
   void backward_no_overlap(const BackwardShards& s) {
-    const int64_t d = head_dim();
     Communicator& row_comm = grid_.row_comm();
     Communicator& col_comm = grid_.col_comm();
-    Floats q_back(static_cast<size_t>(q_back_rec_.floats(q_rows_)));
-    Floats kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
-    float* q_slot = q_back.data() + q_back_rec_.floats(row_offsets_[static_cast<size_t>(col())]);
-    float* kv_slot = kv.data() + kv_rec_.floats(col_offsets_[static_cast<size_t>(row())]);
+    BufferPtr q_back = backend_.allocate(q_back_rec_.bytes(q_rows_));
+    BufferPtr kv = backend_.allocate(kv_rec_.bytes(kv_rows_));
+    const int64_t q_at = q_back_rec_.bytes(row_offsets_[static_cast<size_t>(col())]);
+    const int64_t kv_at = kv_slot(kv_rec_, row());
 
-    pack_backward_rows(s, q_slot);
-    place_kv(s.k, s.v, "backward", kv_slot);
+    pack_backward_rows(s, *q_back, q_at);
+    place_kv(s.k, s.v, "backward", *kv, kv_at);
     row_comm.set_phase("backward.q_allgather");
-    row_comm.all_gather(q_slot, q_back.data(), scaled(row_counts_, q_back_rec_.per_token()));
+    row_comm.all_gather(Place::in(*q_back, q_at), Place::in(*q_back),
+                        scaled(row_counts_, q_back_rec_.per_token()));
     col_comm.set_phase("backward.kv_allgather");
-    col_comm.all_gather(kv_slot, kv.data(), scaled(col_counts_, kv_rec_.per_token()));
+    col_comm.all_gather(Place::in(*kv, kv_at), Place::in(*kv),
+                        scaled(col_counts_, kv_rec_.per_token()));
 
-    const RecordLayout dq_rec{problem_.batch, problem_.heads, d};
-    Floats dq(static_cast<size_t>(dq_rec.floats(q_rows_)));
-    Floats dkv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
+    BufferPtr dq = backend_.allocate(dq_rec_.bytes(q_rows_));
+    BufferPtr dkv = backend_.allocate(dkv_rec_.bytes(kv_rows_));
     grid_.world().set_phase("backward.kernel");
-    q_order_.sort(q_back, q_back_rec_.per_token());
-    kv_order_.sort(kv, kv_rec_.per_token());
-    kernel_backward(q_back.data(), q_rows_, q_order_.positions.data(), kv.data(), kv_rows_,
-                    kv_order_.positions.data(), dq.data(), dkv.data(), false);
-    q_order_.unsort(dq, dq_rec.per_token());
-    kv_order_.unsort(dkv, kv_rec_.per_token());
+    q_order_.sort(Place::in(*q_back), q_back_rec_.per_token());
+    kv_order_.sort(Place::in(*kv), kv_rec_.per_token());
+    kernel_backward(*q_back, 0, q_rows_, q_order_.device_positions(), *kv, 0, kv_rows_,
+                    kv_order_.device_positions(), *dq, 0, *dkv, 0, false);
+    q_order_.unsort(Place::in(*dq), dq_rec_.per_token());
+    kv_order_.unsort(Place::in(*dkv), dkv_rec_.per_token());
 
     // dQ summed along the row back to each rank's tokens; dK, dV along the column, then back
-    // through the transpose.
-    Floats dq_own(static_cast<size_t>(dq_rec.floats(own_tokens_)));
+    // through the transpose. Sums in fp32, rounded once at the end.
+    BufferPtr dq_own = backend_.allocate(dq_rec_.bytes(own_tokens_));
     row_comm.set_phase("backward.dq_reduce_scatter");
-    row_comm.reduce_scatter(dq.data(), dq_own.data(),
-                            scaled(row_counts_, problem_.batch * problem_.heads), d,
-                            Reduction::sum);
-    Floats dkv_part(static_cast<size_t>(kv_rec_.floats(col_counts_[static_cast<size_t>(row())])));
+    row_comm.reduce_scatter(Place::in(*dq), Place::in(*dq_own),
+                            scaled(row_counts_, problem_.batch * problem_.heads),
+                            dq_rec_.record / kFloatBytes, Reduction::sum);
+    BufferPtr dkv_part = backend_.allocate(dkv_rec_.bytes(col_counts_[static_cast<size_t>(row())]));
     col_comm.set_phase("backward.dkv_reduce_scatter");
-    col_comm.reduce_scatter(dkv.data(), dkv_part.data(),
-                            scaled(col_counts_, problem_.batch * problem_.kv_heads), 2 * d,
-                            Reduction::sum);
-    unpack(dq_rec, dq_own.data(), 0, own_tokens_, d, s.dq);
-    return_dkv(dkv_part.data(), "backward", s.dk, s.dv);
+    col_comm.reduce_scatter(Place::in(*dkv), Place::in(*dkv_part),
+                            scaled(col_counts_, problem_.batch * problem_.kv_heads),
+                            dkv_rec_.record / kFloatBytes, Reduction::sum);
+    backend_.copy_tokens(dq_field(*dq_own, 0), s.dq, q_block(own_tokens_));
+    return_dkv(*dkv_part, 0, "backward", s.dk, s.dv);
   }
 
   // ---- ATTENTION2D-O ---------------------------------------------------------------------------
@@ -276,7 +344,7 @@ class Attention2D final : public DistributedAttention {
   // Runs the column ring over the K/V buffer; `work(slot)` computes with the part in `slot`
   // while the next part travels.
   template <typename Work>
-  void column_ring(Floats& kv, const std::string& phase, Work&& work) {
+  void column_ring(Buffer& kv, const std::string& phase, Work&& work) {
     Communicator& col_comm = grid_.col_comm();
     const int rows = plan_.grid.rows;
     const int next = (row() + 1) % rows, prev = (row() - 1 + rows) % rows;
@@ -286,10 +354,10 @@ class Attention2D final : public DistributedAttention {
       if (step + 1 < rows) {
         const int incoming = kv_slot_at(step + 1);
         col_comm.set_phase(phase + ".kv_ring");
-        shift = col_comm.send_recv_async(kv.data() + kv_rec_.floats(col_offsets_[slot]),
-                                         kv_rec_.floats(col_counts_[slot]), next,
-                                         kv.data() + kv_rec_.floats(col_offsets_[incoming]),
-                                         kv_rec_.floats(col_counts_[incoming]), prev, kTagKv);
+        shift = col_comm.send_recv_async(Place::in(kv, kv_slot(kv_rec_, slot)),
+                                         kv_rec_.bytes(col_counts_[slot]), next,
+                                         Place::in(kv, kv_slot(kv_rec_, incoming)),
+                                         kv_rec_.bytes(col_counts_[incoming]), prev, kTagKv);
       }
       work(slot);
       col_comm.set_phase(phase + ".kv_ring");
@@ -300,40 +368,40 @@ class Attention2D final : public DistributedAttention {
   // The Q-side ring of phase B: parts of `rec` records travel to the right. Starts the first
   // shift (own part out, left neighbour's in) so it overlaps phase A.
   struct QRing {
-    Floats buffers[2];
+    BufferPtr buffers[2];
     int current = 0;
     RequestPtr inflight;
   };
 
-  void start_q_ring(QRing& ring, const RecordLayout& rec, const float* own_part,
+  void start_q_ring(QRing& ring, const RecordLayout& rec, Buffer& own_part,
                     const std::string& phase) {
     const int cols = plan_.grid.cols;
     if (cols == 1) return;
     const int64_t largest = *std::max_element(row_counts_.begin(), row_counts_.end());
     for (auto& buffer : ring.buffers)
-      buffer.resize(static_cast<size_t>(rec.floats(largest)));
+      buffer = backend_.allocate(rec.bytes(largest));
     Communicator& row_comm = grid_.row_comm();
     row_comm.set_phase(phase + ".q_ring");
     const int first = q_part_at(1);
-    ring.inflight = row_comm.send_recv_async(
-        own_part, rec.floats(row_counts_[col()]), (col() + 1) % cols, ring.buffers[0].data(),
-        rec.floats(row_counts_[first]), (col() - 1 + cols) % cols, kTagQ);
+    ring.inflight =
+        row_comm.send_recv_async(Place::in(own_part), rec.bytes(row_counts_[col()]),
+                                 (col() + 1) % cols, Place::in(*ring.buffers[0]),
+                                 rec.bytes(row_counts_[first]), (col() - 1 + cols) % cols, kTagQ);
   }
 
   // Waits for step `step`'s Q part and forwards it while the caller computes with it.
-  const float* advance_q_ring(QRing& ring, const RecordLayout& rec, int step,
-                              const std::string& phase) {
+  Buffer& advance_q_ring(QRing& ring, const RecordLayout& rec, int step, const std::string& phase) {
     const int cols = plan_.grid.cols;
     Communicator& row_comm = grid_.row_comm();
     row_comm.set_phase(phase + ".q_ring");
     ring.inflight->wait();
     const int part = q_part_at(step);
-    float* here = ring.buffers[ring.current].data();
+    Buffer& here = *ring.buffers[ring.current];
     if (step + 1 < cols) {
       const int incoming = q_part_at(step + 1);
       ring.inflight = row_comm.send_recv_async(
-          here, rec.floats(row_counts_[part]), (col() + 1) % cols,
-          ring.buffers[1 - ring.current].data(), rec.floats(row_counts_[incoming]),
+          Place::in(here), rec.bytes(row_counts_[part]), (col() + 1) % cols,
+          Place::in(*ring.buffers[1 - ring.current]), rec.bytes(row_counts_[incoming]),
           (col() - 1 + cols) % cols, kTagQ);
       ring.current = 1 - ring.current;
     }
@@ -342,77 +410,76 @@ class Attention2D final : public DistributedAttention {
 
   void forward_overlapped(const ForwardShards& s) {
     const int cols = plan_.grid.cols;
-    const int64_t d = head_dim();
-    Floats kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
-    Floats q_own(static_cast<size_t>(q_rec_.floats(own_tokens_)));
-    pack(s.q, own_tokens_, d, q_rec_, q_own.data(), 0);
-    place_kv(s.k, s.v, "forward",
-             kv.data() + kv_rec_.floats(col_offsets_[static_cast<size_t>(row())]));
+    BufferPtr kv = backend_.allocate(kv_rec_.bytes(kv_rows_));
+    BufferPtr q_own = backend_.allocate(q_rec_.bytes(own_tokens_));
+    backend_.copy_tokens(s.q, q_field(*q_own, 0), q_block(own_tokens_));
+    place_kv(s.k, s.v, "forward", *kv, kv_slot(kv_rec_, row()));
 
     QRing q_ring;
-    start_q_ring(q_ring, q_rec_, q_own.data(), "forward");
+    start_q_ring(q_ring, q_rec_, *q_own, "forward");
 
     // Phase A: own queries against each K/V part of the column.
-    Floats own_partial(static_cast<size_t>(partial_rec_.floats(own_tokens_)));
-    const int64_t* own_positions = q_positions_.data() + row_offsets_[static_cast<size_t>(col())];
-    column_ring(kv, "forward", [&](int slot) {
+    BufferPtr own_partial = backend_.allocate(partial_rec_.bytes(own_tokens_));
+    const PartialTensor own_state = partial_records(partial_rec_, *own_partial, 0);
+    const Place own_positions = q_positions_from(row_offsets_[static_cast<size_t>(col())]);
+    column_ring(*kv, "forward", [&](int slot) {
       grid_.world().set_phase("forward.kernel");
-      attention_forward_partial(
-          kernel_forward_args(q_own.data(), own_tokens_, own_positions,
-                              kv.data() + kv_rec_.floats(col_offsets_[slot]), col_counts_[slot],
-                              kv_positions_.data() + col_offsets_[slot]),
-          partial_view(own_partial.data()), /*accumulate=*/slot != row());
+      backend_.attention_forward_partial(
+          forward_call(q_field(*q_own, 0), own_tokens_, own_positions, *kv, kv_slot(kv_rec_, slot),
+                       col_counts_[slot], kv_positions_from(col_offsets_[slot])),
+          own_state, /*accumulate=*/slot != row());
     });
 
     // Phase B: visiting Q parts against the gathered K/V (sorted by position); partial results
     // travel right.
     grid_.world().set_phase("forward.kernel");
-    if (cols > 1) kv_order_.sort(kv, kv_rec_.per_token());
+    if (cols > 1) kv_order_.sort(Place::in(*kv), kv_rec_.per_token());
     Communicator& row_comm = grid_.row_comm();
     const int next = (col() + 1) % cols, prev = (col() - 1 + cols) % cols;
     const int64_t largest = *std::max_element(row_counts_.begin(), row_counts_.end());
-    Floats computed[2], incoming(static_cast<size_t>(partial_rec_.floats(largest)));
+    BufferPtr computed[2], incoming = backend_.allocate(partial_rec_.bytes(largest));
     for (auto& buffer : computed)
-      buffer.resize(static_cast<size_t>(partial_rec_.floats(largest)));
+      buffer = backend_.allocate(partial_rec_.bytes(largest));
     RequestPtr partial_out = completed_request();
     const int64_t rows_per_token = problem_.batch * problem_.heads;
+    const int64_t record_floats = partial_rec_.record / kFloatBytes;
     for (int step = 1; step < cols; ++step) {
       const int part = q_part_at(step);
-      const float* q_part = advance_q_ring(q_ring, q_rec_, step, "forward");
+      Buffer& q_part = advance_q_ring(q_ring, q_rec_, step, "forward");
       RequestPtr partial_in = completed_request();
       if (step >= 2) {
         row_comm.set_phase("forward.partial_ring");
         partial_in =
-            row_comm.send_recv_async(nullptr, 0, next, incoming.data(),
-                                     partial_rec_.floats(row_counts_[part]), prev, kTagPartial);
+            row_comm.send_recv_async({}, 0, next, Place::in(*incoming),
+                                     partial_rec_.bytes(row_counts_[part]), prev, kTagPartial);
       }
-      Floats& result = computed[step % 2];
+      Buffer& result = *computed[step % 2];
       grid_.world().set_phase("forward.kernel");
-      attention_forward_partial(
-          kernel_forward_args(q_part, row_counts_[part], q_positions_.data() + row_offsets_[part],
-                              kv.data(), kv_rows_, kv_order_.positions.data()),
-          partial_view(result.data()), false);
+      backend_.attention_forward_partial(
+          forward_call(q_field(q_part, 0), row_counts_[part], q_positions_from(row_offsets_[part]),
+                       *kv, 0, kv_rows_, kv_order_.device_positions()),
+          partial_records(partial_rec_, result, 0), false);
       row_comm.set_phase("forward.partial_ring");
       partial_in->wait();
       if (step >= 2) {
-        merge_partial_records(result.data(), incoming.data(), row_counts_[part] * rows_per_token,
-                              partial_rec_.record);
+        backend_.merge_partials(Place::in(result), Place::in(*incoming),
+                                row_counts_[part] * rows_per_token, record_floats);
       }
       partial_out->wait();  // the buffer sent two steps ago is free again
       row_comm.set_phase("forward.partial_ring");
-      partial_out = row_comm.send_recv_async(result.data(), partial_rec_.floats(row_counts_[part]),
-                                             next, nullptr, 0, prev, kTagPartial);
+      partial_out = row_comm.send_recv_async(
+          Place::in(result), partial_rec_.bytes(row_counts_[part]), next, {}, 0, prev, kTagPartial);
     }
     if (cols > 1) {
       // The merged partial of this rank's own part comes back from the left.
       row_comm.set_phase("forward.partial_ring");
-      row_comm.send_recv(nullptr, 0, next, incoming.data(), partial_rec_.floats(own_tokens_), prev,
+      row_comm.send_recv({}, 0, next, Place::in(*incoming), partial_rec_.bytes(own_tokens_), prev,
                          kTagPartial);
       partial_out->wait();
-      merge_partial_records(own_partial.data(), incoming.data(), own_tokens_ * rows_per_token,
-                            partial_rec_.record);
+      backend_.merge_partials(Place::in(*own_partial), Place::in(*incoming),
+                              own_tokens_ * rows_per_token, record_floats);
     }
-    finalize(own_partial.data(), s.out, s.lse);
+    finalize(*own_partial, s.out, s.lse);
   }
 
   // dK, dV summed along the column by a ring that runs beside the last pass over the K/V parts:
@@ -422,11 +489,11 @@ class Attention2D final : public DistributedAttention {
   // messages are those of a ring reduce-scatter (docs/attention2d.md).
   class DkvRing {
    public:
-    DkvRing(Attention2D& at, Floats& dkv) : at_(at), dkv_(dkv) {
+    DkvRing(Attention2D& at, Buffer& dkv) : at_(at), dkv_(dkv) {
       const int rows = at_.plan_.grid.rows;
       if (rows > 1) {
         const int64_t largest = *std::max_element(at_.col_counts_.begin(), at_.col_counts_.end());
-        incoming_.resize(static_cast<size_t>(at_.kv_rec_.floats(largest)));
+        incoming_ = at_.backend_.allocate(at_.dkv_rec_.bytes(largest));
       }
     }
     // This rank's share of the part in `slot` is complete: the next step of the ring.
@@ -434,67 +501,65 @@ class Attention2D final : public DistributedAttention {
       const int rows = at_.plan_.grid.rows;
       Communicator& col_comm = at_.grid_.col_comm();
       col_comm.set_phase("backward.dkv_ring");
-      float* part = at_.slot_of(dkv_, slot);
-      const int64_t count = at_.kv_rec_.floats(at_.col_counts_[static_cast<size_t>(slot)]);
+      const Place part = Place::in(dkv_, at_.kv_slot(at_.dkv_rec_, slot));
+      const int64_t bytes = at_.dkv_rec_.bytes(at_.col_counts_[static_cast<size_t>(slot)]);
       if (steps_ > 0) {
         step_->wait();
-        add_into(part, incoming_.data(), count);
+        at_.backend_.add(part, Place::in(*incoming_), bytes / kFloatBytes);
       }
       const int arriving = (slot - 1 + rows) % rows;
       step_ = col_comm.send_recv_async(
-          part, count, (at_.row() + 1) % rows, incoming_.data(),
-          at_.kv_rec_.floats(at_.col_counts_[static_cast<size_t>(arriving)]),
+          part, bytes, (at_.row() + 1) % rows, Place::in(*incoming_),
+          at_.dkv_rec_.bytes(at_.col_counts_[static_cast<size_t>(arriving)]),
           (at_.row() - 1 + rows) % rows, kTagDkv);
       ++steps_;
     }
-    // After the last step: the sum for the rank's own part, in its slot.
-    float* finish() {
+    // After the last step: the sum for the rank's own part, in its slot (byte offset returned).
+    int64_t finish() {
       const int own = at_.row();
+      const int64_t at = at_.kv_slot(at_.dkv_rec_, own);
       if (steps_ > 0) {
         at_.grid_.col_comm().set_phase("backward.dkv_ring");
         step_->wait();
-        add_into(at_.slot_of(dkv_, own), incoming_.data(),
-                 at_.kv_rec_.floats(at_.col_counts_[static_cast<size_t>(own)]));
+        at_.backend_.add(
+            Place::in(dkv_, at), Place::in(*incoming_),
+            at_.dkv_rec_.bytes(at_.col_counts_[static_cast<size_t>(own)]) / kFloatBytes);
       }
-      return at_.slot_of(dkv_, own);
+      return at;
     }
 
    private:
     Attention2D& at_;
-    Floats& dkv_;
-    Floats incoming_;
+    Buffer& dkv_;
+    BufferPtr incoming_;
     RequestPtr step_ = completed_request();
     int steps_ = 0;
   };
 
-  float* slot_of(Floats& kv_records, int slot) {
-    return kv_records.data() + kv_rec_.floats(col_offsets_[static_cast<size_t>(slot)]);
-  }
-
   void backward_overlapped(const BackwardShards& s) {
     const int rows = plan_.grid.rows, cols = plan_.grid.cols;
-    const int64_t d = head_dim();
-    const RecordLayout dq_rec{problem_.batch, problem_.heads, d};
-    Floats kv(static_cast<size_t>(kv_rec_.floats(kv_rows_)));
-    Floats q_own(static_cast<size_t>(q_back_rec_.floats(own_tokens_)));
-    pack_backward_rows(s, q_own.data());
-    place_kv(s.k, s.v, "backward", slot_of(kv, row()));
+    BufferPtr kv = backend_.allocate(kv_rec_.bytes(kv_rows_));
+    BufferPtr q_own = backend_.allocate(q_back_rec_.bytes(own_tokens_));
+    pack_backward_rows(s, *q_own, 0);
+    place_kv(s.k, s.v, "backward", *kv, kv_slot(kv_rec_, row()));
 
     QRing q_ring;
-    start_q_ring(q_ring, q_back_rec_, q_own.data(), "backward");
+    start_q_ring(q_ring, q_back_rec_, *q_own, "backward");
 
     // Phase A: own Q-side rows against each K/V part; dK, dV land in the part's slot. With one
     // column there is no phase B: a part's dK, dV are complete after its step, and the column
     // sum runs beside the remaining steps.
-    Floats dq_own(static_cast<size_t>(dq_rec.floats(own_tokens_)), 0.0f);
-    Floats dkv(static_cast<size_t>(kv_rec_.floats(kv_rows_)), 0.0f);
-    DkvRing dkv_ring(*this, dkv);
-    const int64_t* own_positions = q_positions_.data() + row_offsets_[static_cast<size_t>(col())];
-    column_ring(kv, "backward", [&](int slot) {
+    BufferPtr dq_own = backend_.allocate(dq_rec_.bytes(own_tokens_));
+    BufferPtr dkv = backend_.allocate(dkv_rec_.bytes(kv_rows_));
+    backend_.fill_zero(Place::in(*dq_own), dq_own->bytes());
+    backend_.fill_zero(Place::in(*dkv), dkv->bytes());
+    DkvRing dkv_ring(*this, *dkv);
+    const Place own_positions = q_positions_from(row_offsets_[static_cast<size_t>(col())]);
+    column_ring(*kv, "backward", [&](int slot) {
       grid_.world().set_phase("backward.kernel");
-      kernel_backward(q_own.data(), own_tokens_, own_positions, slot_of(kv, slot),
-                      col_counts_[slot], kv_positions_.data() + col_offsets_[slot], dq_own.data(),
-                      slot_of(dkv, slot), true);
+      kernel_backward(*q_own, 0, own_tokens_, own_positions, *kv, kv_slot(kv_rec_, slot),
+                      col_counts_[slot], kv_positions_from(col_offsets_[slot]), *dq_own, 0, *dkv,
+                      kv_slot(dkv_rec_, slot), true);
       if (cols == 1 && slot != row()) dkv_ring.send(slot);
     });
 
@@ -505,84 +570,90 @@ class Attention2D final : public DistributedAttention {
     const int next = (col() + 1) % cols, prev = (col() - 1 + cols) % cols;
     if (cols > 1) {
       grid_.world().set_phase("backward.kernel");
-      kv_order_.sort(kv, kv_rec_.per_token());
-      kv_order_.sort(dkv, kv_rec_.per_token());
+      kv_order_.sort(Place::in(*kv), kv_rec_.per_token());
+      kv_order_.sort(Place::in(*dkv), dkv_rec_.per_token());
     }
     const int64_t largest = *std::max_element(row_counts_.begin(), row_counts_.end());
-    Floats computed[2], incoming(static_cast<size_t>(dq_rec.floats(largest)));
+    BufferPtr computed[2], incoming = backend_.allocate(dq_rec_.bytes(largest));
     for (auto& buffer : computed)
-      buffer.resize(static_cast<size_t>(dq_rec.floats(largest)));
+      buffer = backend_.allocate(dq_rec_.bytes(largest));
     RequestPtr dq_out = completed_request();
     for (int step = 1; step < cols; ++step) {
       const int part = q_part_at(step);
-      const float* q_part = advance_q_ring(q_ring, q_back_rec_, step, "backward");
+      Buffer& q_part = advance_q_ring(q_ring, q_back_rec_, step, "backward");
       RequestPtr dq_in = completed_request();
+      const int64_t part_bytes = dq_rec_.bytes(row_counts_[part]);
       if (step >= 2) {
         row_comm.set_phase("backward.dq_ring");
-        dq_in = row_comm.send_recv_async(nullptr, 0, next, incoming.data(),
-                                         dq_rec.floats(row_counts_[part]), prev, kTagPartial);
+        dq_in = row_comm.send_recv_async({}, 0, next, Place::in(*incoming), part_bytes, prev,
+                                         kTagPartial);
       }
       dq_out->wait();  // computed[step % 2] was sent two steps ago
-      Floats& result = computed[step % 2];
-      std::fill_n(result.begin(), dq_rec.floats(row_counts_[part]), 0.0f);
+      Buffer& result = *computed[step % 2];
+      backend_.fill_zero(Place::in(result), part_bytes);
       grid_.world().set_phase("backward.kernel");
-      const int64_t* part_positions = q_positions_.data() + row_offsets_[part];
+      const Place part_positions = q_positions_from(row_offsets_[part]);
       if (step + 1 < cols || rows == 1) {
-        kernel_backward(q_part, row_counts_[part], part_positions, kv.data(), kv_rows_,
-                        kv_order_.positions.data(), result.data(), dkv.data(), true);
-        if (step + 1 == cols) kv_order_.unsort(dkv, kv_rec_.per_token());
+        kernel_backward(q_part, 0, row_counts_[part], part_positions, *kv, 0, kv_rows_,
+                        kv_order_.device_positions(), result, 0, *dkv, 0, true);
+        if (step + 1 == cols) kv_order_.unsort(Place::in(*dkv), dkv_rec_.per_token());
       } else {
-        kv_order_.unsort(kv, kv_rec_.per_token());
-        kv_order_.unsort(dkv, kv_rec_.per_token());
+        kv_order_.unsort(Place::in(*kv), kv_rec_.per_token());
+        kv_order_.unsort(Place::in(*dkv), dkv_rec_.per_token());
         for (int k = 1; k <= rows; ++k) {
           const int slot = kv_slot_at(k % rows);  // (r - 1), (r - 2), ..., (r + 1), then r
           grid_.world().set_phase("backward.kernel");
-          kernel_backward(q_part, row_counts_[part], part_positions, slot_of(kv, slot),
-                          col_counts_[slot], kv_positions_.data() + col_offsets_[slot],
-                          result.data(), slot_of(dkv, slot), true);
+          kernel_backward(q_part, 0, row_counts_[part], part_positions, *kv, kv_slot(kv_rec_, slot),
+                          col_counts_[slot], kv_positions_from(col_offsets_[slot]), result, 0, *dkv,
+                          kv_slot(dkv_rec_, slot), true);
           if (k < rows) dkv_ring.send(slot);
         }
       }
       row_comm.set_phase("backward.dq_ring");
       dq_in->wait();
-      if (step >= 2) add_into(result.data(), incoming.data(), dq_rec.floats(row_counts_[part]));
+      if (step >= 2) {
+        backend_.add(Place::in(result), Place::in(*incoming), part_bytes / kFloatBytes);
+      }
       row_comm.set_phase("backward.dq_ring");
-      dq_out = row_comm.send_recv_async(result.data(), dq_rec.floats(row_counts_[part]), next,
-                                        nullptr, 0, prev, kTagPartial);
+      dq_out =
+          row_comm.send_recv_async(Place::in(result), part_bytes, next, {}, 0, prev, kTagPartial);
     }
     if (cols > 1) {
       row_comm.set_phase("backward.dq_ring");
-      row_comm.send_recv(nullptr, 0, next, incoming.data(), dq_rec.floats(own_tokens_), prev,
+      row_comm.send_recv({}, 0, next, Place::in(*incoming), dq_rec_.bytes(own_tokens_), prev,
                          kTagPartial);
       dq_out->wait();
-      add_into(dq_own.data(), incoming.data(), dq_rec.floats(own_tokens_));
+      backend_.add(Place::in(*dq_own), Place::in(*incoming),
+                   dq_rec_.bytes(own_tokens_) / kFloatBytes);
     }
-    unpack(dq_rec, dq_own.data(), 0, own_tokens_, d, s.dq);
+    backend_.copy_tokens(dq_field(*dq_own, 0), s.dq, q_block(own_tokens_));
 
     // dK, dV of the rank's part, summed along the column, sent home.
-    return_dkv(dkv_ring.finish(), "backward", s.dk, s.dv);
+    const int64_t own_part_at = dkv_ring.finish();
+    return_dkv(*dkv, own_part_at, "backward", s.dk, s.dv);
   }
 
   Problem problem_;
   Plan plan_;
+  Backend& backend_;
   Grid grid_;
   TokenLayout layout_;
 
   int64_t own_tokens_ = 0;
   std::vector<int64_t> row_counts_, col_counts_;  // tokens of the parts gathered along row / column
-  std::vector<int64_t> row_offsets_, col_offsets_;   // prefix sums (tokens)
-  std::vector<int64_t> q_positions_, kv_positions_;  // global positions of the gathered rows
-  TokenOrder q_order_, kv_order_;                    // the gathered rows sorted by position
+  std::vector<int64_t> row_offsets_, col_offsets_;  // prefix sums (tokens)
+  BufferPtr q_positions_, kv_positions_;            // positions of the gathered rows (backend)
+  TokenOrder q_order_, kv_order_;                   // the gathered rows sorted by position
   int64_t q_rows_ = 0, kv_rows_ = 0;
   int kv_source_ = 0, kv_dest_ = 0;  // K/V transpose partners (world ranks)
-  RecordLayout q_rec_, kv_rec_, partial_rec_, q_back_rec_;
+  RecordLayout q_rec_, kv_rec_, partial_rec_, q_back_rec_, dq_rec_, dkv_rec_, dkv_final_rec_;
 };
 
 }  // namespace
 
 std::unique_ptr<DistributedAttention> make_attention2d(const Problem& problem, const Plan& plan,
-                                                       Communicator& world) {
-  return std::make_unique<Attention2D>(problem, plan, world);
+                                                       Communicator& world, Backend& backend) {
+  return std::make_unique<Attention2D>(problem, plan, world, backend);
 }
 
 }  // namespace a2d::algorithms

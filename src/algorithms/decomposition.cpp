@@ -125,4 +125,25 @@ UlyssesHeads ulysses_heads(const Problem& problem, int ranks, int rank) {
   return out;
 }
 
+WireRecords wire_records(const Problem& problem, int ulysses_ranks) {
+  const int64_t d = problem.head_dim, e = dtype_bytes(problem.dtype), f = 4;
+  WireRecords w;
+  w.q = d * e;
+  w.kv = 2 * d * e;
+  w.partial = f * (d + 2);
+  w.q_backward = 2 * f + 2 * d * e;
+  w.dq = f * d;
+  w.dkv = 2 * f * d;
+  w.dkv_final = 2 * d * e;
+  if (ulysses_ranks > 0) {
+    const UlyssesHeads group = ulysses_heads(problem, ulysses_ranks, 0);
+    const int64_t hq = group.heads, hkv = group.kv_heads;
+    w.ulysses_in = (hq + 2 * hkv) * d * e;
+    w.ulysses_out = (f * hq + hq * d * e + f - 1) / f * f;
+    w.ulysses_backward_in = 2 * f * hq + (2 * hq + 2 * hkv) * d * e;
+    w.ulysses_backward_out = (hq + 2 * hkv) * d * e;
+  }
+  return w;
+}
+
 }  // namespace a2d

@@ -60,7 +60,8 @@ void Problem::validate() const {
 std::string Problem::describe() const {
   std::ostringstream out;
   out << "batch=" << batch << " heads=" << heads << " kv_heads=" << kv_heads << " seq=" << seq
-      << " head_dim=" << head_dim << " mask=" << mask.describe() << " scale=" << softmax_scale();
+      << " head_dim=" << head_dim << " mask=" << mask.describe() << " scale=" << softmax_scale()
+      << " dtype=" << dtype_name(dtype);
   return out.str();
 }
 
@@ -139,7 +140,7 @@ void check_plan(const Plan& plan, const Problem& problem, int ranks) {
 }
 
 std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, const Plan& plan,
-                                                     Communicator& world) {
+                                                     Communicator& world, Backend& backend) {
   collective_check(world, [&] {
     problem.validate();
     check_plan(plan, problem, world.size());
@@ -148,15 +149,53 @@ std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, con
   switch (plan.algorithm) {
     case Algorithm::attention2d:
     case Algorithm::attention2d_overlap:
-      return algorithms::make_attention2d(problem, plan, world);
+      return algorithms::make_attention2d(problem, plan, world, backend);
     case Algorithm::ring:
-      return algorithms::make_ring(problem, plan, world);
+      return algorithms::make_ring(problem, plan, world, backend);
     case Algorithm::allgather_kv:
-      return algorithms::make_allgather_kv(problem, plan, world);
+      return algorithms::make_allgather_kv(problem, plan, world, backend);
     case Algorithm::ulysses:
-      return algorithms::make_ulysses(problem, plan, world);
+      return algorithms::make_ulysses(problem, plan, world, backend);
   }
   A2D_FAIL("unknown algorithm ", static_cast<int>(plan.algorithm));
+}
+
+namespace {
+void check_tensor(const Problem& problem, const Backend& backend, const TokenTensor& t,
+                  const char* name) {
+  A2D_REQUIRE(t.buffer, "the ", name, " shard has no buffer");
+  A2D_REQUIRE(&t.buffer->backend() == &backend, "the ", name, " shard is a buffer of the ",
+              t.buffer->backend().name(), " backend, but the attention computes with the ",
+              backend.name(), " backend");
+  A2D_REQUIRE(t.dtype == problem.dtype, "the ", name, " shard holds ", dtype_name(t.dtype),
+              " but the problem's dtype is ", dtype_name(problem.dtype));
+}
+void check_rows(const Backend& backend, const RowTensor& t, const char* name) {
+  A2D_REQUIRE(t.buffer, "the ", name, " shard has no buffer");
+  A2D_REQUIRE(&t.buffer->backend() == &backend, "the ", name, " shard is a buffer of the ",
+              t.buffer->backend().name(), " backend, but the attention computes with the ",
+              backend.name(), " backend");
+}
+}  // namespace
+
+void check_shards(const Problem& problem, const Backend& backend, const ForwardShards& s) {
+  check_tensor(problem, backend, s.q, "Q");
+  check_tensor(problem, backend, s.k, "K");
+  check_tensor(problem, backend, s.v, "V");
+  check_tensor(problem, backend, s.out, "O");
+  check_rows(backend, s.lse, "LSE");
+}
+
+void check_shards(const Problem& problem, const Backend& backend, const BackwardShards& s) {
+  check_tensor(problem, backend, s.q, "Q");
+  check_tensor(problem, backend, s.k, "K");
+  check_tensor(problem, backend, s.v, "V");
+  check_tensor(problem, backend, s.out, "O");
+  check_tensor(problem, backend, s.d_out, "dO");
+  check_rows(backend, s.lse, "LSE");
+  check_tensor(problem, backend, s.dq, "dQ");
+  check_tensor(problem, backend, s.dk, "dK");
+  check_tensor(problem, backend, s.dv, "dV");
 }
 
 }  // namespace a2d

@@ -1,155 +1,72 @@
-// Internal: the token-major record buffers that distributed algorithms send.
+// Internal: the token-major record buffers that distributed algorithms send, and the sorted order
+// of gathered rows. Everything here describes data in backend buffers; nothing reads them.
 //
-// A record buffer holds [tokens, batch, heads, record] floats: one record per (token, batch,
-// head), tokens outermost, so that concatenating the buffers of several ranks (an all-gather)
-// is again a record buffer whose rows are the union of their tokens. A record packs several
-// per-row quantities side by side, e.g. K and V as [k(D) v(D)], or a partial attention result
-// as [row max, row sum, acc(D)].
+// A record buffer holds [tokens, batch, heads, record] bytes: one record per (token, batch,
+// head), tokens outermost, so that concatenating the buffers of several ranks (an all-gather) is
+// again a record buffer whose rows are the union of their tokens. A record packs several per-row
+// quantities side by side, fp32 fields first and then fields of the problem's dtype, so that every
+// field is aligned to its element size: K and V as [k(D) v(D)] in the dtype; a partial attention
+// result as [row max, row sum, acc(D)] in fp32; the backward's query side as [lse, delta, q(D),
+// dO(D)]. wire_records() (decomposition.hpp) gives their sizes, which the cost model charges.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <memory>
 #include <numeric>
-#include <span>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
+#include "attention2d/backend.hpp"
 #include "attention2d/comm.hpp"
+#include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/layout.hpp"
 
 namespace a2d::algorithms {
 
-// Points a kernel's progress callback at `comm`: while the kernel runs, MPI advances the
+// Points a kernel call's progress callback at `comm`: while the kernel runs, MPI advances the
 // transfers in flight (it progresses only inside MPI calls) and the watchdog sees this rank alive.
-template <typename KernelArgs>
-void progress_through(KernelArgs& args, Communicator& comm) {
-  args.progress = [](void* context) { static_cast<Communicator*>(context)->progress(); };
-  args.progress_context = &comm;
+template <typename Call>
+void progress_through(Call& call, Communicator& comm) {
+  call.progress = [](void* context) { static_cast<Communicator*>(context)->progress(); };
+  call.progress_context = &comm;
 }
 
-// An allocator whose default-constructed elements are left uninitialised. The algorithms' buffers
-// are overwritten whole by a collective, the kernel (accumulate = false) or a pack before anything
-// reads them, so value-initialising them, as std::vector<float>(n) does, only zeroes memory: the
-// gathered K/V of ATTENTION2D 16 x 1 at N = 4096 is 16 MiB per rank per call. Buffers that are
-// read before they are written are asked for zero explicitly (Floats(n, 0.0f)). In the sanitizer
-// build (A2D_POISON_UNINITIALIZED) the elements are NaN instead, so that a read of one that nobody
-// wrote poisons the outputs the tests compare with the reference.
-template <typename T>
-struct UninitializedAllocator : std::allocator<T> {
-  template <typename U>
-  struct rebind {
-    using other = UninitializedAllocator<U>;
-  };
-  UninitializedAllocator() = default;
-  template <typename U>
-  UninitializedAllocator(const UninitializedAllocator<U>&) noexcept {}
-
-  template <typename U>
-  void construct(U* at) noexcept(std::is_nothrow_default_constructible_v<U>) {
-#ifdef A2D_POISON_UNINITIALIZED
-    if constexpr (std::is_floating_point_v<U>) {
-      ::new (static_cast<void*>(at)) U(std::numeric_limits<U>::quiet_NaN());
-      return;
-    }
-#endif
-    ::new (static_cast<void*>(at)) U;
-  }
-  template <typename U, typename... Args>
-  void construct(U* at, Args&&... args) {
-    ::new (static_cast<void*>(at)) U(std::forward<Args>(args)...);
-  }
-};
-template <typename T, typename U>
-bool operator==(const UninitializedAllocator<T>&, const UninitializedAllocator<U>&) noexcept {
-  return true;
-}
-
-// A float buffer of the algorithms: Floats(n) is uninitialised, Floats(n, 0.0f) zeroed.
-using Floats = std::vector<float, UninitializedAllocator<float>>;
+constexpr int64_t kFloatBytes = static_cast<int64_t>(sizeof(float));
+constexpr int64_t kIndexBytes = static_cast<int64_t>(sizeof(int64_t));
 
 struct RecordLayout {
   int64_t batch = 1;
   int64_t heads = 1;
-  int64_t record = 1;  // floats per (token, batch, head)
+  int64_t record = 1;  // bytes per (token, batch, head)
 
   int64_t per_token() const { return batch * heads * record; }
-  int64_t floats(int64_t tokens) const { return tokens * per_token(); }
+  int64_t bytes(int64_t tokens) const { return tokens * per_token(); }
 
-  // The [batch, tokens, heads, width] tensor stored at `offset` inside each record.
-  template <typename T>
-  TokenView<T> tokens(T* base, int64_t offset) const {
-    return {base + offset, heads * record, batch * heads * record, record};
+  // The [batch, tokens, heads, width] field of `dtype` at byte `field` of each record, for the
+  // records that start `at` bytes into `buffer`.
+  TokenTensor tokens(Buffer& buffer, int64_t at, int64_t field, DType dtype) const {
+    const int64_t e = dtype_bytes(dtype);
+    A2D_REQUIRE(record % e == 0 && field % e == 0, "a record of ", record, " bytes cannot hold ",
+                dtype_name(dtype), " at byte ", field);
+    return {&buffer, at + field, dtype, heads * record / e, batch * heads * record / e, record / e};
   }
-  // The [batch, heads, tokens] statistic stored at `offset` inside each record.
-  template <typename T>
-  RowView<T> rows(T* base, int64_t offset) const {
-    return {base + offset, heads * record, record, batch * heads * record};
+  // The [batch, heads, tokens] fp32 statistic at byte `field` of each record.
+  RowTensor rows(Buffer& buffer, int64_t at, int64_t field) const {
+    A2D_REQUIRE(record % kFloatBytes == 0 && field % kFloatBytes == 0, "a record of ", record,
+                " bytes cannot hold an fp32 statistic at byte ", field);
+    return {&buffer, at + field, heads * record / kFloatBytes, record / kFloatBytes,
+            batch * heads * record / kFloatBytes};
   }
 };
 
-// Copies `width` floats per row of a [batch, tokens, heads, width] view into the records at
-// `offset`.
-inline void pack(TokenView<const float> from, int64_t tokens, int64_t width, const RecordLayout& to,
-                 float* base, int64_t offset) {
-  const TokenView<float> dst = to.tokens(base, offset);
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t b = 0; b < to.batch; ++b)
-      for (int64_t h = 0; h < to.heads; ++h)
-        std::copy_n(from.at(b, t, h), width, dst.at(b, t, h));
+// The online-softmax state stored as [row max, row sum, acc(D)] fp32 records.
+inline PartialTensor partial_records(const RecordLayout& rec, Buffer& buffer, int64_t at) {
+  return {rec.tokens(buffer, at, 2 * kFloatBytes, DType::f32), rec.rows(buffer, at, 0),
+          rec.rows(buffer, at, kFloatBytes)};
 }
 
-inline void unpack(const RecordLayout& from, const float* base, int64_t offset, int64_t tokens,
-                   int64_t width, TokenView<float> to) {
-  const TokenView<const float> src = from.tokens(base, offset);
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t b = 0; b < from.batch; ++b)
-      for (int64_t h = 0; h < from.heads; ++h)
-        std::copy_n(src.at(b, t, h), width, to.at(b, t, h));
-}
-
-inline void pack_rows(RowView<const float> from, int64_t tokens, const RecordLayout& to,
-                      float* base, int64_t offset) {
-  const RowView<float> dst = to.rows(base, offset);
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t b = 0; b < to.batch; ++b)
-      for (int64_t h = 0; h < to.heads; ++h)
-        dst.at(b, h, t) = from.at(b, h, t);
-}
-
-// Copies `heads` x `width` floats per (batch, token) between two views of any strides.
-inline void copy_tokens(TokenView<const float> from, TokenView<float> to, int64_t batch,
-                        int64_t tokens, int64_t heads, int64_t width) {
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t h = 0; h < heads; ++h)
-        std::copy_n(from.at(b, t, h), width, to.at(b, t, h));
-}
-
-inline void copy_rows(RowView<const float> from, RowView<float> to, int64_t batch, int64_t heads,
-                      int64_t tokens) {
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t b = 0; b < batch; ++b)
-      for (int64_t h = 0; h < heads; ++h)
-        to.at(b, h, t) = from.at(b, h, t);
-}
-
-// The heads first_head, first_head + 1, ... of a view (the same tensor, fewer heads).
-template <typename T>
-TokenView<T> from_head(TokenView<T> view, int64_t first_head) {
-  return {view.data + first_head * view.head_stride, view.batch_stride, view.token_stride,
-          view.head_stride};
-}
-template <typename T>
-RowView<T> from_head(RowView<T> view, int64_t first_head) {
-  return {view.data + first_head * view.head_stride, view.batch_stride, view.head_stride,
-          view.token_stride};
-}
-
-// Token counts times a per-token size (floats or records per token).
+// Token counts times a per-token size (bytes or records per token).
 inline std::vector<int64_t> scaled(const std::vector<int64_t>& tokens, int64_t per_token) {
   std::vector<int64_t> out(tokens);
   for (auto& x : out)
@@ -169,6 +86,8 @@ inline std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
 // is a stride-P progression, so a gathered buffer interleaves positions: a kernel tile of it spans
 // the whole sequence and nearly every tile is partially masked. Sorted by position, the tiles a
 // causal mask hides are skipped and only those on the diagonal are partial (docs/attention2d.md).
+// The order, its inverse and the positions live on the host (for the cost model and the tests)
+// and, once attach() has been called, in buffers of a backend (for its operations).
 struct TokenOrder {
   std::vector<int64_t> order;      // empty: the buffer is already in position order
   std::vector<int64_t> inverse;    // gathered token i is sorted token inverse[i]
@@ -192,21 +111,31 @@ struct TokenOrder {
     }
   }
   bool identity() const { return order.empty(); }
+  int64_t tokens() const { return static_cast<int64_t>(positions.size()); }
 
-  // In place, `per_token` floats per token: sorted[j] = gathered[order[j]].
-  void sort(std::span<float> buffer, int64_t per_token) const {
-    if (!identity()) permute_tokens(buffer.data(), per_token, order);
+  // Uploads positions, order and inverse to `backend`.
+  void attach(Backend& backend) {
+    backend_ = &backend;
+    positions_at_ = upload_indices(backend, positions);
+    if (identity()) return;
+    order_at_ = upload_indices(backend, order);
+    inverse_at_ = upload_indices(backend, inverse);
+  }
+  // The sorted positions in the backend's memory.
+  Place device_positions() const { return Place::in(*positions_at_); }
+
+  // In place, `token_bytes` per token at `rows`: sorted[j] = gathered[order[j]].
+  void sort(Place rows, int64_t token_bytes) const {
+    if (!identity()) backend_->permute_tokens(rows, tokens(), token_bytes, Place::in(*order_at_));
   }
   // The inverse: gathered[i] = sorted[inverse[i]].
-  void unsort(std::span<float> buffer, int64_t per_token) const {
-    if (!identity()) permute_tokens(buffer.data(), per_token, inverse);
+  void unsort(Place rows, int64_t token_bytes) const {
+    if (!identity()) backend_->permute_tokens(rows, tokens(), token_bytes, Place::in(*inverse_at_));
   }
-};
 
-// Element-wise sum of `count` floats: into += from.
-inline void add_into(float* into, const float* from, int64_t count) {
-  for (int64_t i = 0; i < count; ++i)
-    into[i] += from[i];
-}
+ private:
+  Backend* backend_ = nullptr;
+  std::shared_ptr<Buffer> positions_at_, order_at_, inverse_at_;
+};
 
 }  // namespace a2d::algorithms

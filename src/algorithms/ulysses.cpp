@@ -11,9 +11,11 @@
 // of its heads (parts in rank order, with their global positions) and runs the kernel on the
 // whole sequence; a second all-to-all returns each token's results to the rank that owns it.
 //
-//   forward   [q k v] in; [o lse] out
-//   backward  [q dO lse delta k v] in (delta = rowsum(dO * O) is computed by the owner of the
+//   forward   [q k v] in; [lse o] out
+//   backward  [lse delta q dO k v] in (delta = rowsum(dO * O) is computed by the owner of the
 //             token, which saves sending O); [dq dk dv] out
+// Tensors travel in the problem's dtype (O and the gradients are complete where they are
+// computed, so they are rounded once, before they are sent); LSE and delta in fp32.
 //
 // Requires P | Hkv (check_plan refuses anything else before any data moves). Works with any N,
 // also N < P: a rank that owns no token sends nothing but still computes its heads.
@@ -21,140 +23,172 @@
 
 #include "algorithms.hpp"
 #include "attention2d/decomposition.hpp"
+#include "attention2d/error.hpp"
 #include "records.hpp"
 
 namespace a2d::algorithms {
 namespace {
 
-// A buffer of [tokens, batch, width] floats whose width floats per (token, batch) concatenate
-// segments: a block of heads x head_dim (a TokenView) or one float per head (a RowView). With
-// tokens outermost, the tokens of one part are one contiguous block of the all-to-all.
+// A buffer of [tokens, batch, width] bytes whose width bytes per (token, batch) concatenate
+// segments: a block of heads x head_dim of some dtype (a TokenTensor) or one fp32 per head (a
+// RowTensor), fp32 segments first. With tokens outermost, the tokens of one part are one
+// contiguous block of the all-to-all.
 struct HeadRecords {
   int64_t batch = 1;
   int64_t head_dim = 0;
-  int64_t width = 0;
+  int64_t width = 0;  // bytes per (token, batch)
 
-  int64_t floats(int64_t tokens) const { return tokens * batch * width; }
-  template <typename T>
-  TokenView<T> tokens(T* base, int64_t offset) const {
-    return {base + offset, width, batch * width, head_dim};
+  int64_t bytes(int64_t tokens) const { return tokens * batch * width; }
+  TokenTensor tokens(Buffer& buffer, int64_t at, int64_t field, DType dtype) const {
+    const int64_t e = dtype_bytes(dtype);
+    A2D_REQUIRE(width % e == 0 && field % e == 0, "ulysses record of ", width,
+                " bytes cannot hold ", dtype_name(dtype), " at byte ", field);
+    return {&buffer, at + field, dtype, width / e, batch * width / e, head_dim};
   }
-  template <typename T>
-  RowView<T> rows(T* base, int64_t offset) const {
-    return {base + offset, width, 1, batch * width};
+  RowTensor rows(Buffer& buffer, int64_t at, int64_t field) const {
+    return {&buffer, at + field, width / kFloatBytes, 1, batch * width / kFloatBytes};
   }
 };
 
 class UlyssesAttention final : public SequenceParallel {
  public:
-  UlyssesAttention(const Problem& problem, const Plan& plan, Communicator& world)
-      : SequenceParallel(problem, plan, world) {
+  UlyssesAttention(const Problem& problem, const Plan& plan, Communicator& world, Backend& backend)
+      : SequenceParallel(problem, plan, world, backend) {
     group_ = ulysses_heads(problem_, ranks_, rank_);
   }
 
   void forward(const ForwardShards& s) override {
+    check_shards(problem_, backend_, s);
     const int64_t d = problem_.head_dim, hq = group_.heads, hkv = group_.kv_heads;
-    // [q(hq x D) k(hkv x D) v(hkv x D)] per (token, batch).
-    const HeadRecords in{problem_.batch, d, (hq + 2 * hkv) * d};
-    Floats send(static_cast<size_t>(ranks_ * in.floats(own_tokens_)));
+    const DType dtype = problem_.dtype;
+    const int64_t e = dtype_bytes(dtype);
+    // [q(hq x D) k(hkv x D) v(hkv x D)] per (token, batch), in the dtype.
+    const HeadRecords in{problem_.batch, d, wire_.ulysses_in};
+    BufferPtr send = backend_.allocate(ranks_ * in.bytes(own_tokens_));
     for (int dest = 0; dest < ranks_; ++dest) {
-      float* block = send.data() + dest * in.floats(own_tokens_);
+      const int64_t block = dest * in.bytes(own_tokens_);
       const UlyssesHeads heads = ulysses_heads(problem_, ranks_, dest);
-      copy_heads(from_head(s.q, heads.first_head), in.tokens(block, 0), hq);
-      copy_heads(from_head(s.k, heads.first_kv_head), in.tokens(block, hq * d), hkv);
-      copy_heads(from_head(s.v, heads.first_kv_head), in.tokens(block, (hq + hkv) * d), hkv);
+      copy_heads(s.q.from_head(heads.first_head), in.tokens(*send, block, 0, dtype), hq);
+      copy_heads(s.k.from_head(heads.first_kv_head), in.tokens(*send, block, hq * d * e, dtype),
+                 hkv);
+      copy_heads(s.v.from_head(heads.first_kv_head),
+                 in.tokens(*send, block, (hq + hkv) * d * e, dtype), hkv);
     }
-    Floats gathered(static_cast<size_t>(in.floats(problem_.seq)));
+    BufferPtr gathered = backend_.allocate(in.bytes(problem_.seq));
     comm_->set_phase("forward.to_heads_all_to_all");
-    comm_->all_to_all(send.data(), own_block_counts(in), gathered.data(), part_counts(in));
+    comm_->all_to_all(Place::in(*send), own_block_bytes(in), Place::in(*gathered), part_bytes(in));
 
-    // [o(hq x D) lse(hq)] per (token, batch), the whole sequence in gathered order.
-    const HeadRecords out{problem_.batch, d, hq * (d + 1)};
-    Floats results(static_cast<size_t>(out.floats(problem_.seq)));
-    ForwardArgs args;
-    args.shape = group_shape();
-    args.mask = problem_.mask;
-    args.scale = problem_.softmax_scale();
-    args.q = in.tokens<const float>(gathered.data(), 0);
-    args.k = in.tokens<const float>(gathered.data(), hq * d);
-    args.v = in.tokens<const float>(gathered.data(), (hq + hkv) * d);
-    args.q_positions = parts_.positions.data();
-    args.kv_positions = parts_.positions.data();
-    args.threads = plan_.threads;
-    progress_through(args, *comm_);
+    // [lse(hq) o(hq x D)] per (token, batch), the whole sequence in gathered order.
+    const HeadRecords out{problem_.batch, d, wire_.ulysses_out};
+    const int64_t o_at = hq * kFloatBytes;
+    BufferPtr results = backend_.allocate(out.bytes(problem_.seq));
+    ForwardCall call;
+    call.shape = group_shape();
+    call.mask = problem_.mask;
+    call.scale = problem_.softmax_scale();
+    call.q = in.tokens(*gathered, 0, 0, dtype);
+    call.k = in.tokens(*gathered, 0, hq * d * e, dtype);
+    call.v = in.tokens(*gathered, 0, (hq + hkv) * d * e, dtype);
+    call.q_positions = all_positions();
+    call.kv_positions = all_positions();
+    call.threads = plan_.threads;
+    progress_through(call, *comm_);
     comm_->set_phase("forward.kernel");
-    attention_forward(args, out.tokens(results.data(), 0), out.rows(results.data(), hq * d));
+    backend_.attention_forward(call, out.tokens(*results, 0, o_at, dtype),
+                               out.rows(*results, 0, 0));
 
-    Floats returned(static_cast<size_t>(ranks_ * out.floats(own_tokens_)));
+    BufferPtr returned = backend_.allocate(ranks_ * out.bytes(own_tokens_));
     comm_->set_phase("forward.to_sequence_all_to_all");
-    comm_->all_to_all(results.data(), part_counts(out), returned.data(), own_block_counts(out));
+    comm_->all_to_all(Place::in(*results), part_bytes(out), Place::in(*returned),
+                      own_block_bytes(out));
     for (int source = 0; source < ranks_; ++source) {
-      const float* block = returned.data() + source * out.floats(own_tokens_);
+      const int64_t block = source * out.bytes(own_tokens_);
       const UlyssesHeads heads = ulysses_heads(problem_, ranks_, source);
-      copy_heads(out.tokens(block, 0), from_head(s.out, heads.first_head), hq);
-      copy_rows(out.rows(block, hq * d), from_head(s.lse, heads.first_head), problem_.batch, hq,
-                own_tokens_);
+      copy_heads(out.tokens(*returned, block, o_at, dtype), s.out.from_head(heads.first_head), hq);
+      backend_.copy_rows(out.rows(*returned, block, 0), s.lse.from_head(heads.first_head),
+                         problem_.batch, hq, own_tokens_);
     }
   }
 
   void backward(const BackwardShards& s) override {
+    check_shards(problem_, backend_, s);
     const int64_t b = problem_.batch, d = problem_.head_dim, hq = group_.heads,
                   hkv = group_.kv_heads;
-    Floats delta(static_cast<size_t>(b * problem_.heads * own_tokens_));
-    const RowView<float> delta_rows = dense_rows(delta.data(), problem_.heads, own_tokens_);
-    compute_delta({b, own_tokens_, problem_.heads, d}, s.out, s.d_out, delta_rows);
+    const DType dtype = problem_.dtype;
+    const int64_t e = dtype_bytes(dtype);
+    BufferPtr delta = backend_.allocate(b * problem_.heads * own_tokens_ * kFloatBytes);
+    const RowTensor delta_rows = dense_row_tensor(*delta, problem_.heads, own_tokens_);
+    backend_.delta({b, own_tokens_, problem_.heads, d}, s.out, s.d_out, delta_rows);
 
-    // [q(hq x D) dO(hq x D) k(hkv x D) v(hkv x D) lse(hq) delta(hq)] per (token, batch).
-    const int64_t k_at = 2 * hq * d, v_at = k_at + hkv * d, lse_at = v_at + hkv * d;
-    const int64_t delta_at = lse_at + hq;
-    const HeadRecords in{b, d, delta_at + hq};
-    Floats send(static_cast<size_t>(ranks_ * in.floats(own_tokens_)));
+    // [lse(hq) delta(hq) q(hq x D) dO(hq x D) k(hkv x D) v(hkv x D)] per (token, batch).
+    const int64_t q_at = 2 * hq * kFloatBytes, do_at = q_at + hq * d * e;
+    const int64_t k_at = do_at + hq * d * e, v_at = k_at + hkv * d * e;
+    const HeadRecords in{b, d, wire_.ulysses_backward_in};
+    BufferPtr send = backend_.allocate(ranks_ * in.bytes(own_tokens_));
     for (int dest = 0; dest < ranks_; ++dest) {
-      float* block = send.data() + dest * in.floats(own_tokens_);
+      const int64_t block = dest * in.bytes(own_tokens_);
       const UlyssesHeads heads = ulysses_heads(problem_, ranks_, dest);
-      copy_heads(from_head(s.q, heads.first_head), in.tokens(block, 0), hq);
-      copy_heads(from_head(s.d_out, heads.first_head), in.tokens(block, hq * d), hq);
-      copy_heads(from_head(s.k, heads.first_kv_head), in.tokens(block, k_at), hkv);
-      copy_heads(from_head(s.v, heads.first_kv_head), in.tokens(block, v_at), hkv);
-      copy_rows(from_head(s.lse, heads.first_head), in.rows(block, lse_at), b, hq, own_tokens_);
-      copy_rows(from_head(RowView<const float>(delta_rows), heads.first_head),
-                in.rows(block, delta_at), b, hq, own_tokens_);
+      copy_heads(s.q.from_head(heads.first_head), in.tokens(*send, block, q_at, dtype), hq);
+      copy_heads(s.d_out.from_head(heads.first_head), in.tokens(*send, block, do_at, dtype), hq);
+      copy_heads(s.k.from_head(heads.first_kv_head), in.tokens(*send, block, k_at, dtype), hkv);
+      copy_heads(s.v.from_head(heads.first_kv_head), in.tokens(*send, block, v_at, dtype), hkv);
+      backend_.copy_rows(s.lse.from_head(heads.first_head), in.rows(*send, block, 0), b, hq,
+                         own_tokens_);
+      backend_.copy_rows(delta_rows.from_head(heads.first_head),
+                         in.rows(*send, block, hq * kFloatBytes), b, hq, own_tokens_);
     }
-    Floats gathered(static_cast<size_t>(in.floats(problem_.seq)));
+    BufferPtr gathered = backend_.allocate(in.bytes(problem_.seq));
     comm_->set_phase("backward.to_heads_all_to_all");
-    comm_->all_to_all(send.data(), own_block_counts(in), gathered.data(), part_counts(in));
+    comm_->all_to_all(Place::in(*send), own_block_bytes(in), Place::in(*gathered), part_bytes(in));
 
-    // [dq(hq x D) dk(hkv x D) dv(hkv x D)] per (token, batch), gathered order.
-    const HeadRecords grads{b, d, (hq + 2 * hkv) * d};
-    Floats results(static_cast<size_t>(grads.floats(problem_.seq)));
-    BackwardArgs args;
-    args.shape = group_shape();
-    args.mask = problem_.mask;
-    args.scale = problem_.softmax_scale();
-    args.q = in.tokens<const float>(gathered.data(), 0);
-    args.d_out = in.tokens<const float>(gathered.data(), hq * d);
-    args.k = in.tokens<const float>(gathered.data(), k_at);
-    args.v = in.tokens<const float>(gathered.data(), v_at);
-    args.lse = in.rows<const float>(gathered.data(), lse_at);
-    args.delta = in.rows<const float>(gathered.data(), delta_at);
-    args.q_positions = parts_.positions.data();
-    args.kv_positions = parts_.positions.data();
-    args.threads = plan_.threads;
-    args.accumulate = false;
-    progress_through(args, *comm_);
+    // The kernel's fp32 [dq(hq x D) dk(hkv x D) dv(hkv x D)] per (token, batch), gathered order.
+    // Each is complete here (every key and query of these heads), so what goes back is rounded
+    // to the dtype once; in fp32 the kernel writes the records that are sent.
+    const HeadRecords sums{b, d, (hq + 2 * hkv) * d * kFloatBytes};
+    const HeadRecords grads{b, d, wire_.ulysses_backward_out};
+    BufferPtr results = backend_.allocate(sums.bytes(problem_.seq));
+    BackwardCall call;
+    call.shape = group_shape();
+    call.mask = problem_.mask;
+    call.scale = problem_.softmax_scale();
+    call.q = in.tokens(*gathered, 0, q_at, dtype);
+    call.d_out = in.tokens(*gathered, 0, do_at, dtype);
+    call.k = in.tokens(*gathered, 0, k_at, dtype);
+    call.v = in.tokens(*gathered, 0, v_at, dtype);
+    call.lse = in.rows(*gathered, 0, 0);
+    call.delta = in.rows(*gathered, 0, hq * kFloatBytes);
+    call.q_positions = all_positions();
+    call.kv_positions = all_positions();
+    call.threads = plan_.threads;
+    call.accumulate = false;
+    progress_through(call, *comm_);
     comm_->set_phase("backward.kernel");
-    attention_backward(args, grads.tokens(results.data(), 0), grads.tokens(results.data(), hq * d),
-                       grads.tokens(results.data(), (hq + hkv) * d));
+    const int64_t dk_at = hq * d, dv_at = (hq + hkv) * d;  // elements
+    backend_.attention_backward(call, sums.tokens(*results, 0, 0, DType::f32),
+                                sums.tokens(*results, 0, dk_at * kFloatBytes, DType::f32),
+                                sums.tokens(*results, 0, dv_at * kFloatBytes, DType::f32));
+    BufferPtr rounded;
+    Buffer* outgoing = results.get();
+    if (dtype != DType::f32) {
+      rounded = backend_.allocate(grads.bytes(problem_.seq));
+      const TokenBlock all{b, problem_.seq, 1, (hq + 2 * hkv) * d};
+      backend_.copy_tokens(sums.tokens(*results, 0, 0, DType::f32),
+                           grads.tokens(*rounded, 0, 0, dtype), all);
+      outgoing = rounded.get();
+    }
 
-    Floats returned(static_cast<size_t>(ranks_ * grads.floats(own_tokens_)));
+    BufferPtr returned = backend_.allocate(ranks_ * grads.bytes(own_tokens_));
     comm_->set_phase("backward.to_sequence_all_to_all");
-    comm_->all_to_all(results.data(), part_counts(grads), returned.data(), own_block_counts(grads));
+    comm_->all_to_all(Place::in(*outgoing), part_bytes(grads), Place::in(*returned),
+                      own_block_bytes(grads));
     for (int source = 0; source < ranks_; ++source) {
-      const float* block = returned.data() + source * grads.floats(own_tokens_);
+      const int64_t block = source * grads.bytes(own_tokens_);
       const UlyssesHeads heads = ulysses_heads(problem_, ranks_, source);
-      copy_heads(grads.tokens(block, 0), from_head(s.dq, heads.first_head), hq);
-      copy_heads(grads.tokens(block, hq * d), from_head(s.dk, heads.first_kv_head), hkv);
-      copy_heads(grads.tokens(block, (hq + hkv) * d), from_head(s.dv, heads.first_kv_head), hkv);
+      copy_heads(grads.tokens(*returned, block, 0, dtype), s.dq.from_head(heads.first_head), hq);
+      copy_heads(grads.tokens(*returned, block, dk_at * e, dtype),
+                 s.dk.from_head(heads.first_kv_head), hkv);
+      copy_heads(grads.tokens(*returned, block, dv_at * e, dtype),
+                 s.dv.from_head(heads.first_kv_head), hkv);
     }
   }
 
@@ -168,17 +202,17 @@ class UlyssesAttention final : public SequenceParallel {
   }
 
   // Copies `heads` heads of this rank's own tokens between a shard and a record block.
-  void copy_heads(TokenView<const float> from, TokenView<float> to, int64_t heads) const {
-    copy_tokens(from, to, problem_.batch, own_tokens_, heads, problem_.head_dim);
+  void copy_heads(const TokenTensor& from, const TokenTensor& to, int64_t heads) {
+    backend_.copy_tokens(from, to, {problem_.batch, own_tokens_, heads, problem_.head_dim});
   }
 
-  // All-to-all block sizes (floats): every block holds this rank's own tokens ...
-  std::vector<int64_t> own_block_counts(const HeadRecords& records) const {
-    return std::vector<int64_t>(static_cast<size_t>(ranks_), records.floats(own_tokens_));
+  // All-to-all block sizes (bytes): every block holds this rank's own tokens ...
+  std::vector<int64_t> own_block_bytes(const HeadRecords& records) const {
+    return std::vector<int64_t>(static_cast<size_t>(ranks_), records.bytes(own_tokens_));
   }
   // ... or block i holds the tokens of part i.
-  std::vector<int64_t> part_counts(const HeadRecords& records) const {
-    return scaled(parts_.counts, records.floats(1));
+  std::vector<int64_t> part_bytes(const HeadRecords& records) const {
+    return scaled(parts_.counts, records.bytes(1));
   }
 
   UlyssesHeads group_;
@@ -187,8 +221,8 @@ class UlyssesAttention final : public SequenceParallel {
 }  // namespace
 
 std::unique_ptr<DistributedAttention> make_ulysses(const Problem& problem, const Plan& plan,
-                                                   Communicator& world) {
-  return std::make_unique<UlyssesAttention>(problem, plan, world);
+                                                   Communicator& world, Backend& backend) {
+  return std::make_unique<UlyssesAttention>(problem, plan, world, backend);
 }
 
 }  // namespace a2d::algorithms

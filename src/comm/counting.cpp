@@ -83,70 +83,67 @@ void CountingCommunicator::charge(int64_t bytes, int64_t messages) {
   log_->add(*phase_, bytes, messages);
 }
 
-RequestPtr CountingCommunicator::all_gather_async(const float* send, float* recv,
-                                                  std::span<const int64_t> counts) {
-  charge_all_gather(counts);
-  return inner_->all_gather_async(send, recv, counts);
+RequestPtr CountingCommunicator::all_gather_async(Place send, Place recv,
+                                                  std::span<const int64_t> bytes) {
+  charge_all_gather(bytes);
+  return inner_->all_gather_async(send, recv, bytes);
 }
 
-void CountingCommunicator::all_gather(const float* send, float* recv,
-                                      std::span<const int64_t> counts) {
-  charge_all_gather(counts);
-  inner_->all_gather(send, recv, counts);
+void CountingCommunicator::all_gather(Place send, Place recv, std::span<const int64_t> bytes) {
+  charge_all_gather(bytes);
+  inner_->all_gather(send, recv, bytes);
 }
 
-void CountingCommunicator::charge_all_gather(std::span<const int64_t> counts) {
-  const RingCharge ring = ring_all_gather_charge(counts, rank());
-  charge(4 * ring.elements, ring.messages);
+void CountingCommunicator::charge_all_gather(std::span<const int64_t> bytes) {
+  const RingCharge ring = ring_all_gather_charge(bytes, rank());
+  charge(ring.elements, ring.messages);
 }
 
-RequestPtr CountingCommunicator::reduce_scatter_async(const float* send, float* recv,
+RequestPtr CountingCommunicator::reduce_scatter_async(Place send, Place recv,
                                                       std::span<const int64_t> counts,
                                                       int64_t record, Reduction reduction) {
   charge_reduce_scatter(counts, record);
   return inner_->reduce_scatter_async(send, recv, counts, record, reduction);
 }
 
-void CountingCommunicator::reduce_scatter(const float* send, float* recv,
-                                          std::span<const int64_t> counts, int64_t record,
-                                          Reduction reduction) {
+void CountingCommunicator::reduce_scatter(Place send, Place recv, std::span<const int64_t> counts,
+                                          int64_t record, Reduction reduction) {
   charge_reduce_scatter(counts, record);
   inner_->reduce_scatter(send, recv, counts, record, reduction);
 }
 
 void CountingCommunicator::charge_reduce_scatter(std::span<const int64_t> counts, int64_t record) {
   const RingCharge ring = ring_reduce_scatter_charge(counts, rank());
-  charge(4 * record * ring.elements, ring.messages);
+  charge(static_cast<int64_t>(sizeof(float)) * record * ring.elements, ring.messages);
 }
 
-RequestPtr CountingCommunicator::send_recv_async(const float* send, int64_t send_count, int dest,
-                                                 float* recv, int64_t recv_count, int source,
+RequestPtr CountingCommunicator::send_recv_async(Place send, int64_t send_bytes, int dest,
+                                                 Place recv, int64_t recv_bytes, int source,
                                                  int tag) {
-  if (dest != rank() && send_count > 0) charge(4 * send_count, 1);
-  return inner_->send_recv_async(send, send_count, dest, recv, recv_count, source, tag);
+  if (dest != rank() && send_bytes > 0) charge(send_bytes, 1);
+  return inner_->send_recv_async(send, send_bytes, dest, recv, recv_bytes, source, tag);
 }
 
-RequestPtr CountingCommunicator::all_to_all_async(const float* send,
-                                                  std::span<const int64_t> send_counts, float* recv,
-                                                  std::span<const int64_t> recv_counts) {
-  charge_all_to_all(send_counts);
-  return inner_->all_to_all_async(send, send_counts, recv, recv_counts);
+RequestPtr CountingCommunicator::all_to_all_async(Place send, std::span<const int64_t> send_bytes,
+                                                  Place recv, std::span<const int64_t> recv_bytes) {
+  charge_all_to_all(send_bytes);
+  return inner_->all_to_all_async(send, send_bytes, recv, recv_bytes);
 }
 
-void CountingCommunicator::all_to_all(const float* send, std::span<const int64_t> send_counts,
-                                      float* recv, std::span<const int64_t> recv_counts) {
-  charge_all_to_all(send_counts);
-  inner_->all_to_all(send, send_counts, recv, recv_counts);
+void CountingCommunicator::all_to_all(Place send, std::span<const int64_t> send_bytes, Place recv,
+                                      std::span<const int64_t> recv_bytes) {
+  charge_all_to_all(send_bytes);
+  inner_->all_to_all(send, send_bytes, recv, recv_bytes);
 }
 
-void CountingCommunicator::charge_all_to_all(std::span<const int64_t> send_counts) {
-  int64_t elements = 0, messages = 0;
+void CountingCommunicator::charge_all_to_all(std::span<const int64_t> send_bytes) {
+  int64_t bytes = 0, messages = 0;
   for (int peer = 0; peer < size(); ++peer) {
-    if (peer == rank() || send_counts[static_cast<size_t>(peer)] == 0) continue;
-    elements += send_counts[static_cast<size_t>(peer)];
+    if (peer == rank() || send_bytes[static_cast<size_t>(peer)] == 0) continue;
+    bytes += send_bytes[static_cast<size_t>(peer)];
     ++messages;
   }
-  charge(4 * elements, messages);
+  charge(bytes, messages);
 }
 
 void CountingCommunicator::broadcast(void* data, int64_t bytes, int root) {

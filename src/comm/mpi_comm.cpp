@@ -38,6 +38,49 @@ int mpi_count(int64_t count) {
   return static_cast<int>(count);
 }
 
+// The host address of a place; MPI here moves host memory only (Debian's Open MPI is not
+// CUDA-aware), so a buffer the host must not touch needs a staged communicator around this one.
+std::byte* host_address(const Place& place) {
+  if (!place.buffer) return place.host ? place.host + place.offset : nullptr;
+  auto* memory = static_cast<std::byte*>(place.buffer->host_data());
+  A2D_REQUIRE(memory, "the MPI communicator moves host memory only, and a ",
+              place.buffer->backend().name(),
+              " buffer is not host-accessible: wrap the communicator with "
+              "make_staged_communicator");
+  return memory + place.offset;
+}
+
+// Byte counts move as MPI elements of the largest size (8, 4, 2 or 1 bytes) that divides every
+// count and address involved, so that one message can hold up to 2^31 - 1 such elements.
+struct Words {
+  MPI_Datatype type = MPI_BYTE;
+  int64_t size = 1;
+};
+Words words_for(std::initializer_list<int64_t> values, std::span<const int64_t> counts = {}) {
+  int64_t common = 8;
+  auto fit = [&](int64_t v) {
+    while (common > 1 && v % common != 0)
+      common /= 2;
+  };
+  for (int64_t v : values)
+    fit(v);
+  for (int64_t v : counts)
+    fit(v);
+  switch (common) {
+    case 8:
+      return {MPI_UINT64_T, 8};
+    case 4:
+      return {MPI_UINT32_T, 4};
+    case 2:
+      return {MPI_UINT16_T, 2};
+    default:
+      return {MPI_BYTE, 1};
+  }
+}
+int64_t address_bits(const void* p) {
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) & 0x7);
+}
+
 // inout[i] <- merge(in[i], inout[i]) for records [row max, row sum, acc...].
 void merge_records(void* in, void* inout, int* len, MPI_Datatype* type) {
   int bytes = 0;
@@ -121,53 +164,57 @@ class MpiCommunicator final : public Communicator {
     return std::make_unique<MpiCommunicator>(part);
   }
 
-  RequestPtr all_gather_async(const float* send, float* recv,
-                              std::span<const int64_t> counts) override {
-    return post_all_gather(send, recv, counts, false);
+  RequestPtr all_gather_async(Place send, Place recv, std::span<const int64_t> bytes) override {
+    return post_all_gather(send, recv, bytes, false);
   }
-  void all_gather(const float* send, float* recv, std::span<const int64_t> counts) override {
-    post_all_gather(send, recv, counts, true);
+  void all_gather(Place send, Place recv, std::span<const int64_t> bytes) override {
+    post_all_gather(send, recv, bytes, true);
   }
 
-  RequestPtr reduce_scatter_async(const float* send, float* recv, std::span<const int64_t> counts,
+  RequestPtr reduce_scatter_async(Place send, Place recv, std::span<const int64_t> counts,
                                   int64_t record, Reduction reduction) override {
     return post_reduce_scatter(send, recv, counts, record, reduction, false);
   }
-  void reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts,
-                      int64_t record, Reduction reduction) override {
+  void reduce_scatter(Place send, Place recv, std::span<const int64_t> counts, int64_t record,
+                      Reduction reduction) override {
     post_reduce_scatter(send, recv, counts, record, reduction, true);
   }
 
-  RequestPtr send_recv_async(const float* send, int64_t send_count, int dest, float* recv,
-                             int64_t recv_count, int source, int tag) override {
+  RequestPtr send_recv_async(Place send_at, int64_t send_bytes, int dest, Place recv_at,
+                             int64_t recv_bytes, int source, int tag) override {
     A2D_REQUIRE(dest >= 0 && dest < size_ && source >= 0 && source < size_, "send_recv peers ",
                 dest, " and ", source, " must be ranks of a communicator of ", size_);
+    A2D_REQUIRE(send_bytes >= 0 && recv_bytes >= 0, "send_recv sizes must not be negative");
+    const std::byte* send = send_bytes > 0 ? host_address(send_at) : nullptr;
+    std::byte* recv = recv_bytes > 0 ? host_address(recv_at) : nullptr;
     auto request = std::make_unique<MpiRequest>();
     if (dest == rank_ && source == rank_) {
-      A2D_REQUIRE(send_count == recv_count, "a send to oneself must match its receive");
-      if (send_count > 0 && send != recv) std::memmove(recv, send, sizeof(float) * send_count);
+      A2D_REQUIRE(send_bytes == recv_bytes, "a send to oneself must match its receive");
+      if (send_bytes > 0 && send != recv) std::memmove(recv, send, static_cast<size_t>(send_bytes));
       return request;
     }
-    if (recv_count > 0) {
+    if (recv_bytes > 0) {
+      const Words words = words_for({recv_bytes, address_bits(recv)});
       request->requests.emplace_back();
-      A2D_MPI(MPI_Irecv(recv, mpi_count(recv_count), MPI_FLOAT, source, tag, comm_,
+      A2D_MPI(MPI_Irecv(recv, mpi_count(recv_bytes / words.size), words.type, source, tag, comm_,
                         &request->requests.back()));
     }
-    if (send_count > 0) {
+    if (send_bytes > 0) {
+      const Words words = words_for({send_bytes, address_bits(send)});
       request->requests.emplace_back();
-      A2D_MPI(MPI_Isend(send, mpi_count(send_count), MPI_FLOAT, dest, tag, comm_,
+      A2D_MPI(MPI_Isend(send, mpi_count(send_bytes / words.size), words.type, dest, tag, comm_,
                         &request->requests.back()));
     }
     return request;
   }
 
-  RequestPtr all_to_all_async(const float* send, std::span<const int64_t> send_counts, float* recv,
-                              std::span<const int64_t> recv_counts) override {
-    return post_all_to_all(send, send_counts, recv, recv_counts, false);
+  RequestPtr all_to_all_async(Place send, std::span<const int64_t> send_bytes, Place recv,
+                              std::span<const int64_t> recv_bytes) override {
+    return post_all_to_all(send, send_bytes, recv, recv_bytes, false);
   }
-  void all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
-                  std::span<const int64_t> recv_counts) override {
-    post_all_to_all(send, send_counts, recv, recv_counts, true);
+  void all_to_all(Place send, std::span<const int64_t> send_bytes, Place recv,
+                  std::span<const int64_t> recv_bytes) override {
+    post_all_to_all(send, send_bytes, recv, recv_bytes, true);
   }
 
   void broadcast(void* data, int64_t bytes, int root) override {
@@ -205,38 +252,51 @@ class MpiCommunicator final : public Communicator {
 
  private:
   // The collectives, blocking (complete on return; MPI's blocking algorithms) or posted.
-  RequestPtr post_all_gather(const float* send, float* recv, std::span<const int64_t> counts,
+  RequestPtr post_all_gather(Place send_at, Place recv_at, std::span<const int64_t> bytes,
                              bool blocking) {
-    check_counts(counts);
+    check_counts(bytes);
     auto request = std::make_unique<MpiRequest>();
-    fill_counts(counts, 1, request->counts, request->displacements);
+    int64_t total = 0;
+    for (int64_t b : bytes)
+      total += b;
+    const int64_t own_bytes = bytes[static_cast<size_t>(rank_)];
+    std::byte* recv = total > 0 ? host_address(recv_at) : nullptr;
+    const std::byte* send = own_bytes > 0 ? host_address(send_at) : nullptr;
+    const Words words = words_for({address_bits(recv), address_bits(send)}, bytes);
+    fill_counts(bytes, words.size, request->counts, request->displacements);
     const int own = request->counts[rank_];
-    const float* own_slot = recv + request->displacements[rank_];
-    const void* source = send == own_slot ? MPI_IN_PLACE : send;
+    const std::byte* own_slot = recv ? recv + request->displacements[rank_] * words.size : nullptr;
+    const void* source = own == 0 || send == own_slot ? MPI_IN_PLACE : send;
     if (size_ == 1) {
-      if (source != MPI_IN_PLACE && own > 0) std::memcpy(recv, send, sizeof(float) * own);
+      if (source != MPI_IN_PLACE) std::memcpy(recv, send, static_cast<size_t>(own_bytes));
       return request;
     }
     if (blocking) {
-      A2D_MPI(MPI_Allgatherv(source, own, MPI_FLOAT, recv, request->counts.data(),
-                             request->displacements.data(), MPI_FLOAT, comm_));
+      A2D_MPI(MPI_Allgatherv(source, own, words.type, recv, request->counts.data(),
+                             request->displacements.data(), words.type, comm_));
       return request;
     }
     request->requests.resize(1);
-    A2D_MPI(MPI_Iallgatherv(source, own, MPI_FLOAT, recv, request->counts.data(),
-                            request->displacements.data(), MPI_FLOAT, comm_,
+    A2D_MPI(MPI_Iallgatherv(source, own, words.type, recv, request->counts.data(),
+                            request->displacements.data(), words.type, comm_,
                             &request->requests[0]));
     return request;
   }
 
-  RequestPtr post_reduce_scatter(const float* send, float* recv, std::span<const int64_t> counts,
+  RequestPtr post_reduce_scatter(Place send_at, Place recv_at, std::span<const int64_t> counts,
                                  int64_t record, Reduction reduction, bool blocking) {
     check_counts(counts);
     A2D_REQUIRE(record >= 1, "reduce_scatter needs a record size of at least 1");
     auto request = std::make_unique<MpiRequest>();
+    int64_t total = 0;
+    for (int64_t c : counts)
+      total += c;
+    const auto* send = reinterpret_cast<const float*>(total > 0 ? host_address(send_at) : nullptr);
+    auto* recv = reinterpret_cast<float*>(
+        counts[static_cast<size_t>(rank_)] > 0 ? host_address(recv_at) : nullptr);
     if (size_ == 1) {
       if (counts[0] > 0 && send != recv)
-        std::memmove(recv, send, sizeof(float) * counts[0] * record);
+        std::memmove(recv, send, sizeof(float) * static_cast<size_t>(counts[0] * record));
       return request;
     }
     MPI_Datatype type = MPI_FLOAT;
@@ -266,23 +326,32 @@ class MpiCommunicator final : public Communicator {
     return request;
   }
 
-  RequestPtr post_all_to_all(const float* send, std::span<const int64_t> send_counts, float* recv,
-                             std::span<const int64_t> recv_counts, bool blocking) {
-    check_counts(send_counts);
-    check_counts(recv_counts);
+  RequestPtr post_all_to_all(Place send_at, std::span<const int64_t> send_bytes, Place recv_at,
+                             std::span<const int64_t> recv_bytes, bool blocking) {
+    check_counts(send_bytes);
+    check_counts(recv_bytes);
     auto request = std::make_unique<MpiRequest>();
-    fill_counts(send_counts, 1, request->counts, request->displacements);
-    fill_counts(recv_counts, 1, request->counts2, request->displacements2);
+    int64_t send_total = 0, recv_total = 0;
+    for (int64_t b : send_bytes)
+      send_total += b;
+    for (int64_t b : recv_bytes)
+      recv_total += b;
+    const std::byte* send = send_total > 0 ? host_address(send_at) : nullptr;
+    std::byte* recv = recv_total > 0 ? host_address(recv_at) : nullptr;
+    Words words = words_for({address_bits(send), address_bits(recv)}, send_bytes);
+    words = words_for({words.size, address_bits(send), address_bits(recv)}, recv_bytes);
+    fill_counts(send_bytes, words.size, request->counts, request->displacements);
+    fill_counts(recv_bytes, words.size, request->counts2, request->displacements2);
     if (blocking) {
-      A2D_MPI(MPI_Alltoallv(send, request->counts.data(), request->displacements.data(), MPI_FLOAT,
+      A2D_MPI(MPI_Alltoallv(send, request->counts.data(), request->displacements.data(), words.type,
                             recv, request->counts2.data(), request->displacements2.data(),
-                            MPI_FLOAT, comm_));
+                            words.type, comm_));
       return request;
     }
     request->requests.resize(1);
-    A2D_MPI(MPI_Ialltoallv(send, request->counts.data(), request->displacements.data(), MPI_FLOAT,
-                           recv, request->counts2.data(), request->displacements2.data(), MPI_FLOAT,
-                           comm_, &request->requests[0]));
+    A2D_MPI(MPI_Ialltoallv(send, request->counts.data(), request->displacements.data(), words.type,
+                           recv, request->counts2.data(), request->displacements2.data(),
+                           words.type, comm_, &request->requests[0]));
     return request;
   }
 
@@ -333,15 +402,18 @@ class MpiCommunicator final : public Communicator {
     A2D_REQUIRE(static_cast<int>(counts.size()) == size_, "a collective needs one count per rank (",
                 size_, "), got ", counts.size());
   }
-  static void fill_counts(std::span<const int64_t> counts, int64_t unit, std::vector<int>& out,
+  // MPI counts and displacements of `counts` (bytes, or elements with word = 1) in MPI elements
+  // of `word` of them.
+  static void fill_counts(std::span<const int64_t> counts, int64_t word, std::vector<int>& out,
                           std::vector<int>& displacements) {
     out.resize(counts.size());
     displacements.resize(counts.size());
     int64_t offset = 0;
     for (size_t i = 0; i < counts.size(); ++i) {
-      out[i] = mpi_count(counts[i] * unit);
+      A2D_REQUIRE(counts[i] >= 0, "a collective's block size must not be negative");
+      out[i] = mpi_count(counts[i] / word);
       displacements[i] = mpi_count(offset);
-      offset += counts[i] * unit;
+      offset += counts[i] / word;
     }
   }
   static MPI_Op plain_op(Reduction reduction) {

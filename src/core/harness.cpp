@@ -56,32 +56,119 @@ GlobalTensors generate_global(const Problem& p, uint64_t seed, bool with_d_out) 
   g.k = generate_tokens(seed, TensorTag::k, kv_shape);
   g.v = generate_tokens(seed, TensorTag::v, kv_shape);
   if (with_d_out) g.d_out = generate_tokens(seed, TensorTag::d_out, q_shape);
+  round_inputs(g, p.dtype);
   return g;
 }
 
+namespace {
+void round_all(std::vector<float>& values, DType dtype) {
+  if (dtype == DType::f32) return;
+  for (float& x : values)
+    x = round_to(dtype, x);
+}
+}  // namespace
+
+void round_inputs(GlobalTensors& g, DType dtype) {
+  round_all(g.q, dtype);
+  round_all(g.k, dtype);
+  round_all(g.v, dtype);
+  round_all(g.d_out, dtype);
+}
+
+bool ShardSet::zero_copy() const {
+  return backend->host_accessible() && problem.dtype == DType::f32;
+}
+
 ForwardShards ShardSet::forward(const Problem& p) {
-  return {dense_tokens<const float>(q.data(), tokens, p.heads, p.head_dim),
-          dense_tokens<const float>(k.data(), tokens, p.kv_heads, p.head_dim),
-          dense_tokens<const float>(v.data(), tokens, p.kv_heads, p.head_dim),
-          dense_tokens(out.data(), tokens, p.heads, p.head_dim),
-          dense_rows(lse.data(), p.heads, tokens)};
+  A2D_REQUIRE(p.dtype == problem.dtype, "shards of ", dtype_name(problem.dtype),
+              " used for a problem in ", dtype_name(p.dtype));
+  const DType t = p.dtype;
+  return {dense_token_tensor(*buffers_.q, t, tokens, p.heads, p.head_dim),
+          dense_token_tensor(*buffers_.k, t, tokens, p.kv_heads, p.head_dim),
+          dense_token_tensor(*buffers_.v, t, tokens, p.kv_heads, p.head_dim),
+          dense_token_tensor(*buffers_.out, t, tokens, p.heads, p.head_dim),
+          dense_row_tensor(*buffers_.lse, p.heads, tokens)};
 }
 
 BackwardShards ShardSet::backward(const Problem& p) {
-  return {dense_tokens<const float>(q.data(), tokens, p.heads, p.head_dim),
-          dense_tokens<const float>(k.data(), tokens, p.kv_heads, p.head_dim),
-          dense_tokens<const float>(v.data(), tokens, p.kv_heads, p.head_dim),
-          dense_tokens<const float>(out.data(), tokens, p.heads, p.head_dim),
-          dense_tokens<const float>(d_out.data(), tokens, p.heads, p.head_dim),
-          dense_rows<const float>(lse.data(), p.heads, tokens),
-          dense_tokens(dq.data(), tokens, p.heads, p.head_dim),
-          dense_tokens(dk.data(), tokens, p.kv_heads, p.head_dim),
-          dense_tokens(dv.data(), tokens, p.kv_heads, p.head_dim)};
+  A2D_REQUIRE(with_backward, "these shards were made without the backward's tensors");
+  A2D_REQUIRE(p.dtype == problem.dtype, "shards of ", dtype_name(problem.dtype),
+              " used for a problem in ", dtype_name(p.dtype));
+  const DType t = p.dtype;
+  return {dense_token_tensor(*buffers_.q, t, tokens, p.heads, p.head_dim),
+          dense_token_tensor(*buffers_.k, t, tokens, p.kv_heads, p.head_dim),
+          dense_token_tensor(*buffers_.v, t, tokens, p.kv_heads, p.head_dim),
+          dense_token_tensor(*buffers_.out, t, tokens, p.heads, p.head_dim),
+          dense_token_tensor(*buffers_.d_out, t, tokens, p.heads, p.head_dim),
+          dense_row_tensor(*buffers_.lse, p.heads, tokens),
+          dense_token_tensor(*buffers_.dq, t, tokens, p.heads, p.head_dim),
+          dense_token_tensor(*buffers_.dk, t, tokens, p.kv_heads, p.head_dim),
+          dense_token_tensor(*buffers_.dv, t, tokens, p.kv_heads, p.head_dim)};
+}
+
+namespace {
+// Host fp32 values <-> a buffer of `dtype` elements.
+void upload_values(Backend& backend, std::vector<float>& host, Buffer& buffer, DType dtype) {
+  if (dtype == DType::f32) {
+    backend.upload(host.data(), Place::in(buffer), static_cast<int64_t>(host.size() * 4));
+    return;
+  }
+  std::vector<uint16_t> narrow(host.size());
+  from_float(dtype, host.data(), narrow.data(), static_cast<int64_t>(host.size()));
+  to_float(dtype, narrow.data(), host.data(), static_cast<int64_t>(host.size()));
+  backend.upload(narrow.data(), Place::in(buffer), static_cast<int64_t>(narrow.size() * 2));
+}
+void download_values(Backend& backend, Buffer& buffer, DType dtype, std::vector<float>& host) {
+  if (dtype == DType::f32) {
+    backend.download(Place::in(buffer), host.data(), static_cast<int64_t>(host.size() * 4));
+    return;
+  }
+  std::vector<uint16_t> narrow(host.size());
+  backend.download(Place::in(buffer), narrow.data(), static_cast<int64_t>(narrow.size() * 2));
+  to_float(dtype, narrow.data(), host.data(), static_cast<int64_t>(host.size()));
+}
+}  // namespace
+
+void ShardSet::upload_inputs() {
+  const DType t = problem.dtype;
+  if (zero_copy()) return;
+  upload_values(*backend, q, *buffers_.q, t);
+  upload_values(*backend, k, *buffers_.k, t);
+  upload_values(*backend, v, *buffers_.v, t);
+  if (with_backward) {
+    upload_values(*backend, d_out, *buffers_.d_out, t);
+    // O and LSE are the backward's inputs too (a caller may have set them on the host).
+    upload_values(*backend, out, *buffers_.out, t);
+    upload_values(*backend, lse, *buffers_.lse, DType::f32);
+  }
+}
+
+void ShardSet::download_outputs() {
+  if (zero_copy()) return;
+  const DType t = problem.dtype;
+  download_values(*backend, *buffers_.out, t, out);
+  download_values(*backend, *buffers_.lse, DType::f32, lse);
+  if (!with_backward) return;
+  download_values(*backend, *buffers_.dq, t, dq);
+  download_values(*backend, *buffers_.dk, t, dk);
+  download_values(*backend, *buffers_.dv, t, dv);
+}
+
+int64_t ShardSet::device_bytes() const {
+  int64_t bytes = 0;
+  for (const auto* b : {&buffers_.q, &buffers_.k, &buffers_.v, &buffers_.d_out, &buffers_.out,
+                        &buffers_.lse, &buffers_.dq, &buffers_.dk, &buffers_.dv}) {
+    if (*b) bytes += (*b)->bytes();
+  }
+  return bytes;
 }
 
 ShardSet make_shards(const Problem& p, const TokenLayout& layout, int64_t part, uint64_t seed,
-                     bool generate, bool backward) {
+                     bool generate, bool backward, Backend& backend) {
   ShardSet s;
+  s.problem = p;
+  s.backend = &backend;
+  s.with_backward = backward;
   const std::vector<int64_t> tokens = layout.tokens_of(part);
   s.tokens = static_cast<int64_t>(tokens.size());
   s.q.resize(elements(p, s.tokens, p.heads));
@@ -94,6 +181,24 @@ ShardSet make_shards(const Problem& p, const TokenLayout& layout, int64_t part, 
     s.dq.resize(s.q.size());
     s.dk.resize(s.k.size());
     s.dv.resize(s.k.size());
+  }
+  const auto buffer_for = [&](std::vector<float>& host, DType dtype) -> std::shared_ptr<Buffer> {
+    if (s.zero_copy()) {
+      return backend.wrap_host(host.data(), static_cast<int64_t>(host.size() * sizeof(float)));
+    }
+    return backend.allocate(static_cast<int64_t>(host.size()) * dtype_bytes(dtype));
+  };
+  const DType t = p.dtype;
+  s.buffers_.q = buffer_for(s.q, t);
+  s.buffers_.k = buffer_for(s.k, t);
+  s.buffers_.v = buffer_for(s.v, t);
+  s.buffers_.out = buffer_for(s.out, t);
+  s.buffers_.lse = buffer_for(s.lse, DType::f32);
+  if (backward) {
+    s.buffers_.d_out = buffer_for(s.d_out, t);
+    s.buffers_.dq = buffer_for(s.dq, t);
+    s.buffers_.dk = buffer_for(s.dk, t);
+    s.buffers_.dv = buffer_for(s.dv, t);
   }
   if (!generate) return s;
   const GlobalTokens q_shape{p.batch, p.seq, p.heads, p.head_dim};
@@ -109,6 +214,7 @@ ShardSet make_shards(const Problem& p, const TokenLayout& layout, int64_t part, 
     fill_generated(seed, TensorTag::d_out, q_shape, list, s.tokens,
                    dense_tokens(s.d_out.data(), s.tokens, p.heads, p.head_dim));
   }
+  s.upload_inputs();
   return s;
 }
 
@@ -129,21 +235,24 @@ void scatter_inputs(Communicator& comm, int root, const Problem& p, const TokenL
         std::vector<float> buffer(elements(p, layout.count(part), t.heads));
         copy_rows(p, t.heads, layout.tokens_of(part), t.global->data(), buffer.data(), true);
         if (part == root) {
-          *t.shard = std::move(buffer);
+          // Into the shard's own storage: its buffer may be that very memory (zero copy).
+          std::copy(buffer.begin(), buffer.end(), t.shard->begin());
         } else {
-          comm.send_recv(buffer.data(), static_cast<int64_t>(buffer.size()), part, nullptr, 0,
-                         root);
+          comm.send_recv(Place::at_host(buffer.data()),
+                         static_cast<int64_t>(buffer.size() * sizeof(float)), part, {}, 0, root);
         }
       } else if (comm.rank() == part) {
-        comm.send_recv(nullptr, 0, root, t.shard->data(), static_cast<int64_t>(t.shard->size()),
-                       root);
+        comm.send_recv({}, 0, root, Place::at_host(t.shard->data()),
+                       static_cast<int64_t>(t.shard->size() * sizeof(float)), root);
       }
     }
   }
+  shards.upload_inputs();
 }
 
 GlobalOutputs gather_outputs(Communicator& comm, int root, const Problem& p,
-                             const TokenLayout& layout, const ShardSet& shards, bool backward) {
+                             const TokenLayout& layout, ShardSet& shards, bool backward) {
+  shards.download_outputs();
   GlobalOutputs g;
   struct Tensor {
     const std::vector<float>* shard;
@@ -172,7 +281,8 @@ GlobalOutputs gather_outputs(Communicator& comm, int root, const Problem& p,
         if (part == root) {
           buffer = *t.shard;
         } else {
-          comm.send_recv(nullptr, 0, part, buffer.data(), static_cast<int64_t>(size), part);
+          comm.send_recv({}, 0, part, Place::at_host(buffer.data()),
+                         static_cast<int64_t>(size * sizeof(float)), part);
         }
         const std::vector<int64_t> tokens = layout.tokens_of(part);
         if (t.stats) {
@@ -181,7 +291,8 @@ GlobalOutputs gather_outputs(Communicator& comm, int root, const Problem& p,
           copy_rows(p, t.heads, tokens, buffer.data(), t.global->data(), false);
         }
       } else if (comm.rank() == part) {
-        comm.send_recv(t.shard->data(), static_cast<int64_t>(size), root, nullptr, 0, root);
+        comm.send_recv(Place::at_host(t.shard->data()), static_cast<int64_t>(size * sizeof(float)),
+                       root, {}, 0, root);
       }
     }
   }
@@ -269,13 +380,49 @@ ReferenceOutputs reference_outputs(const Problem& p, const GlobalTensors& in, bo
     r.dq.resize(q.size());
     r.dk.resize(k.size());
     r.dv.resize(v.size());
-    reference::backward(inputs, d_out.data(), r.dq.data(), r.dk.data(), r.dv.data());
+    // In 16 bits the backward receives O rounded to the dtype and computes delta from it; the
+    // reference takes the same O (harness.hpp).
+    std::vector<double> stored_out;
+    if (p.dtype != DType::f32) {
+      stored_out.resize(r.out.size());
+      for (size_t i = 0; i < r.out.size(); ++i)
+        stored_out[i] = round_to(p.dtype, static_cast<float>(r.out[i]));
+    }
+    reference::backward(inputs, d_out.data(), r.dq.data(), r.dk.data(), r.dv.data(),
+                        stored_out.empty() ? nullptr : stored_out.data());
   }
   return r;
 }
 
 double OutputErrors::max() const {
   return std::max({out, lse, dq, dk, dv});
+}
+
+bool OutputErrors::within(const OutputBounds& b) const {
+  return out <= b.out && lse <= b.lse && dq <= b.dq && dk <= b.dk && dv <= b.dv;
+}
+
+double OutputBounds::of(int index) const {
+  const double all[5] = {out, lse, dq, dk, dv};
+  return all[index];
+}
+
+OutputBounds output_bounds(DType dtype) {
+  // A tensor stored in 16 bits is its fp32 value rounded once: at most the unit roundoff u away
+  // (kBf16OutputBound = u + the fp32 bound), the gradients against the reference that computes
+  // delta from the same 16-bit O (reference_outputs).
+  switch (dtype) {
+    case DType::f32:
+      break;
+    case DType::bf16:
+      return {kBf16OutputBound, kFp32RelativeBound, kBf16OutputBound, kBf16OutputBound,
+              kBf16OutputBound};
+    case DType::f16:
+      return {kF16OutputBound, kFp32RelativeBound, kF16OutputBound, kF16OutputBound,
+              kF16OutputBound};
+  }
+  return {kFp32RelativeBound, kFp32RelativeBound, kFp32RelativeBound, kFp32RelativeBound,
+          kFp32RelativeBound};
 }
 
 OutputErrors compare_outputs(const GlobalOutputs& got, const ReferenceOutputs& expected,

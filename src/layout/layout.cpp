@@ -1,6 +1,8 @@
 #include "attention2d/layout.hpp"
 
 #include <algorithm>
+#include <cstddef>
+#include <cstring>
 
 #include "attention2d/error.hpp"
 
@@ -147,22 +149,23 @@ std::string TokenLayout::describe() const {
          " tokens";
 }
 
-void permute_tokens(float* rows, int64_t per_token, const std::vector<int64_t>& from) {
-  std::vector<bool> done(from.size(), false);
-  std::vector<float> held(static_cast<size_t>(per_token));
-  for (size_t start = 0; start < from.size(); ++start) {
-    if (done[start]) continue;
-    std::copy_n(rows + static_cast<int64_t>(start) * per_token, per_token, held.data());
-    size_t at = start;
+void permute_tokens(void* data, int64_t token_bytes, const int64_t* from, int64_t count) {
+  auto* rows = static_cast<std::byte*>(data);
+  const auto bytes = static_cast<size_t>(token_bytes);
+  std::vector<bool> done(static_cast<size_t>(count), false);
+  std::vector<std::byte> held(bytes);
+  for (int64_t start = 0; start < count; ++start) {
+    if (done[static_cast<size_t>(start)]) continue;
+    std::memcpy(held.data(), rows + start * token_bytes, bytes);
+    int64_t at = start;
     while (true) {
-      done[at] = true;
-      const size_t source = static_cast<size_t>(from[at]);
+      done[static_cast<size_t>(at)] = true;
+      const int64_t source = from[at];
       if (source == start) {
-        std::copy_n(held.data(), per_token, rows + static_cast<int64_t>(at) * per_token);
+        std::memcpy(rows + at * token_bytes, held.data(), bytes);
         break;
       }
-      std::copy_n(rows + static_cast<int64_t>(source) * per_token, per_token,
-                  rows + static_cast<int64_t>(at) * per_token);
+      std::memcpy(rows + at * token_bytes, rows + source * token_bytes, bytes);
       at = source;
     }
   }

@@ -18,16 +18,6 @@
 
 namespace a2d {
 
-Precision parse_precision(const std::string& name) {
-  if (name == "fp32") return Precision::fp32;
-  if (name == "bf16") return Precision::bf16;
-  A2D_FAIL("unknown precision '", name, "'; choose bf16 or fp32");
-}
-
-std::string precision_name(Precision precision) {
-  return precision == Precision::bf16 ? "bf16" : "fp32";
-}
-
 // ---- Machines ------------------------------------------------------------------------------
 //
 // Every number below is a datasheet value or a published measurement; docs/cost-model.md cites
@@ -37,10 +27,11 @@ std::vector<std::string> preset_names() {
   return {"a100-hdr", "h100-ndr"};
 }
 
-Machine preset_machine(const std::string& name, Precision precision) {
+Machine preset_machine(const std::string& name, DType dtype) {
   Machine m;
   m.name = name;
-  const bool bf16 = precision == Precision::bf16;
+  // fp16 runs at the bf16 tensor-core rate on both GPUs.
+  const bool bf16 = dtype != DType::f32;
   // NCCL's own latency model (src/graph/tuning.cc, ring/simple): 3.4 us per step over NVLink,
   // 9.6 us over the network.
   m.intra.latency_s = 3.4e-6;
@@ -309,15 +300,18 @@ std::vector<int> sample_ranks(const Plan& plan) {
   return sample;
 }
 
-double element_factor(Precision precision) {
-  return precision == Precision::bf16 ? 0.5 : 1.0;
-}
+// ---- Memory per rank (bytes) -----------------------------------------------------------------
+//
+// The shards the caller keeps plus the largest of the forward's and the backward's transient
+// buffers (every buffer the algorithm allocates in the call, as if all were alive at once), with
+// tensors in the dtype's element size e and statistics and partial sums in fp32 (the records of
+// wire_records). Index arrays (positions, permutations: 8 bytes per gathered row) are left out.
 
-// ---- Memory per rank (floats) ----------------------------------------------------------------
-
-double memory_floats(const Problem& p, const Plan& plan) {
+double memory_bytes(const Problem& p, const Plan& plan) {
   const double b = static_cast<double>(p.batch), h = static_cast<double>(p.heads);
   const double hkv = static_cast<double>(p.kv_heads), d = static_cast<double>(p.head_dim);
+  const double e = static_cast<double>(dtype_bytes(p.dtype)), f = 4;
+  const bool narrow = p.dtype != DType::f32;  // fp32 sums go through a rounded copy
   const int ranks = plan.grid.size();
   const TokenLayout layout(
       plan.algorithm == Algorithm::attention2d || plan.algorithm == Algorithm::attention2d_overlap
@@ -326,41 +320,49 @@ double memory_floats(const Problem& p, const Plan& plan) {
       p.seq, ranks, plan.stripe);
   const double n = static_cast<double>(layout.max_count());
   const double big_n = static_cast<double>(p.seq);
-  // Shards the caller keeps: Q, O, dO, dQ; K, V, dK, dV; LSE.
-  const double shards = b * n * (4 * h * d + 4 * hkv * d + h);
-  const double kv_row = b * hkv * 2 * d;  // one [k v] record row
+  // Shards the caller keeps: Q, O, dO, dQ; K, V, dK, dV (dtype); LSE (fp32).
+  const double shards = b * n * (e * (4 * h * d + 4 * hkv * d) + f * h);
+  const double kv_row = b * hkv * 2 * d;  // elements of one [k v] record row
+  const double q_row = b * h * d;         // elements of one query row over the heads
   double forward = 0, backward = 0;
   switch (plan.algorithm) {
     case Algorithm::attention2d:
     case Algorithm::attention2d_overlap: {
       const double q_rows = std::ceil(big_n / plan.grid.rows),
                    kv_rows = std::ceil(big_n / plan.grid.cols);
+      const double q_back = b * h * (2 * f + 2 * d * e);  // bytes of one Q-side backward row
+      const double dkv_return = (narrow ? 2 : 1) * e * n * kv_row;  // rounded part, own part
       if (plan.algorithm == Algorithm::attention2d) {
-        forward = n * kv_row + kv_rows * kv_row + q_rows * b * h * d + q_rows * b * h * (d + 2) +
-                  n * b * h * (d + 2);
-        backward = q_rows * b * h * (2 * d + 2) + n * kv_row + kv_rows * kv_row +
-                   q_rows * b * h * d + kv_rows * kv_row + n * b * h * d + 2 * n * kv_row;
+        forward = e * (n * kv_row + kv_rows * kv_row + q_rows * q_row) +
+                  f * (q_rows * b * h * (d + 2) + n * b * h * (d + 2));
+        backward = q_rows * q_back + e * (n * kv_row + kv_rows * kv_row) +
+                   f * (q_rows * q_row + kv_rows * kv_row + n * q_row + n * kv_row) + dkv_return;
       } else {
-        forward = n * kv_row + kv_rows * kv_row + 3 * n * b * h * d + 4 * n * b * h * (d + 2);
-        backward = n * kv_row + kv_rows * kv_row + 3 * n * b * h * (2 * d + 2) + 4 * n * b * h * d +
-                   kv_rows * kv_row + 2 * n * kv_row;
+        forward = e * (n * kv_row + kv_rows * kv_row + 3 * n * q_row) + f * 4 * n * b * h * (d + 2);
+        backward = e * (n * kv_row + kv_rows * kv_row) + 3 * n * q_back +
+                   f * (4 * n * q_row + kv_rows * kv_row + n * kv_row) + dkv_return;
       }
       break;
     }
     case Algorithm::ring:
-      forward = 2 * n * kv_row + n * b * h * (d + 2);
-      backward = 2 * n * kv_row + n * b * h + 4 * n * kv_row;
+      forward = e * 2 * n * kv_row + f * n * b * h * (d + 2);
+      backward = e * 2 * n * kv_row + f * (n * b * h + 4 * n * kv_row + (narrow ? n * q_row : 0));
       break;
     case Algorithm::allgather_kv:
-      forward = big_n * kv_row;
-      backward = 2 * big_n * kv_row + n * kv_row;
+      forward = e * big_n * kv_row;
+      backward = e * big_n * kv_row + f * (big_n * kv_row + n * kv_row + (narrow ? n * q_row : 0));
       break;
     case Algorithm::ulysses: {
       const double hq = h / ranks, hk = hkv / ranks;
-      forward = n * b * (h + 2 * hkv) * d + big_n * b * (hq + 2 * hk) * d +
-                big_n * b * hq * (d + 1) + n * b * h * (d + 1);
-      backward = n * b * (h * (2 * d + 2) + 2 * hkv * d) +
-                 big_n * b * (hq * (2 * d + 2) + 2 * hk * d) + 2 * big_n * b * (hq + 2 * hk) * d;
+      const WireRecords wire = wire_records(p, ranks);
+      forward = e * n * b * (h + 2 * hkv) * d + big_n * b * static_cast<double>(wire.ulysses_in) +
+                big_n * b * static_cast<double>(wire.ulysses_out) +
+                n * b * ranks * static_cast<double>(wire.ulysses_out);
+      backward = f * n * b * h + n * b * ranks * static_cast<double>(wire.ulysses_backward_in) +
+                 big_n * b * static_cast<double>(wire.ulysses_backward_in) +
+                 f * big_n * b * (hq + 2 * hk) * d +
+                 (narrow ? big_n * b * static_cast<double>(wire.ulysses_backward_out) : 0) +
+                 n * b * ranks * static_cast<double>(wire.ulysses_backward_out);
       break;
     }
   }
@@ -377,12 +379,14 @@ struct Step {
 
 }  // namespace
 
-double permuted_floats(const Problem& p, const Plan& plan, bool forward) {
+double permuted_bytes(const Problem& p, const Plan& plan, bool forward) {
   if (!p.mask.is_causal() || plan.grid.size() == 1) return 0;
   const double b = static_cast<double>(p.batch), h = static_cast<double>(p.heads);
-  const double hkv = static_cast<double>(p.kv_heads), d = static_cast<double>(p.head_dim);
+  const double hkv = static_cast<double>(p.kv_heads);
   const double big_n = static_cast<double>(p.seq);
-  const double kv_row = b * hkv * 2 * d;  // one [k v] record row
+  const WireRecords wire = wire_records(p);
+  const double kv_row = b * hkv * static_cast<double>(wire.kv);    // one [k v] record row
+  const double dkv_row = b * hkv * static_cast<double>(wire.dkv);  // one fp32 [dk dv] row
   // A gather over more than one rank interleaves positions (cyclic shards, zigzag chunks).
   const bool q_sorted = plan.grid.cols > 1, kv_sorted = plan.grid.rows > 1;
   const double q_rows = std::ceil(big_n / plan.grid.rows),
@@ -392,16 +396,19 @@ double permuted_floats(const Problem& p, const Plan& plan, bool forward) {
       // Forward: Q and K/V sorted, the partial results (acc, max, sum) put back. Backward: the
       // Q-side records (q, dO, LSE, delta) and K/V sorted, dQ and dK/dV put back.
       if (forward) {
-        return (q_sorted ? q_rows * b * h * (2 * d + 2) : 0) + (kv_sorted ? kv_rows * kv_row : 0);
+        return (q_sorted ? q_rows * b * h * static_cast<double>(wire.q + wire.partial) : 0) +
+               (kv_sorted ? kv_rows * kv_row : 0);
       }
-      return (q_sorted ? q_rows * b * h * (3 * d + 2) : 0) + (kv_sorted ? 2 * kv_rows * kv_row : 0);
+      return (q_sorted ? q_rows * b * h * static_cast<double>(wire.q_backward + wire.dq) : 0) +
+             (kv_sorted ? kv_rows * (kv_row + dkv_row) : 0);
     case Algorithm::attention2d_overlap:
       // The gathered K/V is sorted before phase B (none with one column); the backward sorts
       // dK/dV with it and puts both back before phase B's last step.
       if (!kv_sorted || plan.grid.cols == 1) return 0;
-      return (forward ? 1 : 4) * kv_rows * kv_row;
+      return forward ? kv_rows * kv_row : 2 * kv_rows * (kv_row + dkv_row);
     case Algorithm::allgather_kv:
-      return (forward ? 1 : 2) * big_n * kv_row;  // gathered K/V sorted; dK/dV put back
+      // Gathered K/V sorted; in the backward also dK/dV put back.
+      return forward ? big_n * kv_row : big_n * (kv_row + dkv_row);
     case Algorithm::ring:
     case Algorithm::ulysses:
       return 0;
@@ -412,13 +419,13 @@ double permuted_floats(const Problem& p, const Plan& plan, bool forward) {
 // ---- Prediction ------------------------------------------------------------------------------
 
 Prediction predict(const Problem& problem, const Plan& plan, const Machine& machine,
-                   int ranks_per_node, Precision precision) {
+                   int ranks_per_node) {
   problem.validate();
   check_plan(plan, problem, plan.grid.size());
   A2D_REQUIRE(ranks_per_node >= 1, "ranks per node must be at least 1 (got ", ranks_per_node, ")");
   Prediction out;
   const int ranks = plan.grid.size();
-  const double factor = element_factor(precision);
+  const double element_bytes = static_cast<double>(dtype_bytes(problem.dtype));
 
   // Per phase, the most any rank sends (phases synchronise the ranks, so the slowest sets the
   // time); per direction, the rank that sends the most over all phases (the words per rank).
@@ -432,9 +439,10 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
       worst.messages = std::max(worst.messages, t.messages);
       const bool is_forward = name.rfind("forward", 0) == 0;
       Traffic& total = is_forward ? forward : backward;
-      total.bytes += static_cast<int64_t>(factor * static_cast<double>(t.bytes));
+      total.bytes += t.bytes;
       total.messages += t.messages;
-      (is_forward ? words_forward : words_backward) += t.bytes / 4.0;  // fp32: one word each
+      // Words in units of the dtype's element (fp32 statistics count as two bf16 words).
+      (is_forward ? words_forward : words_backward) += static_cast<double>(t.bytes) / element_bytes;
     }
     if (forward.bytes > out.forward.bytes) out.words_forward = words_forward;
     if (backward.bytes > out.backward.bytes) out.words_backward = words_backward;
@@ -454,9 +462,8 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     // A reduction's words arrive and are reduced in turn: the busiest rank reduces as many words
     // as it sends (one block per ring step each way).
     const double reduce_rate = reduction_bytes_per_s(machine, name);
-    reducing[name] = reduce_rate > 0 ? factor * static_cast<double>(t.bytes) / reduce_rate : 0.0;
-    cost.seconds = t.messages * link.latency_s +
-                   factor * static_cast<double>(t.bytes) / link.bytes_per_s +
+    reducing[name] = reduce_rate > 0 ? static_cast<double>(t.bytes) / reduce_rate : 0.0;
+    cost.seconds = t.messages * link.latency_s + static_cast<double>(t.bytes) / link.bytes_per_s +
                    (blocking ? machine.sync_s : 0.0) + reducing[name];
     seconds[name] = cost.seconds;
     out.phases.push_back(cost);
@@ -519,9 +526,8 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     }
   }
   if (machine.permute_bytes_per_s > 0) {
-    const double bytes = precision == Precision::bf16 ? 2.0 : 4.0;
-    cf += bytes * permuted_floats(problem, plan, true) / machine.permute_bytes_per_s;
-    cb += bytes * permuted_floats(problem, plan, false) / machine.permute_bytes_per_s;
+    cf += permuted_bytes(problem, plan, true) / machine.permute_bytes_per_s;
+    cb += permuted_bytes(problem, plan, false) / machine.permute_bytes_per_s;
   }
   out.forward_compute_s = cf;
   out.backward_compute_s = cb;
@@ -611,13 +617,12 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
           t("backward.to_heads_all_to_all") + cb + t("backward.to_sequence_all_to_all");
       break;
   }
-  const double element_bytes = precision == Precision::bf16 ? 2.0 : 4.0;
-  out.memory_bytes = static_cast<int64_t>(element_bytes * memory_floats(problem, plan));
+  out.memory_bytes = static_cast<int64_t>(memory_bytes(problem, plan));
   return out;
 }
 
 PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machine,
-                        int ranks_per_node, Precision precision, bool include_backward) {
+                        int ranks_per_node, bool include_backward) {
   PlanSearch search;
   std::vector<Plan> candidates;
   for (const Algorithm algorithm : {Algorithm::attention2d, Algorithm::attention2d_overlap}) {
@@ -635,7 +640,7 @@ PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machin
   }
   for (const Plan& plan : candidates) {
     try {
-      search.ranked.push_back({plan, predict(problem, plan, machine, ranks_per_node, precision)});
+      search.ranked.push_back({plan, predict(problem, plan, machine, ranks_per_node)});
     } catch (const Error& e) {
       search.skipped.emplace_back(algorithm_name(plan.algorithm), e.message());
     }

@@ -1,4 +1,4 @@
-// Words and messages per rank, phase by phase. The formulas follow the algorithms' schedules and
+// Bytes and messages per rank, phase by phase. The formulas follow the algorithms' schedules and
 // the counting convention of comm.hpp (ring charges; empty blocks are not sent); see
 // docs/attention2d.md and docs/baselines.md for their derivation and closed forms.
 #include <numeric>
@@ -18,32 +18,37 @@ std::vector<int64_t> times(const std::vector<int64_t>& tokens, int64_t per_token
   return out;
 }
 
+// Ring charges of blocks counted in bytes.
 Traffic ring(const RingCharge& charge) {
-  return {4 * charge.elements, charge.messages};
+  return {charge.elements, charge.messages};
 }
 
-Traffic point_to_point(int64_t floats, bool to_self) {
-  if (to_self || floats == 0) return {0, 0};
-  return {4 * floats, 1};
+Traffic point_to_point(int64_t bytes, bool to_self) {
+  if (to_self || bytes == 0) return {0, 0};
+  return {bytes, 1};
 }
 
 Traffic add(const Traffic& a, const Traffic& b) {
   return {a.bytes + b.bytes, a.messages + b.messages};
 }
 
+// Record sizes in bytes are wire_records() (decomposition.hpp): tensors in the problem's dtype,
+// statistics and partial sums in fp32.
 std::map<std::string, Traffic> attention2d_traffic(const Problem& p, const Plan& plan, int rank) {
   const Attention2DRank at = attention2d_rank(p, plan, rank, /*with_positions=*/false);
-  const int64_t d = p.head_dim;
+  const WireRecords wire = wire_records(p);
   const int64_t q_token = p.batch * p.heads;      // query rows per token
   const int64_t kv_token = p.batch * p.kv_heads;  // K/V rows per token
   const int64_t held_kv = at.col_counts[static_cast<size_t>(at.row)];
   const bool overlap = plan.algorithm == Algorithm::attention2d_overlap;
-  const Traffic transpose_in = point_to_point(at.own_tokens * kv_token * 2 * d, at.kv_dest == rank);
-  const Traffic transpose_out = point_to_point(held_kv * kv_token * 2 * d, at.kv_source == rank);
+  const Traffic transpose_in =
+      point_to_point(at.own_tokens * kv_token * wire.kv, at.kv_dest == rank);
+  const Traffic transpose_out =
+      point_to_point(held_kv * kv_token * wire.dkv_final, at.kv_source == rank);
   // The K/V gather, the Q gather, the merge and the dK/dV sum are the same ring charges whether
   // they run as collectives (no-overlap) or as point-to-point rings (overlapped).
   const Traffic kv_gather =
-      ring(ring_all_gather_charge(times(at.col_counts, kv_token * 2 * d), at.row));
+      ring(ring_all_gather_charge(times(at.col_counts, kv_token * wire.kv), at.row));
   const auto q_gather = [&](int64_t record) {
     return ring(ring_all_gather_charge(times(at.row_counts, q_token * record), at.col));
   };
@@ -51,7 +56,7 @@ std::map<std::string, Traffic> attention2d_traffic(const Problem& p, const Plan&
     return ring(ring_reduce_scatter_charge(times(at.row_counts, q_token * record), at.col));
   };
   const Traffic dkv_reduce =
-      ring(ring_reduce_scatter_charge(times(at.col_counts, kv_token * 2 * d), at.row));
+      ring(ring_reduce_scatter_charge(times(at.col_counts, kv_token * wire.dkv), at.row));
 
   std::map<std::string, Traffic> phases;
   phases["forward.kv_transpose"] = transpose_in;
@@ -60,32 +65,35 @@ std::map<std::string, Traffic> attention2d_traffic(const Problem& p, const Plan&
   if (overlap) {
     phases["backward.dkv_ring"] = dkv_reduce;
     phases["forward.kv_ring"] = kv_gather;
-    phases["forward.q_ring"] = q_gather(d);
-    phases["forward.partial_ring"] = row_reduce(d + 2);
+    phases["forward.q_ring"] = q_gather(wire.q);
+    phases["forward.partial_ring"] = row_reduce(wire.partial);
     phases["backward.kv_ring"] = kv_gather;
-    phases["backward.q_ring"] = q_gather(2 * d + 2);
-    phases["backward.dq_ring"] = row_reduce(d);
+    phases["backward.q_ring"] = q_gather(wire.q_backward);
+    phases["backward.dq_ring"] = row_reduce(wire.dq);
   } else {
     phases["forward.kv_allgather"] = kv_gather;
-    phases["forward.q_allgather"] = q_gather(d);
-    phases["forward.merge_reduce_scatter"] = row_reduce(d + 2);
+    phases["forward.q_allgather"] = q_gather(wire.q);
+    phases["forward.merge_reduce_scatter"] = row_reduce(wire.partial);
     phases["backward.kv_allgather"] = kv_gather;
-    phases["backward.q_allgather"] = q_gather(2 * d + 2);
-    phases["backward.dq_reduce_scatter"] = row_reduce(d);
+    phases["backward.q_allgather"] = q_gather(wire.q_backward);
+    phases["backward.dq_reduce_scatter"] = row_reduce(wire.dq);
     phases["backward.dkv_reduce_scatter"] = dkv_reduce;
   }
   return phases;
 }
 
 // Ring Attention and all-gather K/V send the same blocks: every rank's [k v] part once around
-// (all but the part of rank + 1, the all-gather ring charge) and, in the backward, every part's
-// dK, dV accumulator except the rank's own (the reduce-scatter ring charge). docs/baselines.md.
+// (all but the part of rank + 1, the all-gather ring charge, in the dtype) and, in the backward,
+// every part's fp32 dK, dV accumulator except the rank's own (the reduce-scatter ring charge).
+// docs/baselines.md.
 std::map<std::string, Traffic> sequence_parallel_traffic(const Problem& p, const Plan& plan,
                                                          int rank) {
   const SequenceParts parts = sequence_parts(p, plan, /*with_positions=*/false);
-  const auto kv_floats = times(parts.counts, p.batch * p.kv_heads * 2 * p.head_dim);
-  const Traffic kv = ring(ring_all_gather_charge(kv_floats, rank));
-  const Traffic dkv = ring(ring_reduce_scatter_charge(kv_floats, rank));
+  const WireRecords wire = wire_records(p);
+  const int64_t kv_token = p.batch * p.kv_heads;
+  const Traffic kv = ring(ring_all_gather_charge(times(parts.counts, kv_token * wire.kv), rank));
+  const Traffic dkv =
+      ring(ring_reduce_scatter_charge(times(parts.counts, kv_token * wire.dkv), rank));
   std::map<std::string, Traffic> phases;
   if (plan.algorithm == Algorithm::ring) {
     phases["forward.kv_ring"] = kv;
@@ -99,37 +107,37 @@ std::map<std::string, Traffic> sequence_parallel_traffic(const Problem& p, const
   return phases;
 }
 
-// Ulysses: to the head shards, each rank sends its own tokens' floats for the heads of every
+// Ulysses: to the head shards, each rank sends its own tokens' records for the heads of every
 // other rank (P - 1 equal blocks); back to the sequence shards, the results of rank i's tokens to
-// every other rank i. Per (token, batch), with hq = H/P and hkv = Hkv/P heads per rank:
-//   forward   in  (hq + 2 hkv) D          out  hq (D + 1)
-//   backward  in  hq (2D + 2) + 2 hkv D   out  (hq + 2 hkv) D
+// every other rank i. Bytes per (token, batch), with hq = H/P and hkv = Hkv/P heads per rank and
+// e the dtype's element size (wire_records):
+//   forward   in  (hq + 2 hkv) D e                out  4 hq + hq D e (rounded up to 4)
+//   backward  in  8 hq + (2 hq + 2 hkv) D e       out  (hq + 2 hkv) D e
 std::map<std::string, Traffic> ulysses_traffic(const Problem& p, const Plan& plan, int rank) {
   const SequenceParts parts = sequence_parts(p, plan, /*with_positions=*/false);
   const int ranks = parts.parts();
-  const UlyssesHeads group = ulysses_heads(p, ranks, rank);
-  const int64_t d = p.head_dim, hq = group.heads, hkv = group.kv_heads;
+  const WireRecords wire = wire_records(p, ranks);
   const int64_t own = parts.counts[static_cast<size_t>(rank)];
-  const auto to_heads = [&](int64_t floats_per_token) {
+  const auto to_heads = [&](int64_t bytes_per_token) {
     Traffic t;
     for (int peer = 0; peer < ranks; ++peer) {
-      if (peer != rank) t = add(t, point_to_point(own * p.batch * floats_per_token, false));
+      if (peer != rank) t = add(t, point_to_point(own * p.batch * bytes_per_token, false));
     }
     return t;
   };
-  const auto to_sequence = [&](int64_t floats_per_token) {
+  const auto to_sequence = [&](int64_t bytes_per_token) {
     Traffic t;
     for (int peer = 0; peer < ranks; ++peer) {
       const int64_t tokens = parts.counts[static_cast<size_t>(peer)];
-      if (peer != rank) t = add(t, point_to_point(tokens * p.batch * floats_per_token, false));
+      if (peer != rank) t = add(t, point_to_point(tokens * p.batch * bytes_per_token, false));
     }
     return t;
   };
   std::map<std::string, Traffic> phases;
-  phases["forward.to_heads_all_to_all"] = to_heads((hq + 2 * hkv) * d);
-  phases["forward.to_sequence_all_to_all"] = to_sequence(hq * (d + 1));
-  phases["backward.to_heads_all_to_all"] = to_heads(hq * (2 * d + 2) + 2 * hkv * d);
-  phases["backward.to_sequence_all_to_all"] = to_sequence((hq + 2 * hkv) * d);
+  phases["forward.to_heads_all_to_all"] = to_heads(wire.ulysses_in);
+  phases["forward.to_sequence_all_to_all"] = to_sequence(wire.ulysses_out);
+  phases["backward.to_heads_all_to_all"] = to_heads(wire.ulysses_backward_in);
+  phases["backward.to_sequence_all_to_all"] = to_sequence(wire.ulysses_backward_out);
   return phases;
 }
 

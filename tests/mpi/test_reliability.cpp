@@ -21,8 +21,9 @@ Problem small_problem() {
 }
 
 std::string error_of(Communicator& world, const Problem& problem, const Plan& plan) {
+  const std::unique_ptr<Backend> backend = make_backend("cpu");
   try {
-    make_attention(problem, plan, world);
+    make_attention(problem, plan, world, *backend);
   } catch (const CollectiveError& e) {
     return e.what();
   }
@@ -41,6 +42,17 @@ TEST(Reliability, RanksThatDisagreeAreNamedOnEveryRank) {
   EXPECT_NE(message.find("101 on rank 1"), std::string::npos) << message;
 }
 
+TEST(Reliability, RanksWithDifferentDtypesAreNamedOnEveryRank) {
+  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
+  Problem problem = small_problem();
+  const Plan plan = default_plan(Algorithm::ring, problem, world->size());
+  if (world->rank() == 1) problem.dtype = DType::bf16;
+  const std::string message = error_of(*world, problem, plan);
+  EXPECT_NE(message.find("dtype: fp32 on rank"), std::string::npos) << message;
+  EXPECT_NE(message.find("bf16 on rank 1"), std::string::npos) << message;
+}
+
 TEST(Reliability, OneRankWithAnInvalidRequestStopsEveryRank) {
   auto world = make_mpi_communicator(MPI_COMM_WORLD);
   Problem problem = small_problem();
@@ -57,7 +69,8 @@ TEST(Reliability, AgreeingRanksPass) {
   const Problem problem = small_problem();
   Plan plan = default_plan(Algorithm::attention2d, problem, world->size());
   plan.threads = 1 + world->rank() % 2;  // kernel threads may differ between ranks
-  EXPECT_NO_THROW(make_attention(problem, plan, *world));
+  const std::unique_ptr<Backend> backend = make_backend("cpu");
+  EXPECT_NO_THROW(make_attention(problem, plan, *world, *backend));
 }
 
 }  // namespace

@@ -101,11 +101,10 @@ TEST(CostModel, PredictionsArePositiveAndAttention2DSendsLessThanRing) {
   Problem p = problem_of(1 << 15, Mask::causal(), 32, 32);
   p.head_dim = 128;
   p.batch = 1;
-  const Machine machine = preset_machine("a100-hdr", Precision::bf16);
-  const Prediction ring =
-      predict(p, default_plan(Algorithm::ring, p, 64), machine, 4, Precision::bf16);
-  const Prediction a2d =
-      predict(p, default_plan(Algorithm::attention2d, p, 64), machine, 4, Precision::bf16);
+  p.dtype = DType::bf16;
+  const Machine machine = preset_machine("a100-hdr", DType::bf16);
+  const Prediction ring = predict(p, default_plan(Algorithm::ring, p, 64), machine, 4);
+  const Prediction a2d = predict(p, default_plan(Algorithm::attention2d, p, 64), machine, 4);
   EXPECT_GT(ring.forward_s, 0);
   EXPECT_GT(a2d.backward_s, 0);
   EXPECT_LT(a2d.forward.bytes * 2, ring.forward.bytes);  // 8x8 grid: ~4ND/8 vs 2ND words
@@ -114,9 +113,9 @@ TEST(CostModel, PredictionsArePositiveAndAttention2DSendsLessThanRing) {
 }
 
 TEST(CostModel, SearchListsEveryCandidateAndSkipsUlyssesWithAReason) {
-  const Problem p = problem_of(4096, Mask::causal(), 12, 4);
-  const PlanSearch search =
-      search_plans(p, 6, preset_machine("h100-ndr", Precision::bf16), 8, Precision::bf16);
+  Problem p = problem_of(4096, Mask::causal(), 12, 4);
+  p.dtype = DType::bf16;
+  const PlanSearch search = search_plans(p, 6, preset_machine("h100-ndr", DType::bf16), 8);
   // 4 grids x 2 variants x 2 transposes + ring + allgather-kv; Ulysses cannot (6 does not divide
   // 4).
   EXPECT_EQ(search.ranked.size(), 18u);
@@ -131,7 +130,7 @@ TEST(CostModel, SearchListsEveryCandidateAndSkipsUlyssesWithAReason) {
 }
 
 TEST(CostModel, MachinesAndCalibrationFiles) {
-  EXPECT_THROW(preset_machine("tpu", Precision::bf16), Error);
+  EXPECT_THROW(preset_machine("tpu", DType::bf16), Error);
   const std::string file = ::testing::TempDir() + "/a2d-calibration-test.txt";
   std::remove(file.c_str());
   EXPECT_THROW(local_machine(file, 4), Error);
@@ -189,12 +188,12 @@ TEST(CostModel, MachinesAndCalibrationFiles) {
   problem.heads = problem.kv_heads = 8;
   problem.head_dim = 64;
   Plan plan = default_plan(Algorithm::ring, problem, 4);
-  const Prediction plain = predict(problem, plan, four, 4, Precision::fp32);
+  const Prediction plain = predict(problem, plan, four, 4);
   EXPECT_DOUBLE_EQ(plain.forward_compute_s, plain.forward_flops / 20e9);
   EXPECT_DOUBLE_EQ(plain.backward_compute_s, plain.backward_flops / 15e9);
   problem.mask = Mask::causal();
   plan = default_plan(Algorithm::ring, problem, 4);
-  const Prediction causal = predict(problem, plan, four, 4, Precision::fp32);
+  const Prediction causal = predict(problem, plan, four, 4);
   EXPECT_DOUBLE_EQ(causal.forward_compute_s, causal.forward_flops / 10e9);
   EXPECT_DOUBLE_EQ(causal.backward_compute_s, causal.backward_flops / 5e9);
 
@@ -209,13 +208,13 @@ TEST(CostModel, MachinesAndCalibrationFiles) {
   problem.mask = Mask::none();
   problem.seq = 2 * 4608;  // 4608 = 96 x 48: every call is whole tiles
   plan = default_plan(Algorithm::ring, problem, 2);
-  const Prediction whole = predict(problem, plan, tiled, 2, Precision::fp32);
+  const Prediction whole = predict(problem, plan, tiled, 2);
   EXPECT_NEAR(whole.backward_compute_s,
               whole.backward_flops / 15e9 / (1056.0 * 1056.0 / (1024.0 * 1024.0)),
               1e-9 * whole.backward_compute_s);
   problem.mask = Mask::causal();
   plan = default_plan(Algorithm::ring, problem, 2);
-  const Prediction tiled_causal = predict(problem, plan, tiled, 2, Precision::fp32);
+  const Prediction tiled_causal = predict(problem, plan, tiled, 2);
   EXPECT_GT(tiled_causal.backward_compute_s,
             tiled_causal.backward_flops / 15e9 / (1056.0 * 1056.0 / (1024.0 * 1024.0)));
 }
@@ -279,7 +278,7 @@ TEST(CostModel, SynchronisationIsChargedPerBlockingOperationAndPerRingStep) {
   // ATTENTION2D-NO: every phase is a blocking operation; those in which some rank sends pay once.
   Plan no = default_plan(Algorithm::attention2d, problem, 4);
   no.grid = grid_of(2, 2);
-  const Prediction base = predict(problem, no, plain, 4, Precision::fp32);
+  const Prediction base = predict(problem, no, plain, 4);
   double forward_blocking = 0, backward_blocking = 0;
   for (const PhaseCost& phase : base.phases) {
     if (phase.traffic.messages == 0) continue;
@@ -287,14 +286,14 @@ TEST(CostModel, SynchronisationIsChargedPerBlockingOperationAndPerRingStep) {
   }
   EXPECT_EQ(forward_blocking, 4);  // K/V transpose, K/V and Q gathers, the merge
   EXPECT_EQ(backward_blocking, 6);
-  const Prediction no_synced = predict(problem, no, synced, 4, Precision::fp32);
+  const Prediction no_synced = predict(problem, no, synced, 4);
   EXPECT_NEAR(no_synced.forward_s - base.forward_s, forward_blocking, 1e-9);
   EXPECT_NEAR(no_synced.backward_s - base.backward_s, backward_blocking, 1e-9);
   // Ring Attention: no blocking operation; a step pays when it waits for a transfer (forward:
   // the first P - 1 shifts; backward: K/V shifts and dK/dV shifts, which cover all P steps).
   const Plan ring = default_plan(Algorithm::ring, problem, 4);
-  const Prediction ring_base = predict(problem, ring, plain, 4, Precision::fp32);
-  const Prediction ring_synced = predict(problem, ring, synced, 4, Precision::fp32);
+  const Prediction ring_base = predict(problem, ring, plain, 4);
+  const Prediction ring_synced = predict(problem, ring, synced, 4);
   EXPECT_NEAR(ring_synced.forward_s - ring_base.forward_s, 10.0 * 3, 1e-9);
   EXPECT_NEAR(ring_synced.backward_s - ring_base.backward_s, 10.0 * 4, 1e-9);
   // One accelerator per rank overlaps: the machine's synchronisation terms are 0 there anyway,
@@ -303,8 +302,8 @@ TEST(CostModel, SynchronisationIsChargedPerBlockingOperationAndPerRingStep) {
   accelerators.shared_cores = 0;
   Machine accelerators_plain = plain;
   accelerators_plain.shared_cores = 0;
-  EXPECT_NEAR(predict(problem, ring, accelerators, 4, Precision::fp32).forward_s,
-              predict(problem, ring, accelerators_plain, 4, Precision::fp32).forward_s, 1e-9);
+  EXPECT_NEAR(predict(problem, ring, accelerators, 4).forward_s,
+              predict(problem, ring, accelerators_plain, 4).forward_s, 1e-9);
 }
 
 // ATTENTION2D-O's backward sums dK/dV along the column as a ring beside the last pass over the
@@ -332,7 +331,7 @@ TEST(CostModel, OverlappedBackwardHidesTheColumnSumOfDkDv) {
   for (const auto& [rows, cols] : {std::pair{2, 3}, std::pair{3, 2}, std::pair{6, 1}}) {
     Plan plan = default_plan(Algorithm::attention2d_overlap, problem, 6);
     plan.grid = grid_of(rows, cols);
-    const Prediction p = predict(problem, plan, accelerators, 6, Precision::fp32);
+    const Prediction p = predict(problem, plan, accelerators, 6);
     const double exposed = cols > 1
                                ? seconds(p, "backward.dq_ring") / messages(p, "backward.dq_ring")
                                : seconds(p, "backward.dkv_ring") / messages(p, "backward.dkv_ring");
@@ -348,10 +347,9 @@ TEST(CostModel, OverlappedBackwardHidesTheColumnSumOfDkDv) {
   synced.step_sync_s = 10;
   Plan square = default_plan(Algorithm::attention2d_overlap, problem, 4);
   square.grid = grid_of(2, 2);
-  const double base = predict(problem, square, shared_machine(), 4, Precision::fp32).backward_s;
+  const double base = predict(problem, square, shared_machine(), 4).backward_s;
   // Phase A's K/V shift, the last phase-B step's Q and dQ transfers, its second call's dK/dV step.
-  EXPECT_NEAR(predict(problem, square, synced, 4, Precision::fp32).backward_s - base, 3 * 10.0,
-              1e-9);
+  EXPECT_NEAR(predict(problem, square, synced, 4).backward_s - base, 3 * 10.0, 1e-9);
 }
 
 TEST(CostModel, SortedRowsAreChargedAtThePermutationRate) {
@@ -361,39 +359,39 @@ TEST(CostModel, SortedRowsAreChargedAtThePermutationRate) {
   problem.head_dim = 2;
   Plan no = default_plan(Algorithm::attention2d, problem, 4);
   no.grid = grid_of(2, 2);
-  EXPECT_EQ(permuted_floats(problem, no, true), 0.0);  // no mask: nothing is sorted
+  EXPECT_EQ(permuted_bytes(problem, no, true), 0.0);  // no mask: nothing is sorted
   problem.mask = Mask::causal();
   no = default_plan(Algorithm::attention2d, problem, 4);
   no.grid = grid_of(2, 2);
-  // 4 gathered Q rows (q: 2 floats) sorted and 4 partial rows (acc, max, sum: 4) put back; 4
-  // gathered [k v] rows (4 floats) sorted. Backward: Q-side records (q, dO, LSE, delta: 6) sorted
-  // and dQ (2) put back; K/V sorted and dK/dV put back.
-  EXPECT_EQ(permuted_floats(problem, no, true), 4.0 * (2 + 4) + 4.0 * 4);
-  EXPECT_EQ(permuted_floats(problem, no, false), 4.0 * (6 + 2) + 2 * 4.0 * 4);
+  // fp32, in floats (4 bytes each): 4 gathered Q rows (q: 2 floats) sorted and 4 partial rows
+  // (acc, max, sum: 4) put back; 4 gathered [k v] rows (4 floats) sorted. Backward: Q-side records
+  // (q, dO, LSE, delta: 6) sorted and dQ (2) put back; K/V sorted and dK/dV put back.
+  EXPECT_EQ(permuted_bytes(problem, no, true), 4 * (4.0 * (2 + 4) + 4.0 * 4));
+  EXPECT_EQ(permuted_bytes(problem, no, false), 4 * (4.0 * (6 + 2) + 2 * 4.0 * 4));
   Plan one_row = no;
   one_row.grid = grid_of(1, 4);  // a column of one rank gathers no K/V: only Q is sorted
-  EXPECT_EQ(permuted_floats(problem, one_row, true), 8.0 * (2 + 4));
+  EXPECT_EQ(permuted_bytes(problem, one_row, true), 4 * (8.0 * (2 + 4)));
   Plan overlap = default_plan(Algorithm::attention2d_overlap, problem, 4);
   overlap.grid = grid_of(2, 2);
-  EXPECT_EQ(permuted_floats(problem, overlap, true), 4.0 * 4);
+  EXPECT_EQ(permuted_bytes(problem, overlap, true), 4 * (4.0 * 4));
   // Backward: K/V and dK/dV sorted before phase B, both put back before its last step (which
   // attends its Q part to the K/V parts one at a time, in their gathered order).
-  EXPECT_EQ(permuted_floats(problem, overlap, false), 4 * 4.0 * 4);
+  EXPECT_EQ(permuted_bytes(problem, overlap, false), 4 * (4 * 4.0 * 4));
   Plan one_column = overlap;
   one_column.grid = grid_of(4, 1);  // no phase B: the K/V parts are used in their gathered order
-  EXPECT_EQ(permuted_floats(problem, one_column, true), 0.0);
-  EXPECT_EQ(permuted_floats(problem, one_column, false), 0.0);
+  EXPECT_EQ(permuted_bytes(problem, one_column, true), 0.0);
+  EXPECT_EQ(permuted_bytes(problem, one_column, false), 0.0);
   const Plan gather = default_plan(Algorithm::allgather_kv, problem, 4);
-  EXPECT_EQ(permuted_floats(problem, gather, true), 8.0 * 4);
-  EXPECT_EQ(permuted_floats(problem, gather, false), 2 * 8.0 * 4);
-  EXPECT_EQ(permuted_floats(problem, default_plan(Algorithm::ring, problem, 4), true), 0.0);
+  EXPECT_EQ(permuted_bytes(problem, gather, true), 4 * (8.0 * 4));
+  EXPECT_EQ(permuted_bytes(problem, gather, false), 4 * (2 * 8.0 * 4));
+  EXPECT_EQ(permuted_bytes(problem, default_plan(Algorithm::ring, problem, 4), true), 0.0);
   // Charged at the machine's rate: bytes / (bytes per second).
   Machine fast = shared_machine();
   Machine sorting = fast;
-  sorting.permute_bytes_per_s = 4.0;  // one second per float
-  EXPECT_NEAR(predict(problem, no, sorting, 4, Precision::fp32).forward_compute_s -
-                  predict(problem, no, fast, 4, Precision::fp32).forward_compute_s,
-              permuted_floats(problem, no, true), 1e-9);
+  sorting.permute_bytes_per_s = 1.0;  // one second per byte
+  EXPECT_NEAR(predict(problem, no, sorting, 4).forward_compute_s -
+                  predict(problem, no, fast, 4).forward_compute_s,
+              permuted_bytes(problem, no, true), 1e-9);
 }
 
 // The gamma term of reductions: every word a reduce-scatter or reduction ring receives is merged
@@ -419,9 +417,9 @@ TEST(CostModel, ReductionsAreChargedPerReceivedWordAtTheirRates) {
        {Algorithm::attention2d, Algorithm::ring, Algorithm::allgather_kv, Algorithm::ulysses}) {
     const Plan plan = default_plan(algorithm, problem, 2);
     SCOPED_TRACE(algorithm_name(algorithm));
-    const Prediction base = predict(problem, plan, plain, 2, Precision::fp32);
-    const Prediction merged = predict(problem, plan, merging, 2, Precision::fp32);
-    const Prediction summed = predict(problem, plan, summing, 2, Precision::fp32);
+    const Prediction base = predict(problem, plan, plain, 2);
+    const Prediction merged = predict(problem, plan, merging, 2);
+    const Prediction summed = predict(problem, plan, summing, 2);
     EXPECT_NEAR(merged.forward_s - base.forward_s, floats(base, "forward.merge_reduce_scatter"),
                 1e-9);
     EXPECT_NEAR(merged.backward_s, base.backward_s, 1e-9);  // gradients are summed, not merged
@@ -436,23 +434,22 @@ TEST(CostModel, ReductionsAreChargedPerReceivedWordAtTheirRates) {
   // Ring Attention sum dK, dV; Ulysses reduces nothing.
   Plan row = default_plan(Algorithm::attention2d, problem, 2);
   row.grid = grid_of(1, 2);
-  const Prediction row_base = predict(problem, row, plain, 2, Precision::fp32);
+  const Prediction row_base = predict(problem, row, plain, 2);
   EXPECT_GT(floats(row_base, "forward.merge_reduce_scatter"), 0.0);
-  EXPECT_GT(predict(problem, row, merging, 2, Precision::fp32).forward_s, row_base.forward_s);
-  EXPECT_GT(
-      floats(predict(problem, default_plan(Algorithm::ring, problem, 2), plain, 2, Precision::fp32),
-             "backward.dkv_ring"),
-      0.0);
+  EXPECT_GT(predict(problem, row, merging, 2).forward_s, row_base.forward_s);
+  EXPECT_GT(floats(predict(problem, default_plan(Algorithm::ring, problem, 2), plain, 2),
+                   "backward.dkv_ring"),
+            0.0);
   // ATTENTION2D-O merges along its partial ring and sums along its dQ ring, once per received
   // part (the ring formulas charge a step's transfer per message, the reductions once).
   Plan overlap = default_plan(Algorithm::attention2d_overlap, problem, 2);
   overlap.grid = grid_of(1, 2);
-  const Prediction o_base = predict(problem, overlap, plain, 2, Precision::fp32);
+  const Prediction o_base = predict(problem, overlap, plain, 2);
   EXPECT_GT(floats(o_base, "forward.partial_ring"), 0.0);
-  EXPECT_NEAR(predict(problem, overlap, merging, 2, Precision::fp32).forward_s - o_base.forward_s,
+  EXPECT_NEAR(predict(problem, overlap, merging, 2).forward_s - o_base.forward_s,
               floats(o_base, "forward.partial_ring"), 1e-9);
   EXPECT_NEAR(
-      predict(problem, overlap, summing, 2, Precision::fp32).backward_s - o_base.backward_s,
+      predict(problem, overlap, summing, 2).backward_s - o_base.backward_s,
       0.5 * (floats(o_base, "backward.dq_ring") + floats(o_base, "backward.dkv_reduce_scatter")),
       1e-9);
 }
@@ -479,8 +476,8 @@ TEST(CostModel, ForwardPanelsAndKeysAreCountedPerCall) {
   overheads.kernel_forward_panel_s = 1e-6;
   overheads.kernel_forward_key_s = 1e-8;
   const Plan ring_plan = default_plan(Algorithm::ring, problem, 2);
-  EXPECT_GT(predict(problem, ring_plan, overheads, 2, Precision::fp32).forward_compute_s,
-            predict(problem, ring_plan, m, 2, Precision::fp32).forward_compute_s);
+  EXPECT_GT(predict(problem, ring_plan, overheads, 2).forward_compute_s,
+            predict(problem, ring_plan, m, 2).forward_compute_s);
 }
 
 // a2d bench --calibrate measures before and after its rows and predicts with the average: the
@@ -545,6 +542,47 @@ TEST(CostModel, ForwardCallCostsAreFittedFromTimedShapes) {
   EXPECT_EQ(none.panel_s, 0.0);
   EXPECT_EQ(none.key_s, 0.0);
   EXPECT_THROW(fit_forward_call_costs(shapes, {1.0, 2.0}), Error);
+}
+
+// The element size of each phase: bf16 tensors 2 bytes per element, fp32 statistics, partial
+// results and partial sums 4 (wire_records), on a 2 x 2 grid of ATTENTION2D-NO, N = 8, D = 4, one
+// head: every rank owns 2 tokens, gathers 2 more Q and K/V rows and keeps 2.
+TEST(CostModel, Bf16ChargesTwoBytesPerTensorElementAndFourPerStatistic) {
+  Problem problem;
+  problem.seq = 8;
+  problem.heads = problem.kv_heads = 1;
+  problem.head_dim = 4;
+  problem.dtype = DType::bf16;
+  const WireRecords wire = wire_records(problem);
+  EXPECT_EQ(wire.q, 4 * 2);
+  EXPECT_EQ(wire.kv, 2 * 4 * 2);
+  EXPECT_EQ(wire.partial, 4 * (4 + 2));
+  EXPECT_EQ(wire.q_backward, 2 * 4 + 2 * 4 * 2);
+  EXPECT_EQ(wire.dq, 4 * 4);
+  EXPECT_EQ(wire.dkv, 2 * 4 * 4);
+  EXPECT_EQ(wire.dkv_final, 2 * 4 * 2);
+  Plan plan = default_plan(Algorithm::attention2d, problem, 4);
+  plan.grid = grid_of(2, 2);
+  Problem fp32 = problem;
+  fp32.dtype = DType::f32;
+  // Rank 0 (row 0, column 0): the diagonal keeps its K/V; 2 tokens of the other rank of its row
+  // and of its column are gathered (one block each), 2 of its own are merged and summed.
+  const auto bf16 = predict_traffic(problem, plan, 0);
+  const auto f32 = predict_traffic(fp32, plan, 0);
+  EXPECT_EQ(bf16.at("forward.q_allgather").bytes, 2 * wire.q);
+  EXPECT_EQ(bf16.at("forward.kv_allgather").bytes, 2 * wire.kv);
+  EXPECT_EQ(bf16.at("forward.merge_reduce_scatter").bytes, 2 * wire.partial);
+  EXPECT_EQ(bf16.at("backward.q_allgather").bytes, 2 * wire.q_backward);
+  EXPECT_EQ(bf16.at("backward.dq_reduce_scatter").bytes, 2 * wire.dq);
+  EXPECT_EQ(bf16.at("backward.dkv_reduce_scatter").bytes, 2 * wire.dkv);
+  for (const char* phase : {"forward.q_allgather", "forward.kv_allgather", "backward.kv_allgather"})
+    EXPECT_EQ(2 * bf16.at(phase).bytes, f32.at(phase).bytes) << phase;
+  for (const char* phase : {"forward.merge_reduce_scatter", "backward.dq_reduce_scatter",
+                            "backward.dkv_reduce_scatter"})
+    EXPECT_EQ(bf16.at(phase).bytes, f32.at(phase).bytes) << phase;
+  // Words in units of the dtype's element.
+  const Prediction p = predict(problem, plan, shared_machine(), 4);
+  EXPECT_DOUBLE_EQ(2 * p.words_forward, static_cast<double>(p.forward.bytes));
 }
 
 }  // namespace

@@ -103,7 +103,8 @@ void forward(const Inputs& in, double* out, double* lse) {
   }
 }
 
-void backward(const Inputs& in, const double* d_out, double* dq, double* dk, double* dv) {
+void backward(const Inputs& in, const double* d_out, double* dq, double* dk, double* dv,
+              const double* out_for_delta) {
   check(in);
   const AttentionShape& s = in.shape;
   const Layout at{s};
@@ -139,6 +140,7 @@ void backward(const Inputs& in, const double* d_out, double* dq, double* dk, dou
         d_prob[j] = dot(do_row, in.v + at.kv_index(b, j, kvh), s.head_dim);
         row_delta += std::exp(scores[j] - lse[row]) * d_prob[j];
       }
+      if (out_for_delta) row_delta = dot(do_row, out_for_delta + at.q_index(b, i, h), s.head_dim);
       delta[row] = row_delta;
       for (int64_t j = 0; j < s.kv_tokens; ++j) {
         if (scores[j] == kNegInf) continue;

@@ -1,0 +1,218 @@
+// attention2d: the backend interface, one implementation per kind of device.
+//
+// A backend owns data buffers and performs every operation the distributed algorithms apply to
+// their contents: moving rows of tensors between shards and records (with conversion between
+// element types), permuting gathered rows, the local attention kernels, merging and finalising
+// partial results, delta, adding partial gradients. The algorithms (src/algorithms) hold Buffer
+// handles and call only the backend and the communicator; they never read or write a buffer's
+// memory themselves, so a new device is one new backend (docs/backends.md).
+//
+//   cpu     host memory; the CPU kernels (portable and AVX2 paths, kernel.hpp)
+//   fenced  a test backend: the CPU's operations on host memory that is kept inaccessible
+//           (mprotect PROT_NONE) except inside the backend's own operations, so that any other
+//           read or write crashes. Its buffers are not host-accessible, so communicators stage
+//           them through host memory, as a GPU's buffers must be under an MPI that is not
+//           CUDA-aware.
+//
+// Tensors inside buffers are described by TokenTensor ([batch, tokens, heads, width], any DType,
+// element strides) and RowTensor ([batch, heads, tokens], fp32), each a buffer, a byte offset and
+// strides; positions and permutations are int64 arrays in buffers (Place). Operations are ordered:
+// each sees the results of the ones before it (a device backend keeps one stream per rank and
+// synchronises only where the host or a communicator needs the data).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "attention2d/dtype.hpp"
+#include "attention2d/kernel.hpp"
+
+namespace a2d {
+
+class Backend;
+
+// Memory owned by a backend (or, for the CPU backend, host memory it was asked to wrap).
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  int64_t bytes() const { return bytes_; }
+  Backend& backend() const { return *backend_; }
+  // The memory's host address, or nullptr where the host must not touch it (device memory, the
+  // fenced backend's memory). Communicators move host-accessible buffers directly.
+  void* host_data() const { return host_; }
+
+ protected:
+  Buffer(Backend& backend, int64_t bytes, void* host)
+      : backend_(&backend), bytes_(bytes), host_(host) {}
+
+ private:
+  Backend* backend_;
+  int64_t bytes_;
+  void* host_;
+};
+using BufferPtr = std::unique_ptr<Buffer>;
+
+// A byte position: in a backend's buffer, or in plain host memory (buffer == nullptr; the
+// communicators' control paths and the programs' host arrays).
+struct Place {
+  Buffer* buffer = nullptr;
+  std::byte* host = nullptr;
+  int64_t offset = 0;  // bytes
+
+  static Place in(Buffer& buffer, int64_t offset = 0) { return {&buffer, nullptr, offset}; }
+  static Place at_host(const void* memory) {
+    return {nullptr, static_cast<std::byte*>(const_cast<void*>(memory)), 0};
+  }
+  bool empty() const { return buffer == nullptr && host == nullptr; }
+  Place operator+(int64_t bytes) const { return {buffer, host, offset + bytes}; }
+};
+
+// A [batch, tokens, heads, width] tensor in a buffer; strides in elements of dtype, `width`
+// elements per row dense.
+struct TokenTensor {
+  Buffer* buffer = nullptr;
+  int64_t offset = 0;  // bytes from the buffer's start to element (0, 0, 0, 0)
+  DType dtype = DType::f32;
+  int64_t batch_stride = 0;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+
+  // The same tensor from head `first` on.
+  TokenTensor from_head(int64_t first) const {
+    TokenTensor t = *this;
+    t.offset += first * head_stride * dtype_bytes(dtype);
+    return t;
+  }
+};
+
+// A [batch, heads, tokens] fp32 statistic in a buffer (LSE, row max, row sum, delta).
+struct RowTensor {
+  Buffer* buffer = nullptr;
+  int64_t offset = 0;  // bytes
+  int64_t batch_stride = 0;
+  int64_t head_stride = 0;
+  int64_t token_stride = 0;
+
+  RowTensor from_head(int64_t first) const {
+    RowTensor t = *this;
+    t.offset += first * head_stride * static_cast<int64_t>(sizeof(float));
+    return t;
+  }
+};
+
+// The online-softmax state of partial results (kernel.hpp's PartialState), fp32, in buffers.
+struct PartialTensor {
+  TokenTensor acc;
+  RowTensor row_max;
+  RowTensor row_sum;
+};
+
+// Dense row-major [batch, tokens, heads, width] and [batch, heads, tokens] at `offset` bytes.
+TokenTensor dense_token_tensor(Buffer& buffer, DType dtype, int64_t tokens, int64_t heads,
+                               int64_t width, int64_t offset = 0);
+RowTensor dense_row_tensor(Buffer& buffer, int64_t heads, int64_t tokens, int64_t offset = 0);
+
+// Rows moved by copy_tokens: `width` elements of each (batch, token, head).
+struct TokenBlock {
+  int64_t batch = 1;
+  int64_t tokens = 0;
+  int64_t heads = 1;
+  int64_t width = 0;
+};
+
+// A kernel call on tensors in buffers: kernel.hpp's ForwardArgs / BackwardArgs, with positions
+// as int64 arrays in buffers (an empty Place: 0, 1, 2, ...).
+struct ForwardCall {
+  AttentionShape shape;
+  Mask mask;
+  float scale = 0.0f;
+  TokenTensor q, k, v;
+  Place q_positions, kv_positions;
+  int threads = 1;
+  void (*progress)(void* context) = nullptr;  // as in ForwardArgs
+  void* progress_context = nullptr;
+};
+
+struct BackwardCall {
+  AttentionShape shape;
+  Mask mask;
+  float scale = 0.0f;
+  TokenTensor q, k, v, d_out;
+  RowTensor lse;
+  // delta when its buffer is set, else computed from out (as in BackwardArgs).
+  RowTensor delta;
+  TokenTensor out;
+  Place q_positions, kv_positions;
+  int threads = 1;
+  void (*progress)(void* context) = nullptr;
+  void* progress_context = nullptr;
+  bool accumulate = false;  // add to dq, dk, dv instead of overwriting them
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  Backend() = default;
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
+
+  virtual std::string name() const = 0;  // "cpu", "fenced", ...
+  // Whether buffers' memory is host-accessible (Buffer::host_data() set): communicators then move
+  // it directly; otherwise they stage it through host memory (make_staged_communicator).
+  virtual bool host_accessible() const = 0;
+
+  // ---- memory ----
+  // Uninitialised (NaN bytes in the sanitizer build, so that reading an unwritten element
+  // poisons the results the tests compare).
+  virtual BufferPtr allocate(int64_t bytes) = 0;
+  // Host-accessible memory for staging transfers (pinned where the device has such a thing).
+  virtual BufferPtr allocate_staging(int64_t bytes) = 0;
+  // Optional (CPU only; others throw): a buffer over the caller's host memory, not copied and not
+  // owned. The memory must outlive the buffer.
+  virtual BufferPtr wrap_host(void* memory, int64_t bytes);
+  virtual void upload(const void* host, Place to, int64_t bytes) = 0;
+  virtual void download(Place from, void* host, int64_t bytes) = 0;
+  virtual void fill_zero(Place at, int64_t bytes) = 0;
+
+  // ---- data operations ----
+  // to = from, converting between their dtypes (rounding to nearest even when narrowing).
+  virtual void copy_tokens(const TokenTensor& from, const TokenTensor& to,
+                           const TokenBlock& block) = 0;
+  virtual void copy_rows(const RowTensor& from, const RowTensor& to, int64_t batch, int64_t heads,
+                         int64_t tokens) = 0;
+  // In place, `tokens` tokens of `token_bytes` bytes at `rows`: out[i] = in[order[i]], `order` an
+  // int64 permutation of [0, tokens) in a buffer of this backend.
+  virtual void permute_tokens(Place rows, int64_t tokens, int64_t token_bytes, Place order) = 0;
+  // The kernels (kernel.hpp): O in its dtype and fp32 LSE; the fp32 partial state; fp32 gradients.
+  virtual void attention_forward(const ForwardCall& call, const TokenTensor& out,
+                                 const RowTensor& lse) = 0;
+  virtual void attention_forward_partial(const ForwardCall& call, const PartialTensor& state,
+                                         bool accumulate) = 0;
+  virtual void attention_backward(const BackwardCall& call, const TokenTensor& dq,
+                                  const TokenTensor& dk, const TokenTensor& dv) = 0;
+  // into <- merge(into, from) on `count` flat fp32 records [row max, row sum, acc(record - 2)].
+  virtual void merge_partials(Place into, Place from, int64_t count, int64_t record) = 0;
+  // O (its dtype) and LSE of the partial state.
+  virtual void finalize(const RowsShape& rows, const PartialTensor& state, const TokenTensor& out,
+                        const RowTensor& lse) = 0;
+  // delta = rowsum(dO * O), fp32.
+  virtual void delta(const RowsShape& rows, const TokenTensor& out, const TokenTensor& d_out,
+                     const RowTensor& delta) = 0;
+  // into[i] += from[i], `count` fp32 values.
+  virtual void add(Place into, Place from, int64_t count) = 0;
+};
+
+// "cpu" or "fenced"; anything else throws a2d::Error naming the choices.
+std::unique_ptr<Backend> make_backend(const std::string& device);
+std::vector<std::string> backend_names();
+
+// An int64 array uploaded to a new buffer of `backend` (positions, permutations).
+BufferPtr upload_indices(Backend& backend, const std::vector<int64_t>& values);
+
+}  // namespace a2d

@@ -1,0 +1,40 @@
+// What every backend shares: dense tensor descriptors, the factory, index uploads.
+#include "attention2d/backend.hpp"
+
+#include "attention2d/error.hpp"
+#include "backends.hpp"
+
+namespace a2d {
+
+TokenTensor dense_token_tensor(Buffer& buffer, DType dtype, int64_t tokens, int64_t heads,
+                               int64_t width, int64_t offset) {
+  return {&buffer, offset, dtype, tokens * heads * width, heads * width, width};
+}
+
+RowTensor dense_row_tensor(Buffer& buffer, int64_t heads, int64_t tokens, int64_t offset) {
+  return {&buffer, offset, heads * tokens, tokens, 1};
+}
+
+BufferPtr Backend::wrap_host(void* /*memory*/, int64_t /*bytes*/) {
+  A2D_FAIL("the ", name(), " backend cannot use host memory as its buffers; upload it instead");
+}
+
+std::vector<std::string> backend_names() {
+  return {"cpu", "fenced"};
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& device) {
+  if (device == "cpu") return backends::make_cpu_backend();
+  if (device == "fenced") return backends::make_fenced_backend();
+  A2D_FAIL("unknown device '", device, "'; choose cpu (or fenced, the test backend whose memory ",
+           "only its own operations may touch)");
+}
+
+BufferPtr upload_indices(Backend& backend, const std::vector<int64_t>& values) {
+  const int64_t bytes = static_cast<int64_t>(values.size() * sizeof(int64_t));
+  BufferPtr buffer = backend.allocate(bytes);
+  backend.upload(values.data(), Place::in(*buffer), bytes);
+  return buffer;
+}
+
+}  // namespace a2d

@@ -1,0 +1,16 @@
+// Internal: the constructors of the backends make_backend() knows.
+#pragma once
+
+#include <memory>
+
+#include "attention2d/backend.hpp"
+
+namespace a2d::backends {
+
+std::unique_ptr<Backend> make_cpu_backend();
+std::unique_ptr<Backend> make_fenced_backend();
+
+// The memory behind a fenced buffer, for the test that shows a stray access crashes.
+std::byte* fenced_memory(const Buffer& buffer);
+
+}  // namespace a2d::backends

@@ -1,0 +1,98 @@
+// The fenced test backend: the CPU backend's operations on memory that is inaccessible (mprotect
+// PROT_NONE) except while one of those operations runs. Its buffers report no host address, so
+// communicators stage them through host memory as they must a GPU's; any access from outside the
+// backend (an algorithm reading a buffer, a communicator handing one to MPI) is a segmentation
+// fault. The MPI test matrix runs every algorithm on it (tests/mpi), which proves that the
+// algorithms touch data only through the backend and the communicator.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "../backends.hpp"
+#include "../host/host_backend.hpp"
+#include "attention2d/error.hpp"
+
+namespace a2d::backends {
+namespace {
+
+int64_t page_bytes() {
+  static const int64_t bytes = sysconf(_SC_PAGESIZE);
+  return bytes;
+}
+
+class FencedBuffer final : public Buffer {
+ public:
+  FencedBuffer(Backend& backend, int64_t bytes, std::byte* memory, int64_t mapped)
+      : Buffer(backend, bytes, nullptr), memory_(memory), mapped_(mapped) {}
+  ~FencedBuffer() override { munmap(memory_, static_cast<size_t>(mapped_)); }
+
+  std::byte* memory() const { return memory_; }
+  int64_t mapped() const { return mapped_; }
+  int opened = 0;  // nesting depth of the operations that hold it open
+
+ private:
+  std::byte* memory_;
+  int64_t mapped_;
+};
+
+void protect(const FencedBuffer& buffer, int access) {
+  if (mprotect(buffer.memory(), static_cast<size_t>(buffer.mapped()), access) != 0) {
+    A2D_FAIL("mprotect of a fenced buffer failed: ", std::strerror(errno));
+  }
+}
+
+class FencedBackend final : public HostBackend {
+ public:
+  std::string name() const override { return "fenced"; }
+  bool host_accessible() const override { return false; }
+
+  BufferPtr allocate(int64_t bytes) override {
+    A2D_REQUIRE(bytes >= 0, "cannot allocate ", bytes, " bytes");
+    const int64_t page = page_bytes();
+    const int64_t mapped = std::max<int64_t>(page, (bytes + page - 1) / page * page);
+    void* memory = mmap(nullptr, static_cast<size_t>(mapped), PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (memory == MAP_FAILED) {
+      A2D_FAIL("cannot map ", mapped, " bytes for a fenced buffer: ", std::strerror(errno));
+    }
+    auto buffer =
+        std::make_unique<FencedBuffer>(*this, bytes, static_cast<std::byte*>(memory), mapped);
+    // All-ones bytes (NaN in every float type), as uninitialised memory of the sanitizer build.
+    std::memset(memory, 0xff, static_cast<size_t>(mapped));
+    protect(*buffer, PROT_NONE);
+    return buffer;
+  }
+
+ protected:
+  std::byte* memory(const Buffer& buffer) const override {
+    return static_cast<const FencedBuffer&>(buffer).memory();
+  }
+  void open(std::initializer_list<const Buffer*> buffers) override {
+    for (const Buffer* b : buffers) {
+      auto* buffer = const_cast<FencedBuffer*>(static_cast<const FencedBuffer*>(b));
+      if (buffer->opened++ == 0) protect(*buffer, PROT_READ | PROT_WRITE);
+    }
+  }
+  void close(std::initializer_list<const Buffer*> buffers) override {
+    for (const Buffer* b : buffers) {
+      auto* buffer = const_cast<FencedBuffer*>(static_cast<const FencedBuffer*>(b));
+      if (--buffer->opened == 0) protect(*buffer, PROT_NONE);
+    }
+  }
+};
+
+}  // namespace
+
+std::byte* fenced_memory(const Buffer& buffer) {
+  A2D_REQUIRE(buffer.backend().name() == "fenced", "not a fenced buffer");
+  return static_cast<const FencedBuffer&>(buffer).memory();
+}
+
+std::unique_ptr<Backend> make_fenced_backend() {
+  return std::make_unique<FencedBackend>();
+}
+
+}  // namespace a2d::backends

@@ -1,0 +1,242 @@
+// A communicator that stages buffers the host cannot touch through host memory
+// (make_staged_communicator, comm.hpp): the path of a GPU's data under an MPI that is not
+// CUDA-aware, and of the fenced test backend's data, which proves it.
+//
+//   send side  the backend copies the bytes to send into a host staging buffer (download) when
+//              the operation is posted, so the sender may reuse its buffer as soon as the inner
+//              operation has taken the staging copy
+//   recv side  the inner operation receives into a staging buffer; the backend copies it into
+//              the destination (upload) when the operation completes: in wait() for a posted
+//              operation, before returning for a blocking one
+//
+// Places in host-accessible memory pass through unchanged, so over the CPU backend this is the
+// inner communicator. Staging buffers come from the backend (pinned memory on a GPU) and are
+// reused between operations.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "attention2d/comm.hpp"
+#include "attention2d/error.hpp"
+
+namespace a2d {
+namespace {
+
+bool needs_staging(const Place& place) {
+  return place.buffer && !place.buffer->host_data();
+}
+
+int64_t total(std::span<const int64_t> values) {
+  return std::accumulate(values.begin(), values.end(), int64_t{0});
+}
+
+// Staging buffers of one communicator, reused: a request takes the smallest free buffer that is
+// large enough and gives it back when it completes.
+class StagingPool {
+ public:
+  explicit StagingPool(Backend& backend) : backend_(backend) {}
+  BufferPtr take(int64_t bytes) {
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if ((*it)->bytes() >= bytes && (best == free_.end() || (*it)->bytes() < (*best)->bytes()))
+        best = it;
+    }
+    if (best == free_.end()) return backend_.allocate_staging(bytes);
+    BufferPtr buffer = std::move(*best);
+    free_.erase(best);
+    return buffer;
+  }
+  void give_back(BufferPtr buffer) {
+    free_.push_back(std::move(buffer));
+    // Keep a few: rings use two or three at a time.
+    if (free_.size() > 8) free_.erase(free_.begin());
+  }
+  Backend& backend() { return backend_; }
+
+ private:
+  Backend& backend_;
+  std::vector<BufferPtr> free_;
+};
+
+// The host side of one operation: staging copies of its outgoing places, staging targets of its
+// incoming ones, and the uploads that deliver them.
+class Staging {
+ public:
+  explicit Staging(std::shared_ptr<StagingPool> pool) : pool_(std::move(pool)) {}
+  Staging(Staging&&) = default;
+  ~Staging() {
+    for (auto& buffer : held_)
+      pool_->give_back(std::move(buffer));
+  }
+
+  // `bytes` at `place` as host memory holding their current contents.
+  Place outgoing(const Place& place, int64_t bytes) {
+    if (!needs_staging(place) || bytes == 0) return place;
+    Buffer& host = hold(bytes);
+    pool_->backend().download(place, host.host_data(), bytes);
+    return Place::in(host);
+  }
+  // Host memory for `bytes` that will arrive for `place`; deliver() copies them there.
+  Place incoming(const Place& place, int64_t bytes) {
+    if (!needs_staging(place) || bytes == 0) return place;
+    Buffer& host = hold(bytes);
+    deliveries_.push_back({place, &host, bytes});
+    return Place::in(host);
+  }
+  void deliver() {
+    for (const Delivery& d : deliveries_)
+      pool_->backend().upload(d.from->host_data(), d.to, d.bytes);
+    deliveries_.clear();
+  }
+
+ private:
+  struct Delivery {
+    Place to;
+    Buffer* from;
+    int64_t bytes;
+  };
+  Buffer& hold(int64_t bytes) {
+    held_.push_back(pool_->take(bytes));
+    return *held_.back();
+  }
+  std::shared_ptr<StagingPool> pool_;
+  std::vector<BufferPtr> held_;
+  std::vector<Delivery> deliveries_;
+};
+
+class StagedRequest final : public Request {
+ public:
+  StagedRequest(RequestPtr inner, Staging staging)
+      : inner_(std::move(inner)), staging_(std::move(staging)) {}
+  void wait() override {
+    if (done_) return;
+    done_ = true;
+    inner_->wait();
+    staging_.deliver();
+  }
+  ~StagedRequest() override {
+    if (done_) return;
+    try {
+      wait();
+    } catch (...) {
+      // A destructor must not throw; the owner's wait() reports errors.
+    }
+  }
+
+ private:
+  RequestPtr inner_;
+  Staging staging_;
+  bool done_ = false;
+};
+
+class StagedCommunicator final : public Communicator {
+ public:
+  StagedCommunicator(std::unique_ptr<Communicator> inner, Backend& backend)
+      : inner_(std::move(inner)), pool_(std::make_shared<StagingPool>(backend)) {
+    A2D_REQUIRE(inner_, "a staged communicator needs an inner communicator");
+  }
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    return std::make_unique<StagedCommunicator>(inner_->split(color, key), pool_->backend());
+  }
+
+  RequestPtr all_gather_async(Place send, Place recv, std::span<const int64_t> bytes) override {
+    Staging staging(pool_);
+    const Place host_send = staging.outgoing(send, own(bytes));
+    const Place host_recv = staging.incoming(recv, total(bytes));
+    RequestPtr inner = inner_->all_gather_async(host_send, host_recv, bytes);
+    return std::make_unique<StagedRequest>(std::move(inner), std::move(staging));
+  }
+  void all_gather(Place send, Place recv, std::span<const int64_t> bytes) override {
+    Staging staging(pool_);
+    const Place host_send = staging.outgoing(send, own(bytes));
+    const Place host_recv = staging.incoming(recv, total(bytes));
+    inner_->all_gather(host_send, host_recv, bytes);
+    staging.deliver();
+  }
+
+  RequestPtr reduce_scatter_async(Place send, Place recv, std::span<const int64_t> counts,
+                                  int64_t record, Reduction reduction) override {
+    Staging staging(pool_);
+    const int64_t unit = record * static_cast<int64_t>(sizeof(float));
+    const Place host_send = staging.outgoing(send, total(counts) * unit);
+    const Place host_recv = staging.incoming(recv, own(counts) * unit);
+    RequestPtr inner =
+        inner_->reduce_scatter_async(host_send, host_recv, counts, record, reduction);
+    return std::make_unique<StagedRequest>(std::move(inner), std::move(staging));
+  }
+  void reduce_scatter(Place send, Place recv, std::span<const int64_t> counts, int64_t record,
+                      Reduction reduction) override {
+    Staging staging(pool_);
+    const int64_t unit = record * static_cast<int64_t>(sizeof(float));
+    const Place host_send = staging.outgoing(send, total(counts) * unit);
+    const Place host_recv = staging.incoming(recv, own(counts) * unit);
+    inner_->reduce_scatter(host_send, host_recv, counts, record, reduction);
+    staging.deliver();
+  }
+
+  RequestPtr send_recv_async(Place send, int64_t send_bytes, int dest, Place recv,
+                             int64_t recv_bytes, int source, int tag) override {
+    Staging staging(pool_);
+    const Place host_send = staging.outgoing(send, send_bytes);
+    const Place host_recv = staging.incoming(recv, recv_bytes);
+    RequestPtr inner =
+        inner_->send_recv_async(host_send, send_bytes, dest, host_recv, recv_bytes, source, tag);
+    return std::make_unique<StagedRequest>(std::move(inner), std::move(staging));
+  }
+
+  RequestPtr all_to_all_async(Place send, std::span<const int64_t> send_bytes, Place recv,
+                              std::span<const int64_t> recv_bytes) override {
+    Staging staging(pool_);
+    const Place host_send = staging.outgoing(send, total(send_bytes));
+    const Place host_recv = staging.incoming(recv, total(recv_bytes));
+    RequestPtr inner = inner_->all_to_all_async(host_send, send_bytes, host_recv, recv_bytes);
+    return std::make_unique<StagedRequest>(std::move(inner), std::move(staging));
+  }
+  void all_to_all(Place send, std::span<const int64_t> send_bytes, Place recv,
+                  std::span<const int64_t> recv_bytes) override {
+    Staging staging(pool_);
+    const Place host_send = staging.outgoing(send, total(send_bytes));
+    const Place host_recv = staging.incoming(recv, total(recv_bytes));
+    inner_->all_to_all(host_send, send_bytes, host_recv, recv_bytes);
+    staging.deliver();
+  }
+
+  void broadcast(void* data, int64_t bytes, int root) override {
+    inner_->broadcast(data, bytes, root);
+  }
+  void all_reduce(float* data, int64_t count, Reduction reduction) override {
+    inner_->all_reduce(data, count, reduction);
+  }
+  void all_reduce(double* data, int64_t count, Reduction reduction) override {
+    inner_->all_reduce(data, count, reduction);
+  }
+  void all_reduce(int64_t* data, int64_t count, Reduction reduction) override {
+    inner_->all_reduce(data, count, reduction);
+  }
+  void barrier() override { inner_->barrier(); }
+  void progress() override { inner_->progress(); }
+  void set_phase(const std::string& phase) override { inner_->set_phase(phase); }
+
+ private:
+  int64_t own(std::span<const int64_t> counts) const {
+    A2D_REQUIRE(static_cast<int>(counts.size()) == size(),
+                "a collective needs one count per rank (", size(), "), got ", counts.size());
+    return counts[static_cast<size_t>(rank())];
+  }
+
+  std::unique_ptr<Communicator> inner_;
+  std::shared_ptr<StagingPool> pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<Communicator> inner,
+                                                       Backend& backend) {
+  return std::make_unique<StagedCommunicator>(std::move(inner), backend);
+}
+
+}  // namespace a2d
