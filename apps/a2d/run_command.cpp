@@ -39,6 +39,7 @@ struct RunOptions {
   bool force = false;
   bool check_finite = false;
   std::string q_file, k_file, v_file, do_file, out_dir;
+  std::string out_dtype = "float32";
   int64_t seed = 42;
   int64_t warmup = 1;
   int64_t iters = 3;
@@ -106,17 +107,41 @@ void prepare_output_dir(const RunOptions& o) {
   }
 }
 
+// --out-dtype: float32 (exact for every dtype: numpy has no bfloat16) or float16 (exact for an
+// fp16 run only; for the others it would round the outputs a second time, so it is refused).
+void check_out_dtype(const RunOptions& o, const Problem& p) {
+  A2D_REQUIRE(o.out_dtype == "float32" || o.out_dtype == "float16",
+              "--out-dtype must be float32 or float16, got '", o.out_dtype, "'");
+  A2D_REQUIRE(o.out_dtype == "float32" || p.dtype == DType::f16,
+              "--out-dtype float16 writes an fp16 run's outputs exactly; with --dtype ",
+              dtype_name(p.dtype),
+              " it would round them again (bf16 and fp32 outputs are written as float32, "
+              "exactly)");
+}
+
 void write_outputs(const RunOptions& o, const Problem& p, const GlobalOutputs& g) {
   const auto overwrite = o.force ? npy::Overwrite::allow : npy::Overwrite::refuse;
   const std::vector<int64_t> q_shape = {p.batch, p.seq, p.heads, p.head_dim};
   const std::vector<int64_t> kv_shape = {p.batch, p.seq, p.kv_heads, p.head_dim};
   const std::string dir = o.out_dir + "/";
-  std::vector<npy::File> files = {{dir + "o.npy", q_shape, g.out.data()},
+  const bool half = o.out_dtype == "float16";
+  // The tensors as binary16 bits where asked (their values are fp16 values: exact); LSE stays
+  // float32, as it is computed.
+  std::vector<std::vector<uint16_t>> bits;
+  const auto file = [&](const std::string& name, const std::vector<int64_t>& shape,
+                        const std::vector<float>& values) -> npy::File {
+    if (!half) return {dir + name, shape, values.data()};
+    bits.emplace_back(values.size());
+    from_float(DType::f16, values.data(), bits.back().data(), static_cast<int64_t>(values.size()));
+    return {dir + name, shape, npy::DType::float16, bits.back().data()};
+  };
+  bits.reserve(4);
+  std::vector<npy::File> files = {file("o.npy", q_shape, g.out),
                                   {dir + "lse.npy", {p.batch, p.heads, p.seq}, g.lse.data()}};
   if (o.backward) {
-    files.push_back({dir + "dq.npy", q_shape, g.dq.data()});
-    files.push_back({dir + "dk.npy", kv_shape, g.dk.data()});
-    files.push_back({dir + "dv.npy", kv_shape, g.dv.data()});
+    files.push_back(file("dq.npy", q_shape, g.dq));
+    files.push_back(file("dk.npy", kv_shape, g.dk));
+    files.push_back(file("dv.npy", kv_shape, g.dv));
   }
   npy::write_all(files, overwrite);
 }
@@ -148,6 +173,9 @@ int run(int argc, char** argv, int first) {
     options.add_string("--out", &o.out_dir,
                        "write o.npy, lse.npy (dq, dk, dv.npy) here, global order");
     options.add_flag("--force", &o.force, "overwrite existing output files");
+    options.add_string("--out-dtype", &o.out_dtype,
+                       "element type of o, dq, dk, dv.npy: float32 (default; exact for every "
+                       "--dtype) or float16 (--dtype fp16); lse.npy is float32");
     options.add_flag("--check", &o.check,
                      "compare every output with the fp64 reference; exit 1 over the bound");
     options.add_flag("--json", &o.json, "one JSON object per line instead of the report");
@@ -194,6 +222,7 @@ int run(int argc, char** argv, int first) {
       problem = o.problem.problem();
       plan = o.plan.plan(problem, world.size(), &chosen);
       backend = o.device.backend();
+      check_out_dtype(o, problem);
     });
     // Inputs read from files hold what the dtype stores (the reference sees the same values).
     if (from_files && world.rank() == 0) round_inputs(global, problem.dtype);

@@ -38,17 +38,10 @@ class AllGatherKvAttention final : public SequenceParallel {
     BufferPtr kv = gather_kv(s.k, s.v, "forward");
     comm_->set_phase("forward.kernel");
     kv_order_.sort(Place::in(*kv), kv_rec_.per_token());
-    ForwardCall call;
-    call.shape = problem_.local_shape(own_tokens_, problem_.seq);
-    call.mask = problem_.mask;
-    call.scale = problem_.softmax_scale();
+    auto call = kernel_call<ForwardCall>(problem_, plan_, *comm_, own_tokens_, positions_of(rank_),
+                                         key_field(*kv, 0), key_field(*kv, 1), problem_.seq,
+                                         kv_order_.device_positions());
     call.q = s.q;
-    call.k = key_field(*kv, 0);
-    call.v = key_field(*kv, 1);
-    call.q_positions = positions_of(rank_);
-    call.kv_positions = kv_order_.device_positions();
-    call.threads = plan_.threads;
-    progress_through(call, *comm_);
     backend_.attention_forward(call, s.out, s.lse);
   }
 
@@ -58,19 +51,13 @@ class AllGatherKvAttention final : public SequenceParallel {
     BufferPtr kv = gather_kv(s.k, s.v, "backward");
     comm_->set_phase("backward.kernel");
     kv_order_.sort(Place::in(*kv), kv_rec_.per_token());
-    BackwardCall call;
-    call.shape = problem_.local_shape(own_tokens_, problem_.seq);
-    call.mask = problem_.mask;
-    call.scale = problem_.softmax_scale();
+    auto call = kernel_call<BackwardCall>(problem_, plan_, *comm_, own_tokens_, positions_of(rank_),
+                                          key_field(*kv, 0), key_field(*kv, 1), problem_.seq,
+                                          kv_order_.device_positions());
     call.q = s.q;
     call.d_out = s.d_out;
     call.lse = s.lse;
     call.out = s.out;  // the kernel computes delta = rowsum(dO * O) of the rank's own rows
-    call.k = key_field(*kv, 0);
-    call.v = key_field(*kv, 1);
-    call.q_positions = positions_of(rank_);
-    call.kv_positions = kv_order_.device_positions();
-    call.threads = plan_.threads;
     call.accumulate = false;
     // dQ is complete after the call (the rank's queries against every key): into the shard when
     // it is fp32, else through an fp32 buffer rounded once.
@@ -82,7 +69,6 @@ class AllGatherKvAttention final : public SequenceParallel {
     }
     // dK, dV of every key from this rank's queries, fp32 [dk dv] records in gathered order.
     BufferPtr dkv = backend_.allocate(dkv_rec_.bytes(problem_.seq));
-    progress_through(call, *comm_);
     backend_.attention_backward(call, dq_out, gradient_field(*dkv, 0), gradient_field(*dkv, 1));
     kv_order_.unsort(Place::in(*dkv), dkv_rec_.per_token());
     if (dq) backend_.copy_tokens(dq_out, s.dq, {b, own_tokens_, h, d});

@@ -180,17 +180,9 @@ class Attention2D final : public DistributedAttention {
 
   ForwardCall forward_call(const TokenTensor& q, int64_t q_tokens, Place q_pos, Buffer& kv,
                            int64_t kv_at, int64_t kv_tokens, Place kv_pos) {
-    ForwardCall call;
-    call.shape = problem_.local_shape(q_tokens, kv_tokens);
-    call.mask = problem_.mask;
-    call.scale = problem_.softmax_scale();
+    auto call = kernel_call<ForwardCall>(problem_, plan_, grid_.world(), q_tokens, q_pos,
+                                         k_field(kv, kv_at), v_field(kv, kv_at), kv_tokens, kv_pos);
     call.q = q;
-    call.k = k_field(kv, kv_at);
-    call.v = v_field(kv, kv_at);
-    call.q_positions = q_pos;
-    call.kv_positions = kv_pos;
-    call.threads = plan_.threads;
-    progress_through(call, grid_.world());
     return call;
   }
 
@@ -213,20 +205,13 @@ class Attention2D final : public DistributedAttention {
   void kernel_backward(Buffer& q_back, int64_t q_at, int64_t q_tokens, Place q_pos, Buffer& kv,
                        int64_t kv_at, int64_t kv_tokens, Place kv_pos, Buffer& dq, int64_t dq_at,
                        Buffer& dkv, int64_t dkv_at, bool accumulate) {
-    BackwardCall call;
-    call.shape = problem_.local_shape(q_tokens, kv_tokens);
-    call.mask = problem_.mask;
-    call.scale = problem_.softmax_scale();
+    auto call =
+        kernel_call<BackwardCall>(problem_, plan_, grid_.world(), q_tokens, q_pos,
+                                  k_field(kv, kv_at), v_field(kv, kv_at), kv_tokens, kv_pos);
     call.q = back_q_field(q_back, q_at);
     call.d_out = back_do_field(q_back, q_at);
     call.lse = lse_field(q_back, q_at);
     call.delta = delta_field(q_back, q_at);
-    call.k = k_field(kv, kv_at);
-    call.v = v_field(kv, kv_at);
-    call.q_positions = q_pos;
-    call.kv_positions = kv_pos;
-    call.threads = plan_.threads;
-    progress_through(call, grid_.world());
     call.accumulate = accumulate;
     backend_.attention_backward(call, dq_field(dq, dq_at), dk_field(dkv, dkv_at),
                                 dv_field(dkv, dkv_at));

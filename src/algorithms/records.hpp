@@ -16,6 +16,7 @@
 #include <numeric>
 #include <vector>
 
+#include "attention2d/attention.hpp"
 #include "attention2d/backend.hpp"
 #include "attention2d/comm.hpp"
 #include "attention2d/error.hpp"
@@ -30,6 +31,26 @@ template <typename Call>
 void progress_through(Call& call, Communicator& comm) {
   call.progress = [](void* context) { static_cast<Communicator*>(context)->progress(); };
   call.progress_context = &comm;
+}
+
+// A kernel call (ForwardCall or BackwardCall) of `problem` on q_tokens x kv_tokens rows with K, V
+// and the positions set, progressing `comm`: what every call of the algorithms shares. The caller
+// sets the query side (Q; dO, LSE, delta or O).
+template <typename Call>
+Call kernel_call(const Problem& problem, const Plan& plan, Communicator& comm, int64_t q_tokens,
+                 Place q_positions, const TokenTensor& k, const TokenTensor& v, int64_t kv_tokens,
+                 Place kv_positions) {
+  Call call;
+  call.shape = problem.local_shape(q_tokens, kv_tokens);
+  call.mask = problem.mask;
+  call.scale = problem.softmax_scale();
+  call.k = k;
+  call.v = v;
+  call.q_positions = q_positions;
+  call.kv_positions = kv_positions;
+  call.threads = plan.threads;
+  progress_through(call, comm);
+  return call;
 }
 
 constexpr int64_t kFloatBytes = static_cast<int64_t>(sizeof(float));

@@ -46,17 +46,10 @@ class RingAttention final : public SequenceParallel {
     BufferPtr partial = backend_.allocate(partial_rec_.bytes(own_tokens_));
     const PartialTensor state = partial_records(partial_rec_, *partial, 0);
     kv_ring(kv, "forward", [&](int step, int part, Buffer& block) {
-      ForwardCall call;
-      call.shape = problem_.local_shape(own_tokens_, count(part));
-      call.mask = problem_.mask;
-      call.scale = problem_.softmax_scale();
+      auto call = kernel_call<ForwardCall>(problem_, plan_, *comm_, own_tokens_,
+                                           positions_of(rank_), key_field(block, 0),
+                                           key_field(block, 1), count(part), positions_of(part));
       call.q = s.q;
-      call.k = key_field(block, 0);
-      call.v = key_field(block, 1);
-      call.q_positions = positions_of(rank_);
-      call.kv_positions = positions_of(part);
-      call.threads = plan_.threads;
-      progress_through(call, *comm_);
       backend_.attention_forward_partial(call, state, /*accumulate=*/step > 0);
     });
     backend_.finalize({problem_.batch, own_tokens_, problem_.heads, problem_.head_dim}, state,
@@ -91,20 +84,13 @@ class RingAttention final : public SequenceParallel {
     const int next = (rank_ + 1) % ranks_, prev = (rank_ - 1 + ranks_) % ranks_;
 
     kv_ring(kv, "backward", [&](int step, int part, Buffer& block) {
-      BackwardCall call;
-      call.shape = problem_.local_shape(own_tokens_, count(part));
-      call.mask = problem_.mask;
-      call.scale = problem_.softmax_scale();
+      auto call = kernel_call<BackwardCall>(problem_, plan_, *comm_, own_tokens_,
+                                            positions_of(rank_), key_field(block, 0),
+                                            key_field(block, 1), count(part), positions_of(part));
       call.q = s.q;
       call.d_out = s.d_out;
       call.lse = s.lse;
       call.delta = delta_rows;
-      call.k = key_field(block, 0);
-      call.v = key_field(block, 1);
-      call.q_positions = positions_of(rank_);
-      call.kv_positions = positions_of(part);
-      call.threads = plan_.threads;
-      progress_through(call, *comm_);
       if (step == 0) {
         // Own keys first: dQ and the own dK, dV are written, not added.
         call.accumulate = false;

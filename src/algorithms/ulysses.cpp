@@ -82,17 +82,12 @@ class UlyssesAttention final : public SequenceParallel {
     const HeadRecords out{problem_.batch, d, wire_.ulysses_out};
     const int64_t o_at = hq * kFloatBytes;
     BufferPtr results = backend_.allocate(out.bytes(problem_.seq));
-    ForwardCall call;
+    auto call = kernel_call<ForwardCall>(problem_, plan_, *comm_, problem_.seq, all_positions(),
+                                         in.tokens(*gathered, 0, hq * d * e, dtype),
+                                         in.tokens(*gathered, 0, (hq + hkv) * d * e, dtype),
+                                         problem_.seq, all_positions());
     call.shape = group_shape();
-    call.mask = problem_.mask;
-    call.scale = problem_.softmax_scale();
     call.q = in.tokens(*gathered, 0, 0, dtype);
-    call.k = in.tokens(*gathered, 0, hq * d * e, dtype);
-    call.v = in.tokens(*gathered, 0, (hq + hkv) * d * e, dtype);
-    call.q_positions = all_positions();
-    call.kv_positions = all_positions();
-    call.threads = plan_.threads;
-    progress_through(call, *comm_);
     comm_->set_phase("forward.kernel");
     backend_.attention_forward(call, out.tokens(*results, 0, o_at, dtype),
                                out.rows(*results, 0, 0));
@@ -147,21 +142,16 @@ class UlyssesAttention final : public SequenceParallel {
     const HeadRecords sums{b, d, (hq + 2 * hkv) * d * kFloatBytes};
     const HeadRecords grads{b, d, wire_.ulysses_backward_out};
     BufferPtr results = backend_.allocate(sums.bytes(problem_.seq));
-    BackwardCall call;
+    auto call = kernel_call<BackwardCall>(problem_, plan_, *comm_, problem_.seq, all_positions(),
+                                          in.tokens(*gathered, 0, k_at, dtype),
+                                          in.tokens(*gathered, 0, v_at, dtype), problem_.seq,
+                                          all_positions());
     call.shape = group_shape();
-    call.mask = problem_.mask;
-    call.scale = problem_.softmax_scale();
     call.q = in.tokens(*gathered, 0, q_at, dtype);
     call.d_out = in.tokens(*gathered, 0, do_at, dtype);
-    call.k = in.tokens(*gathered, 0, k_at, dtype);
-    call.v = in.tokens(*gathered, 0, v_at, dtype);
     call.lse = in.rows(*gathered, 0, 0);
     call.delta = in.rows(*gathered, 0, hq * kFloatBytes);
-    call.q_positions = all_positions();
-    call.kv_positions = all_positions();
-    call.threads = plan_.threads;
     call.accumulate = false;
-    progress_through(call, *comm_);
     comm_->set_phase("backward.kernel");
     const int64_t dk_at = hq * d, dv_at = (hq + hkv) * d;  // elements
     backend_.attention_backward(call, sums.tokens(*results, 0, 0, DType::f32),

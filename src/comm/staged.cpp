@@ -144,65 +144,45 @@ class StagedCommunicator final : public Communicator {
   }
 
   RequestPtr all_gather_async(Place send, Place recv, std::span<const int64_t> bytes) override {
-    Staging staging(pool_);
-    const Place host_send = staging.outgoing(send, own(bytes));
-    const Place host_recv = staging.incoming(recv, total(bytes));
-    RequestPtr inner = inner_->all_gather_async(host_send, host_recv, bytes);
-    return std::make_unique<StagedRequest>(std::move(inner), std::move(staging));
+    return posted(send, own(bytes), recv, total(bytes),
+                  [&](Place s, Place r) { return inner_->all_gather_async(s, r, bytes); });
   }
   void all_gather(Place send, Place recv, std::span<const int64_t> bytes) override {
-    Staging staging(pool_);
-    const Place host_send = staging.outgoing(send, own(bytes));
-    const Place host_recv = staging.incoming(recv, total(bytes));
-    inner_->all_gather(host_send, host_recv, bytes);
-    staging.deliver();
+    blocking(send, own(bytes), recv, total(bytes),
+             [&](Place s, Place r) { inner_->all_gather(s, r, bytes); });
   }
 
   RequestPtr reduce_scatter_async(Place send, Place recv, std::span<const int64_t> counts,
                                   int64_t record, Reduction reduction) override {
-    Staging staging(pool_);
     const int64_t unit = record * static_cast<int64_t>(sizeof(float));
-    const Place host_send = staging.outgoing(send, total(counts) * unit);
-    const Place host_recv = staging.incoming(recv, own(counts) * unit);
-    RequestPtr inner =
-        inner_->reduce_scatter_async(host_send, host_recv, counts, record, reduction);
-    return std::make_unique<StagedRequest>(std::move(inner), std::move(staging));
+    return posted(send, total(counts) * unit, recv, own(counts) * unit, [&](Place s, Place r) {
+      return inner_->reduce_scatter_async(s, r, counts, record, reduction);
+    });
   }
   void reduce_scatter(Place send, Place recv, std::span<const int64_t> counts, int64_t record,
                       Reduction reduction) override {
-    Staging staging(pool_);
     const int64_t unit = record * static_cast<int64_t>(sizeof(float));
-    const Place host_send = staging.outgoing(send, total(counts) * unit);
-    const Place host_recv = staging.incoming(recv, own(counts) * unit);
-    inner_->reduce_scatter(host_send, host_recv, counts, record, reduction);
-    staging.deliver();
+    blocking(send, total(counts) * unit, recv, own(counts) * unit,
+             [&](Place s, Place r) { inner_->reduce_scatter(s, r, counts, record, reduction); });
   }
 
   RequestPtr send_recv_async(Place send, int64_t send_bytes, int dest, Place recv,
                              int64_t recv_bytes, int source, int tag) override {
-    Staging staging(pool_);
-    const Place host_send = staging.outgoing(send, send_bytes);
-    const Place host_recv = staging.incoming(recv, recv_bytes);
-    RequestPtr inner =
-        inner_->send_recv_async(host_send, send_bytes, dest, host_recv, recv_bytes, source, tag);
-    return std::make_unique<StagedRequest>(std::move(inner), std::move(staging));
+    return posted(send, send_bytes, recv, recv_bytes, [&](Place s, Place r) {
+      return inner_->send_recv_async(s, send_bytes, dest, r, recv_bytes, source, tag);
+    });
   }
 
   RequestPtr all_to_all_async(Place send, std::span<const int64_t> send_bytes, Place recv,
                               std::span<const int64_t> recv_bytes) override {
-    Staging staging(pool_);
-    const Place host_send = staging.outgoing(send, total(send_bytes));
-    const Place host_recv = staging.incoming(recv, total(recv_bytes));
-    RequestPtr inner = inner_->all_to_all_async(host_send, send_bytes, host_recv, recv_bytes);
-    return std::make_unique<StagedRequest>(std::move(inner), std::move(staging));
+    return posted(send, total(send_bytes), recv, total(recv_bytes), [&](Place s, Place r) {
+      return inner_->all_to_all_async(s, send_bytes, r, recv_bytes);
+    });
   }
   void all_to_all(Place send, std::span<const int64_t> send_bytes, Place recv,
                   std::span<const int64_t> recv_bytes) override {
-    Staging staging(pool_);
-    const Place host_send = staging.outgoing(send, total(send_bytes));
-    const Place host_recv = staging.incoming(recv, total(recv_bytes));
-    inner_->all_to_all(host_send, send_bytes, host_recv, recv_bytes);
-    staging.deliver();
+    blocking(send, total(send_bytes), recv, total(recv_bytes),
+             [&](Place s, Place r) { inner_->all_to_all(s, send_bytes, r, recv_bytes); });
   }
 
   void broadcast(void* data, int64_t bytes, int root) override {
@@ -222,6 +202,25 @@ class StagedCommunicator final : public Communicator {
   void set_phase(const std::string& phase) override { inner_->set_phase(phase); }
 
  private:
+  // An operation of the inner communicator on host copies: `op(host_send, host_recv)` posts it
+  // (posted) or runs it (blocking); what arrives is delivered when it completes.
+  template <typename Op>
+  RequestPtr posted(Place send, int64_t send_bytes, Place recv, int64_t recv_bytes, Op&& op) {
+    Staging staging(pool_);
+    const Place host_send = staging.outgoing(send, send_bytes);
+    const Place host_recv = staging.incoming(recv, recv_bytes);
+    RequestPtr inner = op(host_send, host_recv);
+    return std::make_unique<StagedRequest>(std::move(inner), std::move(staging));
+  }
+  template <typename Op>
+  void blocking(Place send, int64_t send_bytes, Place recv, int64_t recv_bytes, Op&& op) {
+    Staging staging(pool_);
+    const Place host_send = staging.outgoing(send, send_bytes);
+    const Place host_recv = staging.incoming(recv, recv_bytes);
+    op(host_send, host_recv);
+    staging.deliver();
+  }
+
   int64_t own(std::span<const int64_t> counts) const {
     A2D_REQUIRE(static_cast<int>(counts.size()) == size(),
                 "a collective needs one count per rank (", size(), "), got ", counts.size());

@@ -79,31 +79,43 @@ bool ShardSet::zero_copy() const {
   return backend->host_accessible() && problem.dtype == DType::f32;
 }
 
-ForwardShards ShardSet::forward(const Problem& p) {
-  A2D_REQUIRE(p.dtype == problem.dtype, "shards of ", dtype_name(problem.dtype),
+namespace {
+void require_same_dtype(const Problem& shards, const Problem& p) {
+  A2D_REQUIRE(p.dtype == shards.dtype, "shards of ", dtype_name(shards.dtype),
               " used for a problem in ", dtype_name(p.dtype));
-  const DType t = p.dtype;
-  return {dense_token_tensor(*buffers_.q, t, tokens, p.heads, p.head_dim),
-          dense_token_tensor(*buffers_.k, t, tokens, p.kv_heads, p.head_dim),
-          dense_token_tensor(*buffers_.v, t, tokens, p.kv_heads, p.head_dim),
-          dense_token_tensor(*buffers_.out, t, tokens, p.heads, p.head_dim),
+}
+}  // namespace
+
+ForwardShards ShardSet::forward(const Problem& p) {
+  require_same_dtype(problem, p);
+  const auto q_like = [&](Buffer& b) {
+    return dense_token_tensor(b, p.dtype, tokens, p.heads, p.head_dim);
+  };
+  const auto kv_like = [&](Buffer& b) {
+    return dense_token_tensor(b, p.dtype, tokens, p.kv_heads, p.head_dim);
+  };
+  return {q_like(*buffers_.q), kv_like(*buffers_.k), kv_like(*buffers_.v), q_like(*buffers_.out),
           dense_row_tensor(*buffers_.lse, p.heads, tokens)};
 }
 
 BackwardShards ShardSet::backward(const Problem& p) {
   A2D_REQUIRE(with_backward, "these shards were made without the backward's tensors");
-  A2D_REQUIRE(p.dtype == problem.dtype, "shards of ", dtype_name(problem.dtype),
-              " used for a problem in ", dtype_name(p.dtype));
-  const DType t = p.dtype;
-  return {dense_token_tensor(*buffers_.q, t, tokens, p.heads, p.head_dim),
-          dense_token_tensor(*buffers_.k, t, tokens, p.kv_heads, p.head_dim),
-          dense_token_tensor(*buffers_.v, t, tokens, p.kv_heads, p.head_dim),
-          dense_token_tensor(*buffers_.out, t, tokens, p.heads, p.head_dim),
-          dense_token_tensor(*buffers_.d_out, t, tokens, p.heads, p.head_dim),
-          dense_row_tensor(*buffers_.lse, p.heads, tokens),
-          dense_token_tensor(*buffers_.dq, t, tokens, p.heads, p.head_dim),
-          dense_token_tensor(*buffers_.dk, t, tokens, p.kv_heads, p.head_dim),
-          dense_token_tensor(*buffers_.dv, t, tokens, p.kv_heads, p.head_dim)};
+  const ForwardShards f = forward(p);
+  const auto q_like = [&](Buffer& b) {
+    return dense_token_tensor(b, p.dtype, tokens, p.heads, p.head_dim);
+  };
+  const auto kv_like = [&](Buffer& b) {
+    return dense_token_tensor(b, p.dtype, tokens, p.kv_heads, p.head_dim);
+  };
+  return {f.q,
+          f.k,
+          f.v,
+          f.out,
+          q_like(*buffers_.d_out),
+          f.lse,
+          q_like(*buffers_.dq),
+          kv_like(*buffers_.dk),
+          kv_like(*buffers_.dv)};
 }
 
 namespace {

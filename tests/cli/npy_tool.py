@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Small .npy helper for the command tests (no numpy needed).
 
-  npy_tool.py make FILE DTYPE SEED D0 D1 ...   write a random array (DTYPE f4 or f8)
+  npy_tool.py make FILE DTYPE SEED D0 D1 ...   write a random array (DTYPE f2, f4 or f8)
   npy_tool.py shape FILE                        print the shape as D0xD1x...
+  npy_tool.py dtype FILE                        print the element type (f2, f4 or f8)
   npy_tool.py compare A B BOUND                 exit 1 unless the relative Frobenius
                                                 difference of A and B is <= BOUND
   npy_tool.py set FILE INDEX VALUE              set the element with flat index INDEX
@@ -18,6 +19,10 @@ import struct
 import sys
 
 
+# struct formats: binary16 ('e'), binary32, binary64.
+FORMATS = {"f2": "e", "f4": "f", "f8": "d"}
+
+
 def write(path, dtype, shape, values):
     header = "{'descr': '<%s', 'fortran_order': False, 'shape': (%s), }" % (
         dtype, "".join("%d, " % d for d in shape) if len(shape) != 1 else "%d," % shape[0])
@@ -25,7 +30,7 @@ def write(path, dtype, shape, values):
     header = header + " " * pad + "\n"
     with open(path, "wb") as f:
         f.write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode())
-        f.write(struct.pack("<%d%s" % (len(values), "f" if dtype == "f4" else "d"), *values))
+        f.write(struct.pack("<%d%s" % (len(values), FORMATS[dtype]), *values))
 
 
 def read(path):
@@ -35,9 +40,15 @@ def read(path):
     header = ast.literal_eval(data[10:10 + length].decode())
     shape = header["shape"]
     count = math.prod(shape)
-    fmt = {"<f4": "f", "<f8": "d"}[header["descr"]]
+    fmt = FORMATS[header["descr"][1:]]
     values = struct.unpack_from("<%d%s" % (count, fmt), data, 10 + length)
     return shape, values
+
+
+def descr(path):
+    data = open(path, "rb").read()
+    length = struct.unpack("<H", data[8:10])[0]
+    return ast.literal_eval(data[10:10 + length].decode())["descr"][1:]
 
 
 def main():
@@ -49,6 +60,8 @@ def main():
         write(path, dtype, shape, [rng.gauss(0.0, 1.0) for _ in range(math.prod(shape))])
     elif command == "shape":
         print("x".join(str(d) for d in read(sys.argv[2])[0]))
+    elif command == "dtype":
+        print(descr(sys.argv[2]))
     elif command == "compare":
         (shape_a, a), (shape_b, b) = read(sys.argv[2]), read(sys.argv[3])
         bound = float(sys.argv[4])

@@ -42,6 +42,34 @@ for f in o lse dq dk dv; do
   done
 done
 
+# 16 bits. bf16 from float32/64 files (rounded as they are read), outputs written as float32:
+# within the bf16 bound of the fp32 outputs, on 3 ranks as on 1. fp16 from float16 files, outputs
+# written as float16 where asked (their values are fp16 values); LSE stays float32.
+run 3 "${inputs[@]}" --causal --dtype bf16 --check --out "$work/bf16_3" || fail "bf16 run failed"
+run 1 "${inputs[@]}" --causal --dtype bf16 --out "$work/bf16_1" "${once[@]}" || fail "bf16 1-rank failed"
+for f in o lse dq dk dv; do
+  [ "$($tool dtype "$work/bf16_3/$f.npy")" = f4 ] || fail "bf16 $f.npy is not float32"
+  $tool compare "$work/bf16_3/$f.npy" "$work/p1/$f.npy" 4e-2 || fail "bf16 $f far from fp32"
+  $tool compare "$work/bf16_3/$f.npy" "$work/bf16_1/$f.npy" 4e-3 || fail "bf16 $f differs by ranks"
+done
+$tool make "$work/q16.npy" f2 1 2 37 4 16
+$tool make "$work/k16.npy" f2 2 2 37 2 16
+$tool make "$work/v16.npy" f2 3 2 37 2 16
+$tool make "$work/do16.npy" f2 4 2 37 4 16
+half=(--q "$work/q16.npy" --k "$work/k16.npy" --v "$work/v16.npy" --do "$work/do16.npy" --backward)
+run 4 "${half[@]}" --causal --dtype fp16 --check --out "$work/fp16_4" --out-dtype float16 ||
+  fail "fp16 run with float16 files failed"
+for f in o dq dk dv; do
+  [ "$($tool dtype "$work/fp16_4/$f.npy")" = f2 ] || fail "fp16 $f.npy is not float16"
+done
+[ "$($tool dtype "$work/fp16_4/lse.npy")" = f4 ] || fail "fp16 lse.npy is not float32"
+if out=$(run 2 "${inputs[@]}" --dtype bf16 --out "$work/refused" --out-dtype float16 2>&1); then
+  fail "wrote bf16 outputs as float16"
+fi
+[ "$(echo "$out" | grep -c 'it would round them again')" = 2 ] ||
+  fail "--out-dtype float16 with bf16 not refused on both ranks: $out"
+[ ! -e "$work/refused/o.npy" ] || fail "a refused run wrote o.npy"
+
 # Existing outputs are not overwritten without --force, and nothing is touched.
 before=$(md5sum "$work/p3/o.npy")
 if out=$(run 2 "${inputs[@]}" --out "$work/p3" 2>&1); then fail "overwrote without --force"; fi
