@@ -1,5 +1,8 @@
 // a2d kernel: runs the local attention kernel on seeded inputs, times it, measures the machine's
-// FMA peak in the same run, and optionally checks every output against the fp64 reference.
+// FMA peak in the same run, and optionally checks every output against the fp64 reference. With
+// --dtype bf16 or fp16 the inputs are rounded to the dtype and stored in it, O is written in it,
+// and the reference runs on the rounded values.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +20,7 @@
 
 #include "attention2d/check.hpp"
 #include "attention2d/data.hpp"
+#include "attention2d/dtype.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/peak.hpp"
@@ -47,6 +51,7 @@ struct KernelOptions {
   bool json = false;
   bool huge_pages = false;
   std::string path;  // empty: A2D_KERNEL_PATH, else auto
+  std::string dtype = "fp32";
 };
 
 // Memory of the command's tensors. With --huge-pages every tensor is a 2 MiB-aligned block
@@ -79,10 +84,58 @@ struct TensorAllocator {
   }
 };
 using Tensor = std::vector<float, TensorAllocator<float>>;
+using Tensor16 = std::vector<uint16_t, TensorAllocator<uint16_t>>;  // bf16 or fp16 elements
 
 Tensor tensor(const std::vector<float>& values) {
   return {values.begin(), values.end()};
 }
+
+// A tensor of `dtype`: fp32 values in `wide`; for bf16 and fp16 the stored elements in `stored`
+// and, in `wide`, the same values widened (what the fp64 reference reads).
+struct TypedTensor {
+  DType dtype = DType::f32;
+  Tensor wide;
+  Tensor16 stored;
+
+  // Generated values rounded to `dtype`.
+  TypedTensor(DType dtype_, const std::vector<float>& values)
+      : dtype(dtype_), wide(tensor(values)) {
+    if (dtype == DType::f32) return;
+    stored.resize(wide.size());
+    from_float(dtype, wide.data(), stored.data(), static_cast<int64_t>(wide.size()));
+    to_float(dtype, stored.data(), wide.data(), static_cast<int64_t>(wide.size()));
+  }
+  // An output of `count` elements.
+  TypedTensor(DType dtype_, size_t count) : dtype(dtype_) {
+    if (dtype == DType::f32) {
+      wide.resize(count);
+    } else {
+      stored.resize(count);
+    }
+  }
+  size_t size() const { return dtype == DType::f32 ? wide.size() : stored.size(); }
+  void* data() {
+    return dtype == DType::f32 ? static_cast<void*>(wide.data())
+                               : static_cast<void*>(stored.data());
+  }
+  const void* data() const {
+    return dtype == DType::f32 ? static_cast<const void*>(wide.data())
+                               : static_cast<const void*>(stored.data());
+  }
+  // Dense [batch, tokens, heads, dim] views.
+  InTokens in(int64_t tokens, int64_t heads, int64_t dim) const {
+    return {data(), dtype, tokens * heads * dim, heads * dim, dim};
+  }
+  OutTokens out(int64_t tokens, int64_t heads, int64_t dim) {
+    return {data(), dtype, tokens * heads * dim, heads * dim, dim};
+  }
+  // The values as fp32 (an output's, widened).
+  std::vector<float> floats() const {
+    std::vector<float> x(size());
+    to_float(dtype, data(), x.data(), static_cast<int64_t>(x.size()));
+    return x;
+  }
+};
 
 // Resident memory of this process from /proc/self/status (Linux). The peak (VmHWM) can be reset
 // to the current size by writing 5 to /proc/self/clear_refs, which lets the command report how
@@ -172,6 +225,9 @@ int kernel(int argc, char** argv, int first) {
   options.add_string("--path", &o.path,
                      "kernel implementation: auto (fastest this CPU supports), portable or avx2\n"
                      "(default: the environment variable A2D_KERNEL_PATH, else auto)");
+  options.add_string("--dtype", &o.dtype,
+                     "element type of Q, K, V, dO and O: fp32, bf16 or fp16 (inputs generated\n"
+                     "in fp32, rounded and stored in it; LSE, dQ, dK, dV stay fp32)");
   options.add_int("--seed", &o.seed, "seed of the generated inputs");
   options.add_int("--warmup", &o.warmup, "untimed runs before timing");
   options.add_int("--repeats", &o.repeats, "timed runs; the median is reported");
@@ -188,6 +244,7 @@ int kernel(int argc, char** argv, int first) {
   A2D_REQUIRE(o.warmup >= 0 && o.repeats >= 1, "--warmup must be >= 0 and --repeats >= 1");
   A2D_REQUIRE(o.window >= 0, "--window must be >= 1 (or 0 for no window), got ", o.window);
   A2D_REQUIRE(o.threads >= 1, "--threads must be at least 1, got ", o.threads);
+  const DType dtype = parse_dtype(o.dtype);
   if (!o.path.empty()) set_kernel_path(parse_kernel_path(o.path));
   const KernelPath path = kernel_path();
   // The peak is measured before and after the kernel timings and the higher value is kept: on a
@@ -206,20 +263,21 @@ int kernel(int argc, char** argv, int first) {
   const GlobalTokens q_global{o.batch, o.seq, o.heads, o.head_dim};
   const GlobalTokens kv_global{o.batch, o.kv_seq, o.kv_heads, o.head_dim};
   g_huge_pages = o.huge_pages;
-  const Tensor q = tensor(generate_tokens(seed, TensorTag::q, q_global));
-  const Tensor k = tensor(generate_tokens(seed, TensorTag::k, kv_global));
-  const Tensor v = tensor(generate_tokens(seed, TensorTag::v, kv_global));
-  Tensor out(q.size()), lse(static_cast<size_t>(o.batch * o.heads * o.seq));
+  const TypedTensor q(dtype, generate_tokens(seed, TensorTag::q, q_global));
+  const TypedTensor k(dtype, generate_tokens(seed, TensorTag::k, kv_global));
+  const TypedTensor v(dtype, generate_tokens(seed, TensorTag::v, kv_global));
+  TypedTensor out(dtype, q.size());
+  Tensor lse(static_cast<size_t>(o.batch * o.heads * o.seq));
 
   ForwardArgs fwd;
   fwd.shape = shape;
   fwd.mask = mask;
   fwd.scale = scale;
-  fwd.q = dense_tokens(q.data(), o.seq, o.heads, o.head_dim);
-  fwd.k = dense_tokens(k.data(), o.kv_seq, o.kv_heads, o.head_dim);
-  fwd.v = dense_tokens(v.data(), o.kv_seq, o.kv_heads, o.head_dim);
+  fwd.q = q.in(o.seq, o.heads, o.head_dim);
+  fwd.k = k.in(o.kv_seq, o.kv_heads, o.head_dim);
+  fwd.v = v.in(o.kv_seq, o.kv_heads, o.head_dim);
   fwd.threads = static_cast<int>(o.threads);
-  const auto out_view = dense_tokens(out.data(), o.seq, o.heads, o.head_dim);
+  const OutTokens out_view = out.out(o.seq, o.heads, o.head_dim);
   const auto lse_view = dense_rows(lse.data(), o.heads, o.seq);
 
   const double pairs =
@@ -230,12 +288,13 @@ int kernel(int argc, char** argv, int first) {
   const Summary fwd_ms =
       time_repeats(o, &fwd_rss_growth, [&] { attention_forward(fwd, out_view, lse_view); });
 
-  Tensor d_out, dq, dk, dv;
+  std::optional<TypedTensor> d_out;
+  Tensor dq, dk, dv;
   Summary bwd_ms;
   int64_t bwd_workspace = 0;
   std::optional<int64_t> bwd_rss_growth;
   if (o.backward) {
-    d_out = tensor(generate_tokens(seed, TensorTag::d_out, q_global));
+    d_out.emplace(dtype, generate_tokens(seed, TensorTag::d_out, q_global));
     dq.resize(q.size());
     dk.resize(k.size());
     dv.resize(v.size());
@@ -246,8 +305,9 @@ int kernel(int argc, char** argv, int first) {
     bwd.q = fwd.q;
     bwd.k = fwd.k;
     bwd.v = fwd.v;
-    bwd.out = dense_tokens(out.data(), o.seq, o.heads, o.head_dim);
-    bwd.d_out = dense_tokens(d_out.data(), o.seq, o.heads, o.head_dim);
+    // delta comes from O as the forward wrote it, in the dtype.
+    bwd.out = out.in(o.seq, o.heads, o.head_dim);
+    bwd.d_out = d_out->in(o.seq, o.heads, o.head_dim);
     bwd.lse = dense_rows(lse.data(), o.heads, o.seq);
     bwd.threads = static_cast<int>(o.threads);
     bwd_workspace = backward_workspace_bytes(shape, bwd.threads, /*delta_from_out=*/true);
@@ -263,38 +323,51 @@ int kernel(int argc, char** argv, int first) {
     peak = again;
   }
 
-  // Errors against the fp64 reference, on the same (fp32) inputs.
+  // Errors against the fp64 reference, on the same inputs (the rounded values, widened). Bounds
+  // (check.hpp): fp32 outputs kFp32RelativeBound; a 16-bit O its dtype's rounding bound; dQ and
+  // dK, whose delta comes from that O, the delta-gradient bound of the dtype.
+  const double output_bound = dtype == DType::bf16  ? kBf16OutputBound
+                              : dtype == DType::f16 ? kF16OutputBound
+                                                    : kFp32RelativeBound;
+  const double delta_gradient_bound = dtype == DType::bf16  ? kBf16DeltaGradientBound
+                                      : dtype == DType::f16 ? kF16DeltaGradientBound
+                                                            : kFp32RelativeBound;
   struct Error {
-    const char* name;  // table column; the JSON key is "err_" + lower-case name
+    const char* name;  // table column; the JSON keys are "err_" and "bound_" + lower-case name
     const char* key;
     double value;
+    double bound;
   };
   std::vector<Error> fwd_errors, bwd_errors;
   bool pass = true;
   if (o.check) {
-    const std::vector<double> q64 = widen(q), k64 = widen(k), v64 = widen(v);
+    const std::vector<double> q64 = widen(q.wide), k64 = widen(k.wide), v64 = widen(v.wide);
     reference::Inputs in{shape,      mask,       static_cast<double>(scale),
                          q64.data(), k64.data(), v64.data(),
                          nullptr,    nullptr,    static_cast<int>(o.threads)};
     std::vector<double> out64(q.size()), lse64(lse.size());
     reference::forward(in, out64.data(), lse64.data());
+    const std::vector<float> out32 = out.floats();
     fwd_errors = {
-        {"O", "err_o", relative_error(out.data(), out64.data(), static_cast<int64_t>(out.size()))},
-        {"LSE", "err_lse",
-         relative_error(lse.data(), lse64.data(), static_cast<int64_t>(lse.size()))}};
+        {"O", "o", relative_error(out32.data(), out64.data(), static_cast<int64_t>(out32.size())),
+         output_bound},
+        {"LSE", "lse", relative_error(lse.data(), lse64.data(), static_cast<int64_t>(lse.size())),
+         kFp32RelativeBound}};
     if (o.backward) {
-      const std::vector<double> do64 = widen(d_out);
+      const std::vector<double> do64 = widen(d_out->wide);
       std::vector<double> dq64(q.size()), dk64(k.size()), dv64(v.size());
       reference::backward(in, do64.data(), dq64.data(), dk64.data(), dv64.data());
       bwd_errors = {
-          {"dQ", "err_dq", relative_error(dq.data(), dq64.data(), static_cast<int64_t>(dq.size()))},
-          {"dK", "err_dk", relative_error(dk.data(), dk64.data(), static_cast<int64_t>(dk.size()))},
-          {"dV", "err_dv",
-           relative_error(dv.data(), dv64.data(), static_cast<int64_t>(dv.size()))}};
+          {"dQ", "dq", relative_error(dq.data(), dq64.data(), static_cast<int64_t>(dq.size())),
+           delta_gradient_bound},
+          {"dK", "dk", relative_error(dk.data(), dk64.data(), static_cast<int64_t>(dk.size())),
+           delta_gradient_bound},
+          {"dV", "dv", relative_error(dv.data(), dv64.data(), static_cast<int64_t>(dv.size())),
+           kFp32RelativeBound}};
     }
     for (const auto* errors : {&fwd_errors, &bwd_errors}) {
       for (const Error& e : *errors)
-        pass = pass && e.value <= kFp32RelativeBound;
+        pass = pass && e.value <= e.bound;
     }
   }
 
@@ -321,6 +394,7 @@ int kernel(int argc, char** argv, int first) {
           .add("repeats", o.repeats)
           .add("gflops", gflops)
           .add("path", kernel_path_name(path))
+          .add("dtype", dtype_name(dtype))
           .add("peak_gflops", peak.gflops)
           .add("peak_gflops_per_thread", peak.gflops_per_thread)
           .add("peak_isa", peak.isa)
@@ -328,12 +402,15 @@ int kernel(int argc, char** argv, int first) {
           .add("workspace_bytes", workspace);
       if (rss_growth) line.add("peak_rss_delta_bytes", *rss_growth);
       if (o.check) {
-        for (const Error& e : errors)
-          line.add(e.key, e.value);
-        line.add("bound", kFp32RelativeBound);
+        double bound = 0.0;  // the largest of the mode's bounds
         bool ok = true;
-        for (const Error& e : errors)
-          ok = ok && e.value <= kFp32RelativeBound;
+        for (const Error& e : errors) {
+          line.add(std::string("err_") + e.key, e.value);
+          line.add(std::string("bound_") + e.key, e.bound);
+          bound = std::max(bound, e.bound);
+          ok = ok && e.value <= e.bound;
+        }
+        line.add("bound", bound);
         line.add("pass", ok);
       }
       std::cout << line.str() << "\n";
@@ -350,9 +427,9 @@ int kernel(int argc, char** argv, int first) {
   };
 
   if (!o.json) {
-    std::printf("a2d kernel: %s mask=%s scale=%.6g threads=%lld path=%s\n",
+    std::printf("a2d kernel: %s mask=%s scale=%.6g threads=%lld path=%s dtype=%s\n",
                 shape.describe().c_str(), mask.describe().c_str(), static_cast<double>(scale),
-                static_cast<long long>(o.threads), kernel_path_name(path));
+                static_cast<long long>(o.threads), kernel_path_name(path), dtype_name(dtype));
     std::printf("FMA peak (%s, %d thread%s): %.1f GFLOP/s (%.1f per thread)\n", peak.isa.c_str(),
                 peak.threads, peak.threads == 1 ? "" : "s", peak.gflops, peak.gflops_per_thread);
     std::printf("%-9s %10s %10s %10s %10s %7s %9s %9s%s\n", "mode", "ms(med)", "ms(min)", "ms(max)",
@@ -364,8 +441,17 @@ int kernel(int argc, char** argv, int first) {
     report("backward", bwd_ms, 2.5 * fwd_flops, bwd_errors, bwd_workspace, bwd_rss_growth);
   }
   if (o.check && !o.json) {
-    std::printf("check: %s (bound %.0e on every output)\n", pass ? "PASS" : "FAIL",
-                kFp32RelativeBound);
+    if (dtype == DType::f32) {
+      std::printf("check: %s (bound %.0e on every output)\n", pass ? "PASS" : "FAIL",
+                  kFp32RelativeBound);
+    } else {
+      std::printf("check: %s (bounds:", pass ? "PASS" : "FAIL");
+      for (const auto* errors : {&fwd_errors, &bwd_errors}) {
+        for (const Error& e : *errors)
+          std::printf(" %s %.2e", e.name, e.bound);
+      }
+      std::printf("; inputs rounded to %s)\n", dtype_name(dtype));
+    }
   }
   return pass ? 0 : 1;
 }

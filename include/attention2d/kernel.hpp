@@ -303,14 +303,16 @@ KernelPath parse_kernel_path(const std::string& name);
 // Bytes the forward kernel allocates besides its inputs and outputs, on the current path, for
 // this shape and thread count: per-thread tiles plus per-call tables of key positions. It does not
 // grow with q_tokens, and grows with kv_tokens only by 16 bytes per 4 keys (the table of key
-// micro-block positions), so the forward never needs memory of the order of Nq x Nk. The AVX2
-// path converts 16-bit inputs inside its tiles (no extra memory); the portable path adds, for
-// 16-bit inputs, per-thread fp32 rows of one key tile (forward and backward: 2 x 64 x head_dim
-// floats) and of one query tile (backward: 2 x 64 x head_dim floats), not counted here.
+// micro-block positions), so the forward never needs memory of the order of Nq x Nk. Counted for
+// fp32 inputs: the AVX2 path converts 16-bit inputs inside its tiles (no extra memory), the
+// portable path into per-thread fp32 K and V rows of one key tile (2 x 64 x head_dim floats per
+// thread more).
 int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
 // The same for the backward: per-thread tiles, threads - 1 private dQ buffers (dQ rows get
 // contributions from every key tile; the buffers keep the sum deterministic) and, when delta is
-// computed from O (BackwardArgs::delta not set), the delta rows.
+// computed from O (BackwardArgs::delta not set), the delta rows. Counted for fp32 inputs: with
+// 16-bit inputs the portable path adds per-thread fp32 rows of one key tile (K, V) and one query
+// tile (Q, dO), 4 x 64 x head_dim floats per thread; the AVX2 path nothing.
 int64_t backward_workspace_bytes(const AttentionShape& shape, int threads, bool delta_from_out);
 
 // Number of (query, key) pairs the mask leaves visible, per batch and head. This is what the

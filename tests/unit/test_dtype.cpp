@@ -265,6 +265,25 @@ TEST(DType, RoundToAndArrayConversions) {
   to_float(DType::f16, nullptr, nullptr, 0);
 }
 
+// load_row widens every 16-bit pattern to the bits of bf16_to_float / f16_to_float (its fp16
+// conversion is a branch-free rewrite, so that the portable kernels' row loops vectorise).
+TEST(DType, LoadRowWidensEveryPattern) {
+  std::vector<uint16_t> patterns(65536);
+  for (size_t i = 0; i < patterns.size(); ++i)
+    patterns[i] = static_cast<uint16_t>(i);
+  std::vector<float> loaded(patterns.size());
+  for (const DType dtype : {DType::bf16, DType::f16}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    load_row(reinterpret_cast<const std::byte*>(patterns.data()), dtype,
+             static_cast<int64_t>(patterns.size()), loaded.data());
+    for (size_t i = 0; i < patterns.size(); ++i) {
+      const float expected =
+          dtype == DType::bf16 ? bf16_to_float(patterns[i]) : f16_to_float(patterns[i]);
+      ASSERT_EQ(bits_of(loaded[i]), bits_of(expected)) << std::hex << i;
+    }
+  }
+}
+
 // load_row and store_row, the portable kernels' conversions: the same bits as to_float and
 // from_float, with the scale as one fp32 product per element, on rows at any 2-byte offset.
 TEST(DType, LoadRowAndStoreRow) {

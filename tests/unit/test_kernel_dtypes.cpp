@@ -22,7 +22,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -34,8 +33,6 @@
 
 namespace a2d::test {
 namespace {
-
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 // The rounded problem: fp32 arrays hold the rounded values (what the fp32 kernel and the
 // reference read), the 16-bit arrays the same values stored in the dtype.

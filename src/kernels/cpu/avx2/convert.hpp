@@ -61,7 +61,7 @@ A2D_INLINE float widen1(const std::byte* from) {
       std::memcpy(&value, &wide, sizeof value);
       return value;
     } else {
-      return _cvtsh_ss(bits);
+      return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)));
     }
   }
 }
@@ -105,7 +105,10 @@ A2D_INLINE void narrow1(float x, std::byte* to) {
       _mm_store_si128(reinterpret_cast<__m128i*>(lanes), narrow8_bf16(_mm256_set1_ps(x)));
       bits = lanes[0];
     } else {
-      bits = static_cast<uint16_t>(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      // vcvtps2ph on one lane (not _cvtss_sh: Clang's macro for it is a C99 compound literal).
+      const __m128i half =
+          _mm_cvtps_ph(_mm_set_ss(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      bits = static_cast<uint16_t>(_mm_cvtsi128_si32(half) & 0xffff);
     }
     std::memcpy(to, &bits, sizeof bits);
   }
