@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Two builds of a2d side by side on the same problems: every algorithm, run in turn with the old
-# and the new binary (old, new, old, new, ...), each run `a2d run --json` (median of its timed
+# and the new binary (old, new, then new, old, ...), each run `a2d run --json` (median of its timed
 # calls, slowest rank); per algorithm the median over rounds of the pairwise ratio new / old,
 # forward and backward, and their spread. For checking that a change costs no speed.
 #   scripts/compare_binaries.sh OLD_A2D NEW_A2D [ROUNDS] [RANKS] [a2d run options...]
-# Defaults: 7 rounds, 2 ranks bound to cores, N = 4096, H = 8, D = 64, causal, backward. Options
+# Defaults: 7 rounds, 2 ranks bound to cores, N = 4096, H = 8, D = 64, causal, backward; the
+# environment variable VARIANTS (';'-separated --algo arguments) picks the algorithms. Options
 # the old binary does not know (--dtype, --device) must not be given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,11 +22,17 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 bind=(--bind-to core)
 [ "$ranks" -gt "$(nproc)" ] && bind=(--oversubscribe --bind-to none)
 variants=("attention2d" "attention2d-overlap" "ring --layout zigzag" "allgather-kv" "ulysses")
+# VARIANTS="allgather-kv;ring --layout striped" runs only those.
+if [ -n "${VARIANTS:-}" ]; then IFS=';' read -r -a variants <<<"$VARIANTS"; fi
 results=$(mktemp)
 trap 'rm -f "$results"' EXIT
 for ((round = 0; round < rounds; ++round)); do
   for variant in "${variants[@]}"; do
-    for which in old new; do
+    # Which binary runs first alternates between rounds, so that a bias of the first or the second
+    # run of a pair cancels.
+    order=(old new)
+    [ $((round % 2)) -eq 1 ] && order=(new old)
+    for which in "${order[@]}"; do
       binary=$old
       [ "$which" = new ] && binary=$new
       # shellcheck disable=SC2086
