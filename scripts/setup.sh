@@ -11,6 +11,9 @@ packages=(
   clang libclang-rt-14-dev            # libFuzzer and sanitizer runtimes for the fuzz targets
   gnuplot-nox                         # plots of `a2d model --plot`
   libopenblas-dev                     # bench/a2d_tile_gemm only: BLAS vs own micro-kernels
+  python3-dev pybind11-dev python3-pybind11   # the Python package (python/)
+  python3-numpy python3-mpi4py python3-torch python3-pytest python3-pip python3-setuptools
+  python3-wheel
 )
 
 missing=()

@@ -4,6 +4,14 @@
 
 namespace a2d::commands {
 
+// --verbose (anywhere on the command line): errors name their source file and line, and every
+// rank of a job prints its own. Without it an error that holds on every rank is printed once,
+// by rank 0, with no source location.
+extern bool g_verbose;
+
+// How an error is printed: its message, or with --verbose what() (rank and source line).
+const char* error_text(const std::exception& e);
+
 int kernel(int argc, char** argv, int first);
 int run(int argc, char** argv, int first);        // needs MPI
 int calibrate(int argc, char** argv, int first);  // needs MPI

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "attention2d/build_info.hpp"
+#include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/version.hpp"
 #include "commands.hpp"
@@ -56,11 +57,23 @@ void print_help() {
     name.resize(12, ' ');
     std::cout << "  " << name << s.summary << "\n";
   }
-  std::cout
-      << "\nRun 'a2d <subcommand> --help' for its options; 'a2d --version' for the version.\n";
+  std::cout << "\nRun 'a2d <subcommand> --help' for its options; 'a2d --version' for the version.\n"
+               "--verbose (with any subcommand): errors with their source line, from every rank.\n";
 }
 
 }  // namespace
+
+namespace a2d::commands {
+bool g_verbose = false;
+
+const char* error_text(const std::exception& e) {
+  if (g_verbose) return e.what();
+  if (const auto* collective = dynamic_cast<const CollectiveError*>(&e))
+    return collective->brief().c_str();
+  if (const auto* error = dynamic_cast<const Error*>(&e)) return error->message().c_str();
+  return e.what();
+}
+}  // namespace a2d::commands
 
 int main(int argc, char** argv) {
   // Keep freed memory in the heap instead of returning it to the system: the algorithms'
@@ -69,6 +82,17 @@ int main(int argc, char** argv) {
   // time otherwise; docs/benchmarks.md). Peak-memory measurements trim the heap first.
   mallopt(M_MMAP_MAX, 0);
   mallopt(M_TRIM_THRESHOLD, INT_MAX);
+  // --verbose may stand anywhere; it is taken out before the subcommand parses its options.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--verbose")) {
+      a2d::commands::g_verbose = true;
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
+  argv[argc] = nullptr;
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
       !std::strcmp(argv[1], "help")) {
     print_help();
@@ -83,7 +107,7 @@ int main(int argc, char** argv) {
     try {
       return s.run(argc, argv, 2);
     } catch (const a2d::Error& e) {
-      std::cerr << "a2d " << s.name << ": " << e.what() << "\n";
+      std::cerr << "a2d " << s.name << ": " << a2d::commands::error_text(e) << "\n";
       return 2;
     } catch (const std::exception& e) {
       std::cerr << "a2d " << s.name << ": unexpected error: " << e.what() << "\n";

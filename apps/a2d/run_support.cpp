@@ -20,6 +20,7 @@
 #include "attention2d/error.hpp"
 #include "attention2d/timing.hpp"
 #include "cli.hpp"
+#include "commands.hpp"
 
 namespace a2d::commands {
 
@@ -38,10 +39,15 @@ int run_collectively(Communicator& world, const std::function<int()>& body) {
   try {
     return body();
   } catch (const CollectiveError& e) {
-    print_error(who + e.what() + "\n");
+    // The same error on every rank: printed once (every rank's with --verbose).
+    if (g_verbose) {
+      print_error(who + e.what() + "\n");
+    } else if (world.rank() == 0) {
+      print_error(std::string("a2d: ") + e.brief() + "\n");
+    }
     return 2;
   } catch (const std::exception& e) {
-    print_error(who + e.what() + "\na2d: aborting the job so that no rank waits forever\n");
+    print_error(who + error_text(e) + "\na2d: aborting the job so that no rank waits forever\n");
     MPI_Abort(MPI_COMM_WORLD, 3);
     return 3;
   }

@@ -15,13 +15,17 @@ namespace a2d {
 
 class CollectiveError : public Error {
  public:
-  // `text` is the complete report (the failing rank's own what(), which names that rank).
-  CollectiveError(std::string text, const char* file, int line)
-      : Error(text, file, line), text_(std::move(text)) {}
+  // `text` is the complete report (the failing rank's own what(), which names that rank and the
+  // source line); `brief` the same without the source line, naming the rank only when not every
+  // rank failed: "rank 2: K has shape ..." or "K has shape ... (on every rank)".
+  CollectiveError(std::string text, std::string brief, const char* file, int line)
+      : Error(text, file, line), text_(std::move(text)), brief_(std::move(brief)) {}
   const char* what() const noexcept override { return text_.c_str(); }
+  const std::string& brief() const { return brief_; }
 
  private:
   std::string text_;
+  std::string brief_;
 };
 
 void collective_check(Communicator& comm, const std::function<void()>& stage);

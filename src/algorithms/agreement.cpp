@@ -107,11 +107,10 @@ void check_agreement(Communicator& world, const Problem& problem, const Plan& pl
     differences << "\n  " << mine[i].name << ": " << describe_values(by_rank, mine[i].text);
   }
   // Every rank reaches this point with the same text: the error is collective by construction.
-  throw CollectiveError(
-      "attention2d error: the ranks were given different problems or plans; every rank must "
-      "pass the same ones:" +
-          differences.str(),
-      __FILE__, __LINE__);
+  const std::string brief =
+      "the ranks were given different problems or plans; every rank must pass the same ones:" +
+      differences.str();
+  throw CollectiveError("attention2d error: " + brief, brief, __FILE__, __LINE__);
 }
 
 }  // namespace a2d

@@ -7,7 +7,7 @@
 namespace a2d {
 
 void collective_check(Communicator& comm, const std::function<void()>& stage) {
-  std::string message;
+  std::string message;  // what(), then '\0', then the message without rank and source line
   bool failed = false;
   try {
     stage();
@@ -15,10 +15,11 @@ void collective_check(Communicator& comm, const std::function<void()>& stage) {
     throw;  // already raised on every rank together
   } catch (const Error& e) {
     failed = true;
-    message = e.what();
+    message = std::string(e.what()) + '\0' + e.message();
   } catch (const std::exception& e) {
     failed = true;
     message = std::string("unexpected error: ") + e.what();
+    message += '\0' + message;
   }
   // [first failing rank (or size if none), number of failing ranks]
   // The lowest failing rank (as the max of -rank) and the number of failing ranks, in one
@@ -34,13 +35,22 @@ void collective_check(Communicator& comm, const std::function<void()>& stage) {
   std::vector<char> text(static_cast<size_t>(length));
   if (comm.rank() == first) text.assign(message.begin(), message.end());
   if (length > 0) comm.broadcast(text.data(), length, static_cast<int>(first));
-  std::string shared(text.begin(), text.end());
+  const std::string both(text.begin(), text.end());
+  const size_t split = both.find('\0');
+  std::string shared = both.substr(0, split);
+  std::string brief = split == std::string::npos ? shared : both.substr(split + 1);
   if (failures == comm.size() && failures > 1) {
     shared += " (on every rank)";
-  } else if (failures > 1) {
-    shared += " (and " + std::to_string(failures - 1) + " more ranks failed)";
+    brief += " (on every rank)";
+  } else {
+    if (comm.size() > 1) brief = "rank " + std::to_string(first) + ": " + brief;
+    if (failures > 1) {
+      const std::string more = " (and " + std::to_string(failures - 1) + " more ranks failed)";
+      shared += more;
+      brief += more;
+    }
   }
-  throw CollectiveError(shared, __FILE__, __LINE__);
+  throw CollectiveError(shared, brief, __FILE__, __LINE__);
 }
 
 }  // namespace a2d

@@ -39,6 +39,6 @@ done
 if out=$(timeout 300 "$mpiexec" --oversubscribe -np 3 "$a2d" run "${inputs[@]}" --check-finite 2>&1); then
   fail "--check-finite accepted NaN inputs"
 fi
-[ "$(echo "$out" | grep -c 'non-finite value nan in Q at (batch 0, token 5, head 1, dim 3), held by rank 2')" -eq 3 ] ||
-  fail "--check-finite did not name the element and its rank on all 3 ranks: $out"
+[ "$(echo "$out" | grep -c 'non-finite value nan in Q at (batch 0, token 5, head 1, dim 3), held by rank 2')" -eq 1 ] ||
+  fail "--check-finite did not name the element and its rank, once: $out"
 echo "run_nonfinite.sh: all checks passed"

@@ -1,0 +1,320 @@
+// attention2d._core: the compiled part of the Python package (pybind11).
+//
+// Thin on purpose: the problem and plan as plain values, the planner and the cost model, the
+// shard layout, and an Engine that holds one DistributedAttention (built once per problem, plan
+// and communicator) on the CPU backend. Tensors cross as (address, dtype, shape, strides) tuples
+// read from numpy arrays or torch tensors by the pure-Python layer (python/attention2d), which
+// also checks them collectively before any call; the engine wraps their memory without copying.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <mpi.h>
+#include <mpi4py/mpi4py.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../../apps/a2d/planning.hpp"
+#include "attention2d/attention.hpp"
+#include "attention2d/backend.hpp"
+#include "attention2d/collective.hpp"
+#include "attention2d/cost_model.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/harness.hpp"
+#include "attention2d/mpi_comm.hpp"
+#include "attention2d/version.hpp"
+#include "attention2d/watchdog.hpp"
+
+namespace py = pybind11;
+
+namespace {
+
+MPI_Comm mpi_comm_of(py::object comm) {
+  PyObject* object = comm.ptr();
+  MPI_Comm* handle = PyMPIComm_Get(object);
+  if (handle == nullptr) throw py::error_already_set();
+  return *handle;
+}
+
+// A tensor from Python: (address, dtype name, shape, strides in elements).
+struct HostTensor {
+  uintptr_t address = 0;
+  a2d::DType dtype = a2d::DType::f32;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> strides;
+};
+
+HostTensor host_tensor(const py::tuple& t, size_t rank, const char* name) {
+  A2D_REQUIRE(t.size() == 4, name, ": expected (address, dtype, shape, strides)");
+  HostTensor h;
+  h.address = t[0].cast<uintptr_t>();
+  h.dtype = a2d::parse_dtype(t[1].cast<std::string>());
+  h.shape = t[2].cast<std::vector<int64_t>>();
+  h.strides = t[3].cast<std::vector<int64_t>>();
+  A2D_REQUIRE(h.shape.size() == rank && h.strides.size() == rank, name, " must have ", rank,
+              " dimensions");
+  return h;
+}
+
+// Bytes from the tensor's first element to one past its last (strides non-negative: the Python
+// layer copies anything else).
+int64_t extent_bytes(const HostTensor& h) {
+  int64_t last = 0;
+  for (size_t i = 0; i < h.shape.size(); ++i) {
+    if (h.shape[i] == 0) return 0;
+    A2D_REQUIRE(h.strides[i] >= 0, "negative strides are not supported");
+    last += (h.shape[i] - 1) * h.strides[i];
+  }
+  return (last + 1) * static_cast<int64_t>(a2d::dtype_bytes(h.dtype));
+}
+
+py::dict prediction_dict(const a2d::Prediction& p) {
+  py::dict d;
+  d["forward_s"] = p.forward_s;
+  d["backward_s"] = p.backward_s;
+  d["forward_compute_s"] = p.forward_compute_s;
+  d["backward_compute_s"] = p.backward_compute_s;
+  d["forward_flops"] = p.forward_flops;
+  d["backward_flops"] = p.backward_flops;
+  d["forward_bytes"] = p.forward.bytes;
+  d["backward_bytes"] = p.backward.bytes;
+  d["forward_messages"] = p.forward.messages;
+  d["backward_messages"] = p.backward.messages;
+  d["words_forward"] = p.words_forward;
+  d["words_backward"] = p.words_backward;
+  d["memory_bytes"] = p.memory_bytes;
+  return d;
+}
+
+// One distributed attention of a fixed problem and plan over a communicator, on the CPU backend.
+class Engine {
+ public:
+  Engine(const a2d::Problem& problem, const a2d::Plan& plan, py::object comm)
+      : backend_(a2d::make_backend("cpu")) {
+    world_ = a2d::make_mpi_communicator(mpi_comm_of(comm));
+    a2d::set_error_rank(world_->rank());
+    attention_ = a2d::make_attention(problem, plan, *world_, *backend_);
+  }
+
+  const a2d::Problem& problem() const { return attention_->problem(); }
+  const a2d::Plan& plan() const { return attention_->plan(); }
+  int rank() const { return world_->rank(); }
+  int size() const { return world_->size(); }
+  std::vector<int64_t> tokens(int part) const { return attention_->layout().tokens_of(part); }
+
+  void forward(const py::tuple& q, const py::tuple& k, const py::tuple& v, const py::tuple& out,
+               const py::tuple& lse) {
+    Wrapped w(*backend_);
+    a2d::ForwardShards s;
+    s.q = w.token(host_tensor(q, 4, "q"));
+    s.k = w.token(host_tensor(k, 4, "k"));
+    s.v = w.token(host_tensor(v, 4, "v"));
+    s.out = w.token(host_tensor(out, 4, "out"));
+    s.lse = w.row(host_tensor(lse, 3, "lse"));
+    py::gil_scoped_release release;
+    attention_->forward(s);
+  }
+
+  void backward(const py::tuple& q, const py::tuple& k, const py::tuple& v, const py::tuple& out,
+                const py::tuple& d_out, const py::tuple& lse, const py::tuple& dq,
+                const py::tuple& dk, const py::tuple& dv) {
+    Wrapped w(*backend_);
+    a2d::BackwardShards s;
+    s.q = w.token(host_tensor(q, 4, "q"));
+    s.k = w.token(host_tensor(k, 4, "k"));
+    s.v = w.token(host_tensor(v, 4, "v"));
+    s.out = w.token(host_tensor(out, 4, "out"));
+    s.d_out = w.token(host_tensor(d_out, 4, "d_out"));
+    s.lse = w.row(host_tensor(lse, 3, "lse"));
+    s.dq = w.token(host_tensor(dq, 4, "dq"));
+    s.dk = w.token(host_tensor(dk, 4, "dk"));
+    s.dv = w.token(host_tensor(dv, 4, "dv"));
+    py::gil_scoped_release release;
+    attention_->backward(s);
+  }
+
+ private:
+  // The caller's memory as CPU-backend buffers for the length of one call (not copied).
+  struct Wrapped {
+    explicit Wrapped(a2d::Backend& target) : backend(target) {}
+    a2d::Buffer& wrap(const HostTensor& h) {
+      buffers.push_back(backend.wrap_host(reinterpret_cast<void*>(h.address), extent_bytes(h)));
+      return *buffers.back();
+    }
+    // [batch, tokens, heads, head_dim], the last dimension dense.
+    a2d::TokenTensor token(const HostTensor& h) {
+      A2D_REQUIRE(h.shape[3] <= 1 || h.strides[3] == 1,
+                  "the last dimension must be contiguous (stride 1)");
+      a2d::TokenTensor t;
+      t.buffer = &wrap(h);
+      t.dtype = h.dtype;
+      t.batch_stride = h.strides[0];
+      t.token_stride = h.strides[1];
+      t.head_stride = h.strides[2];
+      return t;
+    }
+    // [batch, heads, tokens] fp32.
+    a2d::RowTensor row(const HostTensor& h) {
+      A2D_REQUIRE(h.dtype == a2d::DType::f32, "lse must be float32");
+      a2d::RowTensor t;
+      t.buffer = &wrap(h);
+      t.batch_stride = h.strides[0];
+      t.head_stride = h.strides[1];
+      t.token_stride = h.strides[2];
+      return t;
+    }
+    a2d::Backend& backend;
+    std::vector<a2d::BufferPtr> buffers;
+  };
+
+  std::unique_ptr<a2d::Backend> backend_;
+  std::unique_ptr<a2d::Communicator> world_;
+  std::unique_ptr<a2d::DistributedAttention> attention_;
+};
+
+std::unique_ptr<a2d::Watchdog> g_watchdog;
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  if (import_mpi4py() < 0) throw py::error_already_set();
+  m.doc() = "attention2d's compiled core (see the attention2d package)";
+  m.attr("version") = A2D_VERSION_STRING;
+
+  static py::exception<a2d::Error> error(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const a2d::CollectiveError& e) {
+      PyErr_SetString(error.ptr(), e.brief().c_str());
+    } catch (const a2d::Error& e) {
+      PyErr_SetString(error.ptr(), e.message().c_str());
+    }
+  });
+
+  py::class_<a2d::Problem>(m, "Problem")
+      .def(py::init<>())
+      .def_readwrite("batch", &a2d::Problem::batch)
+      .def_readwrite("heads", &a2d::Problem::heads)
+      .def_readwrite("kv_heads", &a2d::Problem::kv_heads)
+      .def_readwrite("seq", &a2d::Problem::seq)
+      .def_readwrite("head_dim", &a2d::Problem::head_dim)
+      .def_readwrite("scale", &a2d::Problem::scale)
+      .def_property(
+          "causal", [](const a2d::Problem& p) { return p.mask.is_causal(); },
+          [](a2d::Problem& p, bool causal) {
+            p.mask = causal ? (p.mask.window > 0 ? a2d::Mask::causal_window(p.mask.window)
+                                                 : a2d::Mask::causal())
+                            : a2d::Mask::none();
+          })
+      .def_property(
+          "window", [](const a2d::Problem& p) { return p.mask.window; },
+          [](a2d::Problem& p, int64_t window) {
+            A2D_REQUIRE(window >= 0, "window must be >= 0 (0: no window), got ", window);
+            A2D_REQUIRE(window == 0 || p.mask.is_causal(),
+                        "a window needs causal=True (the window is q - window < k <= q)");
+            p.mask = window > 0 ? a2d::Mask::causal_window(window)
+                                : (p.mask.is_causal() ? a2d::Mask::causal() : a2d::Mask::none());
+          })
+      .def_property(
+          "dtype", [](const a2d::Problem& p) { return std::string(a2d::dtype_name(p.dtype)); },
+          [](a2d::Problem& p, const std::string& name) { p.dtype = a2d::parse_dtype(name); })
+      .def("validate", &a2d::Problem::validate)
+      .def("describe", &a2d::Problem::describe)
+      .def("__repr__", &a2d::Problem::describe);
+
+  py::class_<a2d::Plan>(m, "Plan")
+      .def(py::init<>())
+      .def_property(
+          "algorithm", [](const a2d::Plan& p) { return a2d::algorithm_name(p.algorithm); },
+          [](a2d::Plan& p, const std::string& name) { p.algorithm = a2d::parse_algorithm(name); })
+      .def_property(
+          "grid", [](const a2d::Plan& p) { return py::make_tuple(p.grid.rows, p.grid.cols); },
+          [](a2d::Plan& p, std::pair<int, int> g) {
+            p.grid = {g.first, g.second};
+          })
+      .def_property(
+          "layout", [](const a2d::Plan& p) { return a2d::layout_name(p.layout); },
+          [](a2d::Plan& p, const std::string& name) { p.layout = a2d::parse_layout(name); })
+      .def_readwrite("stripe", &a2d::Plan::stripe)
+      .def_readwrite("kv_transpose", &a2d::Plan::kv_transpose)
+      .def_readwrite("threads", &a2d::Plan::threads)
+      .def("describe", &a2d::Plan::describe)
+      .def("__repr__", &a2d::Plan::describe);
+
+  m.def("default_plan", [](const std::string& algo, const a2d::Problem& problem, int ranks) {
+    return a2d::default_plan(a2d::parse_algorithm(algo), problem, ranks);
+  });
+  m.def("check_plan", &a2d::check_plan);
+  m.def("check_grid",
+        [](const std::string& grid, int ranks) { a2d::check_grid(a2d::parse_grid(grid), ranks); });
+  m.def("default_calibration_file", &a2d::default_calibration_file);
+  // The planner of `a2d plan` / `a2d run`: (plan, prediction, machine description).
+  m.def("choose_plan",
+        [](const a2d::Problem& problem, int ranks, int ranks_per_node, const std::string& machine,
+           const std::string& calibration, const std::string& algo, const std::string& grid) {
+          const a2d::commands::MachineChoice choice{machine, calibration};
+          const auto planned =
+              a2d::commands::choose_plan(problem, ranks, ranks_per_node, choice, algo, grid);
+          return py::make_tuple(planned.plan, prediction_dict(planned.prediction),
+                                planned.machine_description);
+        });
+  // Every plan the model ranks, fastest first: [(plan, prediction)], and the skipped ones.
+  m.def("search_plans", [](const a2d::Problem& problem, int ranks, int ranks_per_node,
+                           const std::string& machine, const std::string& calibration) {
+    const a2d::commands::MachineChoice choice{machine, calibration};
+    const a2d::Machine chosen = choice.machine(ranks, problem.dtype);
+    const a2d::PlanSearch search = a2d::search_plans(problem, ranks, chosen, ranks_per_node);
+    py::list ranked;
+    for (const a2d::RankedPlan& r : search.ranked) {
+      ranked.append(py::make_tuple(r.plan, prediction_dict(r.prediction)));
+    }
+    return py::make_tuple(ranked, search.skipped, chosen.name + ": " + chosen.description);
+  });
+  m.def("predict", [](const a2d::Problem& problem, const a2d::Plan& plan, int ranks_per_node,
+                      const std::string& machine, const std::string& calibration) {
+    const a2d::commands::MachineChoice choice{machine, calibration};
+    const a2d::Machine chosen = choice.machine(plan.grid.size(), problem.dtype);
+    return prediction_dict(a2d::predict(problem, plan, chosen, ranks_per_node));
+  });
+  m.def("layout_tokens", [](const a2d::Problem& problem, const a2d::Plan& plan, int ranks) {
+    const a2d::TokenLayout layout(plan.layout, problem.seq, ranks, plan.stripe);
+    std::vector<std::vector<int64_t>> parts;
+    for (int part = 0; part < ranks; ++part)
+      parts.push_back(layout.tokens_of(part));
+    return parts;
+  });
+  // The bounds every distributed output meets against the fp64 reference on the rounded inputs
+  // (relative Frobenius errors; harness.hpp): the tests use them.
+  m.def("output_bounds", [](const std::string& dtype) {
+    const a2d::OutputBounds b = a2d::output_bounds(a2d::parse_dtype(dtype));
+    py::dict d;
+    d["out"] = b.out;
+    d["lse"] = b.lse;
+    d["dq"] = b.dq;
+    d["dk"] = b.dk;
+    d["dv"] = b.dv;
+    return d;
+  });
+  m.def(
+      "start_watchdog",
+      [](py::object comm, double timeout) {
+        g_watchdog.reset();
+        g_watchdog = std::make_unique<a2d::Watchdog>(mpi_comm_of(comm), timeout);
+      },
+      "collective: a watchdog over comm that aborts the job after `timeout` seconds without "
+      "progress on any rank (0 stops it)");
+  m.def("stop_watchdog", [] { g_watchdog.reset(); });
+
+  py::class_<Engine>(m, "Engine")
+      .def(py::init<const a2d::Problem&, const a2d::Plan&, py::object>())
+      .def_property_readonly("problem", &Engine::problem)
+      .def_property_readonly("plan", &Engine::plan)
+      .def_property_readonly("rank", &Engine::rank)
+      .def_property_readonly("size", &Engine::size)
+      .def("tokens", &Engine::tokens)
+      .def("forward", &Engine::forward)
+      .def("backward", &Engine::backward);
+}

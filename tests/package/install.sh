@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# `cmake --install` of a build tree into a fresh prefix, then a project outside the repository
+# that finds it with find_package(attention2d) and links attention2d::attention2d: configured,
+# built and run under mpiexec; and the installed a2d program runs.
+#   install.sh BUILD_DIR MPIEXEC
+set -euo pipefail
+build=$1
+mpiexec=$2
+here=$(cd "$(dirname "$0")" && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cmake --install "$build" --prefix "$work/prefix" >/dev/null
+[ -f "$work/prefix/include/attention2d/attention.hpp" ] || { echo "headers not installed"; exit 1; }
+[ -f "$work/prefix/include/attention2d/version.hpp" ] || { echo "version.hpp not installed"; exit 1; }
+"$work/prefix/bin/a2d" --version | grep -q "attention2d" || { echo "installed a2d does not run"; exit 1; }
+cmake -S "$here/consumer" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$work/prefix" \
+  -DCMAKE_BUILD_TYPE=Release >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
+cmake --build "$work/consumer" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
+"$mpiexec" --oversubscribe -np 3 "$work/consumer/consumer"
+echo "install.sh: passed"

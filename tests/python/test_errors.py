@@ -1,0 +1,112 @@
+"""Bad input raises attention2d.Error with the same message on every rank, before any data moves,
+and nobody hangs."""
+
+import numpy as np
+import pytest
+import torch
+
+import attention2d
+from conftest import COMM, assert_all_ranks
+
+SEQ, HEADS, D = 19, 4, 8
+
+
+def shards(algo="attention2d", kv_heads=HEADS, d=D, dtype=torch.float32):
+    lay = attention2d.layout(seq=SEQ, heads=HEADS, kv_heads=kv_heads, head_dim=d, algo=algo)
+    n = len(lay.tokens())
+    q = torch.randn(1, n, HEADS, d).to(dtype)
+    k = torch.randn(1, n, kv_heads, d).to(dtype)
+    return lay, q, k, k.clone()
+
+
+def raised_everywhere(call, expected):
+    """call() must raise attention2d.Error containing `expected`, identical on every rank."""
+    try:
+        call()
+        message = None
+    except attention2d.Error as e:
+        message = str(e)
+    messages = COMM.allgather(message)
+    assert_all_ranks(all(m is not None for m in messages), "did not raise on every rank: %s"
+                     % messages)
+    assert_all_ranks(len(set(messages)) == 1, "messages differ between ranks: %s" % messages)
+    assert_all_ranks(expected in messages[0], "%r not in %r" % (expected, messages[0]))
+    assert_all_ranks(".cpp:" not in messages[0], "source location in %r" % messages[0])
+    return messages[0]
+
+
+def test_head_dim_mismatch():
+    lay, q, k, v = shards()
+    bad = torch.randn(k.shape[:3] + (D + 1,))
+    raised_everywhere(lambda: attention2d.attention(q, bad, bad, layout=lay),
+                      "k and v must be [batch, local tokens, kv_heads, head_dim]")
+
+
+def test_heads_not_a_multiple():
+    lay, q, k, v = shards(kv_heads=HEADS)
+    k3 = torch.randn(k.shape[0], k.shape[1], 3, D)
+    raised_everywhere(lambda: attention2d.attention(q, k3, k3, layout=lay),
+                      "must be a multiple of k's and v's heads")
+
+
+def test_unsupported_dtype_and_device():
+    lay, q, k, v = shards()
+    raised_everywhere(lambda: attention2d.attention(q.double(), k.double(), v.double(),
+                                                    layout=lay), "supported: float32")
+    meta = torch.empty(q.shape, device="meta")
+    raised_everywhere(lambda: attention2d.attention(meta, k, v, layout=lay),
+                      "the CUDA backend does not exist yet")
+    raised_everywhere(lambda: attention2d.attention(q, k.half(), v, layout=lay),
+                      "must have one dtype")
+    raised_everywhere(lambda: attention2d.attention(q.numpy(), k, v), "must all be torch tensors")
+
+
+def test_only_one_rank_is_wrong():
+    lay, q, k, v = shards()
+    if COMM.Get_rank() == COMM.Get_size() - 1:
+        q = q[:, :, :, :-1]
+    message = raised_everywhere(lambda: attention2d.attention(q, k, v, layout=lay), "k and v")
+    if COMM.Get_size() > 1:
+        assert_all_ranks(message.startswith("rank %d: " % (COMM.Get_size() - 1)),
+                         "the failing rank is not named: %r" % message)
+
+
+def test_ranks_disagree_on_arguments():
+    if COMM.Get_size() == 1:
+        pytest.skip("needs two ranks")
+    lay, q, k, v = shards()
+    causal = COMM.Get_rank() != 1
+    raised_everywhere(lambda: attention2d.attention(q, k, v, causal=causal),
+                      "the ranks passed different arguments")
+
+
+def test_token_counts_do_not_match_the_layout():
+    if COMM.Get_size() == 1:
+        pytest.skip("one rank owns every token")
+    lay, q, k, v = shards()
+    n = q.shape[1] + (1 if COMM.Get_rank() == 0 else -1 if COMM.Get_rank() == 1 else 0)
+    q, k = torch.randn(1, n, HEADS, D), torch.randn(1, n, HEADS, D)
+    raised_everywhere(lambda: attention2d.attention(q, k, k, layout=lay), "rank 0 holds")
+
+
+def test_window_needs_causal_and_bad_algorithms():
+    lay, q, k, v = shards()
+    raised_everywhere(lambda: attention2d.attention(q, k, v, window=4), "needs causal=True")
+    raised_everywhere(lambda: attention2d.attention(q, k, v, algo="flash"), "flash")
+    raised_everywhere(lambda: attention2d.attention(q, k, v, algo="attention2d", grid=(7, 5)),
+                      "7x5")
+
+
+def test_engine_refuses_ulysses_heads():
+    if HEADS % COMM.Get_size() == 0:
+        pytest.skip("needs a rank count that does not divide the K/V heads")
+    raised_everywhere(lambda: attention2d.layout(seq=SEQ, heads=HEADS, head_dim=D, algo="ulysses"),
+                      "must divide the number of K/V heads")
+
+
+def test_unshard_checks_shapes():
+    lay, q, k, v = shards()
+    bad = q[:, :0] if COMM.Get_rank() == 0 and q.shape[1] > 0 else q
+    if COMM.Get_size() == 1:
+        bad = q[:, :-1]
+    raised_everywhere(lambda: attention2d.unshard(bad, lay), "unshard")
