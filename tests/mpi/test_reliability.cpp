@@ -64,6 +64,32 @@ TEST(Reliability, OneRankWithAnInvalidRequestStopsEveryRank) {
       << message;
 }
 
+// The brief text the programs print once: the failing rank's message without a source location,
+// prefixed with that rank unless every rank failed.
+TEST(Reliability, BriefErrorsNameTheRankOnlyWhenSomeRanksFailed) {
+  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  const int last = world->size() - 1;
+  auto brief_of = [&](bool fail_here) {
+    try {
+      collective_check(*world, [&] { A2D_REQUIRE(!fail_here, "the input is bad"); });
+    } catch (const CollectiveError& e) {
+      EXPECT_NE(std::string(e.what()).find(".cpp:"), std::string::npos) << e.what();
+      return e.brief();
+    }
+    return std::string("accepted");
+  };
+  const std::string one = brief_of(world->rank() == last);
+  EXPECT_EQ(one, world->size() > 1 ? "rank " + std::to_string(last) + ": the input is bad"
+                                   : std::string("the input is bad"));
+  const std::string all = brief_of(true);
+  EXPECT_EQ(all, world->size() > 1 ? "the input is bad (on every rank)" : "the input is bad");
+  if (world->size() > 2) {
+    EXPECT_EQ(brief_of(world->rank() >= 1), "rank 1: the input is bad (and " +
+                                                std::to_string(world->size() - 2) +
+                                                " more ranks failed)");
+  }
+}
+
 TEST(Reliability, AgreeingRanksPass) {
   auto world = make_mpi_communicator(MPI_COMM_WORLD);
   const Problem problem = small_problem();
