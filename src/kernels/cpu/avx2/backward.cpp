@@ -384,6 +384,19 @@ class KeyTile {
         p[j] = 0.0f;
       if (visibility != BlockVisibility::partial || i >= queries.size) continue;
       const int64_t query_pos = position(args_.q_positions, queries.begin + i);
+      if (args_.mask.has_documents()) {
+        // The row's document [first, last], looked up once per row, not per pair.
+        const int64_t first = args_.mask.document_first(query_pos);
+        const int64_t last = args_.mask.document_last(query_pos);
+        for (int64_t j = 0; j < keys_.size; ++j) {
+          const int64_t key_pos = position(args_.kv_positions, keys_.begin + j);
+          if (key_pos < first || key_pos > last ||
+              !args_.mask.visible_by_position(query_pos, key_pos)) {
+            p[j] = 0.0f;
+          }
+        }
+        continue;
+      }
       for (int64_t j = 0; j < keys_.size; ++j) {
         if (!args_.mask.visible(query_pos, position(args_.kv_positions, keys_.begin + j))) {
           p[j] = 0.0f;
