@@ -237,8 +237,7 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
   const cpu::BackwardInputs in{&args, delta};
 #if A2D_HAVE_AVX2_PATH
   // As in the forward: inputs holding NaN or Inf take the portable path.
-  // The AVX2 backward has no softcap epilogue: softcapped backwards take the portable path.
-  if (kernel_path() == KernelPath::avx2 && args.softcap == 0.0f &&
+  if (kernel_path() == KernelPath::avx2 &&
       (!has_work || (finite_tokens(args.q, shape.batch, shape.q_tokens, shape.heads, dim) &&
                      finite_tokens(args.k, shape.batch, shape.kv_tokens, shape.kv_heads, dim) &&
                      finite_tokens(args.v, shape.batch, shape.kv_tokens, shape.kv_heads, dim) &&
