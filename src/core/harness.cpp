@@ -444,11 +444,11 @@ double OutputErrors::max() const {
 }
 
 bool OutputErrors::within(const OutputBounds& b) const {
-  return out <= b.out && lse <= b.lse && dq <= b.dq && dk <= b.dk && dv <= b.dv && dsink <= b.dq;
+  return out <= b.out && lse <= b.lse && dq <= b.dq && dk <= b.dk && dv <= b.dv && dsink <= b.dsink;
 }
 
 double OutputBounds::of(int index) const {
-  const double all[6] = {out, lse, dq, dk, dv, dq};
+  const double all[6] = {out, lse, dq, dk, dv, dsink};
   return all[index];
 }
 
@@ -460,14 +460,14 @@ OutputBounds output_bounds(DType dtype) {
     case DType::f32:
       break;
     case DType::bf16:
-      return {kBf16OutputBound, kFp32RelativeBound, kBf16OutputBound, kBf16OutputBound,
-              kBf16OutputBound};
+      return {kBf16OutputBound, kFp32RelativeBound, kBf16OutputBound,
+              kBf16OutputBound, kBf16OutputBound,   2 * 0x1p-8 + kFp32RelativeBound};
     case DType::f16:
-      return {kF16OutputBound, kFp32RelativeBound, kF16OutputBound, kF16OutputBound,
-              kF16OutputBound};
+      return {kF16OutputBound, kFp32RelativeBound, kF16OutputBound,
+              kF16OutputBound, kF16OutputBound,    2 * 0x1p-11 + kFp32RelativeBound};
   }
-  return {kFp32RelativeBound, kFp32RelativeBound, kFp32RelativeBound, kFp32RelativeBound,
-          kFp32RelativeBound};
+  return {kFp32RelativeBound, kFp32RelativeBound, kFp32RelativeBound,
+          kFp32RelativeBound, kFp32RelativeBound, kFp32RelativeBound};
 }
 
 OutputErrors compare_outputs(const GlobalOutputs& got, const ReferenceOutputs& expected,
