@@ -33,7 +33,7 @@ struct BenchOptions {
   std::string grid, layout, calibration;
   int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42;
   bool no_kv_transpose = false, backward = false, check = false, json = false, csv = false;
-  bool calibrate = false, no_resample_kernel = false, sequential = false;
+  bool calibrate = false, no_resample_kernel = false, sequential = false, balance = false;
   double timeout = 300;
 };
 
@@ -48,6 +48,8 @@ std::vector<std::string> split_list(const std::string& text) {
 
 struct Row {
   Plan plan;
+  double flops_balance = -1;  // --balance: busiest / mean rank, forward FLOPs
+  TileBalance tiles;          // --balance: the tile replay's
   std::string skipped;  // reason, if the plan cannot run
   Timings timings;
   int64_t peak_bytes = -1;
@@ -70,10 +72,15 @@ std::vector<Row> candidate_rows(const BenchOptions& o, const Problem& problem, i
         plan.grid = shape;
         plans.push_back(plan);
       }
+    } else if (o.layout.empty()) {
+      plans.push_back(default_plan(algorithm, problem, ranks));
     } else {
-      Plan plan = default_plan(algorithm, problem, ranks);
-      if (!o.layout.empty()) plan.layout = parse_layout(o.layout);
-      plans.push_back(plan);
+      // --layout zigzag,contiguous,...: one row per layout.
+      for (const std::string& layout : split_list(o.layout)) {
+        Plan plan = default_plan(algorithm, problem, ranks);
+        plan.layout = parse_layout(layout);
+        plans.push_back(plan);
+      }
     }
     for (Plan& plan : plans) {
       plan.stripe = o.stripe;
@@ -117,6 +124,7 @@ cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool back
       .add("kv_heads", problem.kv_heads)
       .add("head_dim", problem.head_dim)
       .add("causal", problem.mask.is_causal())
+      .add("documents", problem.mask.documents())
       .add("window", problem.mask.window)
       .add("dtype", dtype_name(problem.dtype));
   if (!r.skipped.empty()) return line.add("skipped", r.skipped);
@@ -142,6 +150,11 @@ cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool back
     line.add("bwd_ms", NAN).add("bytes_sent_bwd", int64_t{0}).add("messages_bwd", int64_t{0});
   }
   line.add("peak_mem_bytes", r.peak_bytes);
+  if (r.flops_balance >= 0) {
+    line.add("balance_flops", r.flops_balance)
+        .add("balance_tiles_fwd", r.tiles.forward_ratio())
+        .add("balance_tiles_bwd", r.tiles.backward_ratio());
+  }
   const double pred_fwd = r.predicted ? 1e3 * r.prediction.forward_s : NAN;
   const double pred_bwd = r.predicted && backward ? 1e3 * r.prediction.backward_s : NAN;
   line.add("pred_fwd_ms", pred_fwd)
@@ -192,12 +205,19 @@ void print_table(const std::vector<Row>& rows, const Problem& problem, int ranks
         r.predicted ? ratio(f.median_ms, 1e3 * r.prediction.forward_s) : NAN,
         r.predicted && backward ? ratio(b.median_ms, 1e3 * r.prediction.backward_s) : NAN);
     if (check) std::printf("  %.2e", r.errors.max());
+    if (r.flops_balance >= 0) {
+      std::printf("  balance: flops %.3f tiles fwd %.3f bwd %.3f", r.flops_balance,
+                  r.tiles.forward_ratio(), r.tiles.backward_ratio());
+    }
     std::printf("\n");
   }
   std::printf(
       "\nfwd ms: median over iterations of the slowest rank (rows timed round-robin unless "
       "--sequential); (rank min avg max): per-rank medians. bytes, msgs: sent per rank and call "
       "(max over ranks), msgs fwd+bwd.\n"
+      "balance (--balance): the busiest rank's forward FLOPs, and kernel tiles forward and "
+      "backward (the model's replay of the CPU kernels' tiles), over the mean rank's; 1 = "
+      "perfect.\n"
       "peak MiB: shards + peak resident growth during a row's first call (max over ranks). m/p: "
       "measured / predicted.\n");
 }
@@ -252,7 +272,12 @@ int bench(int argc, char** argv, int first) {
     o.device.declare(options);
     options.add_string("--algo", &o.algos, "comma-separated algorithms");
     options.add_string("--grid", &o.grid, "only this ATTENTION2D grid RxC (default: every one)");
-    options.add_string("--layout", &o.layout, "layout of ring and allgather-kv (default: theirs)");
+    options.add_string("--layout", &o.layout,
+                       "layouts of ring and allgather-kv, comma-separated: a row each (default: "
+                       "theirs)");
+    options.add_flag("--balance", &o.balance,
+                     "also report each row's balance: the busiest rank's forward FLOPs and kernel "
+                     "tiles (the tile replay) over the mean rank's");
     options.add_int("--stripe", &o.stripe, "stripe width of the striped layout");
     options.add_flag("--no-kv-transpose", &o.no_kv_transpose,
                      "ATTENTION2D without the K/V transpose");
@@ -297,9 +322,18 @@ int bench(int argc, char** argv, int first) {
       A2D_REQUIRE(!(o.json && o.csv), "choose one of --json and --csv");
       A2D_REQUIRE(o.calibrate || !o.no_resample_kernel, "--no-resample-kernel needs --calibrate");
       problem = o.problem.problem();
+      A2D_REQUIRE(o.problem.sink_file.empty(),
+                  "a2d bench generates every input from --seed: use --sinks, not --sink FILE");
       rows = candidate_rows(o, problem, world.size());
       backend = o.device.backend();
     });
+    if (o.balance) {
+      for (Row& row : rows) {
+        if (!row.skipped.empty()) continue;
+        row.flops_balance = flops_balance(problem, row.plan);
+        row.tiles = tile_balance(problem, row.plan);
+      }
+    }
     if (help) return 0;
     Watchdog watchdog(MPI_COMM_WORLD, o.timeout);
 

@@ -8,6 +8,12 @@
 
 namespace a2d::cli {
 
+// Help of --doc-lens (run, bench, model, kernel).
+inline constexpr const char* kDocLensHelp =
+    "packed documents: lengths summing to --seq (100,3000,17,...), @FILE of lengths,\n"
+    "or a generated mix skewed[:SEED] (one of N/2, many of 1-64) or heavy[:SEED] (Pareto);\n"
+    "a query sees only keys of its own document (with --causal, --window)";
+
 // Declarative options of one subcommand: each option writes straight into a variable.
 class Options {
  public:

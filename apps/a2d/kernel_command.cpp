@@ -46,6 +46,9 @@ struct KernelOptions {
   int64_t repeats = 5;
   double scale = 0.0;  // 0: 1/sqrt(head_dim)
   bool causal = false;
+  std::string doc_lens;  // "" = one document
+  bool sinks = false;
+  double softcap = 0.0;
   bool backward = false;
   bool check = false;
   bool json = false;
@@ -218,6 +221,11 @@ int kernel(int argc, char** argv, int first) {
   options.add_flag("--causal", &o.causal, "causal mask (key position <= query position)");
   options.add_int("--window", &o.window,
                   "causal with a window of W tokens (implies --causal; 0 = none)");
+  options.add_string("--doc-lens", &o.doc_lens, cli::kDocLensHelp);
+  options.add_flag("--sinks", &o.sinks,
+                   "attention sinks (values from --seed), added to O and LSE after the kernel\n"
+                   "(timed with it); the backward also computes dsink");
+  options.add_double("--softcap", &o.softcap, "logit softcapping CAP tanh(s / CAP) (0 = off)");
   options.add_double("--scale", &o.scale, "softmax scale (0 = 1/sqrt(D))");
   options.add_flag("--backward", &o.backward, "also time the backward pass");
   options.add_int("--threads", &o.threads,
@@ -254,8 +262,13 @@ int kernel(int argc, char** argv, int first) {
 
   AttentionShape shape{o.batch, o.heads, o.kv_heads, o.seq, o.kv_seq, o.head_dim};
   shape.validate();
-  const Mask mask =
+  Mask mask =
       o.window > 0 ? Mask::causal_window(o.window) : (o.causal ? Mask::causal() : Mask::none());
+  if (!o.doc_lens.empty()) {
+    A2D_REQUIRE(o.kv_seq == o.seq, "--doc-lens needs --kv-seq equal to --seq (self-attention)");
+    mask = mask.with_documents(parse_document_lengths(o.doc_lens, o.seq));
+    mask.validate(o.seq);
+  }
   const float scale = o.scale > 0 ? static_cast<float>(o.scale) : default_scale(o.head_dim);
   A2D_REQUIRE(o.scale >= 0 && std::isfinite(o.scale), "--scale must be positive, got ", o.scale);
 
@@ -273,6 +286,8 @@ int kernel(int argc, char** argv, int first) {
   fwd.shape = shape;
   fwd.mask = mask;
   fwd.scale = scale;
+  A2D_REQUIRE(o.softcap >= 0, "--softcap must be positive (or 0 for none), got ", o.softcap);
+  fwd.softcap = static_cast<float>(o.softcap);
   fwd.q = q.in(o.seq, o.heads, o.head_dim);
   fwd.k = k.in(o.kv_seq, o.kv_heads, o.head_dim);
   fwd.v = v.in(o.kv_seq, o.kv_heads, o.head_dim);
@@ -285,11 +300,16 @@ int kernel(int argc, char** argv, int first) {
   const double fwd_flops = 4.0 * pairs * static_cast<double>(o.head_dim * o.heads * o.batch);
   const int64_t fwd_workspace = forward_workspace_bytes(shape, fwd.threads);
   std::optional<int64_t> fwd_rss_growth;
-  const Summary fwd_ms =
-      time_repeats(o, &fwd_rss_growth, [&] { attention_forward(fwd, out_view, lse_view); });
+  const std::vector<float> sinks = o.sinks ? generate_sinks(seed, o.heads) : std::vector<float>{};
+  const RowsShape q_rows{o.batch, o.seq, o.heads, o.head_dim};
+  const Summary fwd_ms = time_repeats(o, &fwd_rss_growth, [&] {
+    attention_forward(fwd, out_view, lse_view);
+    if (o.sinks) add_sinks(q_rows, sinks.data(), 0, out_view, lse_view);
+  });
 
   std::optional<TypedTensor> d_out;
   Tensor dq, dk, dv;
+  std::vector<float> dsink;
   Summary bwd_ms;
   int64_t bwd_workspace = 0;
   std::optional<int64_t> bwd_rss_growth;
@@ -302,6 +322,7 @@ int kernel(int argc, char** argv, int first) {
     bwd.shape = shape;
     bwd.mask = mask;
     bwd.scale = scale;
+    bwd.softcap = fwd.softcap;
     bwd.q = fwd.q;
     bwd.k = fwd.k;
     bwd.v = fwd.v;
@@ -315,6 +336,14 @@ int kernel(int argc, char** argv, int first) {
       attention_backward(bwd, dense_tokens(dq.data(), o.seq, o.heads, o.head_dim),
                          dense_tokens(dk.data(), o.kv_seq, o.kv_heads, o.head_dim),
                          dense_tokens(dv.data(), o.kv_seq, o.kv_heads, o.head_dim));
+      if (o.sinks) {
+        std::vector<float> delta(lse.size());
+        const auto delta_view = dense_rows(delta.data(), o.heads, o.seq);
+        compute_delta(q_rows, bwd.out, bwd.d_out, delta_view);
+        std::vector<double> sums(static_cast<size_t>(o.heads), 0.0);
+        add_sink_gradient(q_rows, sinks.data(), 0, bwd.lse, delta_view, sums.data());
+        dsink.assign(sums.begin(), sums.end());
+      }
     });
   }
 
@@ -342,9 +371,12 @@ int kernel(int argc, char** argv, int first) {
   bool pass = true;
   if (o.check) {
     const std::vector<double> q64 = widen(q.wide), k64 = widen(k.wide), v64 = widen(v.wide);
+    const std::vector<double> sinks64(sinks.begin(), sinks.end());
     reference::Inputs in{shape,      mask,       static_cast<double>(scale),
                          q64.data(), k64.data(), v64.data(),
                          nullptr,    nullptr,    static_cast<int>(o.threads)};
+    in.softcap = o.softcap;
+    in.sinks = o.sinks ? sinks64.data() : nullptr;
     std::vector<double> out64(q.size()), lse64(lse.size());
     reference::forward(in, out64.data(), lse64.data());
     const std::vector<float> out32 = out.floats();
@@ -356,7 +388,10 @@ int kernel(int argc, char** argv, int first) {
     if (o.backward) {
       const std::vector<double> do64 = widen(d_out->wide);
       std::vector<double> dq64(q.size()), dk64(k.size()), dv64(v.size());
-      reference::backward(in, do64.data(), dq64.data(), dk64.data(), dv64.data());
+      std::vector<double> dsink64(static_cast<size_t>(o.heads));
+      // The exact delta, as for dQ and dK (dsink, like them, has the delta-gradient bound).
+      reference::backward(in, do64.data(), dq64.data(), dk64.data(), dv64.data(), nullptr,
+                          dsink64.data());
       bwd_errors = {
           {"dQ", "dq", relative_error(dq.data(), dq64.data(), static_cast<int64_t>(dq.size())),
            delta_gradient_bound},
@@ -364,6 +399,11 @@ int kernel(int argc, char** argv, int first) {
            delta_gradient_bound},
           {"dV", "dv", relative_error(dv.data(), dv64.data(), static_cast<int64_t>(dv.size())),
            kFp32RelativeBound}};
+      if (o.sinks) {
+        bwd_errors.push_back({"dsink", "dsink",
+                              relative_error(dsink.data(), dsink64.data(), o.heads),
+                              delta_gradient_bound});
+      }
     }
     for (const auto* errors : {&fwd_errors, &bwd_errors}) {
       for (const Error& e : *errors)
@@ -387,6 +427,7 @@ int kernel(int argc, char** argv, int first) {
           .add("kv_heads", o.kv_heads)
           .add("head_dim", o.head_dim)
           .add("causal", mask.is_causal())
+          .add("documents", mask.documents())
           .add("window", o.window)
           .add("ms", ms.median)
           .add("ms_min", ms.min)

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <vector>
 
 #include "attention2d/cost_model.hpp"
 #include "attention2d/error.hpp"
@@ -27,6 +28,7 @@ struct ModelOptions {
   int64_t gpus_per_node = 8;
   bool json = false;
   bool forward_only = false;
+  bool balance = false;
 
   void declare(cli::Options& options) {
     problem.dtype = "bf16";  // the GPUs' precision
@@ -40,6 +42,10 @@ struct ModelOptions {
                     "ranks per node (consecutive ranks share one)");
     options.add_flag("--forward-only", &forward_only, "rank by the forward time alone");
     options.add_flag("--json", &json, "one JSON object per line");
+    options.add_flag("--balance", &balance,
+                     "instead of the times: for every algorithm, grid and layout, the busiest "
+                     "rank's forward FLOPs and kernel tiles (the CPU kernels' tile replay) over "
+                     "the mean rank's");
   }
 
   MachineChoice machine_choice() const {
@@ -178,6 +184,70 @@ void plot(const ModelOptions& o, const Problem& base) {
   std::cerr << "a2d model: wrote " << o.plot << "\n";
 }
 
+// Every algorithm, ATTENTION2D grid and baseline layout that can run the problem on `ranks`.
+std::vector<Plan> balance_plans(const Problem& problem, int ranks) {
+  std::vector<Plan> plans;
+  for (const Algorithm algorithm : {Algorithm::attention2d, Algorithm::attention2d_overlap}) {
+    for (const GridShape& shape : grid_shapes(ranks)) {
+      Plan plan = default_plan(algorithm, problem, ranks);
+      plan.grid = shape;
+      plans.push_back(plan);
+    }
+  }
+  for (const Algorithm algorithm : {Algorithm::ring, Algorithm::allgather_kv, Algorithm::ulysses}) {
+    for (const LayoutKind layout :
+         {LayoutKind::contiguous, LayoutKind::zigzag, LayoutKind::striped, LayoutKind::cyclic}) {
+      Plan plan = default_plan(algorithm, problem, ranks);
+      plan.layout = layout;
+      plans.push_back(plan);
+    }
+  }
+  std::vector<Plan> allowed;
+  for (const Plan& plan : plans) {
+    try {
+      check_plan(plan, problem, ranks);
+      allowed.push_back(plan);
+    } catch (const Error&) {
+      // not a plan this problem allows (a layout the algorithm refuses, heads P does not divide)
+    }
+  }
+  return allowed;
+}
+
+void print_balance(const Problem& problem, int ranks, bool json) {
+  if (!json) {
+    std::printf("a2d model --balance: %s on %d ranks\n%-20s %-16s %12s %12s %12s\n",
+                problem.describe().c_str(), ranks, "algorithm", "grid/layout", "flops max/avg",
+                "tiles fwd", "tiles bwd");
+  }
+  for (const Plan& plan : balance_plans(problem, ranks)) {
+    const double flops = flops_balance(problem, plan);
+    const TileBalance tiles = tile_balance(problem, plan);
+    if (json) {
+      std::cout << cli::JsonLine()
+                       .add("algo", algorithm_name(plan.algorithm))
+                       .add("grid", plan.grid.describe())
+                       .add("layout", layout_name(plan.layout))
+                       .add("ranks", ranks)
+                       .add("documents", problem.mask.documents())
+                       .add("balance_flops", flops)
+                       .add("balance_tiles_fwd", tiles.forward_ratio())
+                       .add("balance_tiles_bwd", tiles.backward_ratio())
+                       .str()
+                << "\n";
+      continue;
+    }
+    std::printf("%-20s %-16s %12.4f %12.4f %12.4f\n", algorithm_name(plan.algorithm).c_str(),
+                grid_text(plan).c_str(), flops, tiles.forward_ratio(), tiles.backward_ratio());
+  }
+  if (!json) {
+    std::printf(
+        "\nflops max/avg: the busiest rank's forward FLOPs (visible pairs) over the mean rank's; "
+        "tiles: the same for the kernel tiles the CPU kernels compute (partial tiles whole), "
+        "-1 where the replay would take too long; 1 = perfect balance\n");
+  }
+}
+
 }  // namespace
 
 int model(int argc, char** argv, int first) {
@@ -197,6 +267,10 @@ int model(int argc, char** argv, int first) {
   A2D_REQUIRE(o.gpus_per_node >= 1, "--gpus-per-node must be at least 1");
   const MachineChoice choice = o.machine_choice();
   const int ranks = static_cast<int>(o.gpus);
+  if (o.balance) {
+    print_balance(problem, ranks, o.json);
+    return 0;
+  }
   const int per_node = static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks));
   const Machine machine = choice.machine(ranks, problem.dtype);
   const PlanSearch search = search_plans(problem, ranks, machine, per_node, !o.forward_only);

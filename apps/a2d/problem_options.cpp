@@ -1,6 +1,9 @@
 #include "problem_options.hpp"
 
+#include "attention2d/collective.hpp"
+#include "attention2d/data.hpp"
 #include "attention2d/error.hpp"
+#include "attention2d/npy.hpp"
 #include "planning.hpp"
 
 namespace a2d::cli {
@@ -14,6 +17,14 @@ void ProblemOptions::declare(Options& options) {
   options.add_flag("--causal", &causal, "causal mask (key position <= query position)");
   options.add_int("--window", &window,
                   "causal with a window of W tokens: q - W < k <= q (implies --causal; 0 = none)");
+  options.add_string("--doc-lens", &doc_lens, kDocLensHelp);
+  options.add_flag("--sinks", &sinks,
+                   "attention sinks: a logit per query head joining every softmax (gpt-oss),\n"
+                   "values from --seed");
+  options.add_string("--sink", &sink_file,
+                     "attention sinks with these logits: float32 [heads] .npy");
+  options.add_double("--softcap", &softcap,
+                     "logit softcapping: scores s -> CAP tanh(s / CAP) (0 = off)");
   options.add_double("--scale", &scale, "softmax scale (0 = 1/sqrt(D))");
   options.add_string("--dtype", &dtype,
                      "element type of Q, K, V, O and the gradients: fp32, bf16 or fp16 (default " +
@@ -30,10 +41,28 @@ Problem ProblemOptions::problem() const {
   p.seq = seq;
   p.head_dim = head_dim;
   p.mask = window > 0 ? Mask::causal_window(window) : (causal ? Mask::causal() : Mask::none());
+  if (!doc_lens.empty()) p.mask = p.mask.with_documents(parse_document_lengths(doc_lens, seq));
   p.scale = static_cast<float>(scale);
+  A2D_REQUIRE(softcap >= 0, "--softcap must be positive (or 0 for none), got ", softcap);
+  p.softcap = static_cast<float>(softcap);
+  p.sinks = sinks || !sink_file.empty();
   p.dtype = parse_dtype(dtype);
   p.validate();
   return p;
+}
+
+std::vector<float> ProblemOptions::sink_values(Communicator& world, int64_t head_count,
+                                               uint64_t seed) const {
+  if (sink_file.empty()) return sinks ? generate_sinks(seed, head_count) : std::vector<float>{};
+  std::vector<float> values(static_cast<size_t>(head_count));
+  collective_check(world, [&] {
+    if (world.rank() != 0) return;
+    const npy::Array array = npy::read(sink_file);
+    npy::require_shape(array, {head_count}, "--sink");
+    values = array.to_float();
+  });
+  world.broadcast(values.data(), head_count * static_cast<int64_t>(sizeof(float)), 0);
+  return values;
 }
 
 void DeviceOptions::declare(Options& options) {

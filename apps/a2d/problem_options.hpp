@@ -4,6 +4,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attention2d/attention.hpp"
 #include "attention2d/backend.hpp"
@@ -20,10 +21,17 @@ struct ProblemOptions {
   int64_t window = 0;
   double scale = 0.0;
   bool causal = false;
+  std::string doc_lens;   // "" = one document
+  bool sinks = false;     // --sinks: sink logits from the seed
+  std::string sink_file;  // --sink FILE.npy: sink logits [heads]
+  double softcap = 0.0;
   std::string dtype = "fp32";  // the command's default; --dtype changes it
 
   void declare(Options& options);
   Problem problem() const;  // validated
+  // The sink logits [heads] of --sink (rank 0 reads the file: call it collectively; every rank
+  // gets them) or, with --sinks, generated from `seed`. Empty without sinks.
+  std::vector<float> sink_values(Communicator& world, int64_t head_count, uint64_t seed) const;
 };
 
 // --device: the backend the algorithms compute with.

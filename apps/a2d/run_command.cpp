@@ -85,9 +85,10 @@ void load_inputs(Communicator& world, RunOptions& o, GlobalTensors& global) {
   o.problem.head_dim = sizes[4];
 }
 
-std::vector<std::string> output_names(bool backward) {
+std::vector<std::string> output_names(bool backward, bool sinks) {
   std::vector<std::string> names = {"o.npy", "lse.npy"};
   if (backward) names.insert(names.end(), {"dq.npy", "dk.npy", "dv.npy"});
+  if (backward && sinks) names.push_back("dsink.npy");
   return names;
 }
 
@@ -100,7 +101,8 @@ void prepare_output_dir(const RunOptions& o) {
   A2D_REQUIRE(::access(o.out_dir.c_str(), W_OK | X_OK) == 0, "the output directory ", o.out_dir,
               " is not writable: ", std::strerror(errno));
   if (o.force) return;
-  for (const std::string& name : output_names(o.backward)) {
+  for (const std::string& name :
+       output_names(o.backward, o.problem.sinks || !o.problem.sink_file.empty())) {
     const std::string path = o.out_dir + "/" + name;
     A2D_REQUIRE(::access(path.c_str(), F_OK) != 0, path,
                 " already exists; pass --force to overwrite it or choose another --out");
@@ -142,6 +144,7 @@ void write_outputs(const RunOptions& o, const Problem& p, const GlobalOutputs& g
     files.push_back(file("dq.npy", q_shape, g.dq));
     files.push_back(file("dk.npy", kv_shape, g.dk));
     files.push_back(file("dv.npy", kv_shape, g.dv));
+    if (p.sinks) files.push_back({dir + "dsink.npy", {p.heads}, g.dsink.data()});
   }
   npy::write_all(files, overwrite);
 }
@@ -236,6 +239,14 @@ int run(int argc, char** argv, int first) {
     collective_check(world, [&] { attention = make_attention(problem, plan, world, *backend); });
     ShardSet shards = make_shards(problem, attention->layout(), world.rank(),
                                   static_cast<uint64_t>(o.seed), !from_files, o.backward, *backend);
+    // Sink logits: generated from the seed (--sinks) or read from --sink, the same on every rank.
+    std::vector<float> sinks;
+    if (problem.sinks) {
+      world.set_phase("io");
+      sinks = o.problem.sink_values(world, problem.heads, static_cast<uint64_t>(o.seed));
+      shards.sinks = sinks;
+      if (from_files) global.sinks = sinks;
+    }
     if (from_files) {
       world.set_phase("io");
       scatter_inputs(world, 0, problem, attention->layout(), global, shards, o.backward);
@@ -262,21 +273,24 @@ int run(int argc, char** argv, int first) {
       world.set_phase("io");
       outputs = gather_outputs(world, 0, problem, attention->layout(), shards, o.backward);
     }
-    double error_values[5] = {-1, -1, -1, -1, -1};
+    double error_values[6] = {-1, -1, -1, -1, -1, -1};
     if (o.check) {
       if (world.rank() == 0) {
-        if (!from_files)
+        if (!from_files) {
           global = generate_global(problem, static_cast<uint64_t>(o.seed), o.backward);
+          global.sinks = sinks;
+        }
         const ReferenceOutputs reference =
             reference_outputs(problem, global, o.backward, reference_threads());
         errors = compare_outputs(outputs, reference, o.backward);
-        const double values[5] = {errors.out, errors.lse, errors.dq, errors.dk, errors.dv};
-        std::copy(values, values + 5, error_values);
+        const double values[6] = {errors.out, errors.lse, errors.dq,
+                                  errors.dk,  errors.dv,  errors.dsink};
+        std::copy(values, values + 6, error_values);
       }
       sleeping_barrier(MPI_COMM_WORLD);  // the other ranks sleep while rank 0 computes
       world.broadcast(error_values, sizeof error_values, 0);
-      errors = {error_values[0], error_values[1], error_values[2], error_values[3],
-                error_values[4]};
+      errors = {error_values[0], error_values[1], error_values[2],
+                error_values[3], error_values[4], error_values[5]};
     }
     const bool pass = !o.check || errors.within(output_bounds(problem.dtype));
     // A failed check writes nothing: a failed run leaves no output behind.

@@ -238,6 +238,10 @@ std::string RunReport::text() const {
       std::snprintf(line, sizeof line, "  dQ %.2e  dK %.2e  dV %.2e", errors.dq, errors.dk,
                     errors.dv);
       out << line;
+      if (problem.sinks) {
+        std::snprintf(line, sizeof line, "  dsink %.2e", errors.dsink);
+        out << line;
+      }
     }
     const OutputBounds bounds = output_bounds(problem.dtype);
     std::snprintf(line, sizeof line,
@@ -264,7 +268,10 @@ std::string RunReport::json() const {
       .add("kv_heads", problem.kv_heads)
       .add("head_dim", problem.head_dim)
       .add("causal", problem.mask.is_causal())
+      .add("documents", problem.mask.documents())
       .add("window", problem.mask.window)
+      .add("sinks", problem.sinks)
+      .add("softcap", static_cast<double>(problem.softcap))
       .add("threads", plan.threads)
       .add("dtype", dtype_name(problem.dtype))
       .add("device", device)
@@ -287,6 +294,7 @@ std::string RunReport::json() const {
   if (checked) {
     line.add("err_o", errors.out).add("err_lse", errors.lse);
     if (backward) line.add("err_dq", errors.dq).add("err_dk", errors.dk).add("err_dv", errors.dv);
+    if (backward && problem.sinks) line.add("err_dsink", errors.dsink);
     const OutputBounds bounds = output_bounds(problem.dtype);
     line.add("max_rel_err", errors.max())
         .add("bound", std::max({bounds.out, bounds.lse, bounds.dq, bounds.dk, bounds.dv}))

@@ -43,6 +43,11 @@ struct Problem {
   // Element type of Q, K, V, O, dO, dQ, dK, dV (the shards and what is sent of them); row
   // statistics and partial sums are fp32 whatever it is (dtype.hpp).
   DType dtype = DType::f32;
+  // Attention sinks (kernel.hpp's add_sinks): the forward then needs ForwardShards::sinks and
+  // the backward BackwardShards::sinks and ::dsink.
+  bool sinks = false;
+  // Logit softcapping: scaled scores s -> softcap * tanh(s / softcap); 0 = off.
+  float softcap = 0.0f;
 
   float softmax_scale() const;
   void validate() const;  // throws a2d::Error saying what to change
@@ -72,16 +77,22 @@ Plan default_plan(Algorithm algorithm, const Problem& problem, int ranks);
 // algorithm, Ulysses head divisibility), with a message saying what to change.
 void check_plan(const Plan& plan, const Problem& problem, int ranks);
 
+// With Problem::sinks, `sinks` is a host array of the sinks' logits [heads] (fp32, the same on
+// every rank), and the backward writes the sinks' gradient [heads] to the host array `dsink`:
+// the sum over all ranks' rows, the same on every rank.
 struct ForwardShards {
   TokenTensor q, k, v;  // read
   TokenTensor out;      // written
   RowTensor lse;        // written
+  const float* sinks = nullptr;
 };
 
 struct BackwardShards {
   TokenTensor q, k, v, out, d_out;  // read
   RowTensor lse;                    // read
   TokenTensor dq, dk, dv;           // written
+  const float* sinks = nullptr;
+  float* dsink = nullptr;  // written
 };
 
 // Throws unless every shard tensor has the problem's dtype and lies in a buffer of `backend`.

@@ -132,6 +132,7 @@ struct ForwardCall {
   AttentionShape shape;
   Mask mask;
   float scale = 0.0f;
+  float softcap = 0.0f;
   TokenTensor q, k, v;
   Place q_positions, kv_positions;
   int threads = 1;
@@ -143,6 +144,7 @@ struct BackwardCall {
   AttentionShape shape;
   Mask mask;
   float scale = 0.0f;
+  float softcap = 0.0f;
   TokenTensor q, k, v, d_out;
   RowTensor lse;
   // delta when its buffer is set, else computed from out (as in BackwardArgs).
@@ -206,6 +208,12 @@ class Backend {
                      const RowTensor& delta) = 0;
   // into[i] += from[i], `count` fp32 values.
   virtual void add(Place into, Place from, int64_t count) = 0;
+  // Attention sinks (kernel.hpp's add_sinks and add_sink_gradient): `sinks` and `dsink` are
+  // host arrays of the global heads, the tensors' heads start at `first_head`.
+  virtual void add_sinks(const RowsShape& rows, const float* sinks, int64_t first_head,
+                         const TokenTensor& out, const RowTensor& lse) = 0;
+  virtual void add_sink_gradient(const RowsShape& rows, const float* sinks, int64_t first_head,
+                                 const RowTensor& lse, const RowTensor& delta, double* dsink) = 0;
 };
 
 // "cpu" or "fenced"; anything else throws a2d::Error naming the choices.

@@ -181,6 +181,20 @@ struct TileEntries {
   double forward_keys = 0;    // keys over the calls and heads
 };
 TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan);
+// The replay of every rank's calls: the busiest and the mean rank's tile entries, forward and
+// backward (the balance report of a2d model and a2d bench); all -1 when the replay would take too
+// long (about 5e7 tile pairs over the ranks).
+struct TileBalance {
+  double busiest_forward = -1, mean_forward = 0;
+  double busiest_backward = -1, mean_backward = 0;
+  double forward_ratio() const { return busiest_forward < 0 ? -1 : busiest_forward / mean_forward; }
+  double backward_ratio() const {
+    return busiest_backward < 0 ? -1 : busiest_backward / mean_backward;
+  }
+};
+TileBalance tile_balance(const Problem& problem, const Plan& plan);
+// The busiest rank's forward FLOPs over the mean rank's (the total over P).
+double flops_balance(const Problem& problem, const Plan& plan);
 // The same for one call: `q` and `k` positions in the order the kernel sees them.
 double forward_tile_entries(const Mask& mask, const std::vector<int64_t>& q,
                             const std::vector<int64_t>& k);

@@ -12,7 +12,7 @@
 
 namespace a2d {
 
-enum class TensorTag : uint64_t { q = 1, k = 2, v = 3, d_out = 4 };
+enum class TensorTag : uint64_t { q = 1, k = 2, v = 3, d_out = 4, sink = 5 };
 
 // Approximately standard normal; identical on every platform for the same arguments.
 float generated_value(uint64_t seed, TensorTag tag, uint64_t global_index);
@@ -34,5 +34,9 @@ void fill_generated(uint64_t seed, TensorTag tag, const GlobalTokens& global,
 // The whole global tensor, dense.
 std::vector<float> generate_tokens(uint64_t seed, TensorTag tag, const GlobalTokens& global,
                                    float amplitude = 1.0f);
+
+// Sink logits [heads] (Problem::sinks): 1.5 + an approximately standard normal value per head,
+// of the order of the LSE of a short document, so that the sinks take a visible share.
+std::vector<float> generate_sinks(uint64_t seed, int64_t heads);
 
 }  // namespace a2d

@@ -18,15 +18,16 @@ namespace a2d {
 // Dense global tensors: q, out, d_out, dq [batch, seq, heads, head_dim]; k, v, dk, dv
 // [batch, seq, kv_heads, head_dim]; lse [batch, heads, seq]. Values are fp32 holding exactly the
 // problem's dtype (generated values are rounded to it).
+// sinks [heads]: the sink logits of a problem with Problem::sinks (generate_sinks), else empty.
 struct GlobalTensors {
-  std::vector<float> q, k, v, d_out;
+  std::vector<float> q, k, v, d_out, sinks;
 };
 GlobalTensors generate_global(const Problem& problem, uint64_t seed, bool with_d_out);
 // Rounds every tensor to `dtype` in place (inputs read from float32 files for a 16-bit run).
 void round_inputs(GlobalTensors& tensors, DType dtype);
 
 struct GlobalOutputs {
-  std::vector<float> out, lse, dq, dk, dv;
+  std::vector<float> out, lse, dq, dk, dv, dsink;  // dsink [heads] with sinks, else empty
 };
 
 // One rank's shards: host copies as fp32 values (dense [batch, tokens, heads, head_dim]; lse
@@ -40,6 +41,8 @@ struct ShardSet {
   int64_t tokens = 0;
   bool with_backward = false;
   std::vector<float> q, k, v, d_out, out, lse, dq, dk, dv;
+  // Host arrays [heads] of Problem::sinks (the same on every rank), else empty.
+  std::vector<float> sinks, dsink;
 
   ShardSet() = default;
   ShardSet(ShardSet&&) = default;  // buffers may be the vectors' memory: moved, never copied
@@ -96,7 +99,7 @@ NonFiniteInput find_nonfinite(Communicator& comm, const Problem& problem, const 
 // the rounding moves dQ and dK by a problem-dependent amount, check.hpp's
 // kBf16DeltaGradientBound, which is a property of storing O in 16 bits, not of the algorithm).
 struct ReferenceOutputs {
-  std::vector<double> out, lse, dq, dk, dv;
+  std::vector<double> out, lse, dq, dk, dv, dsink;
 };
 ReferenceOutputs reference_outputs(const Problem& problem, const GlobalTensors& inputs,
                                    bool backward, int threads);
@@ -104,15 +107,19 @@ ReferenceOutputs reference_outputs(const Problem& problem, const GlobalTensors& 
 // The bounds every output of a distributed run must meet (relative Frobenius errors against the
 // fp64 reference on the rounded inputs, check.hpp). O, dQ, dK and dV are computed in fp32 and
 // rounded once to the problem's dtype; LSE stays fp32.
+// dsink = -sum over rows of P_sink * delta: in fp32 the fp32 bound. In 16 bits with sinks O is
+// rounded to the dtype twice (by the algorithm, and again after add_sinks rescales it), so the
+// delta the backward takes from it differs from the reference's (O rounded once) by up to one
+// more rounding: the bound is two unit roundoffs plus the fp32 bound.
 struct OutputBounds {
-  double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;
-  double of(int index) const;  // in the order O, LSE, dQ, dK, dV
+  double out = 0, lse = 0, dq = 0, dk = 0, dv = 0, dsink = 0;
+  double of(int index) const;  // in the order O, LSE, dQ, dK, dV, dsink
 };
 OutputBounds output_bounds(DType dtype);
 
 // Relative Frobenius errors (check.hpp) of every output; -1 for outputs not computed.
 struct OutputErrors {
-  double out = -1, lse = -1, dq = -1, dk = -1, dv = -1;
+  double out = -1, lse = -1, dq = -1, dk = -1, dv = -1, dsink = -1;
   double max() const;
   bool within(const OutputBounds& bounds) const;
 };

@@ -13,10 +13,13 @@
 // PyTorch's repeat_interleave do.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "attention2d/dtype.hpp"
 
@@ -28,16 +31,41 @@ enum class MaskKind { none, causal, causal_window };
 //   none:          every key
 //   causal:        k_pos <= q_pos
 //   causal_window: q_pos - window < k_pos <= q_pos   (window >= 1; window 1 = only itself)
+// combined (and) with documents, when set: the sequence packs documents of the given lengths
+// (flash-attn's cu_seqlens are their running sums), and a query sees only keys of its own
+// document. Document d holds positions [doc_offsets[d], doc_offsets[d + 1]); doc_offsets starts
+// at 0 and ends at the sequence length. Shared (the boundaries are never copied per call).
 struct Mask {
   MaskKind kind = MaskKind::none;
   int64_t window = 0;
+  std::shared_ptr<const std::vector<int64_t>> doc_offsets;  // null: one document
 
   static Mask none() { return {}; }
-  static Mask causal() { return {MaskKind::causal, 0}; }
-  static Mask causal_window(int64_t window) { return {MaskKind::causal_window, window}; }
+  static Mask causal() { return {MaskKind::causal, 0, nullptr}; }
+  static Mask causal_window(int64_t window) { return {MaskKind::causal_window, window, nullptr}; }
+  // This mask restricted to documents of these lengths (each >= 1; validate() checks).
+  Mask with_documents(const std::vector<int64_t>& lengths) const;
 
   bool is_causal() const { return kind != MaskKind::none; }
-  bool visible(int64_t q_pos, int64_t k_pos) const {
+  bool has_documents() const { return doc_offsets != nullptr; }
+  int64_t documents() const { return doc_offsets ? int64_t(doc_offsets->size()) - 1 : 1; }
+  // The tokens the documents cover (their lengths' sum); 0 without documents.
+  int64_t document_tokens() const { return doc_offsets ? doc_offsets->back() : 0; }
+  // Index of the document holding `pos` (0 without documents).
+  int64_t document_of(int64_t pos) const {
+    if (!doc_offsets) return 0;
+    const auto& offsets = *doc_offsets;
+    return std::upper_bound(offsets.begin() + 1, offsets.end() - 1, pos) - offsets.begin() - 1;
+  }
+  // The positions [first, last] of the document holding `pos`.
+  int64_t document_first(int64_t pos) const {
+    return doc_offsets ? (*doc_offsets)[static_cast<size_t>(document_of(pos))] : INT64_MIN;
+  }
+  int64_t document_last(int64_t pos) const {
+    return doc_offsets ? (*doc_offsets)[static_cast<size_t>(document_of(pos)) + 1] - 1 : INT64_MAX;
+  }
+  // The causal/window part alone (documents ignored).
+  bool visible_by_position(int64_t q_pos, int64_t k_pos) const {
     switch (kind) {
       case MaskKind::none:
         return true;
@@ -48,9 +76,22 @@ struct Mask {
     }
     return false;
   }
+  bool visible(int64_t q_pos, int64_t k_pos) const {
+    return visible_by_position(q_pos, k_pos) &&
+           (!doc_offsets || document_of(q_pos) == document_of(k_pos));
+  }
   void validate() const;
-  std::string describe() const;  // "none", "causal", "causal-window(W)"
+  // Also checks that the documents cover exactly `seq` tokens.
+  void validate(int64_t seq) const;
+  std::string describe() const;  // "none", "causal", "causal-window(W)", "+documents(n)"
 };
+
+// Document lengths from text: "100,3000,17", "@file" (lengths separated by commas, spaces or
+// newlines), or a generated mix of `seq` tokens: "skewed[:SEED]" or "heavy[:SEED]" (seed 1 by
+// default; generated_document_lengths). Throws a2d::Error naming the bad entry.
+std::vector<int64_t> parse_document_lengths(const std::string& text, int64_t seq);
+std::vector<int64_t> generated_document_lengths(const std::string& kind, int64_t seq,
+                                                uint64_t seed);
 
 // The maximum the kernels, the merge and the reference use for row maxima: a NaN wins (as in
 // IEEE softmax implementations), so a NaN score poisons its row instead of being skipped.
@@ -190,6 +231,9 @@ struct ForwardArgs {
   AttentionShape shape;
   Mask mask;
   float scale = 0.0f;  // softmax scale; must be finite and positive
+  // Logit softcapping (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap) before
+  // the mask and the softmax. 0 = off; otherwise finite and positive.
+  float softcap = 0.0f;
   InTokens q, k, v;    // any DType (converted to fp32 as the kernel loads them)
   // Global positions of the q_tokens query rows and kv_tokens key rows; nullptr = 0, 1, 2, ...
   // Any order is allowed; increasing positions let more blocks be skipped.
@@ -248,6 +292,20 @@ void finalize_partial(const RowsShape& rows, const ConstPartialView& partial, Ou
 void merge_output(const RowsShape& rows, TokenView<float> out_a, RowView<float> lse_a,
                   TokenView<const float> out_b, RowView<const float> lse_b);
 
+// Attention sinks (gpt-oss): per query head h a logit sinks[h] that joins every row's softmax
+// denominator as one more column with value 0, so that O = sum_j p_j v_j with
+// p_j = exp(s_j - LSE) and LSE = log(sum_j exp(s_j) + exp(sinks[h])). add_sinks turns the O and
+// LSE of the scores alone into those: LSE' = logaddexp(LSE, sink), O' = O * exp(LSE - LSE'), the
+// sink joining each row exactly once (a row that saw no key gets O = 0, LSE = sink). `first_head`
+// is the global index of the rows' head 0 (a caller holding a slice of the heads).
+void add_sinks(const RowsShape& rows, const float* sinks, int64_t first_head, OutTokens out,
+               RowView<float> lse);
+// The sinks' gradient of sum(O * dO): dsink[h] += -sum over rows of P_sink * delta, with
+// P_sink = exp(sinks[h] - LSE) (the LSE with the sink) and delta = rowsum(dO * O). Summed in
+// double; dsink holds rows.heads values.
+void add_sink_gradient(const RowsShape& rows, const float* sinks, int64_t first_head,
+                       RowView<const float> lse, RowView<const float> delta, double* dsink);
+
 // delta = rowsum(dO * O), the backward's per-row correction, in [batch, heads, tokens].
 void compute_delta(const RowsShape& rows, InTokens out, InTokens d_out, RowView<float> delta);
 
@@ -256,6 +314,7 @@ struct BackwardArgs {
   AttentionShape shape;
   Mask mask;
   float scale = 0.0f;
+  float softcap = 0.0f;  // as in ForwardArgs (the backward multiplies dS by 1 - tanh^2)
   InTokens q, k, v;  // any DType, as d_out and out
   InTokens d_out;
   RowView<const float> lse;  // from the forward over *all* keys of these rows

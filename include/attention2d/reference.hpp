@@ -22,6 +22,8 @@ struct Inputs {
   const int64_t* q_positions = nullptr;  // nullptr = 0, 1, 2, ...
   const int64_t* kv_positions = nullptr;
   int threads = 1;
+  double softcap = 0.0;           // 0: off; else scores s -> softcap tanh(s / softcap)
+  const double* sinks = nullptr;  // [heads] sink logits (kernel.hpp's add_sinks), or none
 };
 
 void forward(const Inputs& in, double* out, double* lse);
@@ -30,7 +32,9 @@ void forward(const Inputs& in, double* out, double* lse);
 // `out_for_delta` ([batch, q_tokens, heads, head_dim]) the backward's row correction is
 // delta_i = rowsum(dO_i * out_i) of that O, as a backward that receives O in 16 bits computes it
 // (every fused attention backward does), instead of the exact delta_i = sum_j P_ij dP_ij.
+// With sinks, `dsink` (if not null) receives the sinks' gradient [heads]:
+// -sum over batch and rows of exp(sink - LSE) delta.
 void backward(const Inputs& in, const double* d_out, double* dq, double* dk, double* dv,
-              const double* out_for_delta = nullptr);
+              const double* out_for_delta = nullptr, double* dsink = nullptr);
 
 }  // namespace a2d::reference

@@ -25,10 +25,22 @@ std::string dtype_text(int64_t value) {
   return dtype_name(static_cast<DType>(value));
 }
 
+// FNV-1a of the document offsets (0 without documents): ranks given different boundaries differ.
+int64_t document_hash(const Mask& mask) {
+  if (!mask.doc_offsets) return 0;
+  uint64_t hash = 14695981039346656037ull;
+  for (const int64_t offset : *mask.doc_offsets) {
+    hash = (hash ^ static_cast<uint64_t>(offset)) * 1099511628211ull;
+  }
+  return static_cast<int64_t>(hash >> 1);
+}
+
 std::vector<Field> descriptor(const Problem& p, const Plan& plan) {
   int32_t scale_bits = 0;
   const float scale = p.scale > 0 ? p.scale : 0.0f;
   std::memcpy(&scale_bits, &scale, sizeof scale_bits);
+  int32_t softcap_bits = 0;
+  std::memcpy(&softcap_bits, &p.softcap, sizeof softcap_bits);
   return {
       {"library version", A2D_VERSION_MAJOR * 10000 + A2D_VERSION_MINOR * 100 + A2D_VERSION_PATCH},
       {"dtype", static_cast<int64_t>(p.dtype), dtype_text},
@@ -39,7 +51,11 @@ std::vector<Field> descriptor(const Problem& p, const Plan& plan) {
       {"head_dim", p.head_dim},
       {"mask", static_cast<int64_t>(p.mask.kind)},
       {"window", p.mask.window},
+      {"documents", p.mask.documents()},
+      {"document boundaries (hash)", document_hash(p.mask)},
       {"scale", scale_bits},
+      {"sinks", p.sinks ? 1 : 0},
+      {"softcap (bits)", softcap_bits},
       {"algorithm", static_cast<int64_t>(plan.algorithm)},
       {"grid rows", plan.grid.rows},
       {"grid cols", plan.grid.cols},

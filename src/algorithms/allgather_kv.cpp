@@ -29,7 +29,7 @@ class AllGatherKvAttention final : public SequenceParallel {
     kv_rec_ = {problem_.batch, problem_.kv_heads, wire_.kv};
     dkv_rec_ = {problem_.batch, problem_.kv_heads, wire_.dkv};
     // The kernel sees the gathered keys sorted by position under a causal mask (records.hpp).
-    kv_order_ = TokenOrder(parts_.positions, problem_.mask.is_causal());
+    kv_order_ = TokenOrder(parts_.positions, sort_by_position(problem_.mask));
     kv_order_.attach(backend_);
   }
 

@@ -45,8 +45,8 @@ class Attention2D final : public DistributedAttention {
     // variant's per-part calls) and sorted by position where a mask can hide tiles (records.hpp).
     q_positions_ = upload_indices(backend_, at.q_positions);
     kv_positions_ = upload_indices(backend_, at.kv_positions);
-    q_order_ = TokenOrder(at.q_positions, problem_.mask.is_causal());
-    kv_order_ = TokenOrder(at.kv_positions, problem_.mask.is_causal());
+    q_order_ = TokenOrder(at.q_positions, sort_by_position(problem_.mask));
+    kv_order_ = TokenOrder(at.kv_positions, sort_by_position(problem_.mask));
     q_order_.attach(backend_);
     kv_order_.attach(backend_);
 

@@ -1,6 +1,8 @@
 // Problems, plans and the algorithm factory.
 #include <cmath>
+#include <memory>
 #include <sstream>
+#include <vector>
 
 #include "algorithms.hpp"
 #include "attention2d/attention.hpp"
@@ -52,7 +54,9 @@ void Problem::validate() const {
   A2D_REQUIRE(elements <= 0x1p56, "Q would hold ", elements,
               " elements; at most 2^56 are "
               "supported");
-  mask.validate();
+  mask.validate(seq);
+  A2D_REQUIRE(std::isfinite(softcap) && softcap >= 0,
+              "the softcap must be positive (or 0 for none); got ", softcap);
   A2D_REQUIRE(std::isfinite(scale) && scale >= 0,
               "the softmax scale must be positive (or 0 for 1/sqrt(head_dim)); got ", scale);
 }
@@ -62,6 +66,8 @@ std::string Problem::describe() const {
   out << "batch=" << batch << " heads=" << heads << " kv_heads=" << kv_heads << " seq=" << seq
       << " head_dim=" << head_dim << " mask=" << mask.describe() << " scale=" << softmax_scale()
       << " dtype=" << dtype_name(dtype);
+  if (sinks) out << " sinks=yes";
+  if (softcap > 0) out << " softcap=" << softcap;
   return out.str();
 }
 
@@ -139,13 +145,10 @@ void check_plan(const Plan& plan, const Problem& problem, int ranks) {
   }
 }
 
-std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, const Plan& plan,
+namespace {
+
+std::unique_ptr<DistributedAttention> make_algorithm(const Problem& problem, const Plan& plan,
                                                      Communicator& world, Backend& backend) {
-  collective_check(world, [&] {
-    problem.validate();
-    check_plan(plan, problem, world.size());
-  });
-  check_agreement(world, problem, plan);
   switch (plan.algorithm) {
     case Algorithm::attention2d:
     case Algorithm::attention2d_overlap:
@@ -158,6 +161,71 @@ std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, con
       return algorithms::make_ulysses(problem, plan, world, backend);
   }
   A2D_FAIL("unknown algorithm ", static_cast<int>(plan.algorithm));
+}
+
+// Attention sinks on top of any algorithm. The algorithms compute O and LSE of the scores alone
+// (the sink is not a key, so no partial result carries it); once every row's final O and LSE are
+// on the rank that owns the row, the sink joins each row exactly once (add_sinks). The backward
+// needs nothing else: its P = exp(s - LSE) uses the final LSE, which includes the sink, and
+// delta = rowsum(dO * O) uses the final O. dsink = -sum_rows P_sink * delta is summed over each
+// rank's own rows (every row is owned by exactly one rank) and all-reduced once.
+class WithSinks final : public DistributedAttention {
+ public:
+  WithSinks(std::unique_ptr<DistributedAttention> inner, Communicator& world)
+      : inner_(std::move(inner)), world_(world) {}
+
+  const Problem& problem() const override { return inner_->problem(); }
+  const Plan& plan() const override { return inner_->plan(); }
+  const TokenLayout& layout() const override { return inner_->layout(); }
+  Backend& backend() const override { return inner_->backend(); }
+
+  void forward(const ForwardShards& shards) override {
+    A2D_REQUIRE(shards.sinks, "the problem has attention sinks but ForwardShards::sinks is null");
+    inner_->forward(shards);
+    backend().add_sinks(rows(), shards.sinks, 0, shards.out, shards.lse);
+  }
+
+  void backward(const BackwardShards& shards) override {
+    A2D_REQUIRE(shards.sinks && shards.dsink,
+                "the problem has attention sinks but BackwardShards::sinks or ::dsink is null");
+    inner_->backward(shards);
+    const RowsShape r = rows();
+    std::vector<double> dsink(static_cast<size_t>(r.heads), 0.0);
+    if (r.tokens > 0) {
+      const BufferPtr delta =
+          backend().allocate(r.batch * r.heads * r.tokens * static_cast<int64_t>(sizeof(float)));
+      const RowTensor delta_rows = dense_row_tensor(*delta, r.heads, r.tokens);
+      backend().delta(r, shards.out, shards.d_out, delta_rows);
+      backend().add_sink_gradient(r, shards.sinks, 0, shards.lse, delta_rows, dsink.data());
+    }
+    world_.set_phase("backward.dsink_all_reduce");
+    world_.all_reduce(dsink.data(), r.heads, Reduction::sum);
+    for (int64_t h = 0; h < r.heads; ++h)
+      shards.dsink[h] = static_cast<float>(dsink[static_cast<size_t>(h)]);
+  }
+
+ private:
+  RowsShape rows() const {
+    const Problem& p = problem();
+    return {p.batch, layout().count(world_.rank()), p.heads, p.head_dim};
+  }
+
+  std::unique_ptr<DistributedAttention> inner_;
+  Communicator& world_;
+};
+
+}  // namespace
+
+std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, const Plan& plan,
+                                                     Communicator& world, Backend& backend) {
+  collective_check(world, [&] {
+    problem.validate();
+    check_plan(plan, problem, world.size());
+  });
+  check_agreement(world, problem, plan);
+  std::unique_ptr<DistributedAttention> attention = make_algorithm(problem, plan, world, backend);
+  if (problem.sinks) return std::make_unique<WithSinks>(std::move(attention), world);
+  return attention;
 }
 
 namespace {

@@ -44,6 +44,7 @@ Call kernel_call(const Problem& problem, const Plan& plan, Communicator& comm, i
   call.shape = problem.local_shape(q_tokens, kv_tokens);
   call.mask = problem.mask;
   call.scale = problem.softmax_scale();
+  call.softcap = problem.softcap;
   call.k = k;
   call.v = v;
   call.q_positions = q_positions;
@@ -109,6 +110,12 @@ inline std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
 // causal mask hides are skipped and only those on the diagonal are partial (docs/attention2d.md).
 // The order, its inverse and the positions live on the host (for the cost model and the tests)
 // and, once attach() has been called, in buffers of a backend (for its operations).
+// Whether gathered rows are sorted by position before the kernel: under a causal or a document
+// mask sorted positions let whole tiles be skipped.
+inline bool sort_by_position(const Mask& mask) {
+  return mask.is_causal() || mask.has_documents();
+}
+
 struct TokenOrder {
   std::vector<int64_t> order;      // empty: the buffer is already in position order
   std::vector<int64_t> inverse;    // gathered token i is sorted token inverse[i]

@@ -63,4 +63,11 @@ std::vector<float> generate_tokens(uint64_t seed, TensorTag tag, const GlobalTok
   return data;
 }
 
+std::vector<float> generate_sinks(uint64_t seed, int64_t heads) {
+  std::vector<float> sinks(static_cast<size_t>(heads));
+  for (int64_t h = 0; h < heads; ++h)
+    sinks[static_cast<size_t>(h)] = 1.5f + generated_value(seed, TensorTag::sink, h);
+  return sinks;
+}
+
 }  // namespace a2d

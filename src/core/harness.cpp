@@ -56,6 +56,7 @@ GlobalTensors generate_global(const Problem& p, uint64_t seed, bool with_d_out) 
   g.k = generate_tokens(seed, TensorTag::k, kv_shape);
   g.v = generate_tokens(seed, TensorTag::v, kv_shape);
   if (with_d_out) g.d_out = generate_tokens(seed, TensorTag::d_out, q_shape);
+  if (p.sinks) g.sinks = generate_sinks(seed, p.heads);
   round_inputs(g, p.dtype);
   return g;
 }
@@ -94,8 +95,14 @@ ForwardShards ShardSet::forward(const Problem& p) {
   const auto kv_like = [&](Buffer& b) {
     return dense_token_tensor(b, p.dtype, tokens, p.kv_heads, p.head_dim);
   };
-  return {q_like(*buffers_.q), kv_like(*buffers_.k), kv_like(*buffers_.v), q_like(*buffers_.out),
-          dense_row_tensor(*buffers_.lse, p.heads, tokens)};
+  ForwardShards f{q_like(*buffers_.q), kv_like(*buffers_.k), kv_like(*buffers_.v),
+                  q_like(*buffers_.out), dense_row_tensor(*buffers_.lse, p.heads, tokens)};
+  if (p.sinks) {
+    A2D_REQUIRE(static_cast<int64_t>(sinks.size()) == p.heads, "the shards hold ", sinks.size(),
+                " sink logits for ", p.heads, " heads");
+    f.sinks = sinks.data();
+  }
+  return f;
 }
 
 BackwardShards ShardSet::backward(const Problem& p) {
@@ -107,15 +114,21 @@ BackwardShards ShardSet::backward(const Problem& p) {
   const auto kv_like = [&](Buffer& b) {
     return dense_token_tensor(b, p.dtype, tokens, p.kv_heads, p.head_dim);
   };
-  return {f.q,
-          f.k,
-          f.v,
-          f.out,
-          q_like(*buffers_.d_out),
-          f.lse,
-          q_like(*buffers_.dq),
-          kv_like(*buffers_.dk),
-          kv_like(*buffers_.dv)};
+  BackwardShards b{f.q,
+                   f.k,
+                   f.v,
+                   f.out,
+                   q_like(*buffers_.d_out),
+                   f.lse,
+                   q_like(*buffers_.dq),
+                   kv_like(*buffers_.dk),
+                   kv_like(*buffers_.dv)};
+  if (p.sinks) {
+    dsink.assign(static_cast<size_t>(p.heads), 0.0f);
+    b.sinks = f.sinks;
+    b.dsink = dsink.data();
+  }
+  return b;
 }
 
 namespace {
@@ -212,7 +225,9 @@ ShardSet make_shards(const Problem& p, const TokenLayout& layout, int64_t part, 
     s.buffers_.dk = buffer_for(s.dk, t);
     s.buffers_.dv = buffer_for(s.dv, t);
   }
+  if (p.sinks) s.sinks.assign(static_cast<size_t>(p.heads), 0.0f);
   if (!generate) return s;
+  if (p.sinks) s.sinks = generate_sinks(seed, p.heads);
   const GlobalTokens q_shape{p.batch, p.seq, p.heads, p.head_dim};
   const GlobalTokens kv_shape{p.batch, p.seq, p.kv_heads, p.head_dim};
   const int64_t* list = tokens.data();
@@ -259,6 +274,16 @@ void scatter_inputs(Communicator& comm, int root, const Problem& p, const TokenL
       }
     }
   }
+  if (p.sinks) {
+    if (comm.rank() == root) {
+      A2D_REQUIRE(static_cast<int64_t>(global.sinks.size()) == p.heads,
+                  "the problem has sinks but ", global.sinks.size(), " sink logits were given for ",
+                  p.heads, " heads");
+      shards.sinks = global.sinks;
+    }
+    shards.sinks.resize(static_cast<size_t>(p.heads));
+    comm.broadcast(shards.sinks.data(), p.heads * static_cast<int64_t>(sizeof(float)), root);
+  }
   shards.upload_inputs();
 }
 
@@ -266,6 +291,7 @@ GlobalOutputs gather_outputs(Communicator& comm, int root, const Problem& p,
                              const TokenLayout& layout, ShardSet& shards, bool backward) {
   shards.download_outputs();
   GlobalOutputs g;
+  if (backward && p.sinks && comm.rank() == root) g.dsink = shards.dsink;
   struct Tensor {
     const std::vector<float>* shard;
     std::vector<float>* global;
@@ -373,6 +399,9 @@ ReferenceOutputs reference_outputs(const Problem& p, const GlobalTensors& in, bo
                                    int threads) {
   const std::vector<double> q(in.q.begin(), in.q.end()), k(in.k.begin(), in.k.end()),
       v(in.v.begin(), in.v.end());
+  const std::vector<double> sinks(in.sinks.begin(), in.sinks.end());
+  A2D_REQUIRE(!p.sinks || static_cast<int64_t>(sinks.size()) == p.heads,
+              "the reference of a problem with sinks needs ", p.heads, " sink logits");
   const reference::Inputs inputs{p.local_shape(p.seq, p.seq),
                                  p.mask,
                                  static_cast<double>(p.softmax_scale()),
@@ -381,7 +410,9 @@ ReferenceOutputs reference_outputs(const Problem& p, const GlobalTensors& in, bo
                                  v.data(),
                                  nullptr,
                                  nullptr,
-                                 threads};
+                                 threads,
+                                 static_cast<double>(p.softcap),
+                                 p.sinks ? sinks.data() : nullptr};
   ReferenceOutputs r;
   r.out.resize(q.size());
   r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.seq));
@@ -400,22 +431,24 @@ ReferenceOutputs reference_outputs(const Problem& p, const GlobalTensors& in, bo
       for (size_t i = 0; i < r.out.size(); ++i)
         stored_out[i] = round_to(p.dtype, static_cast<float>(r.out[i]));
     }
+    if (p.sinks) r.dsink.resize(static_cast<size_t>(p.heads));
     reference::backward(inputs, d_out.data(), r.dq.data(), r.dk.data(), r.dv.data(),
-                        stored_out.empty() ? nullptr : stored_out.data());
+                        stored_out.empty() ? nullptr : stored_out.data(),
+                        p.sinks ? r.dsink.data() : nullptr);
   }
   return r;
 }
 
 double OutputErrors::max() const {
-  return std::max({out, lse, dq, dk, dv});
+  return std::max({out, lse, dq, dk, dv, dsink});
 }
 
 bool OutputErrors::within(const OutputBounds& b) const {
-  return out <= b.out && lse <= b.lse && dq <= b.dq && dk <= b.dk && dv <= b.dv;
+  return out <= b.out && lse <= b.lse && dq <= b.dq && dk <= b.dk && dv <= b.dv && dsink <= b.dsink;
 }
 
 double OutputBounds::of(int index) const {
-  const double all[5] = {out, lse, dq, dk, dv};
+  const double all[6] = {out, lse, dq, dk, dv, dsink};
   return all[index];
 }
 
@@ -427,14 +460,14 @@ OutputBounds output_bounds(DType dtype) {
     case DType::f32:
       break;
     case DType::bf16:
-      return {kBf16OutputBound, kFp32RelativeBound, kBf16OutputBound, kBf16OutputBound,
-              kBf16OutputBound};
+      return {kBf16OutputBound, kFp32RelativeBound, kBf16OutputBound,
+              kBf16OutputBound, kBf16OutputBound,   2 * 0x1p-8 + kFp32RelativeBound};
     case DType::f16:
-      return {kF16OutputBound, kFp32RelativeBound, kF16OutputBound, kF16OutputBound,
-              kF16OutputBound};
+      return {kF16OutputBound, kFp32RelativeBound, kF16OutputBound,
+              kF16OutputBound, kF16OutputBound,    2 * 0x1p-11 + kFp32RelativeBound};
   }
-  return {kFp32RelativeBound, kFp32RelativeBound, kFp32RelativeBound, kFp32RelativeBound,
-          kFp32RelativeBound};
+  return {kFp32RelativeBound, kFp32RelativeBound, kFp32RelativeBound,
+          kFp32RelativeBound, kFp32RelativeBound, kFp32RelativeBound};
 }
 
 OutputErrors compare_outputs(const GlobalOutputs& got, const ReferenceOutputs& expected,
@@ -450,6 +483,7 @@ OutputErrors compare_outputs(const GlobalOutputs& got, const ReferenceOutputs& e
     errors.dq = error(got.dq, expected.dq);
     errors.dk = error(got.dk, expected.dk);
     errors.dv = error(got.dv, expected.dv);
+    if (!expected.dsink.empty()) errors.dsink = error(got.dsink, expected.dsink);
   }
   return errors;
 }

@@ -380,7 +380,7 @@ struct Step {
 }  // namespace
 
 double permuted_bytes(const Problem& p, const Plan& plan, bool forward) {
-  if (!p.mask.is_causal() || plan.grid.size() == 1) return 0;
+  if (!(p.mask.is_causal() || p.mask.has_documents()) || plan.grid.size() == 1) return 0;
   const double b = static_cast<double>(p.batch), h = static_cast<double>(p.heads);
   const double hkv = static_cast<double>(p.kv_heads);
   const double big_n = static_cast<double>(p.seq);

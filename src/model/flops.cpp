@@ -44,11 +44,64 @@ Wide ceil_div(Wide a, Wide b) {
   return a <= 0 ? 0 : (a + b - 1) / b;
 }
 
+// Keys t = key_class (mod modulus) with 0 <= t <= x, for x >= -1.
+Wide class_up_to(Wide x, Wide key_class, Wide modulus) {
+  return x < 0 ? 0 : (x + modulus - key_class) / modulus;
+}
+// sum_{i < count} class_up_to(first + i * step), for first >= -1.
+Wide sum_class_up_to(Wide count, Wide first, Wide step, Wide key_class, Wide modulus) {
+  if (count <= 0) return 0;
+  return floor_sum(count, modulus, step, first + modulus - key_class);
+}
+
+// The same count under a document mask: per document [a, b) the queries of the progression in
+// it against the keys of the class in it, those keys further limited by the causal mask
+// (t <= q) and the window (t > q - W); each a closed form or a floor_sum.
+Wide documents_vs_class(const Mask& mask, Wide first, Wide step, Wide count, Wide key_class,
+                        Wide modulus) {
+  const std::vector<int64_t>& offsets = *mask.doc_offsets;
+  const Wide last_query = first + (count - 1) * step;
+  const int64_t first_doc = mask.document_of(static_cast<int64_t>(first));
+  const int64_t last_doc = mask.document_of(static_cast<int64_t>(last_query));
+  const auto keys_up_to = [&](Wide x) { return class_up_to(x, key_class, modulus); };
+  Wide total = 0;
+  for (int64_t d = first_doc; d <= last_doc; ++d) {
+    const Wide a = offsets[static_cast<size_t>(d)], b = offsets[static_cast<size_t>(d) + 1];
+    const Wide i0 = a <= first ? 0 : ceil_div(a - first, step);
+    const Wide i1 = std::min<Wide>(count, ceil_div(b - first, step));  // queries q < b
+    if (i1 <= i0) continue;
+    const Wide queries = i1 - i0, q0 = first + i0 * step;
+    switch (mask.kind) {
+      case MaskKind::none:
+        total += queries * (keys_up_to(b - 1) - keys_up_to(a - 1));
+        break;
+      case MaskKind::causal:
+        total +=
+            sum_class_up_to(queries, q0, step, key_class, modulus) - queries * keys_up_to(a - 1);
+        break;
+      case MaskKind::causal_window: {
+        // Keys in [max(a, q - W + 1), q]: below q - W + 1 the document's start bounds them for
+        // q <= a - 1 + W, the window after.
+        const Wide w = mask.window;
+        const Wide limit = a - 1 + w;
+        const Wide near_start = limit < q0 ? 0 : std::min<Wide>(queries, (limit - q0) / step + 1);
+        total += sum_class_up_to(queries, q0, step, key_class, modulus) -
+                 near_start * keys_up_to(a - 1) -
+                 sum_class_up_to(queries - near_start, q0 + near_start * step - w, step, key_class,
+                                 modulus);
+        break;
+      }
+    }
+  }
+  return total;
+}
+
 // Queries q = first + i * step (i < count), keys t = key_class (mod modulus), 0 <= t < n_tokens:
 // the visible (q, k) pairs.
 Wide progression_vs_class(const Mask& mask, Wide n_tokens, Wide first, Wide step, Wide count,
                           Wide key_class, Wide modulus) {
   if (count <= 0 || key_class >= n_tokens) return 0;
+  if (mask.has_documents()) return documents_vs_class(mask, first, step, count, key_class, modulus);
   if (mask.kind == MaskKind::none) return count * ceil_div(n_tokens - key_class, modulus);
   // Keys of the class at or below q: F(q) = floor((q + modulus - key_class) / modulus).
   Wide visible = floor_sum(count, modulus, step, first + modulus - key_class);
@@ -67,6 +120,7 @@ Wide progression_vs_class(const Mask& mask, Wide n_tokens, Wide first, Wide step
 // Queries q = first + i * step (i < count) against all keys 0 .. n_tokens - 1.
 Wide progression_vs_all(const Mask& mask, Wide n_tokens, Wide first, Wide step, Wide count) {
   if (count <= 0) return 0;
+  if (mask.has_documents()) return documents_vs_class(mask, first, step, count, 0, 1);
   const auto linear = [&](Wide k) { return k * (first + 1) + step * k * (k - 1) / 2; };  // sum q+1
   switch (mask.kind) {
     case MaskKind::none:
@@ -170,8 +224,12 @@ double rank_forward_flops(const Problem& p, const Plan& plan, int rank) {
 double busiest_forward_flops(const Problem& p, const Plan& plan) {
   const int ranks = plan.grid.size();
   std::vector<int> sample;
-  if (plan.algorithm == Algorithm::attention2d ||
-      plan.algorithm == Algorithm::attention2d_overlap) {
+  if (p.mask.has_documents()) {
+    // Documents place work anywhere: every rank is evaluated (each in O(documents) steps).
+    for (int rank = 0; rank < ranks; ++rank)
+      sample.push_back(rank);
+  } else if (plan.algorithm == Algorithm::attention2d ||
+             plan.algorithm == Algorithm::attention2d_overlap) {
     // The first, middle and last of every row and column index: the causal work of a rank grows
     // with its row and shrinks with its column, so the extremes lie on these lines.
     const int rows = plan.grid.rows, cols = plan.grid.cols;
@@ -195,7 +253,7 @@ double busiest_forward_flops(const Problem& p, const Plan& plan) {
   for (const int rank : sample)
     busiest = std::max(busiest, rank_forward_flops(p, plan, rank));
   if (plan.algorithm == Algorithm::ring && plan.layout == LayoutKind::contiguous &&
-      p.mask.kind == MaskKind::causal && ranks > 1) {
+      p.mask.kind == MaskKind::causal && !p.mask.has_documents() && ranks > 1) {
     // Step-synchronous critical path of the contiguous ring: at step 0 the busiest rank does its
     // diagonal block, at every later step some rank has a full block of an earlier chunk.
     const TokenLayout layout(plan.layout, p.seq, ranks, plan.stripe);
@@ -204,6 +262,11 @@ double busiest_forward_flops(const Problem& p, const Plan& plan) {
     busiest = std::max(busiest, flops(p, critical * p.heads));
   }
   return busiest;
+}
+
+double flops_balance(const Problem& p, const Plan& plan) {
+  const double mean = flops(p, total_pairs(p) * p.heads) / plan.grid.size();
+  return mean > 0 ? busiest_forward_flops(p, plan) / mean : 1.0;
 }
 
 }  // namespace a2d

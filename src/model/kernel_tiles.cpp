@@ -62,7 +62,8 @@ Calls kernel_calls(const Problem& problem, const Plan& plan, const SequenceParts
                    bool backward) {
   Calls out;
   out.heads = problem.heads;
-  const bool causal = problem.mask.is_causal();
+  // Under a causal or document mask the algorithms sort gathered rows by position (records.hpp).
+  const bool causal = problem.mask.is_causal() || problem.mask.has_documents();
   switch (plan.algorithm) {
     case Algorithm::attention2d:
     case Algorithm::attention2d_overlap: {
@@ -127,8 +128,14 @@ Calls kernel_calls(const Problem& problem, const Plan& plan, const SequenceParts
 
 // Ranks whose calls are replayed: the corners and middles of the grid (ATTENTION2D) or of the
 // ring, where the busiest rank of every layout lies.
-std::vector<int> tile_sample(const Plan& plan) {
+std::vector<int> tile_sample(const Problem& problem, const Plan& plan) {
   std::set<int> ranks;
+  if (problem.mask.has_documents()) {
+    // Documents place work anywhere: every rank.
+    for (int rank = 0; rank < plan.grid.size(); ++rank)
+      ranks.insert(rank);
+    return {ranks.begin(), ranks.end()};
+  }
   const int rows = plan.grid.rows, cols = plan.grid.cols;
   for (const int r : {0, rows / 2, rows - 1})
     for (const int c : {0, cols / 2, cols - 1})
@@ -248,38 +255,69 @@ ForwardCallCosts fit_forward_call_costs(const std::vector<std::pair<int64_t, int
   return {x[0], used[1] ? x[1] : 0.0, used[2] ? x[2] : 0.0};
 }
 
-TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan) {
-  // Tile pairs of the busiest call pattern, estimated before any position is generated.
+namespace {
+// Tile pairs of every call a rank makes (heads included).
+TileEntries rank_tile_entries(const Problem& problem, const Plan& plan, const SequenceParts& parts,
+                              int rank) {
+  const Calls calls = kernel_calls(problem, plan, parts, rank, false);
+  double forward = 0, backward = 0, panels = 0, keys = 0;
+  // Only ATTENTION2D-O's backward makes other calls than its forward.
+  const bool own_backward = plan.algorithm == Algorithm::attention2d_overlap;
+  const Calls split = own_backward ? kernel_calls(problem, plan, parts, rank, true) : Calls{};
+  for (const auto& [q, k] : (own_backward ? split : calls).calls)
+    backward += backward_tile_entries(problem.mask, q, k);
+  for (const auto& [q, k] : calls.calls) {
+    forward += forward_tile_entries(problem.mask, q, k);
+    panels += static_cast<double>((static_cast<int64_t>(q.size()) + kCpuForwardPanel - 1) /
+                                  kCpuForwardPanel);
+    keys += static_cast<double>(k.size());
+  }
+  const double heads = static_cast<double>(calls.heads);
+  return {forward * heads, backward * heads, panels * heads, keys * heads};
+}
+
+// Tile pairs of the busiest call pattern, estimated before any position is generated.
+double tile_estimate(const Problem& problem, const Plan& plan) {
   const double n = static_cast<double>(problem.seq);
   const double per_rank = plan.algorithm == Algorithm::ulysses ? 1.0 : plan.grid.size();
-  const double estimate = (n / kCpuBackwardTileQ + 1) * (n / kCpuBackwardTileK + 1) / per_rank + n;
-  const std::vector<int> sample = tile_sample(plan);
-  if (estimate * static_cast<double>(sample.size()) > 5e6) return {-1, -1};
+  return (n / kCpuBackwardTileQ + 1) * (n / kCpuBackwardTileK + 1) / per_rank + n;
+}
+
+SequenceParts parts_of(const Problem& problem, const Plan& plan) {
   const bool sequence =
       plan.algorithm == Algorithm::ring || plan.algorithm == Algorithm::allgather_kv;
-  const SequenceParts parts = sequence ? sequence_parts(problem, plan) : SequenceParts{};
+  return sequence ? sequence_parts(problem, plan) : SequenceParts{};
+}
+}  // namespace
+
+TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan) {
+  const std::vector<int> sample = tile_sample(problem, plan);
+  if (tile_estimate(problem, plan) * static_cast<double>(sample.size()) > 5e6) return {-1, -1};
+  const SequenceParts parts = parts_of(problem, plan);
   TileEntries busiest;
   for (const int rank : sample) {
-    const Calls calls = kernel_calls(problem, plan, parts, rank, false);
-    double forward = 0, backward = 0, panels = 0, keys = 0;
-    // Only ATTENTION2D-O's backward makes other calls than its forward.
-    const bool own_backward = plan.algorithm == Algorithm::attention2d_overlap;
-    const Calls split = own_backward ? kernel_calls(problem, plan, parts, rank, true) : Calls{};
-    for (const auto& [q, k] : (own_backward ? split : calls).calls)
-      backward += backward_tile_entries(problem.mask, q, k);
-    for (const auto& [q, k] : calls.calls) {
-      forward += forward_tile_entries(problem.mask, q, k);
-      panels += static_cast<double>((static_cast<int64_t>(q.size()) + kCpuForwardPanel - 1) /
-                                    kCpuForwardPanel);
-      keys += static_cast<double>(k.size());
-    }
-    const double heads = static_cast<double>(calls.heads);
-    busiest.forward = std::max(busiest.forward, forward * heads);
-    busiest.backward = std::max(busiest.backward, backward * heads);
-    busiest.forward_panels = std::max(busiest.forward_panels, panels * heads);
-    busiest.forward_keys = std::max(busiest.forward_keys, keys * heads);
+    const TileEntries e = rank_tile_entries(problem, plan, parts, rank);
+    busiest.forward = std::max(busiest.forward, e.forward);
+    busiest.backward = std::max(busiest.backward, e.backward);
+    busiest.forward_panels = std::max(busiest.forward_panels, e.forward_panels);
+    busiest.forward_keys = std::max(busiest.forward_keys, e.forward_keys);
   }
   return busiest;
+}
+
+TileBalance tile_balance(const Problem& problem, const Plan& plan) {
+  const int ranks = plan.grid.size();
+  if (tile_estimate(problem, plan) * ranks > 5e7) return {};
+  const SequenceParts parts = parts_of(problem, plan);
+  TileBalance out;
+  for (int rank = 0; rank < ranks; ++rank) {
+    const TileEntries e = rank_tile_entries(problem, plan, parts, rank);
+    out.busiest_forward = std::max(out.busiest_forward, e.forward);
+    out.busiest_backward = std::max(out.busiest_backward, e.backward);
+    out.mean_forward += e.forward / ranks;
+    out.mean_backward += e.backward / ranks;
+  }
+  return out;
 }
 
 }  // namespace a2d

@@ -143,7 +143,9 @@ std::map<std::string, Traffic> ulysses_traffic(const Problem& p, const Plan& pla
 
 }  // namespace
 
-std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Plan& plan, int rank) {
+namespace {
+std::map<std::string, Traffic> algorithm_traffic(const Problem& problem, const Plan& plan,
+                                                 int rank) {
   switch (plan.algorithm) {
     case Algorithm::attention2d:
     case Algorithm::attention2d_overlap:
@@ -155,6 +157,19 @@ std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Pla
       return ulysses_traffic(problem, plan, rank);
   }
   A2D_FAIL("no traffic model for ", algorithm_name(plan.algorithm));
+}
+}  // namespace
+
+std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Plan& plan, int rank) {
+  std::map<std::string, Traffic> phases = algorithm_traffic(problem, plan, rank);
+  // Attention sinks: the heads' fp64 gradient sums, all-reduced once over the world (comm.hpp's
+  // all_reduce charge), whatever the algorithm.
+  const int64_t ranks = plan.grid.size();
+  if (problem.sinks && ranks > 1) {
+    phases["backward.dsink_all_reduce"] = {
+        2 * (ranks - 1) * ((problem.heads + ranks - 1) / ranks) * 8, 2 * (ranks - 1)};
+  }
+  return phases;
 }
 
 Traffic predicted_total(const std::map<std::string, Traffic>& phases, const std::string& prefix) {

@@ -97,4 +97,23 @@ echo "$out" | grep -q "cannot create the output directory" || fail "unwritable d
 if out=$(run 3 "${inputs[@]}" --algo ulysses 2>&1); then fail "ulysses accepted 2 K/V heads on 3 ranks"; fi
 [ "$(echo "$out" | grep -c 'the number of ranks (3) must divide the number of K/V heads (2).*(on every rank)')" = 1 ] ||
   fail "ulysses refusal not reported once, for every rank: $out"
+# Packed documents, sinks read from --sink and softcap: dsink.npy [heads] written with the other
+# gradients, the same on 3 ranks (ATTENTION2D) as on 1 and with Ring.
+$tool make "$work/sink.npy" f4 6 4
+masked=("${inputs[@]}" "${once[@]}" --causal --doc-lens 1,20,1,9,6 --sink "$work/sink.npy"
+  --softcap 2.5)
+run 3 "${masked[@]}" --check --out "$work/m3" || fail "3-rank document/sink run failed"
+run 1 "${masked[@]}" --out "$work/m1" || fail "1-rank document/sink run failed"
+run 2 "${masked[@]}" --algo ring --check --out "$work/mring" || fail "ring document/sink run failed"
+[ "$($tool shape "$work/m3/dsink.npy")" = 4 ] || fail "dsink.npy has the wrong shape"
+for f in o lse dq dk dv dsink; do
+  $tool compare "$work/m3/$f.npy" "$work/m1/$f.npy" 1e-5 || fail "$f differs between 3 and 1 ranks"
+  $tool compare "$work/mring/$f.npy" "$work/m1/$f.npy" 1e-5 || fail "$f differs (ring)"
+done
+$tool make "$work/sink_bad.npy" f4 6 3
+if out=$(run 2 "${inputs[@]}" --sink "$work/sink_bad.npy" 2>&1); then fail "accepted 3 sinks for 4 heads"; fi
+echo "$out" | grep -q "has shape \[3\] but \[4\] is required" || fail "bad sink file not reported: $out"
+if out=$(run 2 "${inputs[@]}" --doc-lens 30,6 2>&1); then fail "accepted lengths summing to 36"; fi
+[ "$(echo "$out" | grep -c 'document lengths sum to 36 tokens, but the sequence has 37')" = 1 ] ||
+  fail "bad document lengths not reported once: $out"
 echo "run_files.sh: all checks passed"

@@ -1,5 +1,6 @@
 #include "mpi_checks.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -16,7 +17,7 @@ TestSettings& test_settings() {
 }
 
 std::string TestSettings::describe() const {
-  return std::string(dtype_name(dtype)) + " on " + device;
+  return std::string(dtype_name(dtype)) + " on " + device + (masks ? " with masks" : "");
 }
 
 void parse_test_settings(int argc, char** argv) {
@@ -29,6 +30,10 @@ void parse_test_settings(int argc, char** argv) {
     } else if (arg == "--device") {
       s.device = argv[++i];
       make_backend(s.device);  // refuses unknown devices here, before any test runs
+    } else if (arg == "--masks") {
+      const std::string value = argv[++i];
+      A2D_REQUIRE(value == "on" || value == "off", "--masks takes on or off, got '", value, "'");
+      s.masks = value == "on";
     } else {
       A2D_FAIL("unknown test option '", arg, "'; the MPI tests take --dtype and --device");
     }
@@ -42,6 +47,45 @@ std::unique_ptr<Backend> test_backend() {
 Problem in_test_dtype(Problem problem) {
   problem.dtype = test_settings().dtype;
   return problem;
+}
+
+std::vector<NamedProblem> masked_problems(int ranks, int64_t heads, int64_t kv_heads) {
+  const int64_t p = ranks;
+  std::vector<NamedProblem> list;
+  const auto add = [&](std::string name, int64_t batch, int64_t seq, int64_t dim, Mask mask,
+                       const std::vector<int64_t>& lengths, bool sinks, float softcap) {
+    Problem problem;
+    problem.batch = batch;
+    problem.heads = heads;
+    problem.kv_heads = kv_heads;
+    problem.seq = seq;
+    problem.head_dim = dim;
+    problem.mask = lengths.empty() ? mask : mask.with_documents(lengths);
+    problem.sinks = sinks;
+    problem.softcap = softcap;
+    list.push_back({std::move(name), in_test_dtype(problem)});
+  };
+  // One document of all but 11 tokens between one-token documents: 1, 1, N - 11, 1, 4, 1, 3.
+  const int64_t seq_long = 23 * p + 5;
+  add("docs_long_causal_sinks", 1, seq_long, 64, Mask::causal(), {1, 1, seq_long - 11, 1, 4, 1, 3},
+      true, 0.0f);
+  // Many short documents of awkward lengths (1 to 13), unmasked within each.
+  const int64_t seq_short = 19 * p + 7;
+  std::vector<int64_t> short_lengths;
+  for (int64_t left = seq_short, i = 0; left > 0; ++i) {
+    const int64_t length = std::min(left, int64_t{1} + (i * 7 + 3) % 13);
+    short_lengths.push_back(length);
+    left -= length;
+  }
+  add("docs_short_none_batch2_d80_softcap", 2, seq_short, 80, Mask::none(), short_lengths, false,
+      2.0f);
+  // The skewed mix (one document of N/2, short ones around it) under a window.
+  const int64_t seq_skewed = 29 * p + 3;
+  add("docs_skewed_window_sinks_softcap", 1, seq_skewed, 48, Mask::causal_window(p + 6),
+      generated_document_lengths("skewed", seq_skewed, 7), true, 3.0f);
+  // Sinks and softcap without documents.
+  add("causal_sinks_softcap", 1, 17 * p + 2, 32, Mask::causal(), {}, true, 1.5f);
+  return list;
 }
 
 std::string traffic_mismatches(const TrafficLog& log, const Problem& problem, const Plan& plan,

@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attention2d/attention.hpp"
 #include "attention2d/backend.hpp"
@@ -14,9 +15,11 @@ namespace a2d {
 // GoogleTest's own flags): --dtype fp32|bf16|fp16 (default fp32) and --device cpu|fenced (default
 // cpu). The programs run their whole matrix with them, so CTest registers each program at every
 // process count once per setting it needs.
+// --masks on replaces each program's problems by masked_problems() (documents, sinks, softcap).
 struct TestSettings {
   DType dtype = DType::f32;
   std::string device = "cpu";
+  bool masks = false;
   std::string describe() const;  // "bf16 on fenced"
 };
 TestSettings& test_settings();
@@ -24,6 +27,16 @@ void parse_test_settings(int argc, char** argv);  // throws a2d::Error on anythi
 std::unique_ptr<Backend> test_backend();
 // The problem in the settings' dtype.
 Problem in_test_dtype(Problem problem);
+
+// The problems of the --masks matrix, in the settings' dtype: packed documents (one-token
+// documents, one spanning most of N, a skewed generated mix; no length divisible by P) with each
+// mask kind, with attention sinks and softcap on some, and sinks with softcap on a causal
+// problem. `heads` query heads on `kv_heads` K/V heads.
+struct NamedProblem {
+  std::string name;
+  Problem problem;
+};
+std::vector<NamedProblem> masked_problems(int ranks, int64_t heads, int64_t kv_heads);
 
 // Every phase where this rank's counted traffic differs from predict_traffic(problem, plan, rank),
 // and every counted phase the model does not know; "" when they agree exactly.

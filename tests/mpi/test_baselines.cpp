@@ -33,9 +33,9 @@ namespace {
 // relative error to ~1e-2 or more). In 16 bits each output is within its bound of the reference
 // (output_bounds), so two algorithms are within twice that of each other.
 OutputBounds agreement_bounds(DType dtype) {
-  if (dtype == DType::f32) return {2e-5, 2e-5, 2e-5, 2e-5, 2e-5};
+  if (dtype == DType::f32) return {2e-5, 2e-5, 2e-5, 2e-5, 2e-5, 2e-5};
   const OutputBounds b = output_bounds(dtype);
-  return {2 * b.out, 2e-5, 2 * b.dq, 2 * b.dk, 2 * b.dv};
+  return {2 * b.out, 2e-5, 2 * b.dq, 2 * b.dk, 2 * b.dv, 2 * b.dsink};
 }
 constexpr uint64_t kSeed = 1234;
 
@@ -54,6 +54,12 @@ std::vector<Config> configs(int ranks) {
   const auto add = [&](const char* name, const Problem& problem) {
     list.push_back({name, in_test_dtype(problem)});
   };
+  if (test_settings().masks) {
+    // K/V heads a multiple of P, so that Ulysses runs too.
+    for (NamedProblem& named : masked_problems(ranks, 2 * p, p))
+      list.push_back({std::move(named.name), std::move(named.problem)});
+    return list;
+  }
   add("causal_gqa", make_problem(1, 2 * p, p, 13 * p + 5, 32, Mask::causal()));
   add("none_mqa_batch2", make_problem(2, 4, 1, 9 * p + 2, 16, Mask::none()));
   add("window_mha_batch2", make_problem(2, p, p, 11 * p + 4, 24, Mask::causal_window(2 * p + 3)));
@@ -116,16 +122,16 @@ GlobalOutputs run_and_check_traffic(CountingCommunicator& world, TrafficLog& log
   return gather_outputs(world, 0, problem, attention->layout(), shards, true);
 }
 
-const char* const kOutputNames[5] = {"O", "LSE", "dQ", "dK", "dV"};
+const char* const kOutputNames[6] = {"O", "LSE", "dQ", "dK", "dV", "dsink"};
 
 // Rank 0's five errors, shared with every rank so that every rank reports the same verdict.
 // The largest errors seen, per output (printed for docs/kernels.md).
-double largest_errors[5] = {0, 0, 0, 0, 0};
+double largest_errors[6] = {0, 0, 0, 0, 0, -1};  // dsink only with sinks
 
-void expect_all_ranks(Communicator& world, double (&errors)[5], const OutputBounds& bounds,
+void expect_all_ranks(Communicator& world, double (&errors)[6], const OutputBounds& bounds,
                       const std::string& what) {
   world.broadcast(errors, sizeof errors, 0);
-  for (int i = 0; i < 5; ++i) {
+  for (int i = 0; i < 6; ++i) {
     EXPECT_LE(errors[i], bounds.of(i)) << what << ": " << kOutputNames[i];
     largest_errors[i] = std::max(largest_errors[i], errors[i]);
   }
@@ -145,12 +151,17 @@ TEST(BaselinesMpi, EveryBaselineAndLayoutMatchesTheReferenceAndTheTrafficModel) 
     for (const Plan& plan : baseline_plans(problem, ranks)) {
       const std::string what = config.name + " " + plan.describe();
       const GlobalOutputs outputs = run_and_check_traffic(world, *log, problem, plan, what);
-      double errors[5] = {0, 0, 0, 0, 0};
+      double errors[6] = {0, 0, 0, 0, 0, -1};
       if (world.rank() == 0) {
         const OutputErrors e = compare_outputs(outputs, reference, true);
         errors[0] = e.out, errors[1] = e.lse, errors[2] = e.dq, errors[3] = e.dk, errors[4] = e.dv;
+        errors[5] = e.dsink;
       }
       expect_all_ranks(world, errors, output_bounds(problem.dtype), what);
+      // With sinks the reference has dsink and the run's was compared (errors now on every rank).
+      if (problem.sinks) {
+        EXPECT_GE(errors[5], 0.0) << what << ": no dsink";
+      }
       ++runs;
     }
   }
@@ -158,7 +169,8 @@ TEST(BaselinesMpi, EveryBaselineAndLayoutMatchesTheReferenceAndTheTrafficModel) 
     std::cout << "checked " << runs << " baseline runs on " << ranks << " ranks ("
               << test_settings().describe() << "); largest errors: O " << largest_errors[0]
               << " LSE " << largest_errors[1] << " dQ " << largest_errors[2] << " dK "
-              << largest_errors[3] << " dV " << largest_errors[4] << "\n";
+              << largest_errors[3] << " dV " << largest_errors[4] << " dsink " << largest_errors[5]
+              << "\n";
   }
 }
 
@@ -170,6 +182,7 @@ double difference(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 TEST(BaselinesMpi, EveryAlgorithmAgreesWithEveryOtherOnTheSameInputs) {
+  if (test_settings().masks) GTEST_SKIP() << "the --masks job runs only the matrix";
   auto log = std::make_shared<TrafficLog>();
   CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
   const int ranks = world.size();
@@ -192,7 +205,7 @@ TEST(BaselinesMpi, EveryAlgorithmAgreesWithEveryOtherOnTheSameInputs) {
   }
   for (size_t a = 0; a < plans.size(); ++a) {
     for (size_t b = a + 1; b < plans.size(); ++b) {
-      double errors[5] = {0, 0, 0, 0, 0};
+      double errors[6] = {0, 0, 0, 0, 0, -1};
       if (world.rank() == 0) {
         const GlobalOutputs& x = outputs[a];
         const GlobalOutputs& y = outputs[b];
@@ -210,6 +223,7 @@ TEST(BaselinesMpi, EveryAlgorithmAgreesWithEveryOtherOnTheSameInputs) {
 }
 
 TEST(BaselinesMpi, UlyssesRefusesKvHeadsTheRanksDoNotDivideOnEveryRank) {
+  if (test_settings().masks) GTEST_SKIP() << "the --masks job runs only the matrix";
   auto world = make_mpi_communicator(MPI_COMM_WORLD);
   const int ranks = world->size();
   if (ranks == 1) GTEST_SKIP() << "one rank divides every head count";

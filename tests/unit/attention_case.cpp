@@ -41,6 +41,9 @@ std::string Case::name() const {
       << "_" << positions_name(positions) << "_T" << threads;
   if (amplitude != 1.0f) out << "_amp" << static_cast<int>(amplitude);
   if (scale > 0) out << "_customscale";
+  if (mask.has_documents()) out << "_docs" << mask.documents();
+  if (softcap > 0) out << "_softcap";
+  if (sinks) out << "_sinks";
   if (nan_q_row >= 0 || inf_k_row >= 0 || nan_v_row >= 0) out << "_nonfinite";
   return out.str();
 }
@@ -66,6 +69,7 @@ Problem make_problem(const Case& c) {
     p.k[(c.inf_k_row * c.kv_heads) * c.head_dim] = std::numeric_limits<float>::infinity();
   if (c.nan_v_row >= 0) p.v[(c.nan_v_row * c.kv_heads) * c.head_dim] = nan;
 
+  if (c.sinks) p.sinks = generate_sinks(c.seed, c.heads);
   std::mt19937_64 rng(c.seed * 7919 + 13);
   switch (c.positions) {
     case Positions::contiguous:
@@ -97,7 +101,7 @@ Problem make_problem(const Case& c) {
 namespace {
 
 struct Outputs {
-  std::vector<float> out, lse, dq, dk, dv;
+  std::vector<float> out, lse, dq, dk, dv, dsink;
 };
 
 // The fp32 kernels on the current path.
@@ -110,6 +114,7 @@ Outputs run_kernels(const Problem& p, const Case& c, bool backward) {
   fwd.shape = s;
   fwd.mask = c.mask;
   fwd.scale = p.scale;
+  fwd.softcap = c.softcap;
   fwd.q = dense_tokens(p.q.data(), s.q_tokens, s.heads, s.head_dim);
   fwd.k = dense_tokens(p.k.data(), s.kv_tokens, s.kv_heads, s.head_dim);
   fwd.v = dense_tokens(p.v.data(), s.kv_tokens, s.kv_heads, s.head_dim);
@@ -118,6 +123,11 @@ Outputs run_kernels(const Problem& p, const Case& c, bool backward) {
   fwd.threads = c.threads;
   attention_forward(fwd, dense_tokens(r.out.data(), s.q_tokens, s.heads, s.head_dim),
                     dense_rows(r.lse.data(), s.heads, s.q_tokens));
+  const RowsShape rows{s.batch, s.q_tokens, s.heads, s.head_dim};
+  if (c.sinks) {
+    add_sinks(rows, p.sinks.data(), 0, dense_tokens(r.out.data(), s.q_tokens, s.heads, s.head_dim),
+              dense_rows(r.lse.data(), s.heads, s.q_tokens));
+  }
   if (!backward) return r;
 
   r.dq.resize(p.q.size());
@@ -127,6 +137,7 @@ Outputs run_kernels(const Problem& p, const Case& c, bool backward) {
   bwd.shape = s;
   bwd.mask = c.mask;
   bwd.scale = p.scale;
+  bwd.softcap = c.softcap;
   bwd.q = fwd.q;
   bwd.k = fwd.k;
   bwd.v = fwd.v;
@@ -139,11 +150,19 @@ Outputs run_kernels(const Problem& p, const Case& c, bool backward) {
   attention_backward(bwd, dense_tokens(r.dq.data(), s.q_tokens, s.heads, s.head_dim),
                      dense_tokens(r.dk.data(), s.kv_tokens, s.kv_heads, s.head_dim),
                      dense_tokens(r.dv.data(), s.kv_tokens, s.kv_heads, s.head_dim));
+  if (c.sinks) {
+    std::vector<float> delta(r.lse.size());
+    compute_delta(rows, bwd.out, bwd.d_out, dense_rows(delta.data(), s.heads, s.q_tokens));
+    std::vector<double> dsink(static_cast<size_t>(s.heads), 0.0);
+    add_sink_gradient(rows, p.sinks.data(), 0, bwd.lse,
+                      dense_rows<const float>(delta.data(), s.heads, s.q_tokens), dsink.data());
+    r.dsink.assign(dsink.begin(), dsink.end());
+  }
   return r;
 }
 
 struct ReferenceOutputs {
-  std::vector<double> out, lse, dq, dk, dv;
+  std::vector<double> out, lse, dq, dk, dv, dsink;
 };
 
 ReferenceOutputs run_reference(const Problem& p, const Case& c, bool backward) {
@@ -152,6 +171,9 @@ ReferenceOutputs run_reference(const Problem& p, const Case& c, bool backward) {
   reference::Inputs in{s,          c.mask,     static_cast<double>(p.scale),
                        q64.data(), k64.data(), v64.data(),
                        p.q_pos(),  p.kv_pos(), 2};
+  const std::vector<double> sinks64 = widen(p.sinks);
+  in.softcap = c.softcap;
+  in.sinks = c.sinks ? sinks64.data() : nullptr;
   ReferenceOutputs r;
   r.out.resize(p.q.size());
   r.lse.resize(static_cast<size_t>(s.batch * s.heads * s.q_tokens));
@@ -161,7 +183,10 @@ ReferenceOutputs run_reference(const Problem& p, const Case& c, bool backward) {
   r.dq.resize(p.q.size());
   r.dk.resize(p.k.size());
   r.dv.resize(p.v.size());
-  reference::backward(in, do64.data(), r.dq.data(), r.dk.data(), r.dv.data());
+  r.dsink.resize(static_cast<size_t>(s.heads));
+  reference::backward(in, do64.data(), r.dq.data(), r.dk.data(), r.dv.data(), nullptr,
+                      r.dsink.data());
+  if (!c.sinks) r.dsink.clear();
   return r;
 }
 
@@ -177,6 +202,7 @@ Errors compare(const Outputs& got, const ReferenceOutputs& expected, bool backwa
   e.dq = error_of(got.dq, expected.dq);
   e.dk = error_of(got.dk, expected.dk);
   e.dv = error_of(got.dv, expected.dv);
+  if (!expected.dsink.empty()) e.dsink = error_of(got.dsink, expected.dsink);
   return e;
 }
 

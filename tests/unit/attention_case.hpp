@@ -31,6 +31,8 @@ struct Case {
   int threads = 1;
   float amplitude = 1.0f;  // scales Q and K: larger values make the softmax peakier
   float scale = 0.0f;      // 0: 1/sqrt(head_dim)
+  float softcap = 0.0f;    // 0: off
+  bool sinks = false;      // attention sinks (generate_sinks of the seed), added by add_sinks
   uint64_t seed = 7;
   // Non-finite inputs (-1: none): a NaN in Q row `nan_q_row` (batch 0, head 0, dim 1), +Inf in
   // K row `inf_k_row` and a NaN in V row `nan_v_row` (batch 0, K/V head 0, dim 0).
@@ -43,7 +45,7 @@ struct Case {
 std::ostream& operator<<(std::ostream& out, const Case& c);
 
 struct Errors {
-  double out = 0, lse = 0, dq = 0, dk = 0, dv = 0;
+  double out = 0, lse = 0, dq = 0, dk = 0, dv = 0, dsink = 0;  // dsink: 0 without sinks
 };
 
 // Generated inputs and positions of a case.
@@ -51,6 +53,7 @@ struct Problem {
   AttentionShape shape;
   std::vector<float> q, k, v, d_out;
   std::vector<int64_t> q_positions, kv_positions;  // empty = contiguous
+  std::vector<float> sinks;                        // [heads] with Case::sinks
   float scale = 0;
 
   const int64_t* q_pos() const { return q_positions.empty() ? nullptr : q_positions.data(); }

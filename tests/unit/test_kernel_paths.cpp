@@ -48,6 +48,7 @@ void expect_all_paths_within_bound(const Case& c) {
     EXPECT_LE(e.dq, kFp32RelativeBound) << "dQ";
     EXPECT_LE(e.dk, kFp32RelativeBound) << "dK";
     EXPECT_LE(e.dv, kFp32RelativeBound) << "dV";
+    EXPECT_LE(e.dsink, kFp32RelativeBound) << "dsink";
   }
 }
 
@@ -114,6 +115,53 @@ TEST(KernelPaths, MaskBordersCrossingTilesAndBlocks) {
     c.mask = Mask::causal();
     c.positions = positions;
     c.threads = 2;
+    expect_all_paths_within_bound(c);
+  }
+}
+
+// Packed documents (cu_seqlens): one-token documents, documents shorter than a block, a panel
+// and a tile, one spanning most of the keys, with every mask kind and position layout; with
+// attention sinks and softcapping, alone and together.
+TEST(KernelPaths, DocumentsSinksAndSoftcap) {
+  // Lengths over positions 0 .. 2999 (arbitrary positions reach ~ 3 x the token count).
+  std::vector<int64_t> lengths = {1, 1, 3, 1, 7, 23, 2, 1, 97, 5};
+  int64_t covered = 0;
+  for (const int64_t length : lengths)
+    covered += length;
+  lengths.push_back(2000);
+  lengths.push_back(1);
+  lengths.push_back(3000 - covered - 2001);
+  int cases = 0;
+  for (const Mask& base : {Mask::none(), Mask::causal(), Mask::causal_window(30)}) {
+    for (const Positions positions :
+         {Positions::contiguous, Positions::strided, Positions::arbitrary, Positions::shuffled}) {
+      Case c;
+      c.heads = 4;
+      c.kv_heads = 2;
+      c.q_tokens = 150;
+      c.kv_tokens = 270;
+      c.head_dim = 40;
+      c.mask = base.with_documents(lengths);
+      c.positions = positions;
+      c.threads = cases % 2 + 1;
+      c.sinks = cases % 3 == 1;
+      c.softcap = cases % 4 == 2 ? 1.5f : 0.0f;
+      expect_all_paths_within_bound(c);
+      ++cases;
+    }
+  }
+  // Sinks and softcap without documents, and a softcap so small that every score saturates.
+  for (const float softcap : {0.0f, 0.2f, 5.0f}) {
+    Case c;
+    c.heads = 3;
+    c.q_tokens = 77;
+    c.kv_tokens = 300;
+    c.head_dim = 64;
+    c.mask = Mask::causal();
+    c.positions = Positions::arbitrary;
+    c.amplitude = 3.0f;
+    c.sinks = true;
+    c.softcap = softcap;
     expect_all_paths_within_bound(c);
   }
 }

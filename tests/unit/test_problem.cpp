@@ -1,7 +1,10 @@
 // Masks, block classification, visible-pair counts, shape validation and generated data.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attention2d/data.hpp"
@@ -38,7 +41,7 @@ TEST(Mask, CountVisiblePairsMatchesBruteForce) {
       x = static_cast<int64_t>(rng() % 100);
     for (auto& x : k)
       x = static_cast<int64_t>(rng() % 100);
-    for (const Mask mask : {Mask::none(), Mask::causal(), Mask::causal_window(1 + rng() % 30)}) {
+    for (const Mask& mask : {Mask::none(), Mask::causal(), Mask::causal_window(1 + rng() % 30)}) {
       int64_t brute = 0;
       for (const int64_t a : q)
         for (const int64_t b : k)
@@ -49,6 +52,121 @@ TEST(Mask, CountVisiblePairsMatchesBruteForce) {
     }
   }
   EXPECT_EQ(count_visible_pairs(Mask::causal(), nullptr, 1000, nullptr, 1000), 1000 * 1001 / 2);
+}
+
+// Documents: 1, 2, 1, 9, 1, 3, 40, 1, 5, 20 tokens (one-token documents, a long one).
+Mask with_test_documents(const Mask& base) {
+  return base.with_documents({1, 2, 1, 9, 1, 3, 40, 1, 5, 20});
+}
+
+TEST(Mask, DocumentsRestrictEveryMaskToItsOwnDocument) {
+  const Mask docs = with_test_documents(Mask::causal());
+  EXPECT_EQ(docs.documents(), 10);
+  EXPECT_EQ(docs.document_tokens(), 83);
+  EXPECT_EQ(docs.document_of(0), 0);
+  EXPECT_EQ(docs.document_of(1), 1);
+  EXPECT_EQ(docs.document_of(2), 1);
+  EXPECT_EQ(docs.document_of(3), 2);
+  EXPECT_EQ(docs.document_of(82), 9);
+  EXPECT_EQ(docs.document_first(20), 17);
+  EXPECT_EQ(docs.document_last(20), 56);
+  EXPECT_TRUE(docs.visible(20, 17));
+  EXPECT_FALSE(docs.visible(20, 16));  // the previous document
+  EXPECT_FALSE(docs.visible(20, 21));  // causal
+  EXPECT_FALSE(with_test_documents(Mask::none()).visible(3, 4));
+  EXPECT_TRUE(with_test_documents(Mask::none()).visible(4, 12));
+  EXPECT_EQ(docs.describe(), "causal+documents(10)");
+  EXPECT_THROW(docs.validate(84), Error);
+  docs.validate(83);
+  EXPECT_THROW(Mask::none().with_documents({3, 0, 2}), Error);
+  EXPECT_THROW(Mask::none().with_documents({}), Error);
+}
+
+TEST(Mask, DocumentBlocksAreClassifiedSoundly) {
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<int64_t> pos(0, 70), len(0, 12), window(1, 20);
+  int hidden = 0, full = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    const Mask bases[] = {Mask::none(), Mask::causal(), Mask::causal_window(window(rng))};
+    const Mask mask = with_test_documents(bases[trial % 3]);
+    const int64_t q0 = pos(rng), q1 = q0 + len(rng), k0 = pos(rng), k1 = k0 + len(rng);
+    int visible = 0, total = 0;
+    for (int64_t q = q0; q <= q1; ++q)
+      for (int64_t k = k0; k <= k1; ++k)
+        visible += mask.visible(q, k), ++total;
+    const BlockVisibility c = classify_block(mask, q0, q1, k0, k1);
+    // Hidden only if no pair is visible, full only if every pair is; without a position mask
+    // (documents alone) hidden is exact.
+    if (c == BlockVisibility::hidden) {
+      ASSERT_EQ(visible, 0) << mask.describe();
+    }
+    if (c == BlockVisibility::full) {
+      ASSERT_EQ(visible, total) << mask.describe();
+    }
+    if (mask.kind == MaskKind::none && visible == 0) {
+      ASSERT_EQ(c, BlockVisibility::hidden);
+    }
+    hidden += c == BlockVisibility::hidden;
+    full += c == BlockVisibility::full;
+  }
+  EXPECT_GT(hidden, 1000);
+  EXPECT_GT(full, 100);
+}
+
+TEST(Mask, DocumentLengthsParseFromListsFilesAndGeneratedMixes) {
+  EXPECT_EQ(parse_document_lengths("100,3000,17", 3117), (std::vector<int64_t>{100, 3000, 17}));
+  EXPECT_EQ(parse_document_lengths(" 5, 6 ,7 ", 18), (std::vector<int64_t>{5, 6, 7}));
+  for (const char* bad : {"", "1,,0", "1,abc", "-3", "2.5", "heavy:x"}) {
+    EXPECT_THROW(parse_document_lengths(bad, 10), Error) << bad;
+  }
+  EXPECT_THROW(parse_document_lengths("@/nonexistent/lengths.txt", 10), Error);
+  const std::string file = testing::TempDir() + "a2d_doc_lengths.txt";
+  {
+    FILE* out = std::fopen(file.c_str(), "w");
+    ASSERT_NE(out, nullptr);
+    std::fputs("4\n1\n7, 2\n", out);
+    std::fclose(out);
+  }
+  EXPECT_EQ(parse_document_lengths("@" + file, 14), (std::vector<int64_t>{4, 1, 7, 2}));
+  for (const int64_t seq : {int64_t{1}, int64_t{2}, int64_t{97}, int64_t{4096}}) {
+    for (const char* kind : {"skewed", "heavy", "skewed:5", "heavy:9"}) {
+      const std::vector<int64_t> lengths = parse_document_lengths(kind, seq);
+      int64_t sum = 0;
+      for (const int64_t length : lengths) {
+        ASSERT_GE(length, 1);
+        sum += length;
+      }
+      EXPECT_EQ(sum, seq) << kind;
+      if (std::string(kind).rfind("skewed", 0) == 0) {
+        EXPECT_EQ(*std::max_element(lengths.begin(), lengths.end()), std::max<int64_t>(1, seq / 2));
+      }
+    }
+  }
+  // The same seed, the same lengths; another seed, others.
+  EXPECT_EQ(parse_document_lengths("heavy:3", 4096), parse_document_lengths("heavy:3", 4096));
+  EXPECT_NE(parse_document_lengths("heavy:3", 4096), parse_document_lengths("heavy:4", 4096));
+}
+
+TEST(Mask, CountVisiblePairsWithDocumentsMatchesBruteForce) {
+  std::mt19937 rng(4);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<int64_t> q(static_cast<size_t>(rng() % 40)), k(static_cast<size_t>(rng() % 40));
+    for (auto& x : q)
+      x = static_cast<int64_t>(rng() % 83);
+    for (auto& x : k)
+      x = static_cast<int64_t>(rng() % 83);
+    for (const Mask& base : {Mask::none(), Mask::causal(), Mask::causal_window(1 + rng() % 30)}) {
+      const Mask mask = with_test_documents(base);
+      int64_t brute = 0;
+      for (const int64_t a : q)
+        for (const int64_t b : k)
+          brute += mask.visible(a, b);
+      EXPECT_EQ(count_visible_pairs(mask, q.data(), static_cast<int64_t>(q.size()), k.data(),
+                                    static_cast<int64_t>(k.size())),
+                brute)
+          << mask.describe();
+    }
+  }
 }
 
 TEST(Shape, InvalidShapesAreRefusedWithTheirReason) {

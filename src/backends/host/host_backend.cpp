@@ -197,6 +197,7 @@ ForwardArgs HostBackend::forward_args(const ForwardCall& call) const {
   args.shape = s;
   args.mask = call.mask;
   args.scale = call.scale;
+  args.softcap = call.softcap;
   args.q = input(call.q, {s.batch, s.q_tokens, s.heads, s.head_dim}, "forward Q");
   args.k = input(call.k, {s.batch, s.kv_tokens, s.kv_heads, s.head_dim}, "forward K");
   args.v = input(call.v, {s.batch, s.kv_tokens, s.kv_heads, s.head_dim}, "forward V");
@@ -244,6 +245,7 @@ void HostBackend::attention_backward(const BackwardCall& call, const TokenTensor
   args.shape = s;
   args.mask = call.mask;
   args.scale = call.scale;
+  args.softcap = call.softcap;
   args.q = input(call.q, q_rows, "backward Q");
   args.k = input(call.k, kv_rows, "backward K");
   args.v = input(call.v, kv_rows, "backward V");
@@ -300,6 +302,22 @@ void HostBackend::add(Place into, Place from, int64_t count) {
   const auto* b = reinterpret_cast<const float*>(address(from, bytes, "add from"));
   for (int64_t i = 0; i < count; ++i)
     a[i] += b[i];
+}
+
+void HostBackend::add_sinks(const RowsShape& r, const float* sinks, int64_t first_head,
+                            const TokenTensor& out, const RowTensor& lse) {
+  Access access(*this, {out.buffer, lse.buffer});
+  const TokenBlock block{r.batch, r.tokens, r.heads, r.head_dim};
+  a2d::add_sinks(r, sinks, first_head, output(out, block, "sinks O"),
+                 rows(lse, r.batch, r.heads, r.tokens, "sinks LSE"));
+}
+
+void HostBackend::add_sink_gradient(const RowsShape& r, const float* sinks, int64_t first_head,
+                                    const RowTensor& lse, const RowTensor& delta_rows,
+                                    double* dsink) {
+  Access access(*this, {lse.buffer, delta_rows.buffer});
+  a2d::add_sink_gradient(r, sinks, first_head, rows(lse, r.batch, r.heads, r.tokens, "sink LSE"),
+                         rows(delta_rows, r.batch, r.heads, r.tokens, "sink delta"), dsink);
 }
 
 }  // namespace a2d::backends

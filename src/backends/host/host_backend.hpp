@@ -37,6 +37,10 @@ class HostBackend : public Backend {
   void delta(const RowsShape& rows, const TokenTensor& out, const TokenTensor& d_out,
              const RowTensor& delta) override;
   void add(Place into, Place from, int64_t count) override;
+  void add_sinks(const RowsShape& rows, const float* sinks, int64_t first_head,
+                 const TokenTensor& out, const RowTensor& lse) override;
+  void add_sink_gradient(const RowsShape& rows, const float* sinks, int64_t first_head,
+                         const RowTensor& lse, const RowTensor& delta, double* dsink) override;
 
  protected:
   // Where a buffer of this backend lives (whether or not the host may touch it right now).

@@ -108,8 +108,16 @@ void backward_block(const BackwardArgs& args, RowView<const float> delta, int64_
         p[j] = ds[j] = 0.0f;
         continue;
       }
-      p[j] = std::exp(scale * dot(q, keys.at(j), dim) - lse);
-      ds[j] = p[j] * (dot(g, values.at(j), dim) - row_delta);
+      const float score = scale * dot(q, keys.at(j), dim);
+      if (args.softcap == 0.0f) {
+        p[j] = std::exp(score - lse);
+        ds[j] = p[j] * (dot(g, values.at(j), dim) - row_delta);
+      } else {
+        // s' = cap tanh(s / cap), ds'/ds = 1 - tanh^2.
+        const float t = std::tanh(score / args.softcap);
+        p[j] = std::exp(args.softcap * t - lse);
+        ds[j] = p[j] * (dot(g, values.at(j), dim) - row_delta) * (1.0f - t * t);
+      }
     }
     float* dq_row = dq.at(b, qi, h);
     for (int64_t j = 0; j < cols; ++j) {

@@ -107,6 +107,11 @@ void check_common(const AttentionShape& shape, const Mask& mask, float scale, in
   A2D_REQUIRE(threads >= 1, "the thread count must be at least 1 (got ", threads, ")");
 }
 
+void check_softcap(float softcap) {
+  A2D_REQUIRE(std::isfinite(softcap) && softcap >= 0.0f,
+              "the softcap must be finite and positive, or 0 for none (got ", softcap, ")");
+}
+
 AlignedFloats::AlignedFloats(int64_t count) {
   const size_t bytes =
       static_cast<size_t>(cache_lines_of_floats(std::max<int64_t>(count, 1))) * sizeof(float);

@@ -38,6 +38,7 @@ std::atomic<int> g_path{-1};
 
 void check_forward(const ForwardArgs& args) {
   cpu::check_common(args.shape, args.mask, args.scale, args.threads);
+  cpu::check_softcap(args.softcap);
   if (args.shape.q_tokens > 0 && args.shape.kv_tokens > 0) {
     A2D_REQUIRE(args.q.data && args.k.data && args.v.data,
                 "forward kernel: Q, K and V must be set");
@@ -210,6 +211,7 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
                         TokenView<float> dv) {
   const AttentionShape& shape = args.shape;
   cpu::check_common(shape, args.mask, args.scale, args.threads);
+  cpu::check_softcap(args.softcap);
   const int64_t dim = shape.head_dim;
   const RowsShape q_rows{shape.batch, shape.q_tokens, shape.heads, dim};
   const bool has_work = shape.q_tokens > 0 && shape.kv_tokens > 0;

@@ -76,6 +76,12 @@ void attend_key_tile(const ForwardArgs& args, const cpu::Tile& qt, const cpu::Ti
       scores[i * kBlockK + j] = sum;
     }
   }
+  if (args.softcap != 0.0f) {
+    const float cap = args.softcap, inverse = 1.0f / args.softcap;
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        scores[i * kBlockK + j] = cap * std::tanh(scores[i * kBlockK + j] * inverse);
+  }
   if (visibility == BlockVisibility::partial) {
     for (int64_t i = 0; i < rows; ++i) {
       const int64_t q_pos = cpu::position_of(args.q_positions, qt.begin + i);

@@ -5,6 +5,7 @@
 // An empty side has M = -inf and sum = 0; its weight is defined as 0 (never exp(-inf + inf)).
 // The partial state and LSE are fp32; O (finalize_partial) and the delta's O and dO may be of any
 // DType.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -121,6 +122,45 @@ void compute_delta(const RowsShape& rows, InTokens out, InTokens d_out, RowView<
           sum += static_cast<double>(o[d]) * g[d];
         delta.at(b, h, t) = static_cast<float>(sum);
       }
+    }
+  }
+}
+
+void add_sinks(const RowsShape& rows, const float* sinks, int64_t first_head, OutTokens out,
+               RowView<float> lse) {
+  std::vector<float> row(static_cast<size_t>(rows.head_dim));
+  for (int64_t b = 0; b < rows.batch; ++b) {
+    for (int64_t h = 0; h < rows.heads; ++h) {
+      const double sink = sinks[first_head + h];
+      for (int64_t t = 0; t < rows.tokens; ++t) {
+        float& row_lse = lse.at(b, h, t);
+        const double old_lse = row_lse;
+        // logaddexp in double: the factor exp(LSE - LSE') is in [0, 1] and exact to fp64.
+        const double high = std::max(old_lse, sink);
+        const double new_lse =
+            old_lse == -std::numeric_limits<double>::infinity()
+                ? sink
+                : high + std::log(std::exp(old_lse - high) + std::exp(sink - high));
+        const float factor = static_cast<float>(std::exp(old_lse - new_lse));
+        row_lse = static_cast<float>(new_lse);
+        std::byte* o = out.at(b, t, h);
+        load_row(o, out.dtype, rows.head_dim, row.data(), factor);
+        store_row(row.data(), rows.head_dim, o, out.dtype);
+      }
+    }
+  }
+}
+
+void add_sink_gradient(const RowsShape& rows, const float* sinks, int64_t first_head,
+                       RowView<const float> lse, RowView<const float> delta, double* dsink) {
+  for (int64_t b = 0; b < rows.batch; ++b) {
+    for (int64_t h = 0; h < rows.heads; ++h) {
+      const double sink = sinks[first_head + h];
+      double sum = 0.0;
+      for (int64_t t = 0; t < rows.tokens; ++t) {
+        sum += std::exp(sink - static_cast<double>(lse.at(b, h, t))) * delta.at(b, h, t);
+      }
+      dsink[h] -= sum;
     }
   }
 }

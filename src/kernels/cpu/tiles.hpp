@@ -59,6 +59,7 @@ inline bool is_calling_thread() {
 
 // Shared validation of shape, mask, scale, thread count and the presence of input pointers.
 void check_common(const AttentionShape& shape, const Mask& mask, float scale, int threads);
+void check_softcap(float softcap);  // 0 (off) or finite and positive
 
 // An uninitialised, 64-byte aligned float array (one cache line, two ymm registers) that the
 // AVX2 translation units use instead of std::vector: its code is compiled here, without AVX2, so

@@ -51,14 +51,25 @@ double row_scores(const Inputs& in, const Layout& at, int64_t b, int64_t h, int6
       continue;
     }
     scores[j] = in.scale * dot(q, in.k + at.kv_index(b, j, kvh), s.head_dim);
+    if (in.softcap > 0) scores[j] = in.softcap * std::tanh(scores[j] / in.softcap);
     row_max = max_keep_nan(row_max, scores[j]);
   }
+  // The sink is one more column of the softmax, with value 0.
+  const double sink = in.sinks ? in.sinks[h] : kNegInf;
+  row_max = max_keep_nan(row_max, sink);
   if (row_max == kNegInf) return kNegInf;
-  double sum = 0.0;
+  double sum = sink == kNegInf ? 0.0 : std::exp(sink - row_max);
   for (int64_t j = 0; j < s.kv_tokens; ++j) {
     if (scores[j] != kNegInf) sum += std::exp(scores[j] - row_max);
   }
   return row_max + std::log(sum);
+}
+
+// d(softcapped score) / d(score) = 1 - tanh^2, from the softcapped score.
+double softcap_slope(const Inputs& in, double capped) {
+  if (in.softcap <= 0) return 1.0;
+  const double t = capped / in.softcap;
+  return 1.0 - t * t;
 }
 
 void check(const Inputs& in) {
@@ -104,7 +115,7 @@ void forward(const Inputs& in, double* out, double* lse) {
 }
 
 void backward(const Inputs& in, const double* d_out, double* dq, double* dk, double* dv,
-              const double* out_for_delta) {
+              const double* out_for_delta, double* dsink) {
   check(in);
   const AttentionShape& s = in.shape;
   const Layout at{s};
@@ -144,11 +155,24 @@ void backward(const Inputs& in, const double* d_out, double* dq, double* dk, dou
       delta[row] = row_delta;
       for (int64_t j = 0; j < s.kv_tokens; ++j) {
         if (scores[j] == kNegInf) continue;
-        const double ds = std::exp(scores[j] - lse[row]) * (d_prob[j] - row_delta);
+        const double ds =
+            std::exp(scores[j] - lse[row]) * (d_prob[j] - row_delta) * softcap_slope(in, scores[j]);
         const double* k = in.k + at.kv_index(b, j, kvh);
         for (int64_t d = 0; d < s.head_dim; ++d)
           dq_row[d] += in.scale * ds * k[d];
       }
+    }
+  }
+
+  if (in.sinks && dsink) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      double sum = 0.0;
+      for (int64_t b = 0; b < s.batch; ++b)
+        for (int64_t i = 0; i < s.q_tokens; ++i) {
+          const int64_t row = at.row_index(b, h, i);
+          sum += std::exp(in.sinks[h] - lse[row]) * delta[row];
+        }
+      dsink[h] = -sum;
     }
   }
 
@@ -173,8 +197,10 @@ void backward(const Inputs& in, const double* d_out, double* dq, double* dk, dou
         const int64_t row = at.row_index(b, h, i);
         const double* q = in.q + at.q_index(b, i, h);
         const double* do_row = d_out + at.q_index(b, i, h);
-        const double p = std::exp(in.scale * dot(q, k, s.head_dim) - lse[row]);
-        const double ds = p * (dot(do_row, v, s.head_dim) - delta[row]);
+        double score = in.scale * dot(q, k, s.head_dim);
+        if (in.softcap > 0) score = in.softcap * std::tanh(score / in.softcap);
+        const double p = std::exp(score - lse[row]);
+        const double ds = p * (dot(do_row, v, s.head_dim) - delta[row]) * softcap_slope(in, score);
         for (int64_t d = 0; d < s.head_dim; ++d) {
           dv_row[d] += p * do_row[d];
           dk_row[d] += in.scale * ds * q[d];

@@ -65,7 +65,8 @@ int64_t position(const int64_t* positions, int64_t index) {
 
 struct Layout {
   int64_t padded_dim, row_stride;
-  int64_t k_t, v_t, k_rows, dk, dv, q_rows, do_rows, dq, prob, d_score, lse_hi, lse_lo, delta;
+  int64_t k_t, v_t, k_rows, dk, dv, q_rows, do_rows, dq, prob, d_score, lse_hi, lse_lo, delta,
+      slope;
   int64_t total;
   explicit Layout(int64_t dim)
       : padded_dim(round_up(dim, kColumns)), row_stride(padded_dim + kColumns) {
@@ -88,6 +89,7 @@ struct Layout {
     lse_hi = take(kTileQ);
     lse_lo = take(kTileQ);
     delta = take(kTileQ);
+    slope = take(kTileQ * kTileK);  // softcap only; last, so the other offsets do not move
     total = offset;
   }
 };
@@ -141,6 +143,29 @@ A2D_NOINLINE void probability_block(const float* a, int64_t a_stride, const floa
   }
 }
 
+// The same with logit softcapping: s = cap tanh(c / cap) (softcap_lanes) before the exponent,
+// and the derivative ds/dc = 1 - (s / cap)^2 stored in `slope` for the score gradients.
+A2D_NOINLINE void capped_probability_block(const float* a, int64_t a_stride, const float* b,
+                                           int64_t depth, const float* hi, const float* lo,
+                                           float cap, float* out, float* slope) {
+  Block<kRows, kVectors> c;
+  c.zero();
+  multiply<kRows, kVectors, true>(c, a, a_stride, b, kTileK, depth);
+  const __m256 cap_lanes = _mm256_set1_ps(cap), inverse = _mm256_set1_ps(1.0f / cap);
+  const __m256 one = _mm256_set1_ps(1.0f);
+  for (int m = 0; m < kRows; ++m) {
+    const __m256 h = _mm256_broadcast_ss(hi + m);
+    const __m256 l = _mm256_broadcast_ss(lo + m);
+    for (int n = 0; n < kVectors; ++n) {
+      const __m256 capped = softcap_lanes(c.v[m][n], cap_lanes, inverse);
+      const __m256 t = _mm256_mul_ps(capped, inverse);
+      const __m256 x = _mm256_sub_ps(_mm256_fmsub_ps(capped, _mm256_set1_ps(kLog2e), h), l);
+      _mm256_store_ps(out + m * kTileK + n * kLanes, exp2_lanes(x));
+      _mm256_store_ps(slope + m * kTileK + n * kLanes, _mm256_fnmadd_ps(t, t, one));
+    }
+  }
+}
+
 // dS[m][n] = P[m][n] (C - delta[m]), C = dO rows times Vt columns.
 A2D_NOINLINE void score_gradient_block(const float* a, int64_t a_stride, const float* b,
                                        int64_t depth, const float* delta, const float* prob,
@@ -157,6 +182,16 @@ A2D_NOINLINE void score_gradient_block(const float* a, int64_t a_stride, const f
       _mm256_store_ps(out + m * kTileK + n * kLanes, _mm256_mul_ps(p, _mm256_sub_ps(c.v[m][n], d)));
     }
   }
+}
+
+// dS[i][j] *= slope[i][j] (softcapping's chain rule), over rows x columns of a tile.
+void apply_slope(const float* slope, float* d_score, int64_t rows, int64_t columns) {
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < columns; j += kLanes) {
+      const int64_t at = i * kTileK + j;
+      _mm256_store_ps(d_score + at,
+                      _mm256_mul_ps(_mm256_load_ps(d_score + at), _mm256_load_ps(slope + at)));
+    }
 }
 
 // out[m][n] += sum_i a[i * kTileK + m] b[i * b_step + n]: dV += P^T dO and dK += dS^T Q.
@@ -215,7 +250,8 @@ class KeyTile {
         d_score_(workspace + layout.d_score),
         lse_hi_(workspace + layout.lse_hi),
         lse_lo_(workspace + layout.lse_lo),
-        row_delta_(workspace + layout.delta) {}
+        row_delta_(workspace + layout.delta),
+        slope_(workspace + layout.slope) {}
 
   void run(TokenView<float> dk_out, TokenView<float> dv_out) {
     if (!(skip_ & kSkipCopies)) {
@@ -346,7 +382,9 @@ class KeyTile {
     plan_prefetch(head, queries);
     const int64_t columns = round_up(keys_.size, kColumns);
     if (!(skip_ & kSkipScores)) {
-      if (skip_ & kSkipExp) {
+      if (args_.softcap != 0.0f) {
+        capped_probabilities(rows, columns);
+      } else if (skip_ & kSkipExp) {
         probabilities<false>(rows, columns);
       } else {
         probabilities<true>(rows, columns);
@@ -384,6 +422,19 @@ class KeyTile {
         p[j] = 0.0f;
       if (visibility != BlockVisibility::partial || i >= queries.size) continue;
       const int64_t query_pos = position(args_.q_positions, queries.begin + i);
+      if (args_.mask.has_documents()) {
+        // The row's document [first, last], looked up once per row, not per pair.
+        const int64_t first = args_.mask.document_first(query_pos);
+        const int64_t last = args_.mask.document_last(query_pos);
+        for (int64_t j = 0; j < keys_.size; ++j) {
+          const int64_t key_pos = position(args_.kv_positions, keys_.begin + j);
+          if (key_pos < first || key_pos > last ||
+              !args_.mask.visible_by_position(query_pos, key_pos)) {
+            p[j] = 0.0f;
+          }
+        }
+        continue;
+      }
       for (int64_t j = 0; j < keys_.size; ++j) {
         if (!args_.mask.visible(query_pos, position(args_.kv_positions, keys_.begin + j))) {
           p[j] = 0.0f;
@@ -392,7 +443,18 @@ class KeyTile {
     }
   }
 
-  // dS[i][j] = P[i][j] (dO_i . v_j - delta_i).
+  void capped_probabilities(int64_t rows, int64_t columns) {
+    for (int64_t j0 = 0; j0 < columns; j0 += kColumns) {
+      for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
+        prefetch_next_query_row();
+        const int64_t at = i0 * kTileK + j0;
+        capped_probability_block(q_rows_ + i0 * stride_, stride_, k_t_ + j0, dim_, lse_hi_ + i0,
+                                 lse_lo_ + i0, args_.softcap, prob_ + at, slope_ + at);
+      }
+    }
+  }
+
+  // dS[i][j] = P[i][j] (dO_i . v_j - delta_i) (times 1 - tanh^2 under softcapping).
   void score_gradients(int64_t rows, int64_t columns) {
     for (int64_t j0 = 0; j0 < columns; j0 += kColumns) {
       for (int64_t i0 = 0; i0 < rows; i0 += kRows) {
@@ -402,6 +464,7 @@ class KeyTile {
                              prob_ + at, d_score_ + at);
       }
     }
+    if (args_.softcap != 0.0f) apply_slope(slope_, d_score_, rows, columns);
   }
 
   // dV[j][d] += sum_i P[i][j] dO[i][d] and dK[j][d] += sum_i dS[i][j] Q[i][d].
@@ -458,6 +521,7 @@ class KeyTile {
   float* const lse_hi_;
   float* const lse_lo_;
   float* const row_delta_;
+  float* const slope_;
   int64_t prefetch_head_ = 0;  // the pending prefetches: rows [next_row_, next_end_) of Q and
   int64_t next_row_ = 0;       // dO, rows [dq_row_, dq_end_) of dq, all of prefetch_head_
   int64_t next_end_ = 0;

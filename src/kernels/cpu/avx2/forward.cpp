@@ -429,6 +429,8 @@ class QueryTile {
     const float* panel = q_panels_ + p * dim_ * kPanel;
     const Bounds& rows = panel_bounds_[p];
     const Bounds* blocks = call_.key_blocks + key_begin / kKeyStep;
+    int64_t doc_first[kPanel], doc_last[kPanel];
+    bool have_documents = false;
     for (int64_t blk = first; blk < last; ++blk) {
       prefetch_next_row();
       const int64_t j0 = blk * kKeyStep;
@@ -445,12 +447,39 @@ class QueryTile {
       }
       const float* k = k_tile_ + j0 * dim_;
       with_rows(keys, [&]<int M>() { score_rows<M>(k, dim_, panel, dim_, out); });
-      if (block_visibility == BlockVisibility::partial) {
+      if (args_.softcap != 0.0f) {
+        const __m256 cap = _mm256_set1_ps(args_.softcap);
+        const __m256 inverse = _mm256_set1_ps(1.0f / args_.softcap);
+        for (int e = 0; e < keys * kPanel; e += kLanes)
+          _mm256_store_ps(out + e, softcap_lanes(_mm256_load_ps(out + e), cap, inverse));
+      }
+      if (block_visibility == BlockVisibility::partial && !args_.mask.has_documents()) {
         for (int m = 0; m < keys; ++m) {
           const int64_t key_pos = position(args_.kv_positions, key_begin + j0 + m);
           for (int64_t r = 0; r < panel_rows(p); ++r) {
             const int64_t query_pos = position(args_.q_positions, row_begin_ + p * kPanel + r);
             if (!args_.mask.visible(query_pos, key_pos)) out[m * kPanel + r] = kNegInf;
+          }
+        }
+      } else if (block_visibility == BlockVisibility::partial) {
+        // Documents: each row's document [first, last] is looked up once per key tile, not per
+        // pair.
+        if (!have_documents) {
+          for (int64_t r = 0; r < panel_rows(p); ++r) {
+            const int64_t query_pos = position(args_.q_positions, row_begin_ + p * kPanel + r);
+            doc_first[r] = args_.mask.document_first(query_pos);
+            doc_last[r] = args_.mask.document_last(query_pos);
+          }
+          have_documents = true;
+        }
+        for (int m = 0; m < keys; ++m) {
+          const int64_t key_pos = position(args_.kv_positions, key_begin + j0 + m);
+          for (int64_t r = 0; r < panel_rows(p); ++r) {
+            const int64_t query_pos = position(args_.q_positions, row_begin_ + p * kPanel + r);
+            if (key_pos < doc_first[r] || key_pos > doc_last[r] ||
+                !args_.mask.visible_by_position(query_pos, key_pos)) {
+              out[m * kPanel + r] = kNegInf;
+            }
           }
         }
       }

@@ -54,6 +54,29 @@ A2D_INLINE __m256 exp_shifted(__m256 s, __m256 offset_log2) {
   return exp2_lanes(_mm256_fmsub_ps(s, _mm256_set1_ps(kLog2e), offset_log2));
 }
 
+// cap * tanh(s / cap) for 8 lanes (logit softcapping): tanh(y) = sign(y) (1 - e) / (1 + e),
+// e = exp(-2 |y|) = 2^(-2 log2(e) |y|), and below |y| = 1/8, where 1 - e would cancel, the odd
+// Taylor polynomial to y^7 (next term 62/2835 y^9 < 3e-10 relative there). 1 - e and 1 + e are
+// exact to an ulp of 1, so the large-|y| branch is within a few ulp of tanh (and exactly 1 once
+// e underflows).
+A2D_INLINE __m256 softcap_lanes(__m256 s, __m256 cap, __m256 inverse_cap) {
+  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+  const __m256 y = _mm256_mul_ps(s, inverse_cap);
+  const __m256 magnitude = _mm256_andnot_ps(sign_bit, y);
+  const __m256 e = exp2_lanes(_mm256_mul_ps(magnitude, _mm256_set1_ps(-2.0f * kLog2e)));
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 large = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
+  const __m256 y2 = _mm256_mul_ps(magnitude, magnitude);
+  __m256 poly = _mm256_set1_ps(-17.0f / 315.0f);
+  poly = _mm256_fmadd_ps(poly, y2, _mm256_set1_ps(2.0f / 15.0f));
+  poly = _mm256_fmadd_ps(poly, y2, _mm256_set1_ps(-1.0f / 3.0f));
+  poly = _mm256_mul_ps(poly, y2);
+  const __m256 small = _mm256_fmadd_ps(poly, magnitude, magnitude);
+  const __m256 is_small = _mm256_cmp_ps(magnitude, _mm256_set1_ps(0.125f), _CMP_LT_OQ);
+  const __m256 t = _mm256_blendv_ps(large, small, is_small);
+  return _mm256_mul_ps(cap, _mm256_or_ps(t, _mm256_and_ps(sign_bit, y)));
+}
+
 // An M x (8 NV) block of fp32 accumulators, kept in registers: the micro-kernel's C.
 template <int M, int NV>
 struct Block {
