@@ -76,8 +76,21 @@ def _dtype_name(dtype):
     return names[text]
 
 
+def _document_lengths(cu_seqlens):
+    """Document lengths from flash-attn's cu_seqlens [0, l0, l0 + l1, ..., seq] (None: one
+    document)."""
+    if cu_seqlens is None:
+        return []
+    bounds = [int(x) for x in (cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist")
+                               else cu_seqlens)]
+    if len(bounds) < 2 or bounds[0] != 0:
+        raise Error("cu_seqlens must start at 0 and end at the sequence length, got %s"
+                    % bounds[:8])
+    return [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def _problem(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
-             softmax_scale=None, dtype="float32"):
+             softmax_scale=None, dtype="float32", cu_seqlens=None, sinks=False, softcap=0.0):
     p = _core.Problem()
     p.batch = int(batch)
     p.heads = int(heads)
@@ -88,6 +101,9 @@ def _problem(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=
     p.window = int(window or 0)
     p.scale = 0.0 if softmax_scale is None else float(softmax_scale)
     p.dtype = _dtype_name(dtype)
+    p.documents = _document_lengths(cu_seqlens)
+    p.sinks = bool(sinks)
+    p.softcap = float(softcap or 0.0)
     p.validate()
     return p
 
@@ -116,18 +132,19 @@ def _resolve_plan(problem, ranks, algo="auto", grid=None, machine=None, calibrat
 
 def plan(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
          softmax_scale=None, dtype="float32", algo="auto", grid=None, ranks=None, comm=None,
-         machine=None, calibration=None):
+         machine=None, calibration=None, cu_seqlens=None, sinks=False, softcap=0.0):
     """The plan attention() uses for this problem on `ranks` ranks (default: the communicator's
     size): an attention2d._core.Plan with .algorithm, .grid (R, C), .layout, .describe()."""
     if ranks is None:
         ranks = _comm(comm).Get_size()
-    problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype)
+    problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype,
+                       cu_seqlens, sinks is not False and sinks is not None, softcap)
     return _resolve_plan(problem, int(ranks), algo, grid, machine, calibration)
 
 
 def model(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
           softmax_scale=None, dtype="bfloat16", ranks=None, comm=None, ranks_per_node=None,
-          machine=None, calibration=None):
+          machine=None, calibration=None, cu_seqlens=None, softcap=0.0):
     """The cost model's predictions for every plan that can run the problem, fastest first: a
     list of dicts (algorithm, grid, layout, forward_s, backward_s, words_forward, ...), as
     `a2d model` prints them. machine: a preset (a100-hdr, h100-ndr), "local" (the calibration
@@ -135,7 +152,8 @@ def model(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
     if ranks is None:
         ranks = _comm(comm).Get_size()
     ranks = int(ranks)
-    problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype)
+    problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype,
+                       cu_seqlens, False, softcap)
     ranked, _, machine_text = _core.search_plans(
         problem, ranks, int(ranks_per_node or ranks), machine or "",
         calibration or _core.default_calibration_file())
@@ -181,11 +199,12 @@ class Layout:
 
 def layout(seq, heads=1, head_dim=1, kv_heads=None, batch=1, causal=False, window=0,
            softmax_scale=None, dtype="float32", algo="auto", grid=None, comm=None, plan=None,
-           machine=None, calibration=None):
+           machine=None, calibration=None, cu_seqlens=None, sinks=False, softcap=0.0):
     """The layout attention() uses for these arguments (pass the result to attention(layout=)
     to pin its plan): heads, head_dim and dtype matter only when the planner chooses."""
     comm = _comm(comm)
-    problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype)
+    problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype,
+                       cu_seqlens, sinks is not False and sinks is not None, softcap)
     chosen = plan if plan is not None else _resolve_plan(problem, comm.Get_size(), algo, grid,
                                                          machine, calibration)
     return Layout(problem, chosen, comm.Get_size(), comm.Get_rank())
@@ -345,31 +364,44 @@ if torch is not None:
         """The engine's forward and backward; saves only this rank's shards and LSE."""
 
         @staticmethod
-        def forward(ctx, q, k, v, engine):
+        def forward(ctx, q, k, v, sinks, engine):
             q, k, v = _engine_ready(q), _engine_ready(k), _engine_ready(v)
             out = torch.empty(q.shape, dtype=q.dtype)
             lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
-            engine.forward(_view(q), _view(k), _view(v), _view(out), _view(lse))
+            sink_values = None
+            if sinks is not None:
+                sink_values = sinks.detach().to(torch.float32).contiguous()
+            engine.forward(_view(q), _view(k), _view(v), _view(out), _view(lse),
+                           0 if sink_values is None else sink_values.data_ptr())
             ctx.engine = engine
-            ctx.save_for_backward(q, k, v, out, lse)
+            ctx.has_sinks = sinks is not None
+            ctx.save_for_backward(q, k, v, out, lse,
+                                  sink_values if sink_values is not None else torch.empty(0))
             ctx.mark_non_differentiable(lse)
             return out, lse
 
         @staticmethod
         def backward(ctx, d_out, _d_lse):
-            q, k, v, out, lse = ctx.saved_tensors
+            q, k, v, out, lse, sink_values = ctx.saved_tensors
             d_out = _engine_ready(d_out.to(q.dtype))
             dq = torch.empty(q.shape, dtype=q.dtype)
             dk = torch.empty(k.shape, dtype=k.dtype)
             dv = torch.empty(v.shape, dtype=v.dtype)
+            dsink = torch.zeros(sink_values.shape, dtype=torch.float32)
             ctx.engine.backward(_view(q), _view(k), _view(v), _view(out), _view(d_out),
-                                _view(lse), _view(dq), _view(dk), _view(dv))
-            return dq, dk, dv, None
+                                _view(lse), _view(dq), _view(dk), _view(dv),
+                                sink_values.data_ptr() if ctx.has_sinks else 0,
+                                dsink.data_ptr() if ctx.has_sinks else 0)
+            # The engine gives every rank the sum over all ranks' rows. The sinks are a replicated
+            # parameter, whose gradients a sequence-sharded model sums over the ranks like every
+            # other: each rank returns its 1/P of the sum, so that sum is exact.
+            d_sinks = dsink / ctx.engine.size if ctx.has_sinks else None
+            return dq, dk, dv, d_sinks, None
 
 
 def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", grid=None,
               comm=None, return_lse=False, layout=None, threads=1, machine=None,
-              calibration=None):
+              calibration=None, cu_seqlens=None, sinks=None, softcap=0.0):
     """This rank's shard of softmax(q k^T * scale) v over the whole distributed sequence.
 
     q: [batch, local tokens, heads, head_dim]; k, v: [batch, local tokens, kv_heads, head_dim]
@@ -379,6 +411,12 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     allgather-kv, ulysses or auto (the cost model's choice); grid: (R, C) for ATTENTION2D.
     layout: a Layout from attention2d.layout(), whose plan is then used. Collective over comm
     (default MPI.COMM_WORLD): every rank calls it with the same arguments.
+    cu_seqlens: packed documents, as flash-attn's varlen [0, l0, l0 + l1, ..., N] of the whole
+    sequence (global positions): a query sees only keys of its own document. sinks: per query
+    head, a logit [heads] (float32) that joins every row's softmax denominator (gpt-oss); the
+    same on every rank; differentiable (each rank's gradient is 1/P of the total, so summing the
+    ranks' gradients, as for any replicated parameter, gives it). softcap: scores become
+    softcap * tanh(score / softcap) before the mask and the softmax (0: off).
 
     torch tensors (float32, bfloat16, float16, CPU): differentiable; returns out (and the fp32
     LSE [batch, heads, local tokens] if return_lse). numpy arrays (float32, float16): the
@@ -387,8 +425,20 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     error = _check_inputs(q, k, v)
     if not error and window and not causal:
         error = "window=%d needs causal=True (the window is q - window < k <= q)" % window
+    if not error and sinks is not None:
+        if tuple(sinks.shape) != (q.shape[2],):
+            error = "sinks must have shape [heads] = [%d], got %s" % (q.shape[2], list(sinks.shape))
+        elif _is_torch(sinks) and sinks.device.type != "cpu":
+            error = "sinks are on device %s: attention2d runs on CPU tensors" % sinks.device
+    sink_list = None
+    if sinks is not None and not error:
+        sink_list = [float(x) for x in (sinks.detach().tolist() if _is_torch(sinks)
+                                        else np.asarray(sinks).tolist())]
+    bounds = None if cu_seqlens is None else tuple(
+        int(x) for x in (cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist") else cu_seqlens))
     signature = (bool(causal), int(window or 0), softmax_scale, _algo_name(algo),
-                 _grid_text(grid), None if layout is None else layout.plan.describe())
+                 _grid_text(grid), None if layout is None else layout.plan.describe(),
+                 bounds, sink_list, float(softcap or 0.0))
     if not error:
         b, n, h, d = q.shape
         local = (int(b), int(n), int(h), int(k.shape[2]), int(d), _describe_dtype(q))
@@ -397,7 +447,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     gathered = _raise_collectively(comm, error, (local, signature))
     # Every rank now holds every rank's shapes and arguments and reaches the same verdict.
     first_local, first_signature = gathered[0]
-    names = ("causal", "window", "softmax_scale", "algo", "grid", "layout")
+    names = ("causal", "window", "softmax_scale", "algo", "grid", "layout", "cu_seqlens",
+             "sinks", "softcap")
     for rank, (shapes, sig) in enumerate(gathered):
         for name, mine, theirs in zip(names, first_signature, sig):
             if mine != theirs:
@@ -412,7 +463,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
                             "rank %d" % (field, mine, theirs, rank))
     seq = sum(shapes[1] for shapes, _ in gathered)
     b, _, h, hk, d, dtype = first_local
-    problem = _problem(seq, h, d, hk, b, causal, window, softmax_scale, dtype)
+    problem = _problem(seq, h, d, hk, b, causal, window, softmax_scale, dtype, cu_seqlens,
+                       sinks is not None, softcap)
     ranks = comm.Get_size()
     if layout is not None:
         if layout.problem.seq != seq or layout.ranks != ranks:
@@ -431,10 +483,14 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     engine = _engine(problem, chosen, comm)
 
     if _is_torch(q):
-        out, lse = _AttentionFunction.apply(q, k, v, engine)
+        if sinks is not None and not _is_torch(sinks):
+            sinks = torch.as_tensor(np.asarray(sinks, dtype=np.float32))
+        out, lse = _AttentionFunction.apply(q, k, v, sinks, engine)
         return (out, lse) if return_lse else out
     q, k, v = _engine_ready(q), _engine_ready(k), _engine_ready(v)
     out = np.empty(q.shape, dtype=q.dtype)
     lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32)
-    engine.forward(_view(q), _view(k), _view(v), _view(out), _view(lse))
+    sink_values = None if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32)
+    engine.forward(_view(q), _view(k), _view(v), _view(out), _view(lse),
+                   0 if sink_values is None else sink_values.ctypes.data)
     return (out, lse) if return_lse else out

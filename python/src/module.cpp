@@ -104,8 +104,10 @@ class Engine {
   int size() const { return world_->size(); }
   std::vector<int64_t> tokens(int part) const { return attention_->layout().tokens_of(part); }
 
+  // sinks: the address of the sinks' fp32 logits [heads] (0 without sinks); dsink: where the
+  // backward writes their gradient [heads] (the sum over every rank's rows).
   void forward(const py::tuple& q, const py::tuple& k, const py::tuple& v, const py::tuple& out,
-               const py::tuple& lse) {
+               const py::tuple& lse, uintptr_t sinks) {
     Wrapped w(*backend_);
     a2d::ForwardShards s;
     s.q = w.token(host_tensor(q, 4, "q"));
@@ -113,13 +115,14 @@ class Engine {
     s.v = w.token(host_tensor(v, 4, "v"));
     s.out = w.token(host_tensor(out, 4, "out"));
     s.lse = w.row(host_tensor(lse, 3, "lse"));
+    s.sinks = reinterpret_cast<const float*>(sinks);
     py::gil_scoped_release release;
     attention_->forward(s);
   }
 
   void backward(const py::tuple& q, const py::tuple& k, const py::tuple& v, const py::tuple& out,
                 const py::tuple& d_out, const py::tuple& lse, const py::tuple& dq,
-                const py::tuple& dk, const py::tuple& dv) {
+                const py::tuple& dk, const py::tuple& dv, uintptr_t sinks, uintptr_t dsink) {
     Wrapped w(*backend_);
     a2d::BackwardShards s;
     s.q = w.token(host_tensor(q, 4, "q"));
@@ -131,6 +134,8 @@ class Engine {
     s.dq = w.token(host_tensor(dq, 4, "dq"));
     s.dk = w.token(host_tensor(dk, 4, "dk"));
     s.dv = w.token(host_tensor(dv, 4, "dv"));
+    s.sinks = reinterpret_cast<const float*>(sinks);
+    s.dsink = reinterpret_cast<float*>(dsink);
     py::gil_scoped_release release;
     attention_->backward(s);
   }
@@ -205,9 +210,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property(
           "causal", [](const a2d::Problem& p) { return p.mask.is_causal(); },
           [](a2d::Problem& p, bool causal) {
+            const auto documents = p.mask.doc_offsets;
             p.mask = causal ? (p.mask.window > 0 ? a2d::Mask::causal_window(p.mask.window)
                                                  : a2d::Mask::causal())
                             : a2d::Mask::none();
+            p.mask.doc_offsets = documents;
           })
       .def_property(
           "window", [](const a2d::Problem& p) { return p.mask.window; },
@@ -215,9 +222,29 @@ PYBIND11_MODULE(_core, m) {
             A2D_REQUIRE(window >= 0, "window must be >= 0 (0: no window), got ", window);
             A2D_REQUIRE(window == 0 || p.mask.is_causal(),
                         "a window needs causal=True (the window is q - window < k <= q)");
+            const auto documents = p.mask.doc_offsets;
             p.mask = window > 0 ? a2d::Mask::causal_window(window)
                                 : (p.mask.is_causal() ? a2d::Mask::causal() : a2d::Mask::none());
+            p.mask.doc_offsets = documents;
           })
+      // Lengths of the packed documents ([] = one document, no document mask).
+      .def_property(
+          "documents",
+          [](const a2d::Problem& p) {
+            std::vector<int64_t> lengths;
+            if (p.mask.doc_offsets) {
+              const auto& offsets = *p.mask.doc_offsets;
+              for (size_t d = 0; d + 1 < offsets.size(); ++d)
+                lengths.push_back(offsets[d + 1] - offsets[d]);
+            }
+            return lengths;
+          },
+          [](a2d::Problem& p, const std::vector<int64_t>& lengths) {
+            p.mask.doc_offsets.reset();
+            if (!lengths.empty()) p.mask = p.mask.with_documents(lengths);
+          })
+      .def_readwrite("sinks", &a2d::Problem::sinks)
+      .def_readwrite("softcap", &a2d::Problem::softcap)
       .def_property(
           "dtype", [](const a2d::Problem& p) { return std::string(a2d::dtype_name(p.dtype)); },
           [](a2d::Problem& p, const std::string& name) { p.dtype = a2d::parse_dtype(name); })

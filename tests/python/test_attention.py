@@ -151,3 +151,64 @@ def test_plan_and_model_are_plain_values():
     best_a2d = min(r["words_forward"] for r in rows if r["algorithm"] == "attention2d")
     ring = min(r["words_forward"] for r in rows if r["algorithm"] == "ring")
     assert_all_ranks(best_a2d < ring, "ATTENTION2D sends fewer words than Ring at P = 16")
+
+
+def masked_reference(q, k, v, causal, window, cu_seqlens, sinks, softcap):
+    """fp64 autograd reference with packed documents, sinks (a logit per head joining each row's
+    denominator, its column dropped) and softcapping (cap * tanh(s / cap) before the mask)."""
+    n, h = q.shape[1], q.shape[2]
+    group = h // k.shape[2]
+    kk = k.repeat_interleave(group, dim=2)
+    vv = v.repeat_interleave(group, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * q.shape[-1] ** -0.5
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    doc = torch.zeros(n, dtype=torch.long)
+    for d, (a, b) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
+        doc[a:b] = d
+    mask = visible(n, causal, window) & (doc.view(-1, 1) == doc.view(1, -1))
+    s = s.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        column = sinks.view(1, h, 1, 1).expand(s.shape[0], h, n, 1)
+        s = torch.cat([s, column], dim=-1)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse.unsqueeze(-1))[..., :n]
+    return torch.einsum("bhqk,bkhd->bqhd", p, vv), lse
+
+
+@pytest.mark.parametrize("algo", ALGOS)
+@pytest.mark.parametrize("sinks_on,softcap", [(False, 0.0), (True, 0.0), (True, 2.5)])
+def test_documents_sinks_softcap(algo, sinks_on, softcap):
+    seq, heads, kv_heads, d = 37, 4, 4, 16
+    cu_seqlens = [0, 1, 21, 22, 31, 37]  # one-token documents, one over half of N
+    lay = None
+    try:
+        lay = attention2d.layout(seq=seq, heads=heads, kv_heads=kv_heads, head_dim=d, causal=True,
+                                 algo=algo, cu_seqlens=cu_seqlens, sinks=sinks_on,
+                                 softcap=softcap)
+    except attention2d.Error as e:
+        pytest.skip("%s cannot run this on %d ranks: %s" % (algo, COMM.Get_size(), e))
+    q, k, v, d_out = full_inputs(17, 2, seq, heads, kv_heads, d)
+    sinks = torch.linspace(-1.0, 1.5, heads, dtype=torch.float64) if sinks_on else None
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    sink_leaf = sinks.clone().requires_grad_() if sinks_on else None
+    out_ref, lse_ref = masked_reference(*leaves, True, 0, cu_seqlens, sink_leaf, softcap)
+    out_ref.backward(d_out)
+    local = [attention2d.shard(x.float(), lay).requires_grad_() for x in (q, k, v)]
+    sink_local = sinks.float().requires_grad_() if sinks_on else None
+    out, lse = attention2d.attention(*local, causal=True, layout=lay, cu_seqlens=cu_seqlens,
+                                     sinks=sink_local, softcap=softcap, return_lse=True)
+    out.backward(attention2d.shard(d_out.float(), lay))
+    tokens = torch.from_numpy(lay.tokens())
+    pairs = [(out, out_ref.detach(), 1), (lse, lse_ref.detach(), 2)]
+    pairs += [(x.grad, y.grad, 1) for x, y in zip(local, leaves)]
+    for index, (got, expected, dim) in enumerate(pairs):
+        e_local = expected.index_select(dim, tokens)
+        diff = COMM.allreduce(float((got.double() - e_local).pow(2).sum()))
+        norm = COMM.allreduce(float(e_local.pow(2).sum()))
+        error = (diff / norm) ** 0.5
+        assert_all_ranks(error <= 1e-5, "%s output %d error %.3g" % (algo, index, error))
+    if sinks_on:
+        total = COMM.allreduce(sink_local.grad.double())  # each rank's 1/P of the sum
+        error = float((total - sink_leaf.grad).norm() / sink_leaf.grad.norm())
+        assert_all_ranks(error <= 1e-5, "%s dsink error %.3g" % (algo, error))
