@@ -21,6 +21,7 @@ struct ModelOptions {
   cli::ProblemOptions problem;
   std::string machine = "h100-ndr";
   std::string calibration;  // "" = default_calibration_file()
+  std::string machine_file;
   std::string plot;
   std::string plot_x = "gpus";
   int64_t gpus = 16;
@@ -35,6 +36,11 @@ struct ModelOptions {
     options.add_string("--calibration", &calibration,
                        "calibration file of --machine local (default $A2D_CALIBRATION or "
                        "./a2d-calibration.txt)");
+    options.add_string(
+        "--machine-file", &machine_file,
+        "a machine description file (links, ranks per node and whether they share\n"
+        "a link, kernel rates; scripts/cluster.sh writes one): instead of --machine,\n"
+        "and its ranks_per_node instead of --gpus-per-node");
     options.add_int("--gpus", &gpus, "ranks P (GPUs, or processes on this machine)");
     options.add_int("--gpus-per-node", &gpus_per_node,
                     "ranks per node (consecutive ranks share one)");
@@ -43,7 +49,7 @@ struct ModelOptions {
   }
 
   MachineChoice machine_choice() const {
-    return {machine, calibration.empty() ? default_calibration_file() : calibration};
+    return {machine, calibration.empty() ? default_calibration_file() : calibration, machine_file};
   }
 };
 
@@ -140,7 +146,8 @@ void plot(const ModelOptions& o, const Problem& base) {
     const Machine machine = choice.machine(ranks, problem.dtype);
     const auto best = best_per_algorithm(
         search_plans(problem, ranks, machine,
-                     static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)), !o.forward_only),
+                     model_ranks_per_node(machine, static_cast<int>(o.gpus_per_node), ranks),
+                     !o.forward_only),
         o.forward_only);
     data << x;
     for (const std::string& name : names) {
@@ -197,8 +204,9 @@ int model(int argc, char** argv, int first) {
   A2D_REQUIRE(o.gpus_per_node >= 1, "--gpus-per-node must be at least 1");
   const MachineChoice choice = o.machine_choice();
   const int ranks = static_cast<int>(o.gpus);
-  const int per_node = static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks));
   const Machine machine = choice.machine(ranks, problem.dtype);
+  const int per_node = model_ranks_per_node(
+      machine, static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)), ranks);
   const PlanSearch search = search_plans(problem, ranks, machine, per_node, !o.forward_only);
   if (o.json) {
     int index = 1;

@@ -213,6 +213,126 @@ Machine local_machine(const std::string& file, int ranks) {
   return m;
 }
 
+// ---- Machine files ---------------------------------------------------------------------------
+//
+//   # written by scripts/cluster.sh
+//   name = cluster-16x1-100mbit-per-host
+//   ranks_per_node = 1
+//   shared_link = 1
+//   inter_bandwidth_gbs = 0.0125      (100 Mbit/s per direction)
+//   inter_latency_us = 60
+//   intra_bandwidth_gbs = 3.1
+//   intra_latency_us = 2.2
+//   kernel_forward_gflops = 4.1 ...   (as in a calibration file)
+
+Machine load_machine_file(const std::string& file) {
+  std::ifstream in(file);
+  A2D_REQUIRE(in, "cannot read the machine file ", file);
+  std::map<std::string, double> values;
+  std::string name, line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    line = line.substr(0, line.find('#'));
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto eq = line.find('=');
+    A2D_REQUIRE(eq != std::string::npos, file, ":", number, ": expected 'key = value', got '", line,
+                "'");
+    std::string key = line.substr(0, eq), value = line.substr(eq + 1);
+    const auto trim = [](std::string& text) {
+      text.erase(text.find_last_not_of(" \t\r") + 1);
+      text.erase(0, text.find_first_not_of(" \t"));
+    };
+    trim(key);
+    trim(value);
+    if (key == "name") {
+      name = value;
+      continue;
+    }
+    char* end = nullptr;
+    const double number_value = std::strtod(value.c_str(), &end);
+    A2D_REQUIRE(
+        !value.empty() && end && *end == '\0' && std::isfinite(number_value) && number_value >= 0,
+        file, ":", number, ": '", key, "' needs a number >= 0, got '", value, "'");
+    values[key] = number_value;
+  }
+  static const char* const known[] = {"ranks_per_node",
+                                      "shared_link",
+                                      "intra_latency_us",
+                                      "intra_bandwidth_gbs",
+                                      "inter_latency_us",
+                                      "inter_bandwidth_gbs",
+                                      "kernel_forward_gflops",
+                                      "kernel_backward_gflops",
+                                      "kernel_forward_causal_gflops",
+                                      "kernel_backward_causal_gflops",
+                                      "block",
+                                      "kernel_forward_panel_us",
+                                      "kernel_forward_key_us",
+                                      "permute_gbs",
+                                      "sum_gbs",
+                                      "merge_gbs",
+                                      "cores",
+                                      "sync_us",
+                                      "step_sync_us"};
+  for (const auto& [key, value] : values) {
+    A2D_REQUIRE(std::find_if(std::begin(known), std::end(known),
+                             [&](const char* k) { return key == k; }) != std::end(known),
+                "unknown key '", key, "' in the machine file ", file);
+  }
+  const auto required = [&](const char* key, bool positive) {
+    const auto it = values.find(key);
+    A2D_REQUIRE(it != values.end() && (!positive || it->second > 0), "the machine file ", file,
+                " needs ", positive ? "a positive '" : "'", key, "'");
+    return it->second;
+  };
+  const auto optional = [&](const char* key) {
+    const auto it = values.find(key);
+    return it == values.end() ? 0.0 : it->second;
+  };
+  Machine m;
+  m.name = name.empty() ? "file" : name;
+  m.ranks_per_node = static_cast<int>(required("ranks_per_node", true));
+  const double shared = required("shared_link", false);
+  A2D_REQUIRE(shared == 0 || shared == 1, "shared_link is 0 or 1 in ", file);
+  m.shared_link = shared == 1;
+  m.intra.latency_s = required("intra_latency_us", false) * 1e-6;
+  m.intra.bytes_per_s = required("intra_bandwidth_gbs", true) * 1e9;
+  m.inter.latency_s = required("inter_latency_us", false) * 1e-6;
+  m.inter.bytes_per_s = required("inter_bandwidth_gbs", true) * 1e9;
+  m.kernel_forward_flops = required("kernel_forward_gflops", true) * 1e9;
+  m.kernel_backward_flops = required("kernel_backward_gflops", true) * 1e9;
+  m.kernel_forward_causal_flops = optional("kernel_forward_causal_gflops") * 1e9;
+  m.kernel_backward_causal_flops = optional("kernel_backward_causal_gflops") * 1e9;
+  m.tile_block = static_cast<int64_t>(optional("block"));
+  m.kernel_forward_panel_s = optional("kernel_forward_panel_us") * 1e-6;
+  m.kernel_forward_key_s = optional("kernel_forward_key_us") * 1e-6;
+  m.permute_bytes_per_s = optional("permute_gbs") * 1e9;
+  m.sum_bytes_per_s = optional("sum_gbs") * 1e9;
+  m.merge_bytes_per_s = optional("merge_gbs") * 1e9;
+  m.shared_cores = static_cast<int>(optional("cores"));
+  m.sync_s = optional("sync_us") * 1e-6;
+  m.step_sync_s = optional("step_sync_us") * 1e-6;
+  std::ostringstream text;
+  text << "machine file " << file << ": " << m.ranks_per_node << " ranks per node, "
+       << (m.shared_link ? "one shared link per node" : "one link per rank") << " of "
+       << m.inter.bytes_per_s * 8 / 1e6 << " Mbit/s";
+  m.description = text.str();
+  return m;
+}
+
+Machine with_kernel_rates(const Machine& links, const Machine& kernel) {
+  Machine m = kernel;
+  m.name = links.name;
+  m.intra = links.intra;
+  m.inter = links.inter;
+  m.shared_link = links.shared_link;
+  m.ranks_per_node = links.ranks_per_node;
+  m.shared_cores = links.shared_cores;
+  m.description = links.description + "; kernel rates of " + kernel.description;
+  return m;
+}
+
 // ---- Communication groups ---------------------------------------------------------------------
 
 namespace {
@@ -289,6 +409,51 @@ bool crosses_nodes(const Plan& plan, Group group, int ranks_per_node) {
   }
   return true;
 }
+
+}  // namespace
+
+double shared_link_load(const Plan& plan, const std::string& phase, int ranks_per_node) {
+  A2D_REQUIRE(ranks_per_node >= 1, "ranks per node must be at least 1");
+  const int ranks = plan.grid.size(), rows = plan.grid.rows, cols = plan.grid.cols;
+  const int nodes = (ranks + ranks_per_node - 1) / ranks_per_node;
+  const auto node = [&](int rank) { return rank / ranks_per_node; };
+  const std::string step = phase.substr(phase.find('.') + 1);
+  if (step.find("all_to_all") != std::string::npos) {
+    // Every rank sends to every other alike: a node's link carries its ranks' off-node share.
+    double most = 0;
+    for (int n = 0; n < nodes; ++n) {
+      const int first = n * ranks_per_node, last = std::min(ranks, first + ranks_per_node);
+      const double local = last - first;
+      if (ranks > 1) most = std::max(most, local * (ranks - local) / (ranks - 1));
+    }
+    return most;
+  }
+  // The rank each rank sends to: its ring successor in the phase's communicator, or its
+  // transpose partner. Over a union of cycles as many sends leave a node as enter it, so the
+  // count is the same for either direction.
+  const Group group = group_of(plan, phase);
+  const auto successor = [&](int rank) {
+    const GridCoords at{plan.grid, rank};
+    switch (group) {
+      case Group::world:
+        return (rank + 1) % ranks;
+      case Group::row:
+        return GridCoords::rank_of(plan.grid, at.row(), (at.col() + 1) % cols);
+      case Group::column:
+        return GridCoords::rank_of(plan.grid, (at.row() + 1) % rows, at.col());
+      case Group::pair:
+        return at.kv_dest_rank();
+    }
+    return rank;
+  };
+  std::vector<int> leaving(static_cast<size_t>(nodes), 0);
+  for (int rank = 0; rank < ranks; ++rank) {
+    if (node(successor(rank)) != node(rank)) ++leaving[static_cast<size_t>(node(rank))];
+  }
+  return *std::max_element(leaving.begin(), leaving.end());
+}
+
+namespace {
 
 // Ranks whose traffic is evaluated; the maximum per phase is taken.
 std::vector<int> sample_ranks(const Plan& plan) {
@@ -458,12 +623,17 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     cost.traffic = t;
     cost.inter_node = crosses_nodes(plan, group_of(plan, name), ranks_per_node);
     const Link& link = cost.inter_node ? machine.inter : machine.intra;
+    // A link shared by the ranks of a node carries all of their off-node traffic at once.
+    const double load = cost.inter_node && machine.shared_link
+                            ? std::max(1.0, shared_link_load(plan, name, ranks_per_node))
+                            : 1.0;
     const bool blocking = t.messages > 0 && blocking_phase(plan, name);
     // A reduction's words arrive and are reduced in turn: the busiest rank reduces as many words
     // as it sends (one block per ring step each way).
     const double reduce_rate = reduction_bytes_per_s(machine, name);
     reducing[name] = reduce_rate > 0 ? static_cast<double>(t.bytes) / reduce_rate : 0.0;
-    cost.seconds = t.messages * link.latency_s + static_cast<double>(t.bytes) / link.bytes_per_s +
+    cost.seconds = t.messages * link.latency_s +
+                   load * static_cast<double>(t.bytes) / link.bytes_per_s +
                    (blocking ? machine.sync_s : 0.0) + reducing[name];
     seconds[name] = cost.seconds;
     out.phases.push_back(cost);
