@@ -5,7 +5,9 @@
 #
 #   scripts/cluster.sh up   --hosts H [--slots S] [--rate 100mbit] [--delay 1ms] [--link host|rank]
 #                           [--name NAME] [--owner PID] [--a2d build/a2d] [--no-calibrate]
-#   scripts/cluster.sh run  --name NAME [--] PROGRAM ARGS...   (mpirun -np H*S across the hosts)
+#   scripts/cluster.sh run  --name NAME [--cyclic] [--] PROGRAM ARGS...
+#                           (mpirun -np H*S across the hosts; world rank q on host q / S, or with
+#                           --cyclic on host q mod H: mpirun --map-by node)
 #   scripts/cluster.sh down --name NAME
 #   scripts/cluster.sh with [up options] -- PROGRAM ARGS...    (up, run, down, also on failure)
 #   scripts/cluster.sh gc                                      (tear down clusters whose owner died)
@@ -42,7 +44,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-0}"
 }
 
@@ -270,10 +272,11 @@ mpirun_args() {  # the mpirun options of a cluster (after load_state)
 }
 
 run() {
-  local name=""
+  local name="" placement=()
   while [ $# -gt 0 ]; do
     case "$1" in
       --name) name=$2; shift 2 ;;
+      --cyclic) placement=(--map-by node); shift ;;
       --) shift; break ;;
       *) break ;;
     esac
@@ -292,7 +295,7 @@ run() {
   fi
   local status=0
   ip netns exec "$name-h0" unshare --uts -- sh -c 'hostname "$0" && exec "$@"' "$name-h0" \
-    mpirun "${args[@]}" "$state_root/$name/rank" "$@" || status=$?
+    mpirun "${args[@]}" "${placement[@]}" "$state_root/$name/rank" "$@" || status=$?
   # A failed job can leave ranks behind inside the namespaces: end them (ours only).
   if [ "$status" -ne 0 ]; then
     local ns pid

@@ -39,9 +39,11 @@ def predicted(row):
 def name(row):
     if row["algo"].startswith("attention2d"):
         short = "A2D-O" if row["algo"] == "attention2d-overlap" else "A2D-NO"
-        return f"{short} {row['grid']}" + ("" if row.get("kv_transpose", True) else " nt")
-    return {"ring": "Ring", "allgather-kv": "all-gather K/V", "ulysses": "Ulysses"}[row["algo"]] + \
-        f" ({row['layout']})"
+        text = f"{short} {row['grid']}" + ("" if row.get("kv_transpose", True) else " nt")
+    else:
+        text = {"ring": "Ring", "allgather-kv": "all-gather K/V",
+                "ulysses": "Ulysses"}[row["algo"]] + f" ({row['layout']})"
+    return text + (" cyclic" if row.get("placement") == "cyclic" else "")
 
 
 def comm_share(row):
@@ -70,7 +72,12 @@ def main():
         problem = (f"N={first['seq']} H={first['heads']} D={first['head_dim']}"
                    f"{' causal' if first['causal'] else ''} {first['dtype']}")
         out.append(f"\n#### P = {p}: {p // s} hosts x {s}, {rate} Mbit/s per {link}, {problem}\n")
-        out.append(f"load average before / after: {first['load_before']} / {first['load_after']}\n")
+        cpu = first.get("cpu_shares")
+        cpu_text = (f"; the machine's CPU over the benches: user {cpu['user']:.0%}, system "
+                    f"{cpu['system']:.0%}, softirq {cpu['softirq']:.0%}, idle {cpu['idle']:.0%}"
+                    if cpu else "")
+        out.append(f"load average before / after: {first['load_before']} / "
+                   f"{first['load_after']}{cpu_text}\n")
         out.append("| plan | fwd ms (meas / pred) | bwd ms (meas / pred) | total m/p | "
                    "MB sent per rank fwd+bwd | comm share (model) |")
         out.append("|---|---|---|---|---|---|")
@@ -86,10 +93,11 @@ def main():
                        f"{share:.0%} |")
         a2d = [r for r in ran if r["algo"].startswith("attention2d")]
         best = min(a2d, key=measured)
-        ring = next((r for r in ran if r["algo"] == "ring"), None)
-        gather = next((r for r in ran if r["algo"] == "allgather-kv"), None)
+        ring = min((r for r in ran if r["algo"] == "ring"), key=measured, default=None)
+        gather = min((r for r in ran if r["algo"] == "allgather-kv"), key=measured, default=None)
         fastest = min(ran, key=measured)
         chosen = next((r for r in ran if r["algo"] == first["plan_algo"] and
+                       r.get("placement", "block") == first.get("plan_placement", "block") and
                        (not r["algo"].startswith("attention2d") or
                         (r["grid"] == first["plan_grid"] and
                          r.get("kv_transpose", True) == first["plan_kv_transpose"]))), None)

@@ -53,12 +53,13 @@ struct ModelOptions {
   }
 };
 
-std::string grid_text(const Plan& plan) {
+std::string grid_text(const Plan& plan, bool cyclic_placement) {
+  const std::string placement = cyclic_placement ? " cyclic" : "";
   if (plan.algorithm == Algorithm::attention2d ||
       plan.algorithm == Algorithm::attention2d_overlap) {
-    return plan.grid.describe() + (plan.kv_transpose ? "" : " no-transpose");
+    return plan.grid.describe() + (plan.kv_transpose ? "" : " no-transpose") + placement;
   }
-  return layout_name(plan.layout);
+  return layout_name(plan.layout) + placement;
 }
 
 void print_table(const PlanSearch& search, const Problem& problem, const Machine& machine,
@@ -73,10 +74,10 @@ void print_table(const PlanSearch& search, const Problem& problem, const Machine
   for (const RankedPlan& r : search.ranked) {
     const Prediction& p = r.prediction;
     std::printf("%-4d %-20s %-16s %10.3f %10.3f %10.3f %14.4g %14.4g %9lld %12.1f\n", index++,
-                algorithm_name(r.plan.algorithm).c_str(), grid_text(r.plan).c_str(),
-                1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * (p.forward_s + p.backward_s),
-                p.words_forward, p.words_backward,
-                static_cast<long long>(p.forward.messages + p.backward.messages),
+                algorithm_name(r.plan.algorithm).c_str(),
+                grid_text(r.plan, r.cyclic_placement).c_str(), 1e3 * p.forward_s,
+                1e3 * p.backward_s, 1e3 * (p.forward_s + p.backward_s), p.words_forward,
+                p.words_backward, static_cast<long long>(p.forward.messages + p.backward.messages),
                 p.memory_bytes / 1048576.0);
   }
   for (const auto& [algorithm, reason] : search.skipped) {
@@ -95,6 +96,7 @@ std::string json_row(const RankedPlan& r, int rank_in_list, int ranks) {
       .add("grid", r.plan.grid.describe())
       .add("layout", layout_name(r.plan.layout))
       .add("kv_transpose", r.plan.kv_transpose)
+      .add("placement", r.cyclic_placement ? "cyclic" : "block")
       .add("ranks", ranks)
       .add("fwd_ms", 1e3 * p.forward_s)
       .add("bwd_ms", 1e3 * p.backward_s)
@@ -207,7 +209,8 @@ int model(int argc, char** argv, int first) {
   const Machine machine = choice.machine(ranks, problem.dtype);
   const int per_node = model_ranks_per_node(
       machine, static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)), ranks);
-  const PlanSearch search = search_plans(problem, ranks, machine, per_node, !o.forward_only);
+  const PlanSearch search =
+      search_plans(problem, ranks, machine, per_node, !o.forward_only, machine.ranks_per_node > 0);
   if (o.json) {
     int index = 1;
     for (const RankedPlan& r : search.ranked)
@@ -233,17 +236,24 @@ int plan(int argc, char** argv, int first) {
   if (!options.parse(argc, argv, first)) return 0;
   const Problem problem = o.problem.problem();
   const int ranks = static_cast<int>(o.gpus);
-  const int per_node = static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks));
+  const int per_node =
+      model_ranks_per_node(o.machine_choice().machine(ranks, problem.dtype),
+                           static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)), ranks);
   const PlannedRun planned = choose_plan(problem, ranks, per_node, o.machine_choice(), "", "");
   if (o.json) {
-    std::cout << json_row({planned.plan, planned.prediction}, 1, ranks) << "\n";
+    std::cout << json_row({planned.plan, planned.prediction, planned.cyclic_placement}, 1, ranks)
+              << "\n";
     return 0;
   }
   std::printf("%s\nplan: %s\npredicted: forward %.3f ms, backward %.3f ms on %s\n",
               problem.describe().c_str(), planned.plan.describe().c_str(),
               1e3 * planned.prediction.forward_s, 1e3 * planned.prediction.backward_s,
               planned.machine_description.c_str());
-  std::printf("run it: mpirun -np %d a2d run --algo %s", ranks,
+  if (planned.cyclic_placement)
+    std::printf("placement: world rank q on node q mod %d (mpirun --map-by node)\n",
+                (ranks + per_node - 1) / per_node);
+  std::printf("run it: mpirun -np %d%s a2d run --algo %s", ranks,
+              planned.cyclic_placement ? " --map-by node" : "",
               algorithm_name(planned.plan.algorithm).c_str());
   if (planned.plan.algorithm == Algorithm::attention2d ||
       planned.plan.algorithm == Algorithm::attention2d_overlap) {

@@ -34,12 +34,14 @@ PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
                        const MachineChoice& choice, const std::string& algo,
                        const std::string& grid) {
   const Machine machine = choice.machine(ranks, problem.dtype);
+  // A machine file describes nodes, so the placement of ranks on them is the planner's choice too.
   const PlanSearch search =
-      search_plans(problem, ranks, machine, model_ranks_per_node(machine, ranks_per_node, ranks));
+      search_plans(problem, ranks, machine, model_ranks_per_node(machine, ranks_per_node, ranks),
+                   true, machine.ranks_per_node > 0);
   for (const RankedPlan& r : search.ranked) {
     if (!algo.empty() && algorithm_name(r.plan.algorithm) != algo) continue;
     if (!grid.empty() && r.plan.grid.describe() != parse_grid(grid).describe()) continue;
-    return {r.plan, r.prediction, machine.name + ": " + machine.description};
+    return {r.plan, r.prediction, machine.name + ": " + machine.description, r.cyclic_placement};
   }
   std::string reasons;
   for (const auto& [name, reason] : search.skipped) {

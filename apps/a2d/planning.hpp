@@ -29,7 +29,10 @@ int model_ranks_per_node(const Machine& machine, int requested, int ranks);
 struct PlannedRun {
   Plan plan;
   Prediction prediction;
+  // A machine file's nodes of several ranks: the placement of ranks on nodes the planner chose
+  // (true: cyclic, mpirun --map-by node).
   std::string machine_description;
+  bool cyclic_placement = false;
 };
 
 // The fastest plan by the model; `algo` and `grid` ("" = free) restrict the search.

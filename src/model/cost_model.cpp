@@ -313,10 +313,14 @@ Machine load_machine_file(const std::string& file) {
   m.shared_cores = static_cast<int>(optional("cores"));
   m.sync_s = optional("sync_us") * 1e-6;
   m.step_sync_s = optional("step_sync_us") * 1e-6;
+  const double cyclic = optional("cyclic_placement");
+  A2D_REQUIRE(cyclic == 0 || cyclic == 1, "cyclic_placement is 0 or 1 in ", file);
+  m.cyclic_placement = cyclic == 1;
   std::ostringstream text;
   text << "machine file " << file << ": " << m.ranks_per_node << " ranks per node, "
        << (m.shared_link ? "one shared link per node" : "one link per rank") << " of "
-       << m.inter.bytes_per_s * 8 / 1e6 << " Mbit/s";
+       << m.inter.bytes_per_s * 8 / 1e6 << " Mbit/s"
+       << (m.cyclic_placement ? ", ranks dealt to nodes in turn" : "");
   m.description = text.str();
   return m;
 }
@@ -328,6 +332,7 @@ Machine with_kernel_rates(const Machine& links, const Machine& kernel) {
   m.inter = links.inter;
   m.shared_link = links.shared_link;
   m.ranks_per_node = links.ranks_per_node;
+  m.cyclic_placement = links.cyclic_placement;
   m.shared_cores = links.shared_cores;
   m.description = links.description + "; kernel rates of " + kernel.description;
   return m;
@@ -384,21 +389,38 @@ double reduction_bytes_per_s(const Machine& machine, const std::string& phase) {
   return 0;
 }
 
-// Whether some rank's `group` spans two nodes (ranks q and q' share a node iff q / G == q' / G).
-bool crosses_nodes(const Plan& plan, Group group, int ranks_per_node) {
+// The node of world rank q: q / G with consecutive ranks per node (block placement), or q mod
+// (number of nodes) when the launcher deals ranks out to nodes in turn (cyclic placement,
+// mpirun --map-by node).
+struct NodeOf {
+  int ranks_per_node = 1;
+  int nodes = 1;
+  bool cyclic = false;
+  NodeOf(int ranks, int per_node, bool cyclic_placement)
+      : ranks_per_node(per_node),
+        nodes((ranks + per_node - 1) / per_node),
+        cyclic(cyclic_placement) {}
+  int operator()(int rank) const { return cyclic ? rank % nodes : rank / ranks_per_node; }
+};
+
+// Whether some rank's `group` spans two nodes.
+bool crosses_nodes(const Plan& plan, Group group, const NodeOf& node) {
   const int ranks = plan.grid.size(), rows = plan.grid.rows, cols = plan.grid.cols;
-  const auto node = [&](int rank) { return rank / ranks_per_node; };
   switch (group) {
     case Group::world:
-      return node(0) != node(ranks - 1);
+      for (int rank = 1; rank < ranks; ++rank)
+        if (node(rank) != node(0)) return true;
+      return false;
     case Group::row:
       for (int r = 0; r < rows; ++r) {
-        if (node(r) != node(r + (cols - 1) * rows)) return true;
+        for (int c = 1; c < cols; ++c)
+          if (node(GridCoords::rank_of(plan.grid, r, c)) != node(r)) return true;
       }
       return false;
     case Group::column:
       for (int c = 0; c < cols; ++c) {
-        if (node(c * rows) != node(c * rows + rows - 1)) return true;
+        for (int r = 1; r < rows; ++r)
+          if (node(GridCoords::rank_of(plan.grid, r, c)) != node(c * rows)) return true;
       }
       return false;
     case Group::pair:
@@ -412,18 +434,21 @@ bool crosses_nodes(const Plan& plan, Group group, int ranks_per_node) {
 
 }  // namespace
 
-double shared_link_load(const Plan& plan, const std::string& phase, int ranks_per_node) {
+double shared_link_load(const Plan& plan, const std::string& phase, int ranks_per_node,
+                        bool cyclic_placement) {
   A2D_REQUIRE(ranks_per_node >= 1, "ranks per node must be at least 1");
   const int ranks = plan.grid.size(), rows = plan.grid.rows, cols = plan.grid.cols;
-  const int nodes = (ranks + ranks_per_node - 1) / ranks_per_node;
-  const auto node = [&](int rank) { return rank / ranks_per_node; };
+  const NodeOf node(ranks, ranks_per_node, cyclic_placement);
+  const int nodes = node.nodes;
   const std::string step = phase.substr(phase.find('.') + 1);
   if (step.find("all_to_all") != std::string::npos) {
     // Every rank sends to every other alike: a node's link carries its ranks' off-node share.
     double most = 0;
-    for (int n = 0; n < nodes; ++n) {
-      const int first = n * ranks_per_node, last = std::min(ranks, first + ranks_per_node);
-      const double local = last - first;
+    std::vector<int> members(static_cast<size_t>(nodes), 0);
+    for (int rank = 0; rank < ranks; ++rank)
+      ++members[static_cast<size_t>(node(rank))];
+    for (const int count : members) {
+      const double local = count;
       if (ranks > 1) most = std::max(most, local * (ranks - local) / (ranks - 1));
     }
     return most;
@@ -621,12 +646,14 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     PhaseCost cost;
     cost.name = name;
     cost.traffic = t;
-    cost.inter_node = crosses_nodes(plan, group_of(plan, name), ranks_per_node);
+    cost.inter_node = crosses_nodes(plan, group_of(plan, name),
+                                    NodeOf(ranks, ranks_per_node, machine.cyclic_placement));
     const Link& link = cost.inter_node ? machine.inter : machine.intra;
     // A link shared by the ranks of a node carries all of their off-node traffic at once.
-    const double load = cost.inter_node && machine.shared_link
-                            ? std::max(1.0, shared_link_load(plan, name, ranks_per_node))
-                            : 1.0;
+    const double load =
+        cost.inter_node && machine.shared_link
+            ? std::max(1.0, shared_link_load(plan, name, ranks_per_node, machine.cyclic_placement))
+            : 1.0;
     const bool blocking = t.messages > 0 && blocking_phase(plan, name);
     // A reduction's words arrive and are reduced in turn: the busiest rank reduces as many words
     // as it sends (one block per ring step each way).
@@ -792,7 +819,7 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
 }
 
 PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machine,
-                        int ranks_per_node, bool include_backward) {
+                        int ranks_per_node, bool include_backward, bool choose_placement) {
   PlanSearch search;
   std::vector<Plan> candidates;
   for (const Algorithm algorithm : {Algorithm::attention2d, Algorithm::attention2d_overlap}) {
@@ -808,11 +835,21 @@ PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machin
   for (const Algorithm algorithm : {Algorithm::ring, Algorithm::allgather_kv, Algorithm::ulysses}) {
     candidates.push_back(default_plan(algorithm, problem, ranks));
   }
-  for (const Plan& plan : candidates) {
-    try {
-      search.ranked.push_back({plan, predict(problem, plan, machine, ranks_per_node)});
-    } catch (const Error& e) {
-      search.skipped.emplace_back(algorithm_name(plan.algorithm), e.message());
+  // Both placements of the ranks on nodes, where there is a choice (several nodes of several
+  // ranks) and the caller lets the search choose.
+  std::vector<bool> placements = {machine.cyclic_placement};
+  if (choose_placement && ranks_per_node > 1 && ranks_per_node < ranks)
+    placements.push_back(!machine.cyclic_placement);
+  for (const bool cyclic : placements) {
+    Machine placed = machine;
+    placed.cyclic_placement = cyclic;
+    for (const Plan& plan : candidates) {
+      try {
+        search.ranked.push_back({plan, predict(problem, plan, placed, ranks_per_node), cyclic});
+      } catch (const Error& e) {
+        if (cyclic == machine.cyclic_placement)
+          search.skipped.emplace_back(algorithm_name(plan.algorithm), e.message());
+      }
     }
   }
   const auto total = [&](const RankedPlan& r) {

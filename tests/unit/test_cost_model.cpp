@@ -661,6 +661,12 @@ TEST(CostModel, SharedLinksCarryTheOffNodeTrafficOfEveryRankOfTheirNode) {
   grid.grid = {8, 2};
   EXPECT_EQ(shared_link_load(grid, "forward.kv_allgather", 4), 1);
   EXPECT_EQ(shared_link_load(grid, "forward.q_allgather", 4), 4);
+  // Cyclic placement (rank q on node q mod 4): the 4x4 grid's rows lie inside nodes, and a
+  // node's 4 ranks each send their column traffic off it.
+  grid.grid = {4, 4};
+  EXPECT_EQ(shared_link_load(grid, "forward.q_allgather", 4, true), 0);
+  EXPECT_EQ(shared_link_load(grid, "forward.kv_allgather", 4, true), 4);
+  grid.grid = {8, 2};
   // One rank per node: every link carries its one rank's traffic.
   EXPECT_EQ(shared_link_load(grid, "forward.q_allgather", 1), 1);
   // Ring Attention's world ring: one rank per node sends off it.
@@ -696,6 +702,19 @@ TEST(CostModel, SharedLinksCarryTheOffNodeTrafficOfEveryRankOfTheirNode) {
   EXPECT_DOUBLE_EQ(phase(own, "forward.kv_allgather").seconds,
                    phase(common, "forward.kv_allgather").seconds);
   EXPECT_DOUBLE_EQ(predict(p, ring, machine, 4).forward_s, predict(p, ring, shared, 4).forward_s);
+  // The search predicts both placements when asked, and the rows-in-nodes placement makes the
+  // 4x4 grid's row phases intra-node.
+  Machine cyclic = shared;
+  cyclic.cyclic_placement = true;
+  const Prediction rows_inside = predict(p, grid, cyclic, 4);
+  EXPECT_FALSE(phase(rows_inside, "forward.q_allgather").inter_node);
+  EXPECT_TRUE(phase(rows_inside, "forward.kv_allgather").inter_node);
+  const PlanSearch one = search_plans(p, 16, shared, 4),
+                   both = search_plans(p, 16, shared, 4, true, true);
+  EXPECT_EQ(both.ranked.size(), 2 * one.ranked.size());
+  EXPECT_EQ(std::count_if(both.ranked.begin(), both.ranked.end(),
+                          [](const RankedPlan& r) { return r.cyclic_placement; }),
+            static_cast<long>(one.ranked.size()));
 }
 
 }  // namespace
