@@ -56,6 +56,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("rows")
     parser.add_argument("--plots", default="")
+    parser.add_argument("--detail", default="",
+                        help="P,S,RATE: where the time of that configuration's rows goes")
     args = parser.parse_args()
     rows = [json.loads(line) for line in open(args.rows) if line.startswith("{")]
     configs = collections.OrderedDict()
@@ -130,8 +132,32 @@ def main():
                 f"configurations. Communication-dominated rows (model: kernels < 50 % of the "
                 f"time) within ±25 % of their prediction: {within[0]} of {within[1]}.")
     print("\n".join(head + out))
+    if args.detail:
+        p, s_, rate = (int(x) for x in args.detail.split(","))
+        group = [r for r in rows if (r["P"], r["slots"], r["rate_mbit"]) == (p, s_, rate)
+                 and "skipped" not in r]
+        print(detail(group, rate))
     if args.plots:
         plot(summary, args.plots)
+
+
+def detail(group, rate):
+    """Per row: the link's time for the bytes the busiest rank sends (its bound where one link per
+    rank carries them), the kernels' measured and predicted time, the measured total, and how much
+    of the shorter of link and kernel time the row hid (1: perfect overlap, 0: none, < 0: more
+    than their sum)."""
+    bytes_per_ms = rate * 1e6 / 8 / 1e3
+    lines = ["\n| plan | link time ms (bytes / rate) | kernel ms measured (pred) | other measured ms | "
+             "total ms | hidden of min(link, kernel) |", "|---|---|---|---|---|---|"]
+    for r in sorted(group, key=measured):
+        link = (r["bytes_sent_fwd"] + r["bytes_sent_bwd"]) / bytes_per_ms
+        kernel = r.get("ms.forward.kernel", 0) + r.get("ms.backward.kernel", 0)
+        kernel_pred = r.get("pred_ms.forward.kernel", 0) + r.get("pred_ms.backward.kernel", 0)
+        phases = sum(v for k, v in r.items() if k.startswith("ms.") and not k.endswith(".kernel"))
+        hidden = (link + kernel - measured(r)) / min(link, kernel) if min(link, kernel) > 0 else 0
+        lines.append(f"| {name(r)} | {link:.0f} | {kernel:.0f} ({kernel_pred:.0f}) | {phases:.0f} | "
+                     f"{measured(r):.0f} | {hidden:+.2f} |")
+    return "\n".join(lines)
 
 
 def plot(summary, directory):

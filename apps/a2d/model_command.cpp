@@ -67,13 +67,13 @@ void print_table(const PlanSearch& search, const Problem& problem, const Machine
   std::printf("a2d model: %s\nmachine: %s (%s)\n%d ranks, %d per node\n\n",
               problem.describe().c_str(), machine.name.c_str(), machine.description.c_str(), ranks,
               per_node);
-  std::printf("%-4s %-20s %-16s %10s %10s %10s %14s %14s %9s %12s\n", "#", "algorithm",
+  std::printf("%-4s %-20s %-23s %10s %10s %10s %14s %14s %9s %12s\n", "#", "algorithm",
               "grid/layout", "fwd ms", "bwd ms", "total ms", "words fwd", "words bwd", "messages",
               "memory MiB");
   int index = 1;
   for (const RankedPlan& r : search.ranked) {
     const Prediction& p = r.prediction;
-    std::printf("%-4d %-20s %-16s %10.3f %10.3f %10.3f %14.4g %14.4g %9lld %12.1f\n", index++,
+    std::printf("%-4d %-20s %-23s %10.3f %10.3f %10.3f %14.4g %14.4g %9lld %12.1f\n", index++,
                 algorithm_name(r.plan.algorithm).c_str(),
                 grid_text(r.plan, r.cyclic_placement).c_str(), 1e3 * p.forward_s,
                 1e3 * p.backward_s, 1e3 * (p.forward_s + p.backward_s), p.words_forward,
