@@ -274,7 +274,8 @@ Machine load_machine_file(const std::string& file) {
                                       "merge_gbs",
                                       "cores",
                                       "sync_us",
-                                      "step_sync_us"};
+                                      "step_sync_us",
+                                      "cyclic_placement"};
   for (const auto& [key, value] : values) {
     A2D_REQUIRE(std::find_if(std::begin(known), std::end(known),
                              [&](const char* k) { return key == k; }) != std::end(known),

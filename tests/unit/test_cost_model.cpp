@@ -602,7 +602,8 @@ TEST(CostModel, MachineFilesHoldEveryFieldAndFailLoudly) {
   write("name = test-cluster\n" + required +
         "kernel_forward_causal_gflops = 3\nkernel_backward_causal_gflops = 2\nblock = 1024\n"
         "kernel_forward_panel_us = 1.5\nkernel_forward_key_us = 0.25\npermute_gbs = 6\n"
-        "sum_gbs = 7\nmerge_gbs = 8\ncores = 2\nsync_us = 30\nstep_sync_us = 40\n");
+        "sum_gbs = 7\nmerge_gbs = 8\ncores = 2\nsync_us = 30\nstep_sync_us = 40\n"
+        "cyclic_placement = 1\n");
   const Machine m = load_machine_file(file);
   EXPECT_EQ(m.name, "test-cluster");
   EXPECT_EQ(m.ranks_per_node, 4);
@@ -624,6 +625,7 @@ TEST(CostModel, MachineFilesHoldEveryFieldAndFailLoudly) {
   EXPECT_EQ(m.shared_cores, 2);
   EXPECT_DOUBLE_EQ(m.sync_s, 30e-6);
   EXPECT_DOUBLE_EQ(m.step_sync_s, 40e-6);
+  EXPECT_TRUE(m.cyclic_placement);
   // Every required key, in turn, missing; an unknown key; a malformed value; a missing file.
   std::istringstream lines(required);
   for (std::string skip; std::getline(lines, skip);) {
@@ -637,6 +639,8 @@ TEST(CostModel, MachineFilesHoldEveryFieldAndFailLoudly) {
   write(required + "inter_bandwidth = 1\n");
   EXPECT_THROW(load_machine_file(file), Error);
   write(required + "sum_gbs = fast\n");
+  EXPECT_THROW(load_machine_file(file), Error);
+  write(required + "cyclic_placement = 0.5\n");
   EXPECT_THROW(load_machine_file(file), Error);
   write(required + "shared_link = 2\n");
   EXPECT_THROW(load_machine_file(file), Error);
