@@ -161,31 +161,41 @@ def detail(group, rate):
 
 
 def plot(summary, directory):
+    """Measured speedup (solid) and the model's (dashed) of the best ATTENTION2D row over Ring
+    Attention, against P per link rate and against the link rate per P, one pair of plots per
+    ranks-per-host."""
     os.makedirs(directory, exist_ok=True)
     for slots in sorted({e["slots"] for e in summary}):
         picked = [e for e in summary if e["slots"] == slots]
         rates = sorted({e["rate"] for e in picked})
         ps = sorted({e["P"] for e in picked})
-        data_p = "\n".join(
-            " ".join([str(p)] + [next((f"{e['over_ring']:.4f}" for e in picked
-                                       if e["P"] == p and e["rate"] == r), "NaN") for r in rates])
-            for p in ps)
-        data_r = "\n".join(
-            " ".join([str(r)] + [next((f"{e['over_ring']:.4f}" for e in picked
-                                       if e["P"] == p and e["rate"] == r), "NaN") for p in ps])
-            for r in rates)
+
+        def value(p, r, key):
+            return next((f"{e[key]:.4f}" for e in picked if e["P"] == p and e["rate"] == r), "NaN")
+
+        data_p = "\n".join(" ".join([str(p)] + [value(p, r, k) for r in rates
+                                                  for k in ("over_ring", "over_ring_pred")])
+                           for p in ps)
+        data_r = "\n".join(" ".join([str(r)] + [value(p, r, k) for p in ps
+                                                  for k in ("over_ring", "over_ring_pred")])
+                           for r in rates)
         for kind, data, series, xlabel, logx in (
                 ("p", data_p, [f"{r} Mbit/s" for r in rates], "ranks P", "set logscale x 2\n"),
                 ("rate", data_r, [f"P = {p}" for p in ps], "link rate (Mbit/s)",
                  "set logscale x 10\n")):
             target = os.path.join(directory, f"speedup_vs_{kind}_{slots}_per_host.svg")
-            script = (f"set terminal svg size 720,440 dynamic\nset output '{target}'\n"
-                      f"set title 'Best ATTENTION2D over Ring Attention (measured, fwd + bwd), "
-                      f"{slots} rank(s) per host' noenhanced\nset xlabel '{xlabel}'\n"
-                      f"set ylabel 'speedup'\n{logx}set grid\nset key left top\n"
-                      f"$data << EOD\n{data}\nEOD\nplot " +
-                      ", ".join(f"$data using 1:{i + 2} with linespoints title '{t}'"
-                                for i, t in enumerate(series)) + ", 1 notitle dt 2\n")
+            curves = []
+            for i, title in enumerate(series):
+                curves.append(f"$data using 1:{2 * i + 2} with linespoints lc {i + 1} pt 7 "
+                              f"title '{title}'")
+                curves.append(f"$data using 1:{2 * i + 3} with lines lc {i + 1} dt 2 "
+                              f"title '{title}, model'")
+            script = (f"set terminal svg size 760,460 dynamic\nset output '{target}'\n"
+                      f"set title 'Best ATTENTION2D over Ring Attention, forward + backward, "
+                      f"{slots} rank(s) per host (solid: measured, dashed: model)' noenhanced\n"
+                      f"set xlabel '{xlabel}'\nset ylabel 'speedup'\n{logx}set grid\n"
+                      f"set key outside right\n$data << EOD\n{data}\nEOD\nplot " +
+                      ", ".join(curves) + ", 1 notitle lc 0 dt 3\n")
             subprocess.run(["gnuplot"], input=script.encode(), check=True)
             print(f"wrote {target}", file=sys.stderr)
 
