@@ -30,7 +30,7 @@ struct BenchOptions {
   cli::ProblemOptions problem;
   cli::DeviceOptions device;
   std::string algos = "attention2d,attention2d-overlap,ring,allgather-kv,ulysses";
-  std::string grid, layout, calibration;
+  std::string grid, layout, calibration, machine_file;
   int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42;
   bool no_kv_transpose = false, backward = false, check = false, json = false, csv = false;
   bool calibrate = false, no_resample_kernel = false, sequential = false, balance = false;
@@ -297,6 +297,10 @@ int bench(int argc, char** argv, int first) {
     options.add_string("--calibration", &o.calibration,
                        "calibration file for the predictions (default $A2D_CALIBRATION or "
                        "./a2d-calibration.txt)");
+    options.add_string("--machine-file", &o.machine_file,
+                       "predict with this machine description (links, ranks per node, shared or\n"
+                       "own links; scripts/cluster.sh writes one); with --calibrate its kernel\n"
+                       "rates are replaced by the fresh calibration's");
     options.add_flag(
         "--calibrate", &o.calibrate,
         "measure this machine as `a2d calibrate` does (median of 9, at the problem's\n"
@@ -446,12 +450,29 @@ int bench(int argc, char** argv, int first) {
       });
     }
     std::string machine_text = "none: no calibration for this rank count (run a2d calibrate)";
+    // A machine file (the links of an emulated cluster) fails loudly when it cannot be read;
+    // a missing calibration only leaves the rows unpredicted.
+    std::unique_ptr<Machine> file_machine;
+    collective_check(world, [&] {
+      if (!o.machine_file.empty())
+        file_machine = std::make_unique<Machine>(load_machine_file(o.machine_file));
+    });
     try {
-      const Machine machine = local_machine(calibration_file, world.size());
+      Machine machine;
+      if (file_machine) {
+        machine = o.calibrate ? with_kernel_rates(*file_machine,
+                                                  local_machine(calibration_file, world.size()))
+                              : *file_machine;
+      } else {
+        machine = local_machine(calibration_file, world.size());
+      }
+      const int per_node = machine.ranks_per_node > 0
+                               ? std::min(machine.ranks_per_node, world.size())
+                               : world.size();
       machine_text = machine.description;
       for (Row& row : rows) {
         if (!row.skipped.empty()) continue;
-        row.prediction = predict(problem, row.plan, machine, world.size());
+        row.prediction = predict(problem, row.plan, machine, per_node);
         row.predicted = true;
       }
     } catch (const Error&) {

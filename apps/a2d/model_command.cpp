@@ -22,6 +22,7 @@ struct ModelOptions {
   cli::ProblemOptions problem;
   std::string machine = "h100-ndr";
   std::string calibration;  // "" = default_calibration_file()
+  std::string machine_file;
   std::string plot;
   std::string plot_x = "gpus";
   int64_t gpus = 16;
@@ -37,6 +38,11 @@ struct ModelOptions {
     options.add_string("--calibration", &calibration,
                        "calibration file of --machine local (default $A2D_CALIBRATION or "
                        "./a2d-calibration.txt)");
+    options.add_string(
+        "--machine-file", &machine_file,
+        "a machine description file (links, ranks per node and whether they share\n"
+        "a link, kernel rates; scripts/cluster.sh writes one): instead of --machine,\n"
+        "and its ranks_per_node instead of --gpus-per-node");
     options.add_int("--gpus", &gpus, "ranks P (GPUs, or processes on this machine)");
     options.add_int("--gpus-per-node", &gpus_per_node,
                     "ranks per node (consecutive ranks share one)");
@@ -49,16 +55,17 @@ struct ModelOptions {
   }
 
   MachineChoice machine_choice() const {
-    return {machine, calibration.empty() ? default_calibration_file() : calibration};
+    return {machine, calibration.empty() ? default_calibration_file() : calibration, machine_file};
   }
 };
 
-std::string grid_text(const Plan& plan) {
+std::string grid_text(const Plan& plan, bool cyclic_placement) {
+  const std::string placement = cyclic_placement ? " cyclic" : "";
   if (plan.algorithm == Algorithm::attention2d ||
       plan.algorithm == Algorithm::attention2d_overlap) {
-    return plan.grid.describe() + (plan.kv_transpose ? "" : " no-transpose");
+    return plan.grid.describe() + (plan.kv_transpose ? "" : " no-transpose") + placement;
   }
-  return layout_name(plan.layout);
+  return layout_name(plan.layout) + placement;
 }
 
 void print_table(const PlanSearch& search, const Problem& problem, const Machine& machine,
@@ -66,17 +73,17 @@ void print_table(const PlanSearch& search, const Problem& problem, const Machine
   std::printf("a2d model: %s\nmachine: %s (%s)\n%d ranks, %d per node\n\n",
               problem.describe().c_str(), machine.name.c_str(), machine.description.c_str(), ranks,
               per_node);
-  std::printf("%-4s %-20s %-16s %10s %10s %10s %14s %14s %9s %12s\n", "#", "algorithm",
+  std::printf("%-4s %-20s %-23s %10s %10s %10s %14s %14s %9s %12s\n", "#", "algorithm",
               "grid/layout", "fwd ms", "bwd ms", "total ms", "words fwd", "words bwd", "messages",
               "memory MiB");
   int index = 1;
   for (const RankedPlan& r : search.ranked) {
     const Prediction& p = r.prediction;
-    std::printf("%-4d %-20s %-16s %10.3f %10.3f %10.3f %14.4g %14.4g %9lld %12.1f\n", index++,
-                algorithm_name(r.plan.algorithm).c_str(), grid_text(r.plan).c_str(),
-                1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * (p.forward_s + p.backward_s),
-                p.words_forward, p.words_backward,
-                static_cast<long long>(p.forward.messages + p.backward.messages),
+    std::printf("%-4d %-20s %-23s %10.3f %10.3f %10.3f %14.4g %14.4g %9lld %12.1f\n", index++,
+                algorithm_name(r.plan.algorithm).c_str(),
+                grid_text(r.plan, r.cyclic_placement).c_str(), 1e3 * p.forward_s,
+                1e3 * p.backward_s, 1e3 * (p.forward_s + p.backward_s), p.words_forward,
+                p.words_backward, static_cast<long long>(p.forward.messages + p.backward.messages),
                 p.memory_bytes / 1048576.0);
   }
   for (const auto& [algorithm, reason] : search.skipped) {
@@ -95,6 +102,7 @@ std::string json_row(const RankedPlan& r, int rank_in_list, int ranks) {
       .add("grid", r.plan.grid.describe())
       .add("layout", layout_name(r.plan.layout))
       .add("kv_transpose", r.plan.kv_transpose)
+      .add("placement", r.cyclic_placement ? "cyclic" : "block")
       .add("ranks", ranks)
       .add("fwd_ms", 1e3 * p.forward_s)
       .add("bwd_ms", 1e3 * p.backward_s)
@@ -146,7 +154,8 @@ void plot(const ModelOptions& o, const Problem& base) {
     const Machine machine = choice.machine(ranks, problem.dtype);
     const auto best = best_per_algorithm(
         search_plans(problem, ranks, machine,
-                     static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)), !o.forward_only),
+                     model_ranks_per_node(machine, static_cast<int>(o.gpus_per_node), ranks),
+                     !o.forward_only),
         o.forward_only);
     data << x;
     for (const std::string& name : names) {
@@ -271,9 +280,11 @@ int model(int argc, char** argv, int first) {
     print_balance(problem, ranks, o.json);
     return 0;
   }
-  const int per_node = static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks));
   const Machine machine = choice.machine(ranks, problem.dtype);
-  const PlanSearch search = search_plans(problem, ranks, machine, per_node, !o.forward_only);
+  const int per_node = model_ranks_per_node(
+      machine, static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)), ranks);
+  const PlanSearch search =
+      search_plans(problem, ranks, machine, per_node, !o.forward_only, machine.ranks_per_node > 0);
   if (o.json) {
     int index = 1;
     for (const RankedPlan& r : search.ranked)
@@ -299,17 +310,24 @@ int plan(int argc, char** argv, int first) {
   if (!options.parse(argc, argv, first)) return 0;
   const Problem problem = o.problem.problem();
   const int ranks = static_cast<int>(o.gpus);
-  const int per_node = static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks));
+  const int per_node =
+      model_ranks_per_node(o.machine_choice().machine(ranks, problem.dtype),
+                           static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)), ranks);
   const PlannedRun planned = choose_plan(problem, ranks, per_node, o.machine_choice(), "", "");
   if (o.json) {
-    std::cout << json_row({planned.plan, planned.prediction}, 1, ranks) << "\n";
+    std::cout << json_row({planned.plan, planned.prediction, planned.cyclic_placement}, 1, ranks)
+              << "\n";
     return 0;
   }
   std::printf("%s\nplan: %s\npredicted: forward %.3f ms, backward %.3f ms on %s\n",
               problem.describe().c_str(), planned.plan.describe().c_str(),
               1e3 * planned.prediction.forward_s, 1e3 * planned.prediction.backward_s,
               planned.machine_description.c_str());
-  std::printf("run it: mpirun -np %d a2d run --algo %s", ranks,
+  if (planned.cyclic_placement)
+    std::printf("placement: world rank q on node q mod %d (mpirun --map-by node)\n",
+                (ranks + per_node - 1) / per_node);
+  std::printf("run it: mpirun -np %d%s a2d run --algo %s", ranks,
+              planned.cyclic_placement ? " --map-by node" : "",
               algorithm_name(planned.plan.algorithm).c_str());
   if (planned.plan.algorithm == Algorithm::attention2d ||
       planned.plan.algorithm == Algorithm::attention2d_overlap) {

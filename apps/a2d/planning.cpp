@@ -1,5 +1,6 @@
 #include "planning.hpp"
 
+#include <algorithm>
 #include <fstream>
 
 #include "attention2d/error.hpp"
@@ -7,6 +8,7 @@
 namespace a2d::commands {
 
 Machine MachineChoice::machine(int ranks, DType dtype) const {
+  if (!machine_file.empty()) return load_machine_file(machine_file);
   if (name == "local") return local_machine(calibration_file, ranks);
   if (!name.empty()) return preset_machine(name, dtype);
   try {
@@ -23,15 +25,23 @@ Machine MachineChoice::machine(int ranks, DType dtype) const {
   }
 }
 
+int model_ranks_per_node(const Machine& machine, int requested, int ranks) {
+  const int per_node = machine.ranks_per_node > 0 ? machine.ranks_per_node : requested;
+  return std::max(1, std::min(per_node, ranks));
+}
+
 PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
                        const MachineChoice& choice, const std::string& algo,
                        const std::string& grid) {
   const Machine machine = choice.machine(ranks, problem.dtype);
-  const PlanSearch search = search_plans(problem, ranks, machine, ranks_per_node);
+  // A machine file describes nodes, so the placement of ranks on them is the planner's choice too.
+  const PlanSearch search =
+      search_plans(problem, ranks, machine, model_ranks_per_node(machine, ranks_per_node, ranks),
+                   true, machine.ranks_per_node > 0);
   for (const RankedPlan& r : search.ranked) {
     if (!algo.empty() && algorithm_name(r.plan.algorithm) != algo) continue;
     if (!grid.empty() && r.plan.grid.describe() != parse_grid(grid).describe()) continue;
-    return {r.plan, r.prediction, machine.name + ": " + machine.description};
+    return {r.plan, r.prediction, machine.name + ": " + machine.description, r.cyclic_placement};
   }
   std::string reasons;
   for (const auto& [name, reason] : search.skipped) {

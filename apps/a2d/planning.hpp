@@ -14,18 +14,29 @@ struct MachineChoice {
   // rank plans when nothing was calibrated; docs/cost-model.md.
   std::string name;
   std::string calibration_file;
+  // --machine-file: the machine, its ranks per node and its links from the file (name and
+  // calibration_file are then ignored).
+  std::string machine_file;
 
   // The machine for `ranks` ranks; a preset's kernel rates are those of `dtype`.
   Machine machine(int ranks, DType dtype) const;
 };
 
+// The ranks per node to model: the machine file's where the machine has one, else `requested`;
+// at most `ranks`.
+int model_ranks_per_node(const Machine& machine, int requested, int ranks);
+
 struct PlannedRun {
   Plan plan;
   Prediction prediction;
+  // A machine file's nodes of several ranks: the placement of ranks on nodes the planner chose
+  // (true: cyclic, mpirun --map-by node).
   std::string machine_description;
+  bool cyclic_placement = false;
 };
 
 // The fastest plan by the model; `algo` and `grid` ("" = free) restrict the search.
+// `ranks_per_node` is the caller's, unless the machine (a machine file) has its own.
 PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
                        const MachineChoice& choice, const std::string& algo,
                        const std::string& grid);

@@ -84,6 +84,9 @@ void PlanOptions::declare(Options& options) {
   options.add_string("--calibration", &calibration,
                      "calibration file the planner reads (default $A2D_CALIBRATION or "
                      "./a2d-calibration.txt)");
+  options.add_string("--machine-file", &machine_file,
+                     "machine description file the planner reads instead of the calibration\n"
+                     "(links, ranks per node; scripts/cluster.sh writes one)");
   options.add_string(
       "--layout", &layout,
       "token layout: cyclic, striped, contiguous or zigzag (default: the algorithm's)");
@@ -101,7 +104,7 @@ Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen) c
   const bool grid_matters = algo.empty() || algo == "attention2d" || algo == "attention2d-overlap";
   if (algo.empty() || (grid.empty() && grid_matters)) {
     const commands::MachineChoice machine{
-        "", calibration.empty() ? default_calibration_file() : calibration};
+        "", calibration.empty() ? default_calibration_file() : calibration, machine_file};
     const commands::PlannedRun planned =
         commands::choose_plan(problem, ranks, ranks, machine, algo, grid_matters ? grid : "");
     p = planned.plan;

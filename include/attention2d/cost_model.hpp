@@ -67,6 +67,18 @@ struct Machine {
   // one accelerator per rank.
   double sync_s = 0;
   double step_sync_s = 0;
+  // Whether the ranks of a node share one network link (one NIC per node) rather than having
+  // one each (one NIC per GPU): a shared link carries the traffic of every rank of its node that
+  // sends off the node in a phase, so such a phase costs that many times the busiest rank's bytes
+  // over `inter` (docs/cost-model.md, "Links").
+  bool shared_link = false;
+  // Ranks per node of the machine a machine file describes (consecutive world ranks share a
+  // node); 0: not part of the machine (the caller says, as --gpus-per-node).
+  int ranks_per_node = 0;
+  // How the launcher placed the world ranks on nodes: consecutive ranks share a node (false:
+  // block placement, ATTENTION2D's columns inside nodes) or rank q sits on node q mod nodes
+  // (true: cyclic, mpirun --map-by node; for R = nodes, a grid's rows inside nodes).
+  bool cyclic_placement = false;
 };
 
 // `a100-hdr`, `h100-ndr` (datasheet numbers, docs/cost-model.md cites each one), with the kernel
@@ -81,6 +93,20 @@ Machine local_machine(const std::string& calibration_file, int ranks);
 // Where `a2d calibrate` writes and the model reads by default: $A2D_CALIBRATION if set, else
 // a2d-calibration.txt in the working directory.
 std::string default_calibration_file();
+
+// A machine described by a file (`--machine-file` of a2d model, plan, bench and run; written by
+// scripts/cluster.sh for an emulated cluster): one `key = value` per line, `#` comments, every
+// field of Machine. Required: ranks_per_node, shared_link (0 or 1), intra_latency_us,
+// intra_bandwidth_gbs, inter_latency_us, inter_bandwidth_gbs (GB/s per direction per link),
+// kernel_forward_gflops, kernel_backward_gflops. Optional (0 or absent: not charged, as in a
+// calibration file): name, kernel_forward_causal_gflops, kernel_backward_causal_gflops, block,
+// kernel_forward_panel_us, kernel_forward_key_us, permute_gbs, sum_gbs, merge_gbs, cores
+// (shared_cores), sync_us, step_sync_us, cyclic_placement (0 or 1). Throws naming the file and the
+// key on a missing or malformed entry, and on a key it does not know.
+Machine load_machine_file(const std::string& file);
+// `links` with the kernel rates, reordering, reduction and synchronisation costs of `kernel`
+// (a fresh calibration of the same rank count): the links and placement stay the file's.
+Machine with_kernel_rates(const Machine& links, const Machine& kernel);
 
 struct Calibration {
   int ranks = 1;
@@ -148,13 +174,24 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
 struct RankedPlan {
   Plan plan;
   Prediction prediction;
+  bool cyclic_placement = false;  // the placement of ranks on nodes it was predicted with
 };
 struct PlanSearch {
   std::vector<RankedPlan> ranked;
   std::vector<std::pair<std::string, std::string>> skipped;  // (algorithm, reason)
 };
+// With choose_placement, and nodes of several ranks, every plan is also predicted with the other
+// placement of ranks on nodes (Machine::cyclic_placement), each ranked on its own.
 PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machine,
-                        int ranks_per_node, bool include_backward = true);
+                        int ranks_per_node, bool include_backward = true,
+                        bool choose_placement = false);
+
+// How many times the busiest rank's bytes of `phase` the busiest link of a node carries when
+// the ranks of a node share one link (Machine::shared_link): the most ranks of one node whose
+// ring successor in the phase's communicator (or transpose partner) lies on another node; for
+// an all-to-all, the node's ranks times the share of their peers that lie off the node.
+double shared_link_load(const Plan& plan, const std::string& phase, int ranks_per_node,
+                        bool cyclic_placement = false);
 
 // Unmasked forward FLOPs (4 * pairs * D per batch and head) of one rank, in closed form: no token
 // lists, so instant for N up to 2^40 and P up to 2^20. The backward is 2.5 times this.

@@ -213,6 +213,132 @@ Machine local_machine(const std::string& file, int ranks) {
   return m;
 }
 
+// ---- Machine files ---------------------------------------------------------------------------
+//
+//   # written by scripts/cluster.sh
+//   name = cluster-16x1-100mbit-per-host
+//   ranks_per_node = 1
+//   shared_link = 1
+//   inter_bandwidth_gbs = 0.0125      (100 Mbit/s per direction)
+//   inter_latency_us = 60
+//   intra_bandwidth_gbs = 3.1
+//   intra_latency_us = 2.2
+//   kernel_forward_gflops = 4.1 ...   (as in a calibration file)
+
+Machine load_machine_file(const std::string& file) {
+  std::ifstream in(file);
+  A2D_REQUIRE(in, "cannot read the machine file ", file);
+  std::map<std::string, double> values;
+  std::string name, line;
+  int number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    line = line.substr(0, line.find('#'));
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const auto eq = line.find('=');
+    A2D_REQUIRE(eq != std::string::npos, file, ":", number, ": expected 'key = value', got '", line,
+                "'");
+    std::string key = line.substr(0, eq), value = line.substr(eq + 1);
+    const auto trim = [](std::string& text) {
+      text.erase(text.find_last_not_of(" \t\r") + 1);
+      text.erase(0, text.find_first_not_of(" \t"));
+    };
+    trim(key);
+    trim(value);
+    if (key == "name") {
+      name = value;
+      continue;
+    }
+    char* end = nullptr;
+    const double number_value = std::strtod(value.c_str(), &end);
+    A2D_REQUIRE(
+        !value.empty() && end && *end == '\0' && std::isfinite(number_value) && number_value >= 0,
+        file, ":", number, ": '", key, "' needs a number >= 0, got '", value, "'");
+    values[key] = number_value;
+  }
+  static const char* const known[] = {"ranks_per_node",
+                                      "shared_link",
+                                      "intra_latency_us",
+                                      "intra_bandwidth_gbs",
+                                      "inter_latency_us",
+                                      "inter_bandwidth_gbs",
+                                      "kernel_forward_gflops",
+                                      "kernel_backward_gflops",
+                                      "kernel_forward_causal_gflops",
+                                      "kernel_backward_causal_gflops",
+                                      "block",
+                                      "kernel_forward_panel_us",
+                                      "kernel_forward_key_us",
+                                      "permute_gbs",
+                                      "sum_gbs",
+                                      "merge_gbs",
+                                      "cores",
+                                      "sync_us",
+                                      "step_sync_us",
+                                      "cyclic_placement"};
+  for (const auto& [key, value] : values) {
+    A2D_REQUIRE(std::find_if(std::begin(known), std::end(known),
+                             [&](const char* k) { return key == k; }) != std::end(known),
+                "unknown key '", key, "' in the machine file ", file);
+  }
+  const auto required = [&](const char* key, bool positive) {
+    const auto it = values.find(key);
+    A2D_REQUIRE(it != values.end() && (!positive || it->second > 0), "the machine file ", file,
+                " needs ", positive ? "a positive '" : "'", key, "'");
+    return it->second;
+  };
+  const auto optional = [&](const char* key) {
+    const auto it = values.find(key);
+    return it == values.end() ? 0.0 : it->second;
+  };
+  Machine m;
+  m.name = name.empty() ? "file" : name;
+  m.ranks_per_node = static_cast<int>(required("ranks_per_node", true));
+  const double shared = required("shared_link", false);
+  A2D_REQUIRE(shared == 0 || shared == 1, "shared_link is 0 or 1 in ", file);
+  m.shared_link = shared == 1;
+  m.intra.latency_s = required("intra_latency_us", false) * 1e-6;
+  m.intra.bytes_per_s = required("intra_bandwidth_gbs", true) * 1e9;
+  m.inter.latency_s = required("inter_latency_us", false) * 1e-6;
+  m.inter.bytes_per_s = required("inter_bandwidth_gbs", true) * 1e9;
+  m.kernel_forward_flops = required("kernel_forward_gflops", true) * 1e9;
+  m.kernel_backward_flops = required("kernel_backward_gflops", true) * 1e9;
+  m.kernel_forward_causal_flops = optional("kernel_forward_causal_gflops") * 1e9;
+  m.kernel_backward_causal_flops = optional("kernel_backward_causal_gflops") * 1e9;
+  m.tile_block = static_cast<int64_t>(optional("block"));
+  m.kernel_forward_panel_s = optional("kernel_forward_panel_us") * 1e-6;
+  m.kernel_forward_key_s = optional("kernel_forward_key_us") * 1e-6;
+  m.permute_bytes_per_s = optional("permute_gbs") * 1e9;
+  m.sum_bytes_per_s = optional("sum_gbs") * 1e9;
+  m.merge_bytes_per_s = optional("merge_gbs") * 1e9;
+  m.shared_cores = static_cast<int>(optional("cores"));
+  m.sync_s = optional("sync_us") * 1e-6;
+  m.step_sync_s = optional("step_sync_us") * 1e-6;
+  const double cyclic = optional("cyclic_placement");
+  A2D_REQUIRE(cyclic == 0 || cyclic == 1, "cyclic_placement is 0 or 1 in ", file);
+  m.cyclic_placement = cyclic == 1;
+  std::ostringstream text;
+  text << "machine file " << file << ": " << m.ranks_per_node << " ranks per node, "
+       << (m.shared_link ? "one shared link per node" : "one link per rank") << " of "
+       << m.inter.bytes_per_s * 8 / 1e6 << " Mbit/s"
+       << (m.cyclic_placement ? ", ranks dealt to nodes in turn" : "");
+  m.description = text.str();
+  return m;
+}
+
+Machine with_kernel_rates(const Machine& links, const Machine& kernel) {
+  Machine m = kernel;
+  m.name = links.name;
+  m.intra = links.intra;
+  m.inter = links.inter;
+  m.shared_link = links.shared_link;
+  m.ranks_per_node = links.ranks_per_node;
+  m.cyclic_placement = links.cyclic_placement;
+  m.shared_cores = links.shared_cores;
+  m.description = links.description + "; kernel rates of " + kernel.description;
+  return m;
+}
+
 // ---- Communication groups ---------------------------------------------------------------------
 
 namespace {
@@ -264,21 +390,38 @@ double reduction_bytes_per_s(const Machine& machine, const std::string& phase) {
   return 0;
 }
 
-// Whether some rank's `group` spans two nodes (ranks q and q' share a node iff q / G == q' / G).
-bool crosses_nodes(const Plan& plan, Group group, int ranks_per_node) {
+// The node of world rank q: q / G with consecutive ranks per node (block placement), or q mod
+// (number of nodes) when the launcher deals ranks out to nodes in turn (cyclic placement,
+// mpirun --map-by node).
+struct NodeOf {
+  int ranks_per_node = 1;
+  int nodes = 1;
+  bool cyclic = false;
+  NodeOf(int ranks, int per_node, bool cyclic_placement)
+      : ranks_per_node(per_node),
+        nodes((ranks + per_node - 1) / per_node),
+        cyclic(cyclic_placement) {}
+  int operator()(int rank) const { return cyclic ? rank % nodes : rank / ranks_per_node; }
+};
+
+// Whether some rank's `group` spans two nodes.
+bool crosses_nodes(const Plan& plan, Group group, const NodeOf& node) {
   const int ranks = plan.grid.size(), rows = plan.grid.rows, cols = plan.grid.cols;
-  const auto node = [&](int rank) { return rank / ranks_per_node; };
   switch (group) {
     case Group::world:
-      return node(0) != node(ranks - 1);
+      for (int rank = 1; rank < ranks; ++rank)
+        if (node(rank) != node(0)) return true;
+      return false;
     case Group::row:
       for (int r = 0; r < rows; ++r) {
-        if (node(r) != node(r + (cols - 1) * rows)) return true;
+        for (int c = 1; c < cols; ++c)
+          if (node(GridCoords::rank_of(plan.grid, r, c)) != node(r)) return true;
       }
       return false;
     case Group::column:
       for (int c = 0; c < cols; ++c) {
-        if (node(c * rows) != node(c * rows + rows - 1)) return true;
+        for (int r = 1; r < rows; ++r)
+          if (node(GridCoords::rank_of(plan.grid, r, c)) != node(c * rows)) return true;
       }
       return false;
     case Group::pair:
@@ -289,6 +432,54 @@ bool crosses_nodes(const Plan& plan, Group group, int ranks_per_node) {
   }
   return true;
 }
+
+}  // namespace
+
+double shared_link_load(const Plan& plan, const std::string& phase, int ranks_per_node,
+                        bool cyclic_placement) {
+  A2D_REQUIRE(ranks_per_node >= 1, "ranks per node must be at least 1");
+  const int ranks = plan.grid.size(), rows = plan.grid.rows, cols = plan.grid.cols;
+  const NodeOf node(ranks, ranks_per_node, cyclic_placement);
+  const int nodes = node.nodes;
+  const std::string step = phase.substr(phase.find('.') + 1);
+  if (step.find("all_to_all") != std::string::npos) {
+    // Every rank sends to every other alike: a node's link carries its ranks' off-node share.
+    double most = 0;
+    std::vector<int> members(static_cast<size_t>(nodes), 0);
+    for (int rank = 0; rank < ranks; ++rank)
+      ++members[static_cast<size_t>(node(rank))];
+    for (const int count : members) {
+      const double local = count;
+      if (ranks > 1) most = std::max(most, local * (ranks - local) / (ranks - 1));
+    }
+    return most;
+  }
+  // The rank each rank sends to: its ring successor in the phase's communicator, or its
+  // transpose partner. Over a union of cycles as many sends leave a node as enter it, so the
+  // count is the same for either direction.
+  const Group group = group_of(plan, phase);
+  const auto successor = [&](int rank) {
+    const GridCoords at{plan.grid, rank};
+    switch (group) {
+      case Group::world:
+        return (rank + 1) % ranks;
+      case Group::row:
+        return GridCoords::rank_of(plan.grid, at.row(), (at.col() + 1) % cols);
+      case Group::column:
+        return GridCoords::rank_of(plan.grid, (at.row() + 1) % rows, at.col());
+      case Group::pair:
+        return at.kv_dest_rank();
+    }
+    return rank;
+  };
+  std::vector<int> leaving(static_cast<size_t>(nodes), 0);
+  for (int rank = 0; rank < ranks; ++rank) {
+    if (node(successor(rank)) != node(rank)) ++leaving[static_cast<size_t>(node(rank))];
+  }
+  return *std::max_element(leaving.begin(), leaving.end());
+}
+
+namespace {
 
 // Ranks whose traffic is evaluated; the maximum per phase is taken.
 std::vector<int> sample_ranks(const Plan& plan) {
@@ -456,14 +647,21 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
     PhaseCost cost;
     cost.name = name;
     cost.traffic = t;
-    cost.inter_node = crosses_nodes(plan, group_of(plan, name), ranks_per_node);
+    cost.inter_node = crosses_nodes(plan, group_of(plan, name),
+                                    NodeOf(ranks, ranks_per_node, machine.cyclic_placement));
     const Link& link = cost.inter_node ? machine.inter : machine.intra;
+    // A link shared by the ranks of a node carries all of their off-node traffic at once.
+    const double load =
+        cost.inter_node && machine.shared_link
+            ? std::max(1.0, shared_link_load(plan, name, ranks_per_node, machine.cyclic_placement))
+            : 1.0;
     const bool blocking = t.messages > 0 && blocking_phase(plan, name);
     // A reduction's words arrive and are reduced in turn: the busiest rank reduces as many words
     // as it sends (one block per ring step each way).
     const double reduce_rate = reduction_bytes_per_s(machine, name);
     reducing[name] = reduce_rate > 0 ? static_cast<double>(t.bytes) / reduce_rate : 0.0;
-    cost.seconds = t.messages * link.latency_s + static_cast<double>(t.bytes) / link.bytes_per_s +
+    cost.seconds = t.messages * link.latency_s +
+                   load * static_cast<double>(t.bytes) / link.bytes_per_s +
                    (blocking ? machine.sync_s : 0.0) + reducing[name];
     seconds[name] = cost.seconds;
     out.phases.push_back(cost);
@@ -622,7 +820,7 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
 }
 
 PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machine,
-                        int ranks_per_node, bool include_backward) {
+                        int ranks_per_node, bool include_backward, bool choose_placement) {
   PlanSearch search;
   std::vector<Plan> candidates;
   for (const Algorithm algorithm : {Algorithm::attention2d, Algorithm::attention2d_overlap}) {
@@ -638,11 +836,21 @@ PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machin
   for (const Algorithm algorithm : {Algorithm::ring, Algorithm::allgather_kv, Algorithm::ulysses}) {
     candidates.push_back(default_plan(algorithm, problem, ranks));
   }
-  for (const Plan& plan : candidates) {
-    try {
-      search.ranked.push_back({plan, predict(problem, plan, machine, ranks_per_node)});
-    } catch (const Error& e) {
-      search.skipped.emplace_back(algorithm_name(plan.algorithm), e.message());
+  // Both placements of the ranks on nodes, where there is a choice (several nodes of several
+  // ranks) and the caller lets the search choose.
+  std::vector<bool> placements = {machine.cyclic_placement};
+  if (choose_placement && ranks_per_node > 1 && ranks_per_node < ranks)
+    placements.push_back(!machine.cyclic_placement);
+  for (const bool cyclic : placements) {
+    Machine placed = machine;
+    placed.cyclic_placement = cyclic;
+    for (const Plan& plan : candidates) {
+      try {
+        search.ranked.push_back({plan, predict(problem, plan, placed, ranks_per_node), cyclic});
+      } catch (const Error& e) {
+        if (cyclic == machine.cyclic_placement)
+          search.skipped.emplace_back(algorithm_name(plan.algorithm), e.message());
+      }
     }
   }
   const auto total = [&](const RankedPlan& r) {

@@ -2,7 +2,9 @@
 // basic properties.
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <numeric>
+#include <sstream>
 #include <vector>
 
 #include <algorithm>
@@ -593,6 +595,140 @@ TEST(CostModel, Bf16ChargesTwoBytesPerTensorElementAndFourPerStatistic) {
   // Words in units of the dtype's element.
   const Prediction p = predict(problem, plan, shared_machine(), 4);
   EXPECT_DOUBLE_EQ(2 * p.words_forward, static_cast<double>(p.forward.bytes));
+}
+
+TEST(CostModel, MachineFilesHoldEveryFieldAndFailLoudly) {
+  const std::string file = ::testing::TempDir() + "/a2d-machine-test.txt";
+  const auto write = [&](const std::string& text) {
+    FILE* out = std::fopen(file.c_str(), "w");
+    ASSERT_NE(out, nullptr);
+    std::fputs(text.c_str(), out);
+    std::fclose(out);
+  };
+  const std::string required =
+      "ranks_per_node = 4\nshared_link = 1\nintra_latency_us = 2\nintra_bandwidth_gbs = 3\n"
+      "inter_latency_us = 60   # a comment\ninter_bandwidth_gbs = 0.0125\n"
+      "kernel_forward_gflops = 5\nkernel_backward_gflops = 4\n";
+  write("name = test-cluster\n" + required +
+        "kernel_forward_causal_gflops = 3\nkernel_backward_causal_gflops = 2\nblock = 1024\n"
+        "kernel_forward_panel_us = 1.5\nkernel_forward_key_us = 0.25\npermute_gbs = 6\n"
+        "sum_gbs = 7\nmerge_gbs = 8\ncores = 2\nsync_us = 30\nstep_sync_us = 40\n"
+        "cyclic_placement = 1\n");
+  const Machine m = load_machine_file(file);
+  EXPECT_EQ(m.name, "test-cluster");
+  EXPECT_EQ(m.ranks_per_node, 4);
+  EXPECT_TRUE(m.shared_link);
+  EXPECT_DOUBLE_EQ(m.intra.latency_s, 2e-6);
+  EXPECT_DOUBLE_EQ(m.intra.bytes_per_s, 3e9);
+  EXPECT_DOUBLE_EQ(m.inter.latency_s, 60e-6);
+  EXPECT_DOUBLE_EQ(m.inter.bytes_per_s, 12.5e6);
+  EXPECT_DOUBLE_EQ(m.kernel_forward_flops, 5e9);
+  EXPECT_DOUBLE_EQ(m.kernel_backward_flops, 4e9);
+  EXPECT_DOUBLE_EQ(m.kernel_forward_causal_flops, 3e9);
+  EXPECT_DOUBLE_EQ(m.kernel_backward_causal_flops, 2e9);
+  EXPECT_EQ(m.tile_block, 1024);
+  EXPECT_DOUBLE_EQ(m.kernel_forward_panel_s, 1.5e-6);
+  EXPECT_DOUBLE_EQ(m.kernel_forward_key_s, 0.25e-6);
+  EXPECT_DOUBLE_EQ(m.permute_bytes_per_s, 6e9);
+  EXPECT_DOUBLE_EQ(m.sum_bytes_per_s, 7e9);
+  EXPECT_DOUBLE_EQ(m.merge_bytes_per_s, 8e9);
+  EXPECT_EQ(m.shared_cores, 2);
+  EXPECT_DOUBLE_EQ(m.sync_s, 30e-6);
+  EXPECT_DOUBLE_EQ(m.step_sync_s, 40e-6);
+  EXPECT_TRUE(m.cyclic_placement);
+  // Every required key, in turn, missing; an unknown key; a malformed value; a missing file.
+  std::istringstream lines(required);
+  for (std::string skip; std::getline(lines, skip);) {
+    std::string text;
+    std::istringstream again(required);
+    for (std::string line; std::getline(again, line);)
+      if (line != skip) text += line + "\n";
+    write(text);
+    EXPECT_THROW(load_machine_file(file), Error) << "without: " << skip;
+  }
+  write(required + "inter_bandwidth = 1\n");
+  EXPECT_THROW(load_machine_file(file), Error);
+  write(required + "sum_gbs = fast\n");
+  EXPECT_THROW(load_machine_file(file), Error);
+  write(required + "cyclic_placement = 0.5\n");
+  EXPECT_THROW(load_machine_file(file), Error);
+  write(required + "shared_link = 2\n");
+  EXPECT_THROW(load_machine_file(file), Error);
+  std::remove(file.c_str());
+  EXPECT_THROW(load_machine_file(file), Error);
+}
+
+TEST(CostModel, SharedLinksCarryTheOffNodeTrafficOfEveryRankOfTheirNode) {
+  // 16 ranks, 4 per node (nodes hold ranks 0-3, 4-7, ...). Grid 4x4, column-major: a column is
+  // one node, so the column phases stay inside and every rank's row successor (rank + 4) is on
+  // another node: the node's link carries 4 ranks' row traffic.
+  Plan grid = default_plan(Algorithm::attention2d, problem_of(4096, Mask::causal()), 16);
+  grid.grid = {4, 4};
+  EXPECT_EQ(shared_link_load(grid, "forward.q_allgather", 4), 4);
+  EXPECT_EQ(shared_link_load(grid, "forward.kv_allgather", 4), 0);
+  // 2x8: a node holds two columns of two ranks; in a row's ring the first column's successor is
+  // the second (same node), the second's the next node's: 2 of the node's 4 ranks send off it.
+  grid.grid = {2, 8};
+  EXPECT_EQ(shared_link_load(grid, "forward.q_allgather", 4), 2);
+  EXPECT_EQ(shared_link_load(grid, "forward.kv_allgather", 4), 0);
+  // 8x2: a column spans two nodes; of a node's 4 ranks, one has its column successor off it.
+  grid.grid = {8, 2};
+  EXPECT_EQ(shared_link_load(grid, "forward.kv_allgather", 4), 1);
+  EXPECT_EQ(shared_link_load(grid, "forward.q_allgather", 4), 4);
+  // Cyclic placement (rank q on node q mod 4): the 4x4 grid's rows lie inside nodes, and a
+  // node's 4 ranks each send their column traffic off it.
+  grid.grid = {4, 4};
+  EXPECT_EQ(shared_link_load(grid, "forward.q_allgather", 4, true), 0);
+  EXPECT_EQ(shared_link_load(grid, "forward.kv_allgather", 4, true), 4);
+  grid.grid = {8, 2};
+  // One rank per node: every link carries its one rank's traffic.
+  EXPECT_EQ(shared_link_load(grid, "forward.q_allgather", 1), 1);
+  // Ring Attention's world ring: one rank per node sends off it.
+  const Plan ring = default_plan(Algorithm::ring, problem_of(4096, Mask::causal()), 16);
+  EXPECT_EQ(shared_link_load(ring, "forward.kv_ring", 4), 1);
+  // Ulysses' all-to-all: 4 ranks, each sending 12 of its 15 parts off the node.
+  const Plan ulysses =
+      default_plan(Algorithm::ulysses, problem_of(4096, Mask::causal(), 16, 16), 16);
+  EXPECT_DOUBLE_EQ(shared_link_load(ulysses, "forward.to_heads_all_to_all", 4), 4.0 * 12 / 15);
+
+  // The model charges it: the 4x4 grid's row phases cost 4 times their bytes on a shared link,
+  // once on a link per rank; Ring Attention's steps the same either way.
+  Machine machine;
+  machine.kernel_forward_flops = machine.kernel_backward_flops = 1e12;
+  machine.intra = {1e-6, 10e9};
+  machine.inter = {50e-6, 12.5e6};
+  Machine shared = machine;
+  shared.shared_link = true;
+  const Problem p = problem_of(4096, Mask::causal());
+  grid.grid = {4, 4};
+  const auto phase = [](const Prediction& prediction, const std::string& name) {
+    for (const PhaseCost& c : prediction.phases)
+      if (c.name == name) return c;
+    ADD_FAILURE() << "no phase " << name;
+    return PhaseCost{};
+  };
+  const Prediction own = predict(p, grid, machine, 4), common = predict(p, grid, shared, 4);
+  const PhaseCost q_own = phase(own, "forward.q_allgather"),
+                  q_common = phase(common, "forward.q_allgather");
+  ASSERT_TRUE(q_own.inter_node);
+  const double latency = static_cast<double>(q_own.traffic.messages) * 50e-6;
+  EXPECT_NEAR(q_common.seconds - latency, 4 * (q_own.seconds - latency), 1e-9);
+  EXPECT_DOUBLE_EQ(phase(own, "forward.kv_allgather").seconds,
+                   phase(common, "forward.kv_allgather").seconds);
+  EXPECT_DOUBLE_EQ(predict(p, ring, machine, 4).forward_s, predict(p, ring, shared, 4).forward_s);
+  // The search predicts both placements when asked, and the rows-in-nodes placement makes the
+  // 4x4 grid's row phases intra-node.
+  Machine cyclic = shared;
+  cyclic.cyclic_placement = true;
+  const Prediction rows_inside = predict(p, grid, cyclic, 4);
+  EXPECT_FALSE(phase(rows_inside, "forward.q_allgather").inter_node);
+  EXPECT_TRUE(phase(rows_inside, "forward.kv_allgather").inter_node);
+  const PlanSearch one = search_plans(p, 16, shared, 4),
+                   both = search_plans(p, 16, shared, 4, true, true);
+  EXPECT_EQ(both.ranked.size(), 2 * one.ranked.size());
+  EXPECT_EQ(std::count_if(both.ranked.begin(), both.ranked.end(),
+                          [](const RankedPlan& r) { return r.cyclic_placement; }),
+            static_cast<long>(one.ranked.size()));
 }
 
 }  // namespace

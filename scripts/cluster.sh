@@ -1,0 +1,423 @@
+#!/usr/bin/env bash
+# A cluster on one machine: H hosts, each a Linux network namespace with its own hostname, joined
+# by shaped veth links to a bridge that lives in a namespace of its own, and one Open MPI job
+# across them over TCP (no ssh: Open MPI's rsh launcher runs `ip netns exec HOST`).
+#
+#   scripts/cluster.sh up   --hosts H [--slots S] [--rate 100mbit] [--delay 1ms] [--link host|rank]
+#                           [--name NAME] [--owner PID] [--a2d build/a2d] [--no-calibrate]
+#   scripts/cluster.sh run  --name NAME [--cyclic] [--] PROGRAM ARGS...
+#                           (mpirun -np H*S across the hosts; world rank q on host q / S, or with
+#                           --cyclic on host q mod H: mpirun --map-by node)
+#   scripts/cluster.sh down --name NAME
+#   scripts/cluster.sh with [up options] -- PROGRAM ARGS...    (up, run, down, also on failure)
+#   scripts/cluster.sh gc                                      (tear down clusters whose owner died)
+#   scripts/cluster.sh list
+#   scripts/cluster.sh check                                   (exit 0 if namespaces can be made)
+#
+# --link host: the S ranks of a host share its one link (traffic between them goes over shared
+# memory, unshaped). --link rank: every rank has a link of its own: it runs in a namespace of its
+# own (the host's namespace keeps the Open MPI daemon), still on the host's hostname, so ranks of
+# a host still talk over shared memory, as GPUs of a node over NVLink with one NIC each.
+# --rate shapes both directions of every link (tbf, burst 256kb, on the host's end and on the
+# bridge's end). --delay needs the kernel's netem qdisc; where it is missing `up` fails saying so.
+#
+# Everything a cluster makes is named after it (namespaces NAME-h0 ..., NAME-br; hostnames
+# NAME-hN; the state directory /run/a2d-cluster/NAME), its addresses lie in a /24 of 10.77.0.0/16
+# that no other live cluster of this machine uses, and only inside its own namespaces. `down` ends
+# the processes inside its own namespaces (and only those), deletes the namespaces and the shared
+# memory and session files Open MPI leaves behind for its hostnames. `up` records the owner (the
+# caller's pid, or --owner); `gc`, which `up` runs first, tears down the clusters whose owner is
+# gone, so a crashed job leaves nothing behind for long.
+#
+# `up` also writes NAME's machine file (state directory, machine.txt; `--machine-file` of a2d
+# model, plan, bench and run): the links as shaped, the ranks per node and whether they share the
+# link, and the kernel rates from `a2d calibrate` run across the cluster (--no-calibrate: from
+# the calibration file at that rank count if there is one, else the file has no kernel rates).
+set -euo pipefail
+
+state_root=/run/a2d-cluster
+repo=$(cd "$(dirname "$0")/.." && pwd)
+
+die() {
+  echo "cluster: $*" >&2
+  exit 1
+}
+
+usage() {
+  sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'
+  exit "${1:-0}"
+}
+
+can_make_namespaces() {
+  [ "$(id -u)" -eq 0 ] || { echo "not root (network namespaces need CAP_SYS_ADMIN)"; return 1; }
+  command -v ip >/dev/null || { echo "no ip (iproute2)"; return 1; }
+  command -v tc >/dev/null || { echo "no tc (iproute2)"; return 1; }
+  command -v unshare >/dev/null || { echo "no unshare (util-linux)"; return 1; }
+  command -v mpirun >/dev/null || { echo "no mpirun (openmpi-bin)"; return 1; }
+  local probe="a2dprobe$$"
+  if ! ip netns add "$probe" 2>/dev/null; then
+    echo "cannot create a network namespace (ip netns add failed)"
+    return 1
+  fi
+  ip netns del "$probe"
+  return 0
+}
+
+# ---- state -----------------------------------------------------------------------------------
+
+load_state() {
+  local name=$1
+  [ -f "$state_root/$name/config" ] || die "no cluster named '$name' (scripts/cluster.sh list)"
+  # shellcheck disable=SC1090
+  . "$state_root/$name/config"
+}
+
+namespaces_of() {  # every namespace this cluster made (by its prefix)
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$1-(h[0-9]+(r[0-9]+)?|br)$" || true
+}
+
+teardown() {
+  local name=$1 ns pid
+  # End the processes inside this cluster's namespaces, and only those.
+  for ns in $(namespaces_of "$name"); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do
+      kill -TERM "$pid" 2>/dev/null || true
+    done
+  done
+  sleep 0.2
+  for ns in $(namespaces_of "$name"); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do
+      kill -KILL "$pid" 2>/dev/null || true
+    done
+  done
+  for ns in $(namespaces_of "$name"); do
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  # What Open MPI leaves behind after a killed job, named by this cluster's hostnames.
+  rm -rf /dev/shm/vader_segment."$name"-h* /tmp/ompi."$name"-h* 2>/dev/null || true
+  rm -rf "${state_root:?}/$name"
+}
+
+gc() {
+  local dir name owner
+  [ -d "$state_root" ] || return 0
+  for dir in "$state_root"/*/; do
+    [ -f "$dir/config" ] || continue
+    name=$(basename "$dir")
+    owner=$(sed -n 's/^owner=//p' "$dir/config")
+    if [ -n "$owner" ] && ! kill -0 "$owner" 2>/dev/null; then
+      echo "cluster: tearing down '$name' (its owner $owner is gone)" >&2
+      teardown "$name"
+    fi
+  done
+}
+
+free_subnet() {  # the first 10.77.K.0/24 no live cluster of this machine uses
+  local k used
+  used=$(cat "$state_root"/*/config 2>/dev/null | sed -n 's/^subnet_index=//p' || true)
+  for k in $(seq 1 250); do
+    grep -qx "$k" <<<"$used" || { echo "$k"; return; }
+  done
+  die "no free subnet: 250 clusters are up (scripts/cluster.sh list)"
+}
+
+# ---- up --------------------------------------------------------------------------------------
+
+rate_bits() {  # 100mbit -> 100000000
+  local r=${1,,}
+  case "$r" in
+    *gbit) echo $(( ${r%gbit} * 1000000000 )) ;;
+    *mbit) echo $(( ${r%mbit} * 1000000 )) ;;
+    *kbit) echo $(( ${r%kbit} * 1000 )) ;;
+    *) die "--rate like 100mbit, 1gbit or 500kbit, got '$1'" ;;
+  esac
+}
+
+has_netem() {
+  local probe="a2dnetem$$" ok=1
+  ip netns add "$probe"
+  ip -n "$probe" link set lo up
+  tc -n "$probe" qdisc add dev lo root netem delay 1ms 2>/dev/null && ok=0
+  ip netns del "$probe"
+  return $ok
+}
+
+shape() {  # shape NS DEV: both directions are shaped by shaping each end's egress
+  local ns=$1 dev=$2
+  if [ -n "$delay" ]; then
+    tc -n "$ns" qdisc add dev "$dev" root handle 1: netem delay "$delay"
+    tc -n "$ns" qdisc add dev "$dev" parent 1:1 handle 10: tbf rate "$rate" burst 256kb latency 20ms
+  else
+    tc -n "$ns" qdisc add dev "$dev" root tbf rate "$rate" burst 256kb latency 20ms
+  fi
+}
+
+# One endpoint: namespace NS gets eth0 with address ADDR, linked to port PORT of the bridge.
+add_endpoint() {
+  local ns=$1 port=$2 addr=$3
+  ip netns add "$ns"
+  ip -n "$ns" link set lo up
+  ip -n "$bridge_ns" link add "$port" type veth peer name eth0 netns "$ns"
+  ip -n "$bridge_ns" link set "$port" master br0 up
+  ip -n "$ns" addr add "$addr/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  shape "$ns" eth0
+  shape "$bridge_ns" "$port"
+}
+
+write_launcher_files() {
+  local dir=$1 h
+  : >"$dir/hostfile"
+  for ((h = 0; h < hosts; h++)); do
+    echo "$name-h$h slots=$slots" >>"$dir/hostfile"
+  done
+  # Open MPI's rsh launcher calls this as `AGENT HOST orted ARGS...` (ARGS: one shell string).
+  cat >"$dir/agent" <<EOF
+#!/bin/sh
+host=\$1
+shift
+exec ip netns exec "\$host" unshare --uts -- sh -c "hostname \$host && exec \$*"
+EOF
+  # Each rank, started by its host's daemon: with one link per rank, into its own namespace.
+  cat >"$dir/rank" <<EOF
+#!/bin/sh
+if [ "$link" = rank ]; then
+  exec ip netns exec "\$(hostname)r\${OMPI_COMM_WORLD_LOCAL_RANK:?}" "\$@"
+fi
+exec "\$@"
+EOF
+  chmod +x "$dir/agent" "$dir/rank"
+}
+
+up() {
+  local hosts=0 slots=1 rate=100mbit delay="" link=host name="" owner=$PPID a2d="$repo/build/a2d"
+  local calibrate=1
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --hosts) hosts=$2; shift 2 ;;
+      --slots) slots=$2; shift 2 ;;
+      --rate) rate=$2; shift 2 ;;
+      --delay) delay=$2; shift 2 ;;
+      --link) link=$2; shift 2 ;;
+      --name) name=$2; shift 2 ;;
+      --owner) owner=$2; shift 2 ;;
+      --a2d) a2d=$2; shift 2 ;;
+      --no-calibrate) calibrate=0; shift ;;
+      *) die "up: unknown option '$1'" ;;
+    esac
+  done
+  [[ "$hosts" =~ ^[0-9]+$ && "$hosts" -ge 1 && "$hosts" -le 200 ]] || die "--hosts 1..200"
+  [[ "$slots" =~ ^[0-9]+$ && "$slots" -ge 1 && "$slots" -le 64 ]] || die "--slots 1..64"
+  [ "$link" = host ] || [ "$link" = rank ] || die "--link host or rank, got '$link'"
+  rate_bits "$rate" >/dev/null
+  local why
+  why=$(can_make_namespaces) || die "cannot build a cluster here: $why"
+  [ -z "$delay" ] || has_netem ||
+    die "--delay needs the netem qdisc, which this kernel ($(uname -r)) does not have"
+  [ -n "$name" ] || name="a2dc$$"
+  [[ "$name" =~ ^[a-z][a-z0-9]{0,9}$ ]] || die "--name: a lowercase letter, then up to 9 letters/digits"
+  mkdir -p "$state_root"
+  gc
+  [ ! -e "$state_root/$name" ] || die "a cluster named '$name' is up (scripts/cluster.sh down --name $name)"
+  [ -z "$(namespaces_of "$name")" ] || die "namespaces of '$name' exist without its state; remove them or choose another --name"
+  local dir="$state_root/$name" index
+  mkdir -p "$dir"
+  index=$(free_subnet)
+  local subnet="10.77.$index"
+  cat >"$dir/config" <<EOF
+name=$name
+owner=$owner
+hosts=$hosts
+slots=$slots
+rate=$rate
+delay=$delay
+link=$link
+subnet_index=$index
+subnet=$subnet.0/24
+EOF
+  local bridge_ns="$name-br" h r address=1
+  trap 'teardown "$name"; exit 1' ERR INT TERM
+  ip netns add "$bridge_ns"
+  ip -n "$bridge_ns" link set lo up
+  ip -n "$bridge_ns" link add br0 type bridge
+  ip -n "$bridge_ns" link set br0 up
+  for ((h = 0; h < hosts; h++)); do
+    add_endpoint "$name-h$h" "p$h" "$subnet.$address"
+    address=$((address + 1))
+    if [ "$link" = rank ]; then
+      for ((r = 0; r < slots; r++)); do
+        add_endpoint "$name-h${h}r$r" "p${h}r$r" "$subnet.$address"
+        address=$((address + 1))
+      done
+    fi
+  done
+  [ "$address" -le 255 ] || die "too many endpoints for one /24 ($((address - 1)))"
+  write_launcher_files "$dir"
+  trap - ERR INT TERM
+  echo "cluster: '$name' up: $hosts hosts x $slots ranks, $rate${delay:+, delay $delay}, one link per $link, $subnet.0/24" >&2
+  write_machine_file "$name" "$a2d" "$calibrate"
+  echo "$name"
+}
+
+# ---- run -------------------------------------------------------------------------------------
+
+mpirun_args() {  # the mpirun options of a cluster (after load_state)
+  local dir="$state_root/$name"
+  printf '%s\n' -np "$((hosts * slots))" --hostfile "$dir/hostfile" \
+    --mca plm_rsh_agent "$dir/agent" --mca plm_rsh_no_tree_spawn 1 \
+    --mca btl self,vader,tcp --mca oob_tcp_if_include "$subnet" --mca btl_tcp_if_include "$subnet" \
+    --mca mpi_yield_when_idle 1 --mca coll_tuned_use_dynamic_rules 1 \
+    --mca coll_tuned_allgather_algorithm 4 --mca coll_tuned_allgatherv_algorithm 3 \
+    --bind-to none --oversubscribe --allow-run-as-root
+}
+
+run() {
+  local name="" placement=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --name) name=$2; shift 2 ;;
+      --cyclic) placement=(--map-by node); shift ;;
+      --) shift; break ;;
+      *) break ;;
+    esac
+  done
+  [ -n "$name" ] || die "run: --name NAME"
+  [ $# -gt 0 ] || die "run: a program to run"
+  load_state "$name"
+  local args=()
+  mapfile -t args < <(mpirun_args)
+  # mpirun runs inside the first host (the daemons connect back to its address), on its hostname.
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+  if [ "$link" = rank ]; then
+    # A rank in a namespace of its own cannot reach its daemon's PMIx server on the host's
+    # loopback: let the server listen on the cluster's subnet too.
+    export PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include="$subnet"
+  fi
+  local status=0
+  ip netns exec "$name-h0" unshare --uts -- sh -c 'hostname "$0" && exec "$@"' "$name-h0" \
+    mpirun "${args[@]}" "${placement[@]}" "$state_root/$name/rank" "$@" || status=$?
+  # A failed job can leave ranks behind inside the namespaces: end them (ours only).
+  if [ "$status" -ne 0 ]; then
+    local ns pid
+    for ns in $(namespaces_of "$name"); do
+      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+    done
+  fi
+  return "$status"
+}
+
+# ---- the machine file ------------------------------------------------------------------------
+
+section_of() {  # the [ranks P] section of a calibration file, as key=value lines
+  awk -v want="[ranks $2]" '/^\[/{on = ($0 == want); next} on && /=/{gsub(/[ \t]/, ""); print}' "$1"
+}
+
+write_machine_file() {
+  local name=$1 a2d=$2 calibrate=$3
+  load_state "$name"
+  local dir="$state_root/$name" ranks=$((hosts * slots)) bits
+  bits=$(rate_bits "$rate")
+  if [ "$calibrate" != 1 ]; then
+    echo "cluster: --no-calibrate: no machine file (it needs kernel rates)" >&2
+    return 0
+  fi
+  [ -x "$a2d" ] || die "no $a2d to calibrate with (build first, or --a2d PATH, or --no-calibrate)"
+  echo "cluster: a2d calibrate across '$name' ($ranks ranks)" >&2
+  local calibration="$dir/calibration.txt"
+  run --name "$name" "$a2d" calibrate --out "$calibration" --iters 3 --kernel-seconds 0.3 \
+    >"$dir/calibrate.log" 2>&1 || { cat "$dir/calibrate.log" >&2; die "a2d calibrate failed across '$name'"; }
+  local -A across=() inside=()
+  local key value
+  while IFS='=' read -r key value; do across[$key]=$value; done < <(section_of "$calibration" "$ranks")
+  [ -n "${across[kernel_forward_gflops]:-}" ] || die "no [ranks $ranks] section in $calibration"
+  if [ "$slots" -gt 1 ]; then
+    # The shared memory between the ranks of one host: its latency and bandwidth measured by
+    # a calibration of S ranks on one host (outside the cluster; nothing crosses a link).
+    mpirun -np "$slots" --oversubscribe --bind-to none --allow-run-as-root --mca btl self,vader \
+      "$a2d" calibrate --out "$dir/intra.txt" --iters 3 --block 256 --kernel-seconds 0 \
+      >"$dir/intra.log" 2>&1 || { cat "$dir/intra.log" >&2; die "the one-host calibration failed"; }
+    while IFS='=' read -r key value; do inside[$key]=$value; done < <(section_of "$dir/intra.txt" "$slots")
+  else
+    inside[latency_us]=${across[latency_us]}
+    inside[bandwidth_gbs]=${across[bandwidth_gbs]}
+  fi
+  local delay_value
+  delay_value=$(delay_us "$delay")
+  {
+    echo "# a2d machine file, written by scripts/cluster.sh for cluster '$name' on $(date -u +%FT%TZ)"
+    echo "# $hosts hosts x $slots ranks, one link of $rate${delay:+ (delay $delay)} per $link"
+    echo "name = cluster-${hosts}x${slots}-$rate-per-$link"
+    echo "ranks_per_node = $slots"
+    echo "shared_link = $([ "$link" = host ] && echo 1 || echo 0)"
+    echo "# the link as shaped (tbf rate, bytes per second per direction); its latency: a ring"
+    echo "# shift of 8 bytes across the cluster (a2d calibrate) plus the netem delay"
+    echo "inter_bandwidth_gbs = $(awk -v b="$bits" 'BEGIN{printf "%.6g", b/8/1e9}')"
+    echo "inter_latency_us = $(awk -v l="${across[latency_us]}" -v d="$delay_value" 'BEGIN{printf "%.6g", l+d}')"
+    echo "# a2d calibrate's all-gather across the cluster measured ${across[bandwidth_gbs]} GB/s per rank"
+    if [ "$slots" -gt 1 ]; then
+      echo "# between the ranks of one host (shared memory): a2d calibrate of $slots ranks on one host"
+    else
+      echo "# one rank per host: nothing travels inside a node (the link's figures, unused)"
+    fi
+    echo "intra_latency_us = ${inside[latency_us]}"
+    echo "intra_bandwidth_gbs = ${inside[bandwidth_gbs]}"
+    echo "# the links, not the cores, carry the traffic: transfers overlap computation, so the"
+    echo "# cores are not marked shared (a2d calibrate ran on ${across[cores]} cores; the kernel"
+    echo "# rates below are per rank with all $ranks ranks computing at once)"
+    echo "cores = 0"
+    for key in kernel_forward_gflops kernel_backward_gflops kernel_forward_causal_gflops \
+      kernel_backward_causal_gflops block kernel_forward_panel_us kernel_forward_key_us \
+      permute_gbs sum_gbs merge_gbs sync_us step_sync_us; do
+      [ -z "${across[$key]:-}" ] || echo "$key = ${across[$key]}"
+    done
+  } >"$dir/machine.txt"
+  echo "cluster: wrote $dir/machine.txt" >&2
+}
+
+delay_us() {
+  local d=${1:-0}
+  case "$d" in
+    *ms) awk -v v="${d%ms}" 'BEGIN{print v*1000}' ;;
+    *us) echo "${d%us}" ;;
+    0) echo 0 ;;
+    *) die "--delay like 1ms or 500us, got '$d'" ;;
+  esac
+}
+
+# ---- commands ---------------------------------------------------------------------------------
+
+command=${1:-}
+[ -n "$command" ] || usage 1
+shift
+case "$command" in
+  up) up "$@" ;;
+  run) run "$@" ;;
+  down)
+    [ "${1:-}" = --name ] && [ -n "${2:-}" ] || die "down: --name NAME"
+    teardown "$2"
+    ;;
+  with)
+    up_args=()
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do up_args+=("$1"); shift; done
+    [ "${1:-}" = -- ] || die "with: [up options] -- PROGRAM ARGS..."
+    shift
+    name=$(up "${up_args[@]}" --owner $$) || exit 1
+    trap 'teardown "$name"' EXIT
+    trap 'exit 130' INT TERM
+    export A2D_CLUSTER="$name" A2D_CLUSTER_DIR="$state_root/$name"
+    status=0
+    "$@" || status=$?
+    exit "$status"
+    ;;
+  gc) gc ;;
+  list)
+    for dir in "$state_root"/*/; do
+      [ -f "$dir/config" ] && (. "$dir/config"; echo "$name: $hosts x $slots, $rate, per $link, $subnet, owner $owner")
+    done 2>/dev/null || true
+    ;;
+  check)
+    if why=$(can_make_namespaces); then echo "cluster: namespaces can be made"; else echo "cluster: $why"; exit 1; fi
+    ;;
+  -h | --help | help) usage 0 ;;
+  *) die "unknown command '$command' (up, run, down, with, gc, list, check)" ;;
+esac
