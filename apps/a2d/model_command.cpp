@@ -247,7 +247,8 @@ void print_balance(const Problem& problem, int ranks, bool json) {
       continue;
     }
     std::printf("%-20s %-16s %12.4f %12.4f %12.4f\n", algorithm_name(plan.algorithm).c_str(),
-                grid_text(plan).c_str(), flops, tiles.forward_ratio(), tiles.backward_ratio());
+                grid_text(plan, false).c_str(), flops, tiles.forward_ratio(),
+                tiles.backward_ratio());
   }
   if (!json) {
     std::printf(

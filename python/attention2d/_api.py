@@ -109,7 +109,7 @@ def _problem(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=
 
 
 def _resolve_plan(problem, ranks, algo="auto", grid=None, machine=None, calibration=None,
-                  threads=1):
+                  threads=1, machine_file=None):
     """The plan of a2d run's --algo/--grid: the cost model's fastest where not pinned down."""
     algo = _algo_name(algo)
     grid = _grid_text(grid)
@@ -119,7 +119,7 @@ def _resolve_plan(problem, ranks, algo="auto", grid=None, machine=None, calibrat
     if algo == "auto" or (not grid and grid_matters):
         chosen, _, _ = _core.choose_plan(
             problem, ranks, ranks, machine or "",
-            calibration or _core.default_calibration_file(),
+            calibration or _core.default_calibration_file(), machine_file or "",
             "" if algo == "auto" else algo, grid if grid_matters else "")
     else:
         chosen = _core.default_plan(algo, problem, ranks)
@@ -144,11 +144,12 @@ def plan(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
 
 def model(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
           softmax_scale=None, dtype="bfloat16", ranks=None, comm=None, ranks_per_node=None,
-          machine=None, calibration=None, cu_seqlens=None, softcap=0.0):
+          machine=None, calibration=None, cu_seqlens=None, softcap=0.0, machine_file=None):
     """The cost model's predictions for every plan that can run the problem, fastest first: a
     list of dicts (algorithm, grid, layout, forward_s, backward_s, words_forward, ...), as
     `a2d model` prints them. machine: a preset (a100-hdr, h100-ndr), "local" (the calibration
-    file), or None (local if calibrated, else a placeholder)."""
+    file), or None (local if calibrated, else a placeholder); machine_file: a machine description
+    file (a2d's --machine-file, docs/cost-model.md), which then decides."""
     if ranks is None:
         ranks = _comm(comm).Get_size()
     ranks = int(ranks)
@@ -156,7 +157,7 @@ def model(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
                        cu_seqlens, False, softcap)
     ranked, _, machine_text = _core.search_plans(
         problem, ranks, int(ranks_per_node or ranks), machine or "",
-        calibration or _core.default_calibration_file())
+        calibration or _core.default_calibration_file(), machine_file or "")
     rows = []
     for chosen, prediction in ranked:
         row = {"algorithm": chosen.algorithm, "grid": chosen.grid, "layout": chosen.layout,

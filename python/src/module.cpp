@@ -281,28 +281,31 @@ PYBIND11_MODULE(_core, m) {
   // The planner of `a2d plan` / `a2d run`: (plan, prediction, machine description).
   m.def("choose_plan",
         [](const a2d::Problem& problem, int ranks, int ranks_per_node, const std::string& machine,
-           const std::string& calibration, const std::string& algo, const std::string& grid) {
-          const a2d::commands::MachineChoice choice{machine, calibration};
+           const std::string& calibration, const std::string& machine_file, const std::string& algo,
+           const std::string& grid) {
+          const a2d::commands::MachineChoice choice{machine, calibration, machine_file};
           const auto planned =
               a2d::commands::choose_plan(problem, ranks, ranks_per_node, choice, algo, grid);
           return py::make_tuple(planned.plan, prediction_dict(planned.prediction),
                                 planned.machine_description);
         });
   // Every plan the model ranks, fastest first: [(plan, prediction)], and the skipped ones.
-  m.def("search_plans", [](const a2d::Problem& problem, int ranks, int ranks_per_node,
-                           const std::string& machine, const std::string& calibration) {
-    const a2d::commands::MachineChoice choice{machine, calibration};
-    const a2d::Machine chosen = choice.machine(ranks, problem.dtype);
-    const a2d::PlanSearch search = a2d::search_plans(problem, ranks, chosen, ranks_per_node);
-    py::list ranked;
-    for (const a2d::RankedPlan& r : search.ranked) {
-      ranked.append(py::make_tuple(r.plan, prediction_dict(r.prediction)));
-    }
-    return py::make_tuple(ranked, search.skipped, chosen.name + ": " + chosen.description);
-  });
+  m.def("search_plans",
+        [](const a2d::Problem& problem, int ranks, int ranks_per_node, const std::string& machine,
+           const std::string& calibration, const std::string& machine_file) {
+          const a2d::commands::MachineChoice choice{machine, calibration, machine_file};
+          const a2d::Machine chosen = choice.machine(ranks, problem.dtype);
+          const a2d::PlanSearch search = a2d::search_plans(problem, ranks, chosen, ranks_per_node);
+          py::list ranked;
+          for (const a2d::RankedPlan& r : search.ranked) {
+            ranked.append(py::make_tuple(r.plan, prediction_dict(r.prediction)));
+          }
+          return py::make_tuple(ranked, search.skipped, chosen.name + ": " + chosen.description);
+        });
   m.def("predict", [](const a2d::Problem& problem, const a2d::Plan& plan, int ranks_per_node,
-                      const std::string& machine, const std::string& calibration) {
-    const a2d::commands::MachineChoice choice{machine, calibration};
+                      const std::string& machine, const std::string& calibration,
+                      const std::string& machine_file) {
+    const a2d::commands::MachineChoice choice{machine, calibration, machine_file};
     const a2d::Machine chosen = choice.machine(plan.grid.size(), problem.dtype);
     return prediction_dict(a2d::predict(problem, plan, chosen, ranks_per_node));
   });

@@ -10,7 +10,8 @@ import torch
 
 import attention2d
 from attention2d import _core
-from conftest import COMM, assert_all_ranks, full_inputs, global_max, reference, relative_error
+from conftest import (COMM, assert_all_ranks, full_inputs, global_max, reference, relative_error,
+                      visible)
 
 ALGOS = ["attention2d", "attention2d-overlap", "ring", "allgather-kv", "ulysses"]
 MASKS = [(False, 0), (True, 0), (True, 5)]
