@@ -276,7 +276,8 @@ Machine load_machine_file(const std::string& file) {
                                       "sync_us",
                                       "step_sync_us",
                                       "cyclic_placement"};
-  for (const auto& [key, value] : values) {
+  for (const auto& entry : values) {
+    const std::string& key = entry.first;  // (clang 14 cannot capture a structured binding)
     A2D_REQUIRE(std::find_if(std::begin(known), std::end(known),
                              [&](const char* k) { return key == k; }) != std::end(known),
                 "unknown key '", key, "' in the machine file ", file);
