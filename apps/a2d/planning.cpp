@@ -32,7 +32,7 @@ int model_ranks_per_node(const Machine& machine, int requested, int ranks) {
 
 PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
                        const MachineChoice& choice, const std::string& algo,
-                       const std::string& grid) {
+                       const std::string& grid, int heads_parallel) {
   const Machine machine = choice.machine(ranks, problem.dtype);
   // A machine file describes nodes, so the placement of ranks on them is the planner's choice too.
   const PlanSearch search =
@@ -41,6 +41,7 @@ PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
   for (const RankedPlan& r : search.ranked) {
     if (!algo.empty() && algorithm_name(r.plan.algorithm) != algo) continue;
     if (!grid.empty() && r.plan.grid.describe() != parse_grid(grid).describe()) continue;
+    if (heads_parallel > 0 && r.plan.heads_parallel != heads_parallel) continue;
     return {r.plan, r.prediction, machine.name + ": " + machine.description, r.cyclic_placement};
   }
   std::string reasons;
@@ -49,7 +50,10 @@ PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
   }
   A2D_FAIL("no plan can run this problem on ", ranks, " ranks",
            algo.empty() ? std::string() : " with --algo " + algo,
-           grid.empty() ? std::string() : " and --grid " + grid, reasons);
+           grid.empty() ? std::string() : " and --grid " + grid,
+           heads_parallel > 0 ? " and --heads-parallel " + std::to_string(heads_parallel)
+                              : std::string(),
+           reasons);
 }
 
 }  // namespace a2d::commands

@@ -35,10 +35,11 @@ struct PlannedRun {
   bool cyclic_placement = false;
 };
 
-// The fastest plan by the model; `algo` and `grid` ("" = free) restrict the search.
-// `ranks_per_node` is the caller's, unless the machine (a machine file) has its own.
+// The fastest plan by the model; `algo`, `grid` ("" = free) and `heads_parallel` (0 = free)
+// restrict the search. `ranks_per_node` is the caller's, unless the machine (a machine file) has
+// its own.
 PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
                        const MachineChoice& choice, const std::string& algo,
-                       const std::string& grid);
+                       const std::string& grid, int heads_parallel = 0);
 
 }  // namespace a2d::commands

@@ -77,10 +77,14 @@ std::unique_ptr<Backend> DeviceOptions::backend() const {
 
 void PlanOptions::declare(Options& options) {
   options.add_string("--algo", &algo,
-                     "attention2d, attention2d-overlap, ring, allgather-kv or ulysses "
+                     "attention2d, attention2d-overlap, ring, allgather-kv, ulysses or hybrid "
                      "(default: the fastest by the cost model)");
   options.add_string("--grid", &grid,
-                     "process grid RxC of ATTENTION2D (default: the fastest by the cost model)");
+                     "process grid RxC of ATTENTION2D, or of each heads group of the hybrid\n"
+                     "(default: the fastest by the cost model)");
+  options.add_int("--heads-parallel", &heads_parallel,
+                  "hybrid: U, the ranks of each heads all-to-all, with U x R x C = P (default:\n"
+                  "P / (R C) with --grid, else the fastest by the cost model)");
   options.add_string("--calibration", &calibration,
                      "calibration file the planner reads (default $A2D_CALIBRATION or "
                      "./a2d-calibration.txt)");
@@ -99,19 +103,46 @@ void PlanOptions::declare(Options& options) {
 Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen) const {
   // Clear errors for an unknown algorithm or a grid that does not fit the ranks, first.
   if (!algo.empty()) parse_algorithm(algo);
-  if (!grid.empty()) check_grid(parse_grid(grid), ranks);
+  const bool hybrid = algo == "hybrid";
+  A2D_REQUIRE(heads_parallel == 0 || hybrid, "--heads-parallel applies to --algo hybrid only");
+  A2D_REQUIRE(heads_parallel >= 0, "--heads-parallel must be at least 1, got ", heads_parallel);
+  int64_t u = heads_parallel;
+  if (!grid.empty() && hybrid) {
+    // The grid of each heads group: U x R x C must make the job.
+    const GridShape shape = parse_grid(grid);
+    A2D_REQUIRE(u > 0 || ranks % shape.size() == 0, "hybrid: the grid ", shape.describe(), " (",
+                shape.size(), " ranks per heads group) does not divide the job's ", ranks,
+                " ranks; choose R x C dividing ", ranks);
+    if (u == 0) u = ranks / shape.size();
+    A2D_REQUIRE(u * shape.size() == ranks, "hybrid: --heads-parallel ", u, " times the grid ",
+                shape.describe(), " makes ", u * shape.size(), " ranks, but the job has ", ranks,
+                "; choose U x R x C = ", ranks);
+  } else if (!grid.empty()) {
+    check_grid(parse_grid(grid), ranks);
+  }
+  if (hybrid && u > 0) {
+    A2D_REQUIRE(ranks % u == 0, "hybrid: --heads-parallel ", u, " does not divide the job's ",
+                ranks, " ranks");
+    // The heads' conditions first, with check_plan's own words, before any search.
+    Plan probe = default_plan(Algorithm::hybrid, problem, ranks);
+    probe.heads_parallel = static_cast<int>(u);
+    probe.grid = grid.empty() ? default_grid(ranks / static_cast<int>(u)) : parse_grid(grid);
+    check_plan(probe, problem, ranks);
+  }
   Plan p;
-  const bool grid_matters = algo.empty() || algo == "attention2d" || algo == "attention2d-overlap";
+  const bool grid_matters =
+      algo.empty() || algo == "attention2d" || algo == "attention2d-overlap" || hybrid;
   if (algo.empty() || (grid.empty() && grid_matters)) {
     const commands::MachineChoice machine{
         "", calibration.empty() ? default_calibration_file() : calibration, machine_file};
-    const commands::PlannedRun planned =
-        commands::choose_plan(problem, ranks, ranks, machine, algo, grid_matters ? grid : "");
+    const commands::PlannedRun planned = commands::choose_plan(
+        problem, ranks, ranks, machine, algo, grid_matters ? grid : "", static_cast<int>(u));
     p = planned.plan;
     if (chosen) *chosen = "plan chosen by the cost model (" + planned.machine_description + ")";
   } else {
     p = default_plan(parse_algorithm(algo), problem, ranks);
     if (!grid.empty()) p.grid = parse_grid(grid);
+    if (hybrid) p.heads_parallel = static_cast<int>(u);
   }
   if (!layout.empty()) p.layout = parse_layout(layout);
   p.stripe = stripe;

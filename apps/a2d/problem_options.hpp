@@ -49,7 +49,8 @@ struct PlanOptions {
   int64_t stripe = 1;
   int64_t threads = 1;
   bool no_kv_transpose = false;
-  std::string calibration;   // "" = default_calibration_file()
+  int64_t heads_parallel = 0;  // hybrid's U; 0 = from --grid, else the fastest by the model
+  std::string calibration;     // "" = default_calibration_file()
   std::string machine_file;  // "" = the calibration (one node)
 
   void declare(Options& options);

@@ -27,7 +27,7 @@
 
 namespace a2d {
 
-enum class Algorithm { attention2d, attention2d_overlap, ring, allgather_kv, ulysses };
+enum class Algorithm { attention2d, attention2d_overlap, ring, allgather_kv, ulysses, hybrid };
 
 Algorithm parse_algorithm(const std::string& name);  // throws a2d::Error naming the choices
 std::string algorithm_name(Algorithm algorithm);
@@ -58,7 +58,8 @@ struct Problem {
 
 struct Plan {
   Algorithm algorithm = Algorithm::attention2d;
-  GridShape grid;                          // ATTENTION2D: R x C; other algorithms: 1 x P
+  GridShape grid;                          // ATTENTION2D: R x C; hybrid: R x C of each heads
+                                           // group; other algorithms: 1 x P
   LayoutKind layout = LayoutKind::cyclic;  // the shard layout of Q, K, V, O (and gradients)
   int64_t stripe = 1;                      // stripe width of the striped layout
   // ATTENTION2D: exchange K/V into the paper's row-major cyclic layout before the column
@@ -66,7 +67,12 @@ struct Plan {
   // docs/attention2d.md).
   bool kv_transpose = true;
   int threads = 1;  // kernel threads per rank
+  // Hybrid: U, the ranks of each heads all-to-all (P = U x R x C; docs/attention2d.md,
+  // "Heads x ATTENTION2D"); 1 for every other algorithm.
+  int heads_parallel = 1;
 
+  // The ranks the plan runs on: U x R x C for the hybrid, R x C (1 x P for the baselines) else.
+  int ranks() const { return heads_parallel * grid.size(); }
   std::string describe() const;
 };
 

@@ -108,4 +108,38 @@ struct UlyssesHeads {
 };
 UlyssesHeads ulysses_heads(const Problem& problem, int ranks, int rank);
 
+// ---- Hybrid: heads x ATTENTION2D (docs/attention2d.md, "Heads x ATTENTION2D") ---------------
+//
+// P = U x R x C, S = R C. World rank w = s + S u is rank s of heads group u (the ATTENTION2D grid
+// of world ranks S u .. S u + S - 1) and member u of sequence group s (the U ranks s, s + S, ...,
+// s + S (U - 1), between which the all-to-all runs). The shards are cyclic over the P world ranks,
+// so sequence group s holds exactly the tokens t = s (mod S): grid rank s's cyclic shard of the
+// R x C grid.
+struct HybridRank {
+  int heads_group = 0;     // u
+  int sequence_group = 0;  // s: the rank in the group's grid
+};
+HybridRank hybrid_rank(const Plan& plan, int rank);
+int hybrid_world_rank(const Plan& plan, int heads_group, int sequence_group);
+
+// The heads of group u: query heads [u H/U, (u+1) H/U) and, when U divides Hkv, K/V heads
+// [u Hkv/U, (u+1) Hkv/U); when Hkv divides U, the one K/V head u / (U/Hkv) those queries use,
+// which U/Hkv groups then share (K/V heads replicated, as InternEvo does). check_plan refuses any
+// other U.
+UlyssesHeads hybrid_heads(const Problem& problem, int heads_parallel, int group);
+// How many groups share each K/V head (1 unless U > Hkv).
+int64_t hybrid_kv_replication(const Problem& problem, int heads_parallel);
+// What runs inside every heads group: ATTENTION2D (no-overlap, the plan's grid and K/V transpose)
+// on the whole sequence with the group's heads and no sinks (the hybrid adds them over the world).
+Problem hybrid_group_problem(const Problem& problem, const Plan& plan);
+Plan hybrid_group_plan(const Plan& plan);
+// Tokens of every member of sequence group s (its U world ranks' cyclic shards), in member order.
+std::vector<int64_t> hybrid_member_counts(const Problem& problem, const Plan& plan,
+                                          int sequence_group);
+// Every hybrid plan of `ranks` with U > 1: each U dividing P and each grid R x C of P / U, in
+// increasing U (U = P, grid 1 x 1, last), whether or not the heads allow it (check_plan says).
+std::vector<Plan> hybrid_plans(const Problem& problem, int ranks);
+// The Ulysses records (WireRecords::ulysses_*) for a group of hq query and hkv K/V heads.
+void set_heads_records(WireRecords& wire, const Problem& problem, const UlyssesHeads& group);
+
 }  // namespace a2d

@@ -61,7 +61,8 @@ std::vector<Field> descriptor(const Problem& p, const Plan& plan) {
       {"grid cols", plan.grid.cols},
       {"layout", static_cast<int64_t>(plan.layout)},
       {"stripe", plan.stripe},
-      {"kv_transpose", plan.kv_transpose ? 1 : 0}};
+      {"kv_transpose", plan.kv_transpose ? 1 : 0},
+      {"heads_parallel", plan.heads_parallel}};
 }
 
 // "8 on ranks 0-2, 4-15; 12 on rank 3"

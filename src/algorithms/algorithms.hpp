@@ -68,5 +68,20 @@ std::unique_ptr<DistributedAttention> make_allgather_kv(const Problem& problem, 
                                                         Communicator& world, Backend& backend);
 std::unique_ptr<DistributedAttention> make_ulysses(const Problem& problem, const Plan& plan,
                                                    Communicator& world, Backend& backend);
+std::unique_ptr<DistributedAttention> make_hybrid(const Problem& problem, const Plan& plan,
+                                                  Communicator& world, Backend& backend);
+
+// ATTENTION2D (no-overlap or overlapped, per the plan) whose backward can take delta =
+// rowsum(dO * O) in place of O: the hybrid computes delta where O is, before its all-to-all, and
+// so sends 4 bytes per row instead of O. `world` is the communicator of the grid.
+class Attention2DWithDelta : public DistributedAttention {
+ public:
+  // BackwardShards::out is not read.
+  virtual void backward_with_delta(const BackwardShards& shards, const RowTensor& delta) = 0;
+};
+std::unique_ptr<Attention2DWithDelta> make_attention2d_with_delta(const Problem& problem,
+                                                                  const Plan& plan,
+                                                                  Communicator& world,
+                                                                  Backend& backend);
 
 }  // namespace a2d::algorithms

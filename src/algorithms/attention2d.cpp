@@ -23,7 +23,7 @@ namespace {
 // Tags keep concurrent point-to-point streams between the same ranks apart.
 enum Tag : int { kTagTranspose = 1, kTagKv = 2, kTagQ = 3, kTagPartial = 4, kTagDkv = 5 };
 
-class Attention2D final : public DistributedAttention {
+class Attention2D final : public Attention2DWithDelta {
  public:
   Attention2D(const Problem& problem, const Plan& plan, Communicator& world, Backend& backend)
       : problem_(problem),
@@ -77,14 +77,26 @@ class Attention2D final : public DistributedAttention {
 
   void backward(const BackwardShards& shards) override {
     check_shards(problem_, backend_, shards);
-    if (plan_.algorithm == Algorithm::attention2d_overlap) {
-      backward_overlapped(shards);
-    } else {
-      backward_no_overlap(shards);
-    }
+    backward_rows(shards, nullptr);
+  }
+
+  void backward_with_delta(const BackwardShards& shards, const RowTensor& delta) override {
+    BackwardShards checked = shards;
+    checked.out = shards.d_out;  // not read
+    check_shards(problem_, backend_, checked);
+    backward_rows(shards, &delta);
   }
 
  private:
+  // delta: rowsum(dO * O) of the rank's rows, or nullptr to compute it from O.
+  void backward_rows(const BackwardShards& shards, const RowTensor* delta) {
+    if (plan_.algorithm == Algorithm::attention2d_overlap) {
+      backward_overlapped(shards, delta);
+    } else {
+      backward_no_overlap(shards, delta);
+    }
+  }
+
   int row() const { return grid_.row(); }
   int col() const { return grid_.col(); }
   int64_t head_dim() const { return problem_.head_dim; }
@@ -191,13 +203,20 @@ class Attention2D final : public DistributedAttention {
                       partial_records(partial_rec_, own_partial, 0), out, lse);
   }
 
-  // Q-side records of the backward: [lse delta q(D) dO(D)] for this rank's rows, at byte `at`.
-  void pack_backward_rows(const BackwardShards& s, Buffer& buffer, int64_t at) {
+  // Q-side records of the backward: [lse delta q(D) dO(D)] for this rank's rows, at byte `at`;
+  // delta computed from O unless given.
+  void pack_backward_rows(const BackwardShards& s, const RowTensor* delta, Buffer& buffer,
+                          int64_t at) {
     backend_.copy_tokens(s.q, back_q_field(buffer, at), q_block(own_tokens_));
     backend_.copy_tokens(s.d_out, back_do_field(buffer, at), q_block(own_tokens_));
     backend_.copy_rows(s.lse, lse_field(buffer, at), problem_.batch, problem_.heads, own_tokens_);
-    backend_.delta({problem_.batch, own_tokens_, problem_.heads, head_dim()}, s.out, s.d_out,
-                   delta_field(buffer, at));
+    if (delta) {
+      backend_.copy_rows(*delta, delta_field(buffer, at), problem_.batch, problem_.heads,
+                         own_tokens_);
+    } else {
+      backend_.delta({problem_.batch, own_tokens_, problem_.heads, head_dim()}, s.out, s.d_out,
+                     delta_field(buffer, at));
+    }
   }
 
   // dQ (fp32 [dq] records at dq_at) and dK, dV (fp32 [dk dv] records at dkv_at) of Q-side records
@@ -260,7 +279,7 @@ class Attention2D final : public DistributedAttention {
     finalize(*own, s.out, s.lse);
   }
 
-  void backward_no_overlap(const BackwardShards& s) {
+  void backward_no_overlap(const BackwardShards& s, const RowTensor* delta) {
     Communicator& row_comm = grid_.row_comm();
     Communicator& col_comm = grid_.col_comm();
     BufferPtr q_back = backend_.allocate(q_back_rec_.bytes(q_rows_));
@@ -268,7 +287,7 @@ class Attention2D final : public DistributedAttention {
     const int64_t q_at = q_back_rec_.bytes(row_offsets_[static_cast<size_t>(col())]);
     const int64_t kv_at = kv_slot(kv_rec_, row());
 
-    pack_backward_rows(s, *q_back, q_at);
+    pack_backward_rows(s, delta, *q_back, q_at);
     place_kv(s.k, s.v, "backward", *kv, kv_at);
     row_comm.set_phase("backward.q_allgather");
     row_comm.all_gather(Place::in(*q_back, q_at), Place::in(*q_back),
@@ -521,11 +540,11 @@ class Attention2D final : public DistributedAttention {
     int steps_ = 0;
   };
 
-  void backward_overlapped(const BackwardShards& s) {
+  void backward_overlapped(const BackwardShards& s, const RowTensor* delta) {
     const int rows = plan_.grid.rows, cols = plan_.grid.cols;
     BufferPtr kv = backend_.allocate(kv_rec_.bytes(kv_rows_));
     BufferPtr q_own = backend_.allocate(q_back_rec_.bytes(own_tokens_));
-    pack_backward_rows(s, *q_own, 0);
+    pack_backward_rows(s, delta, *q_own, 0);
     place_kv(s.k, s.v, "backward", *kv, kv_slot(kv_rec_, row()));
 
     QRing q_ring;
@@ -638,6 +657,13 @@ class Attention2D final : public DistributedAttention {
 
 std::unique_ptr<DistributedAttention> make_attention2d(const Problem& problem, const Plan& plan,
                                                        Communicator& world, Backend& backend) {
+  return std::make_unique<Attention2D>(problem, plan, world, backend);
+}
+
+std::unique_ptr<Attention2DWithDelta> make_attention2d_with_delta(const Problem& problem,
+                                                                  const Plan& plan,
+                                                                  Communicator& world,
+                                                                  Backend& backend) {
   return std::make_unique<Attention2D>(problem, plan, world, backend);
 }
 

@@ -135,15 +135,83 @@ WireRecords wire_records(const Problem& problem, int ulysses_ranks) {
   w.dq = f * d;
   w.dkv = 2 * f * d;
   w.dkv_final = 2 * d * e;
-  if (ulysses_ranks > 0) {
-    const UlyssesHeads group = ulysses_heads(problem, ulysses_ranks, 0);
-    const int64_t hq = group.heads, hkv = group.kv_heads;
-    w.ulysses_in = (hq + 2 * hkv) * d * e;
-    w.ulysses_out = (f * hq + hq * d * e + f - 1) / f * f;
-    w.ulysses_backward_in = 2 * f * hq + (2 * hq + 2 * hkv) * d * e;
-    w.ulysses_backward_out = (hq + 2 * hkv) * d * e;
-  }
+  if (ulysses_ranks > 0) set_heads_records(w, problem, ulysses_heads(problem, ulysses_ranks, 0));
   return w;
+}
+
+void set_heads_records(WireRecords& w, const Problem& problem, const UlyssesHeads& group) {
+  const int64_t d = problem.head_dim, e = dtype_bytes(problem.dtype), f = 4;
+  const int64_t hq = group.heads, hkv = group.kv_heads;
+  w.ulysses_in = (hq + 2 * hkv) * d * e;
+  w.ulysses_out = (f * hq + hq * d * e + f - 1) / f * f;
+  w.ulysses_backward_in = 2 * f * hq + (2 * hq + 2 * hkv) * d * e;
+  w.ulysses_backward_out = (hq + 2 * hkv) * d * e;
+}
+
+HybridRank hybrid_rank(const Plan& plan, int rank) {
+  const int s = plan.grid.size();
+  return {rank / s, rank % s};
+}
+
+int hybrid_world_rank(const Plan& plan, int heads_group, int sequence_group) {
+  return sequence_group + plan.grid.size() * heads_group;
+}
+
+UlyssesHeads hybrid_heads(const Problem& problem, int heads_parallel, int group) {
+  const int64_t u = heads_parallel, hkv = problem.kv_heads;
+  A2D_REQUIRE(u >= 1 && problem.heads % u == 0 && (hkv % u == 0 || u % hkv == 0),
+              "the hybrid needs --heads-parallel (", u, ") to divide the query heads (",
+              problem.heads, ") and to divide or be a multiple of the K/V heads (", hkv, ")");
+  UlyssesHeads out;
+  out.heads = problem.heads / u;
+  out.first_head = group * out.heads;
+  out.kv_heads = hkv % u == 0 ? hkv / u : 1;
+  out.first_kv_head = hkv % u == 0 ? group * out.kv_heads : group / (u / hkv);
+  return out;
+}
+
+int64_t hybrid_kv_replication(const Problem& problem, int heads_parallel) {
+  return problem.kv_heads % heads_parallel == 0 ? 1 : heads_parallel / problem.kv_heads;
+}
+
+Problem hybrid_group_problem(const Problem& problem, const Plan& plan) {
+  const UlyssesHeads group = hybrid_heads(problem, plan.heads_parallel, 0);
+  Problem inner = problem;
+  inner.heads = group.heads;
+  inner.kv_heads = group.kv_heads;
+  inner.sinks = false;
+  return inner;
+}
+
+Plan hybrid_group_plan(const Plan& plan) {
+  Plan inner = plan;
+  inner.algorithm = Algorithm::attention2d;
+  inner.layout = LayoutKind::cyclic;
+  inner.heads_parallel = 1;
+  return inner;
+}
+
+std::vector<Plan> hybrid_plans(const Problem& problem, int ranks) {
+  std::vector<Plan> plans;
+  for (int u = 2; u <= ranks; ++u) {
+    if (ranks % u != 0) continue;
+    for (const GridShape& shape : grid_shapes(ranks / u)) {
+      Plan plan = default_plan(Algorithm::hybrid, problem, ranks);
+      plan.heads_parallel = u;
+      plan.grid = shape;
+      plans.push_back(plan);
+    }
+  }
+  return plans;
+}
+
+std::vector<int64_t> hybrid_member_counts(const Problem& problem, const Plan& plan,
+                                          int sequence_group) {
+  const TokenLayout layout(LayoutKind::cyclic, problem.seq, plan.ranks());
+  std::vector<int64_t> counts;
+  for (int u = 0; u < plan.heads_parallel; ++u)
+    counts.push_back(layout.count(hybrid_world_rank(plan, u, sequence_group)));
+  return counts;
 }
 
 }  // namespace a2d

@@ -17,8 +17,9 @@ Algorithm parse_algorithm(const std::string& name) {
   if (name == "ring") return Algorithm::ring;
   if (name == "allgather-kv") return Algorithm::allgather_kv;
   if (name == "ulysses") return Algorithm::ulysses;
+  if (name == "hybrid") return Algorithm::hybrid;
   A2D_FAIL("unknown algorithm '", name,
-           "'; choose attention2d, attention2d-overlap, ring, allgather-kv or ulysses");
+           "'; choose attention2d, attention2d-overlap, ring, allgather-kv, ulysses or hybrid");
 }
 
 std::string algorithm_name(Algorithm algorithm) {
@@ -33,6 +34,8 @@ std::string algorithm_name(Algorithm algorithm) {
       return "allgather-kv";
     case Algorithm::ulysses:
       return "ulysses";
+    case Algorithm::hybrid:
+      return "hybrid";
   }
   return "?";
 }
@@ -77,10 +80,12 @@ AttentionShape Problem::local_shape(int64_t q_tokens, int64_t kv_tokens) const {
 
 std::string Plan::describe() const {
   std::ostringstream out;
-  out << algorithm_name(algorithm) << " grid=" << grid.describe()
-      << " layout=" << layout_name(layout);
+  out << algorithm_name(algorithm);
+  if (algorithm == Algorithm::hybrid) out << " heads_parallel=" << heads_parallel;
+  out << " grid=" << grid.describe() << " layout=" << layout_name(layout);
   if (layout == LayoutKind::striped) out << "(" << stripe << ")";
-  if (algorithm == Algorithm::attention2d || algorithm == Algorithm::attention2d_overlap) {
+  if (algorithm == Algorithm::attention2d || algorithm == Algorithm::attention2d_overlap ||
+      algorithm == Algorithm::hybrid) {
     out << " kv_transpose=" << (kv_transpose ? "yes" : "no");
   }
   out << " threads=" << threads;
@@ -108,6 +113,17 @@ Plan default_plan(Algorithm algorithm, const Problem& problem, int ranks) {
       plan.grid = {1, ranks};
       plan.layout = LayoutKind::contiguous;
       break;
+    case Algorithm::hybrid: {
+      // The most heads parallelism without replicating K/V: the largest U dividing P, H and Hkv.
+      int u = 1;
+      for (int d = 1; d <= ranks; ++d) {
+        if (ranks % d == 0 && problem.heads % d == 0 && problem.kv_heads % d == 0) u = d;
+      }
+      plan.heads_parallel = u;
+      plan.grid = default_grid(ranks / u);
+      plan.layout = LayoutKind::cyclic;
+      break;
+    }
   }
   return plan;
 }
@@ -117,6 +133,9 @@ void check_plan(const Plan& plan, const Problem& problem, int ranks) {
               ")");
   A2D_REQUIRE(plan.stripe >= 1, "the stripe width must be at least 1 (got ", plan.stripe, ")");
   const std::string algo = algorithm_name(plan.algorithm);
+  A2D_REQUIRE(plan.algorithm == Algorithm::hybrid || plan.heads_parallel == 1,
+              "--heads-parallel applies to --algo hybrid only (got ", plan.heads_parallel, " for ",
+              algo, ")");
   switch (plan.algorithm) {
     case Algorithm::attention2d:
     case Algorithm::attention2d_overlap:
@@ -135,6 +154,23 @@ void check_plan(const Plan& plan, const Problem& problem, int ranks) {
                   " runs on all ranks as one group; --grid applies to attention2d only (got ",
                   plan.grid.describe(), " for ", ranks, " ranks)");
       break;
+    case Algorithm::hybrid: {
+      const int64_t u = plan.heads_parallel;
+      A2D_REQUIRE(u >= 1, "--heads-parallel must be at least 1 (got ", u, ")");
+      A2D_REQUIRE(plan.grid.rows >= 1 && plan.grid.cols >= 1 && u * plan.grid.size() == ranks,
+                  "hybrid: --heads-parallel ", u, " times the grid ", plan.grid.describe(),
+                  " makes ", u * plan.grid.size(), " ranks, but the job has ", ranks,
+                  "; choose U x R x C = ", ranks);
+      A2D_REQUIRE(problem.heads % u == 0, "hybrid: --heads-parallel ", u,
+                  " must divide the number of query heads (", problem.heads, ")");
+      A2D_REQUIRE(problem.kv_heads % u == 0 || u % problem.kv_heads == 0,
+                  "hybrid: --heads-parallel ", u, " must divide the number of K/V heads (",
+                  problem.kv_heads, "), or be a multiple of it (K/V heads are then replicated)");
+      A2D_REQUIRE(plan.layout == LayoutKind::cyclic, algo,
+                  " shards the sequence cyclically (token t on rank t mod P); --layout ",
+                  layout_name(plan.layout), " is not supported");
+      break;
+    }
   }
   if (plan.algorithm == Algorithm::ulysses) {
     // Ulysses gives every rank whole K/V heads, each to one rank only.
@@ -159,6 +195,8 @@ std::unique_ptr<DistributedAttention> make_algorithm(const Problem& problem, con
       return algorithms::make_allgather_kv(problem, plan, world, backend);
     case Algorithm::ulysses:
       return algorithms::make_ulysses(problem, plan, world, backend);
+    case Algorithm::hybrid:
+      return algorithms::make_hybrid(problem, plan, world, backend);
   }
   A2D_FAIL("unknown algorithm ", static_cast<int>(plan.algorithm));
 }

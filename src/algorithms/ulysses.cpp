@@ -24,38 +24,19 @@
 #include "algorithms.hpp"
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
+#include "heads_exchange.hpp"
 #include "records.hpp"
 
 namespace a2d::algorithms {
 namespace {
 
-// A buffer of [tokens, batch, width] bytes whose width bytes per (token, batch) concatenate
-// segments: a block of heads x head_dim of some dtype (a TokenTensor) or one fp32 per head (a
-// RowTensor), fp32 segments first. With tokens outermost, the tokens of one part are one
-// contiguous block of the all-to-all.
-struct HeadRecords {
-  int64_t batch = 1;
-  int64_t head_dim = 0;
-  int64_t width = 0;  // bytes per (token, batch)
-
-  int64_t bytes(int64_t tokens) const { return tokens * batch * width; }
-  TokenTensor tokens(Buffer& buffer, int64_t at, int64_t field, DType dtype) const {
-    const int64_t e = dtype_bytes(dtype);
-    A2D_REQUIRE(width % e == 0 && field % e == 0, "ulysses record of ", width,
-                " bytes cannot hold ", dtype_name(dtype), " at byte ", field);
-    return {&buffer, at + field, dtype, width / e, batch * width / e, head_dim};
-  }
-  RowTensor rows(Buffer& buffer, int64_t at, int64_t field) const {
-    return {&buffer, at + field, width / kFloatBytes, 1, batch * width / kFloatBytes};
-  }
-};
-
 class UlyssesAttention final : public SequenceParallel {
  public:
   UlyssesAttention(const Problem& problem, const Plan& plan, Communicator& world, Backend& backend)
-      : SequenceParallel(problem, plan, world, backend) {
-    group_ = ulysses_heads(problem_, ranks_, rank_);
-  }
+      : SequenceParallel(problem, plan, world, backend),
+        group_(ulysses_heads(problem_, ranks_, rank_)),
+        exchange_(backend_, problem_.batch, problem_.head_dim, groups(problem_, ranks_),
+                  parts_.counts, rank_) {}
 
   void forward(const ForwardShards& s) override {
     check_shards(problem_, backend_, s);
@@ -64,19 +45,14 @@ class UlyssesAttention final : public SequenceParallel {
     const int64_t e = dtype_bytes(dtype);
     // [q(hq x D) k(hkv x D) v(hkv x D)] per (token, batch), in the dtype.
     const HeadRecords in{problem_.batch, d, wire_.ulysses_in};
-    BufferPtr send = backend_.allocate(ranks_ * in.bytes(own_tokens_));
-    for (int dest = 0; dest < ranks_; ++dest) {
-      const int64_t block = dest * in.bytes(own_tokens_);
-      const UlyssesHeads heads = ulysses_heads(problem_, ranks_, dest);
-      copy_heads(s.q.from_head(heads.first_head), in.tokens(*send, block, 0, dtype), hq);
-      copy_heads(s.k.from_head(heads.first_kv_head), in.tokens(*send, block, hq * d * e, dtype),
-                 hkv);
-      copy_heads(s.v.from_head(heads.first_kv_head),
-                 in.tokens(*send, block, (hq + hkv) * d * e, dtype), hkv);
-    }
-    BufferPtr gathered = backend_.allocate(in.bytes(problem_.seq));
+    BufferPtr send = exchange_.allocate_own_blocks(in);
+    exchange_.pack_tokens(s.q, false, in, *send, 0, dtype);
+    exchange_.pack_tokens(s.k, true, in, *send, hq * d * e, dtype);
+    exchange_.pack_tokens(s.v, true, in, *send, (hq + hkv) * d * e, dtype);
+    BufferPtr gathered = exchange_.allocate_gathered(in);
     comm_->set_phase("forward.to_heads_all_to_all");
-    comm_->all_to_all(Place::in(*send), own_block_bytes(in), Place::in(*gathered), part_bytes(in));
+    comm_->all_to_all(Place::in(*send), exchange_.own_block_bytes(in), Place::in(*gathered),
+                      exchange_.gathered_bytes(in));
 
     // [lse(hq) o(hq x D)] per (token, batch), the whole sequence in gathered order.
     const HeadRecords out{problem_.batch, d, wire_.ulysses_out};
@@ -92,17 +68,12 @@ class UlyssesAttention final : public SequenceParallel {
     backend_.attention_forward(call, out.tokens(*results, 0, o_at, dtype),
                                out.rows(*results, 0, 0));
 
-    BufferPtr returned = backend_.allocate(ranks_ * out.bytes(own_tokens_));
+    BufferPtr returned = exchange_.allocate_own_blocks(out);
     comm_->set_phase("forward.to_sequence_all_to_all");
-    comm_->all_to_all(Place::in(*results), part_bytes(out), Place::in(*returned),
-                      own_block_bytes(out));
-    for (int source = 0; source < ranks_; ++source) {
-      const int64_t block = source * out.bytes(own_tokens_);
-      const UlyssesHeads heads = ulysses_heads(problem_, ranks_, source);
-      copy_heads(out.tokens(*returned, block, o_at, dtype), s.out.from_head(heads.first_head), hq);
-      backend_.copy_rows(out.rows(*returned, block, 0), s.lse.from_head(heads.first_head),
-                         problem_.batch, hq, own_tokens_);
-    }
+    comm_->all_to_all(Place::in(*results), exchange_.gathered_bytes(out), Place::in(*returned),
+                      exchange_.own_block_bytes(out));
+    exchange_.unpack_tokens(out, *returned, o_at, dtype, false, s.out);
+    exchange_.unpack_rows(out, *returned, 0, s.lse);
   }
 
   void backward(const BackwardShards& s) override {
@@ -119,22 +90,17 @@ class UlyssesAttention final : public SequenceParallel {
     const int64_t q_at = 2 * hq * kFloatBytes, do_at = q_at + hq * d * e;
     const int64_t k_at = do_at + hq * d * e, v_at = k_at + hkv * d * e;
     const HeadRecords in{b, d, wire_.ulysses_backward_in};
-    BufferPtr send = backend_.allocate(ranks_ * in.bytes(own_tokens_));
-    for (int dest = 0; dest < ranks_; ++dest) {
-      const int64_t block = dest * in.bytes(own_tokens_);
-      const UlyssesHeads heads = ulysses_heads(problem_, ranks_, dest);
-      copy_heads(s.q.from_head(heads.first_head), in.tokens(*send, block, q_at, dtype), hq);
-      copy_heads(s.d_out.from_head(heads.first_head), in.tokens(*send, block, do_at, dtype), hq);
-      copy_heads(s.k.from_head(heads.first_kv_head), in.tokens(*send, block, k_at, dtype), hkv);
-      copy_heads(s.v.from_head(heads.first_kv_head), in.tokens(*send, block, v_at, dtype), hkv);
-      backend_.copy_rows(s.lse.from_head(heads.first_head), in.rows(*send, block, 0), b, hq,
-                         own_tokens_);
-      backend_.copy_rows(delta_rows.from_head(heads.first_head),
-                         in.rows(*send, block, hq * kFloatBytes), b, hq, own_tokens_);
-    }
-    BufferPtr gathered = backend_.allocate(in.bytes(problem_.seq));
+    BufferPtr send = exchange_.allocate_own_blocks(in);
+    exchange_.pack_tokens(s.q, false, in, *send, q_at, dtype);
+    exchange_.pack_tokens(s.d_out, false, in, *send, do_at, dtype);
+    exchange_.pack_tokens(s.k, true, in, *send, k_at, dtype);
+    exchange_.pack_tokens(s.v, true, in, *send, v_at, dtype);
+    exchange_.pack_rows(s.lse, in, *send, 0);
+    exchange_.pack_rows(delta_rows, in, *send, hq * kFloatBytes);
+    BufferPtr gathered = exchange_.allocate_gathered(in);
     comm_->set_phase("backward.to_heads_all_to_all");
-    comm_->all_to_all(Place::in(*send), own_block_bytes(in), Place::in(*gathered), part_bytes(in));
+    comm_->all_to_all(Place::in(*send), exchange_.own_block_bytes(in), Place::in(*gathered),
+                      exchange_.gathered_bytes(in));
 
     // The kernel's fp32 [dq(hq x D) dk(hkv x D) dv(hkv x D)] per (token, batch), gathered order.
     // Each is complete here (every key and query of these heads), so what goes back is rounded
@@ -167,19 +133,13 @@ class UlyssesAttention final : public SequenceParallel {
       outgoing = rounded.get();
     }
 
-    BufferPtr returned = backend_.allocate(ranks_ * grads.bytes(own_tokens_));
+    BufferPtr returned = exchange_.allocate_own_blocks(grads);
     comm_->set_phase("backward.to_sequence_all_to_all");
-    comm_->all_to_all(Place::in(*outgoing), part_bytes(grads), Place::in(*returned),
-                      own_block_bytes(grads));
-    for (int source = 0; source < ranks_; ++source) {
-      const int64_t block = source * grads.bytes(own_tokens_);
-      const UlyssesHeads heads = ulysses_heads(problem_, ranks_, source);
-      copy_heads(grads.tokens(*returned, block, 0, dtype), s.dq.from_head(heads.first_head), hq);
-      copy_heads(grads.tokens(*returned, block, dk_at * e, dtype),
-                 s.dk.from_head(heads.first_kv_head), hkv);
-      copy_heads(grads.tokens(*returned, block, dv_at * e, dtype),
-                 s.dv.from_head(heads.first_kv_head), hkv);
-    }
+    comm_->all_to_all(Place::in(*outgoing), exchange_.gathered_bytes(grads), Place::in(*returned),
+                      exchange_.own_block_bytes(grads));
+    exchange_.unpack_tokens(grads, *returned, 0, dtype, false, s.dq);
+    exchange_.unpack_tokens(grads, *returned, dk_at * e, dtype, true, s.dk);
+    exchange_.unpack_tokens(grads, *returned, dv_at * e, dtype, true, s.dv);
   }
 
  private:
@@ -191,21 +151,15 @@ class UlyssesAttention final : public SequenceParallel {
     return shape;
   }
 
-  // Copies `heads` heads of this rank's own tokens between a shard and a record block.
-  void copy_heads(const TokenTensor& from, const TokenTensor& to, int64_t heads) {
-    backend_.copy_tokens(from, to, {problem_.batch, own_tokens_, heads, problem_.head_dim});
-  }
-
-  // All-to-all block sizes (bytes): every block holds this rank's own tokens ...
-  std::vector<int64_t> own_block_bytes(const HeadRecords& records) const {
-    return std::vector<int64_t>(static_cast<size_t>(ranks_), records.bytes(own_tokens_));
-  }
-  // ... or block i holds the tokens of part i.
-  std::vector<int64_t> part_bytes(const HeadRecords& records) const {
-    return scaled(parts_.counts, records.bytes(1));
+  static std::vector<UlyssesHeads> groups(const Problem& problem, int ranks) {
+    std::vector<UlyssesHeads> out;
+    for (int rank = 0; rank < ranks; ++rank)
+      out.push_back(ulysses_heads(problem, ranks, rank));
+    return out;
   }
 
   UlyssesHeads group_;
+  HeadsExchange exchange_;
 };
 
 }  // namespace

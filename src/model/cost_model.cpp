@@ -15,6 +15,7 @@
 #include "attention2d/grid.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/layout.hpp"
+#include "hybrid_model.hpp"
 
 namespace a2d {
 
@@ -374,6 +375,7 @@ bool blocking_phase(const Plan& plan, const std::string& phase) {
     case Algorithm::attention2d:
     case Algorithm::allgather_kv:
     case Algorithm::ulysses:
+    case Algorithm::hybrid:
       return true;
   }
   return true;
@@ -544,6 +546,8 @@ double memory_bytes(const Problem& p, const Plan& plan) {
       forward = e * big_n * kv_row;
       backward = e * big_n * kv_row + f * (big_n * kv_row + n * kv_row + (narrow ? n * q_row : 0));
       break;
+    case Algorithm::hybrid:
+      A2D_FAIL("the hybrid's memory is predict_hybrid's");
     case Algorithm::ulysses: {
       const double hq = h / ranks, hk = hkv / ranks;
       const WireRecords wire = wire_records(p, ranks);
@@ -572,6 +576,9 @@ struct Step {
 }  // namespace
 
 double permuted_bytes(const Problem& p, const Plan& plan, bool forward) {
+  if (plan.algorithm == Algorithm::hybrid) {
+    return permuted_bytes(hybrid_group_problem(p, plan), hybrid_group_plan(plan), forward);
+  }
   if (!(p.mask.is_causal() || p.mask.has_documents()) || plan.grid.size() == 1) return 0;
   const double b = static_cast<double>(p.batch), h = static_cast<double>(p.heads);
   const double hkv = static_cast<double>(p.kv_heads);
@@ -603,6 +610,7 @@ double permuted_bytes(const Problem& p, const Plan& plan, bool forward) {
       return forward ? big_n * kv_row : big_n * (kv_row + dkv_row);
     case Algorithm::ring:
     case Algorithm::ulysses:
+    case Algorithm::hybrid:
       return 0;
   }
   return 0;
@@ -612,6 +620,9 @@ double permuted_bytes(const Problem& p, const Plan& plan, bool forward) {
 
 Prediction predict(const Problem& problem, const Plan& plan, const Machine& machine,
                    int ranks_per_node) {
+  if (plan.algorithm == Algorithm::hybrid) {
+    return model::predict_hybrid(problem, plan, machine, ranks_per_node);
+  }
   problem.validate();
   check_plan(plan, problem, plan.grid.size());
   A2D_REQUIRE(ranks_per_node >= 1, "ranks per node must be at least 1 (got ", ranks_per_node, ")");
@@ -815,6 +826,8 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
       out.backward_s =
           t("backward.to_heads_all_to_all") + cb + t("backward.to_sequence_all_to_all");
       break;
+    case Algorithm::hybrid:
+      A2D_FAIL("hybrid plans are predicted by predict_hybrid");
   }
   out.memory_bytes = static_cast<int64_t>(memory_bytes(problem, plan));
   return out;
@@ -837,6 +850,10 @@ PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machin
   for (const Algorithm algorithm : {Algorithm::ring, Algorithm::allgather_kv, Algorithm::ulysses}) {
     candidates.push_back(default_plan(algorithm, problem, ranks));
   }
+  // The hybrid at every U > 1 dividing P and every grid of P / U (U = 1 is ATTENTION2D above);
+  // those the heads do not allow are skipped with check_plan's reason.
+  for (const Plan& plan : hybrid_plans(problem, ranks))
+    candidates.push_back(plan);
   // Both placements of the ranks on nodes, where there is a choice (several nodes of several
   // ranks) and the caller lets the search choose.
   std::vector<bool> placements = {machine.cyclic_placement};

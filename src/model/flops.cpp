@@ -187,6 +187,9 @@ Wide total_pairs(const Problem& p) {
 
 double rank_forward_flops(const Problem& p, const Plan& plan, int rank) {
   switch (plan.algorithm) {
+    case Algorithm::hybrid:
+      return rank_forward_flops(hybrid_group_problem(p, plan), hybrid_group_plan(plan),
+                                hybrid_rank(plan, rank).sequence_group);
     case Algorithm::attention2d:
     case Algorithm::attention2d_overlap: {
       const GridCoords at{plan.grid, rank};
@@ -222,6 +225,9 @@ double rank_forward_flops(const Problem& p, const Plan& plan, int rank) {
 }
 
 double busiest_forward_flops(const Problem& p, const Plan& plan) {
+  if (plan.algorithm == Algorithm::hybrid) {
+    return busiest_forward_flops(hybrid_group_problem(p, plan), hybrid_group_plan(plan));
+  }
   const int ranks = plan.grid.size();
   std::vector<int> sample;
   if (p.mask.has_documents()) {
@@ -265,7 +271,7 @@ double busiest_forward_flops(const Problem& p, const Plan& plan) {
 }
 
 double flops_balance(const Problem& p, const Plan& plan) {
-  const double mean = flops(p, total_pairs(p) * p.heads) / plan.grid.size();
+  const double mean = flops(p, total_pairs(p) * p.heads) / plan.ranks();
   return mean > 0 ? busiest_forward_flops(p, plan) / mean : 1.0;
 }
 

@@ -122,6 +122,8 @@ Calls kernel_calls(const Problem& problem, const Plan& plan, const SequenceParts
       out.heads = ulysses_heads(problem, plan.grid.size(), rank).heads;
       break;
     }
+    case Algorithm::hybrid:
+      A2D_FAIL("the hybrid's kernel calls are its heads groups' ATTENTION2D calls");
   }
   return out;
 }
@@ -291,6 +293,9 @@ SequenceParts parts_of(const Problem& problem, const Plan& plan) {
 }  // namespace
 
 TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan) {
+  if (plan.algorithm == Algorithm::hybrid) {
+    return busiest_tile_entries(hybrid_group_problem(problem, plan), hybrid_group_plan(plan));
+  }
   const std::vector<int> sample = tile_sample(problem, plan);
   if (tile_estimate(problem, plan) * static_cast<double>(sample.size()) > 5e6) return {-1, -1};
   const SequenceParts parts = parts_of(problem, plan);
@@ -306,6 +311,10 @@ TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan) {
 }
 
 TileBalance tile_balance(const Problem& problem, const Plan& plan) {
+  // Every heads group computes the same tiles (on its own heads).
+  if (plan.algorithm == Algorithm::hybrid) {
+    return tile_balance(hybrid_group_problem(problem, plan), hybrid_group_plan(plan));
+  }
   const int ranks = plan.grid.size();
   if (tile_estimate(problem, plan) * ranks > 5e7) return {};
   const SequenceParts parts = parts_of(problem, plan);

@@ -7,6 +7,7 @@
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/model.hpp"
+#include "hybrid_model.hpp"
 
 namespace a2d {
 namespace {
@@ -155,6 +156,8 @@ std::map<std::string, Traffic> algorithm_traffic(const Problem& problem, const P
       return sequence_parallel_traffic(problem, plan, rank);
     case Algorithm::ulysses:
       return ulysses_traffic(problem, plan, rank);
+    case Algorithm::hybrid:
+      return model::hybrid_traffic(problem, plan, rank);
   }
   A2D_FAIL("no traffic model for ", algorithm_name(plan.algorithm));
 }
@@ -164,7 +167,7 @@ std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Pla
   std::map<std::string, Traffic> phases = algorithm_traffic(problem, plan, rank);
   // Attention sinks: the heads' fp64 gradient sums, all-reduced once over the world (comm.hpp's
   // all_reduce charge), whatever the algorithm.
-  const int64_t ranks = plan.grid.size();
+  const int64_t ranks = plan.ranks();
   if (problem.sinks && ranks > 1) {
     phases["backward.dsink_all_reduce"] = {
         2 * (ranks - 1) * ((problem.heads + ranks - 1) / ranks) * 8, 2 * (ranks - 1)};

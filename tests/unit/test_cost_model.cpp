@@ -39,6 +39,12 @@ double exact_flops(const Problem& p, const Plan& plan, int rank) {
     case Algorithm::ulysses:
       return per_pair * ulysses_heads(p, plan.grid.size(), rank).heads *
              count_visible_pairs(p.mask, nullptr, p.seq, nullptr, p.seq);
+    case Algorithm::hybrid: {
+      const Problem group = hybrid_group_problem(p, plan);
+      return per_pair * group.heads *
+             attention2d_unmasked_pairs(group, hybrid_group_plan(plan),
+                                        hybrid_rank(plan, rank).sequence_group);
+    }
   }
   return 0;
 }
@@ -78,6 +84,9 @@ TEST(CostModel, ClosedFormFlopsEqualTheExactDecompositionForEveryRank) {
             }
           }
           plans.push_back(default_plan(Algorithm::ulysses, p, ranks));
+          // Every hybrid factorisation (U divides H = 2P and Hkv = P).
+          for (const Plan& plan : hybrid_plans(p, ranks))
+            plans.push_back(plan);
           for (const Plan& plan : plans) {
             double busiest = 0;
             for (int rank = 0; rank < ranks; ++rank) {
@@ -128,11 +137,25 @@ TEST(CostModel, SearchListsEveryCandidateAndSkipsUlyssesWithAReason) {
   Problem p = problem_of(4096, Mask::causal(), 12, 4);
   p.dtype = DType::bf16;
   const PlanSearch search = search_plans(p, 6, preset_machine("h100-ndr", DType::bf16), 8);
-  // 4 grids x 2 variants x 2 transposes + ring + allgather-kv; Ulysses cannot (6 does not divide
-  // 4).
-  EXPECT_EQ(search.ranked.size(), 18u);
-  ASSERT_EQ(search.skipped.size(), 1u);
+  // 4 grids x 2 variants x 2 transposes + ring + allgather-kv + the hybrid at U = 2 (grids 1x3
+  // and 3x1); Ulysses cannot (6 does not divide 4), nor the hybrid at U = 3 (grids 1x2, 2x1) and
+  // U = 6 (neither divides nor is a multiple of Hkv = 4).
+  EXPECT_EQ(search.ranked.size(), 20u);
+  ASSERT_EQ(search.skipped.size(), 4u);
   EXPECT_EQ(search.skipped[0].first, "ulysses");
+  int hybrids = 0;
+  for (const RankedPlan& r : search.ranked) {
+    if (r.plan.algorithm != Algorithm::hybrid) continue;
+    EXPECT_EQ(r.plan.heads_parallel, 2);
+    ++hybrids;
+  }
+  EXPECT_EQ(hybrids, 2);
+  for (size_t i = 1; i < 4; ++i) {
+    EXPECT_EQ(search.skipped[i].first, "hybrid");
+    EXPECT_NE(search.skipped[i].second.find("must divide the number of K/V heads (4)"),
+              std::string::npos)
+        << search.skipped[i].second;
+  }
   for (size_t i = 1; i < search.ranked.size(); ++i) {
     const auto total = [](const RankedPlan& r) {
       return r.prediction.forward_s + r.prediction.backward_s;
