@@ -13,6 +13,7 @@
 #include "attention2d/check.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/cost_model.hpp"
+#include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/harness.hpp"
 #include "attention2d/mpi_comm.hpp"
@@ -31,7 +32,7 @@ struct BenchOptions {
   cli::DeviceOptions device;
   std::string algos = "attention2d,attention2d-overlap,ring,allgather-kv,ulysses";
   std::string grid, layout, calibration, machine_file;
-  int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42;
+  int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42, heads_parallel = 0;
   bool no_kv_transpose = false, backward = false, check = false, json = false, csv = false;
   bool calibrate = false, no_resample_kernel = false, sequential = false, balance = false;
   double timeout = 300;
@@ -64,7 +65,26 @@ std::vector<Row> candidate_rows(const BenchOptions& o, const Problem& problem, i
   for (const std::string& name : split_list(o.algos)) {
     const Algorithm algorithm = parse_algorithm(name);
     std::vector<Plan> plans;
-    if (algorithm == Algorithm::attention2d || algorithm == Algorithm::attention2d_overlap) {
+    if (algorithm == Algorithm::hybrid) {
+      // Every U > 1 and grid of P / U (U = 1 is the attention2d rows), or those of
+      // --heads-parallel and --grid.
+      A2D_REQUIRE(o.heads_parallel >= 0, "--heads-parallel must be at least 1");
+      for (const Plan& plan : hybrid_plans(problem, ranks)) {
+        if (o.heads_parallel > 0 && plan.heads_parallel != o.heads_parallel) continue;
+        if (!o.grid.empty() && plan.grid.describe() != parse_grid(o.grid).describe()) continue;
+        plans.push_back(plan);
+      }
+      if (o.heads_parallel == 1) {
+        Plan plan = default_plan(algorithm, problem, ranks);
+        plan.heads_parallel = 1;
+        plan.grid = o.grid.empty() ? default_grid(ranks) : parse_grid(o.grid);
+        plans.push_back(plan);
+      }
+      A2D_REQUIRE(!plans.empty(), "--algo hybrid: no U x R x C = ", ranks, " with",
+                  o.heads_parallel > 0 ? " --heads-parallel " + std::to_string(o.heads_parallel)
+                                       : std::string(),
+                  o.grid.empty() ? std::string() : " --grid " + o.grid);
+    } else if (algorithm == Algorithm::attention2d || algorithm == Algorithm::attention2d_overlap) {
       const std::vector<GridShape> shapes =
           o.grid.empty() ? grid_shapes(ranks) : std::vector<GridShape>{parse_grid(o.grid)};
       for (const GridShape& shape : shapes) {
@@ -100,6 +120,11 @@ std::vector<Row> candidate_rows(const BenchOptions& o, const Problem& problem, i
 }
 
 std::string grid_column(const Plan& plan) {
+  // The hybrid: U, then the grid of each heads group ("U2 1x2").
+  if (plan.algorithm == Algorithm::hybrid) {
+    return "U" + std::to_string(plan.heads_parallel) + " " + plan.grid.describe() +
+           (plan.kv_transpose ? "" : "-nt");
+  }
   if (plan.algorithm == Algorithm::attention2d ||
       plan.algorithm == Algorithm::attention2d_overlap) {
     return plan.grid.describe() + (plan.kv_transpose ? "" : "-nt");
@@ -117,6 +142,7 @@ cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool back
       .add("grid", r.plan.grid.describe())
       .add("layout", layout_name(r.plan.layout))
       .add("kv_transpose", r.plan.kv_transpose)
+      .add("heads_parallel", r.plan.heads_parallel)
       .add("ranks", ranks)
       .add("batch", problem.batch)
       .add("seq", problem.seq)
@@ -262,8 +288,9 @@ int bench(int argc, char** argv, int first) {
     BenchOptions o;
     cli::Options options(
         "a2d bench [options]",
-        "Runs every algorithm (--algo a,b,...; all by default) and every grid shape of P for\n"
-        "ATTENTION2D (unless --grid) on the same seeded problem, under mpiexec, and reports per "
+        "Runs every algorithm (--algo a,b,...; all but hybrid by default) and every grid shape of\n"
+        "P for ATTENTION2D (unless --grid; for --algo hybrid every U x R x C with U > 1, unless\n"
+        "--heads-parallel or --grid) on the same seeded problem, under mpiexec, and reports per "
         "row\n"
         "the slowest rank's median time, the spread across ranks, GFLOP/s per rank, the bytes and\n"
         "messages each rank sent, its peak memory, and the cost model's prediction for this\n"
@@ -271,7 +298,11 @@ int bench(int argc, char** argv, int first) {
     o.problem.declare(options);
     o.device.declare(options);
     options.add_string("--algo", &o.algos, "comma-separated algorithms");
-    options.add_string("--grid", &o.grid, "only this ATTENTION2D grid RxC (default: every one)");
+    options.add_string("--grid", &o.grid,
+                       "only this ATTENTION2D grid RxC, or hybrid grid of each heads group "
+                       "(default: every one)");
+    options.add_int("--heads-parallel", &o.heads_parallel,
+                    "hybrid: only this U (default: every U > 1 dividing P)");
     options.add_string("--layout", &o.layout,
                        "layouts of ring and allgather-kv, comma-separated: a row each (default: "
                        "theirs)");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "attention2d/cost_model.hpp"
+#include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
@@ -61,6 +62,10 @@ struct ModelOptions {
 
 std::string grid_text(const Plan& plan, bool cyclic_placement) {
   const std::string placement = cyclic_placement ? " cyclic" : "";
+  if (plan.algorithm == Algorithm::hybrid) {
+    return "U" + std::to_string(plan.heads_parallel) + " " + plan.grid.describe() +
+           (plan.kv_transpose ? "" : " no-transpose") + placement;
+  }
   if (plan.algorithm == Algorithm::attention2d ||
       plan.algorithm == Algorithm::attention2d_overlap) {
     return plan.grid.describe() + (plan.kv_transpose ? "" : " no-transpose") + placement;
@@ -102,6 +107,7 @@ std::string json_row(const RankedPlan& r, int rank_in_list, int ranks) {
       .add("grid", r.plan.grid.describe())
       .add("layout", layout_name(r.plan.layout))
       .add("kv_transpose", r.plan.kv_transpose)
+      .add("heads_parallel", r.plan.heads_parallel)
       .add("placement", r.cyclic_placement ? "cyclic" : "block")
       .add("ranks", ranks)
       .add("fwd_ms", 1e3 * p.forward_s)
@@ -211,6 +217,8 @@ std::vector<Plan> balance_plans(const Problem& problem, int ranks) {
       plans.push_back(plan);
     }
   }
+  for (const Plan& plan : hybrid_plans(problem, ranks))
+    plans.push_back(plan);
   std::vector<Plan> allowed;
   for (const Plan& plan : plans) {
     try {
@@ -236,6 +244,7 @@ void print_balance(const Problem& problem, int ranks, bool json) {
       std::cout << cli::JsonLine()
                        .add("algo", algorithm_name(plan.algorithm))
                        .add("grid", plan.grid.describe())
+                       .add("heads_parallel", plan.heads_parallel)
                        .add("layout", layout_name(plan.layout))
                        .add("ranks", ranks)
                        .add("documents", problem.mask.documents())
@@ -330,8 +339,12 @@ int plan(int argc, char** argv, int first) {
   std::printf("run it: mpirun -np %d%s a2d run --algo %s", ranks,
               planned.cyclic_placement ? " --map-by node" : "",
               algorithm_name(planned.plan.algorithm).c_str());
-  if (planned.plan.algorithm == Algorithm::attention2d ||
-      planned.plan.algorithm == Algorithm::attention2d_overlap) {
+  if (planned.plan.algorithm == Algorithm::hybrid) {
+    std::printf(" --heads-parallel %d --grid %s%s", planned.plan.heads_parallel,
+                planned.plan.grid.describe().c_str(),
+                planned.plan.kv_transpose ? "" : " --no-kv-transpose");
+  } else if (planned.plan.algorithm == Algorithm::attention2d ||
+             planned.plan.algorithm == Algorithm::attention2d_overlap) {
     std::printf(" --grid %s%s", planned.plan.grid.describe().c_str(),
                 planned.plan.kv_transpose ? "" : " --no-kv-transpose");
   } else {
