@@ -38,7 +38,17 @@ PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
   const PlanSearch search =
       search_plans(problem, ranks, machine, model_ranks_per_node(machine, ranks_per_node, ranks),
                    true, machine.ranks_per_node > 0);
+  // The hybrid at U = 1 is ATTENTION2D (the search ranks it as such): its fastest grid.
+  const bool hybrid_one = algo == "hybrid" && heads_parallel == 1;
   for (const RankedPlan& r : search.ranked) {
+    if (hybrid_one && r.plan.algorithm == Algorithm::attention2d) {
+      if (!grid.empty() && r.plan.grid.describe() != parse_grid(grid).describe()) continue;
+      Plan plan = r.plan;
+      plan.algorithm = Algorithm::hybrid;
+      return {plan,
+              predict(problem, plan, machine, model_ranks_per_node(machine, ranks_per_node, ranks)),
+              machine.name + ": " + machine.description, r.cyclic_placement};
+    }
     if (!algo.empty() && algorithm_name(r.plan.algorithm) != algo) continue;
     if (!grid.empty() && r.plan.grid.describe() != parse_grid(grid).describe()) continue;
     if (heads_parallel > 0 && r.plan.heads_parallel != heads_parallel) continue;

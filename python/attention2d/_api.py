@@ -109,22 +109,36 @@ def _problem(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=
 
 
 def _resolve_plan(problem, ranks, algo="auto", grid=None, machine=None, calibration=None,
-                  threads=1, machine_file=None):
-    """The plan of a2d run's --algo/--grid: the cost model's fastest where not pinned down."""
+                  threads=1, machine_file=None, heads_parallel=None):
+    """The plan of a2d run's --algo/--grid/--heads-parallel: the cost model's fastest where not
+    pinned down."""
     algo = _algo_name(algo)
     grid = _grid_text(grid)
-    if grid:
+    hybrid = algo == "hybrid"
+    if heads_parallel is not None and not hybrid:
+        raise Error("heads_parallel applies to algo='hybrid' only")
+    u = int(heads_parallel or 0)
+    if grid and hybrid:
+        # The grid of each heads group: U x R x C must make the ranks (check_plan says so).
+        rows, cols = (int(x) for x in grid.split("x"))
+        if u == 0:
+            if ranks % (rows * cols):
+                raise Error("hybrid: the grid %s does not divide the %d ranks" % (grid, ranks))
+            u = ranks // (rows * cols)
+    elif grid:
         _core.check_grid(grid, ranks)
-    grid_matters = algo == "auto" or algo in _ATTENTION2D_ALGOS
+    grid_matters = algo == "auto" or algo in _ATTENTION2D_ALGOS or hybrid
     if algo == "auto" or (not grid and grid_matters):
         chosen, _, _ = _core.choose_plan(
             problem, ranks, ranks, machine or "",
             calibration or _core.default_calibration_file(), machine_file or "",
-            "" if algo == "auto" else algo, grid if grid_matters else "")
+            "" if algo == "auto" else algo, grid if grid_matters else "", u)
     else:
         chosen = _core.default_plan(algo, problem, ranks)
         if grid:
             chosen.grid = tuple(int(x) for x in grid.split("x"))
+        if hybrid:
+            chosen.heads_parallel = u
     chosen.threads = int(threads)
     _core.check_plan(chosen, problem, ranks)
     return chosen
@@ -132,14 +146,17 @@ def _resolve_plan(problem, ranks, algo="auto", grid=None, machine=None, calibrat
 
 def plan(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
          softmax_scale=None, dtype="float32", algo="auto", grid=None, ranks=None, comm=None,
-         machine=None, calibration=None, cu_seqlens=None, sinks=False, softcap=0.0):
+         machine=None, calibration=None, cu_seqlens=None, sinks=False, softcap=0.0,
+         heads_parallel=None):
     """The plan attention() uses for this problem on `ranks` ranks (default: the communicator's
-    size): an attention2d._core.Plan with .algorithm, .grid (R, C), .layout, .describe()."""
+    size): an attention2d._core.Plan with .algorithm, .grid (R, C), .heads_parallel, .layout,
+    .describe()."""
     if ranks is None:
         ranks = _comm(comm).Get_size()
     problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype,
                        cu_seqlens, sinks is not False and sinks is not None, softcap)
-    return _resolve_plan(problem, int(ranks), algo, grid, machine, calibration)
+    return _resolve_plan(problem, int(ranks), algo, grid, machine, calibration,
+                         heads_parallel=heads_parallel)
 
 
 def model(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
@@ -200,14 +217,15 @@ class Layout:
 
 def layout(seq, heads=1, head_dim=1, kv_heads=None, batch=1, causal=False, window=0,
            softmax_scale=None, dtype="float32", algo="auto", grid=None, comm=None, plan=None,
-           machine=None, calibration=None, cu_seqlens=None, sinks=False, softcap=0.0):
+           machine=None, calibration=None, cu_seqlens=None, sinks=False, softcap=0.0,
+           heads_parallel=None):
     """The layout attention() uses for these arguments (pass the result to attention(layout=)
     to pin its plan): heads, head_dim and dtype matter only when the planner chooses."""
     comm = _comm(comm)
     problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype,
                        cu_seqlens, sinks is not False and sinks is not None, softcap)
-    chosen = plan if plan is not None else _resolve_plan(problem, comm.Get_size(), algo, grid,
-                                                         machine, calibration)
+    chosen = plan if plan is not None else _resolve_plan(
+        problem, comm.Get_size(), algo, grid, machine, calibration, heads_parallel=heads_parallel)
     return Layout(problem, chosen, comm.Get_size(), comm.Get_rank())
 
 
@@ -402,14 +420,15 @@ if torch is not None:
 
 def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", grid=None,
               comm=None, return_lse=False, layout=None, threads=1, machine=None,
-              calibration=None, cu_seqlens=None, sinks=None, softcap=0.0):
+              calibration=None, cu_seqlens=None, sinks=None, softcap=0.0, heads_parallel=None):
     """This rank's shard of softmax(q k^T * scale) v over the whole distributed sequence.
 
     q: [batch, local tokens, heads, head_dim]; k, v: [batch, local tokens, kv_heads, head_dim]
     (GQA/MQA: heads a multiple of kv_heads), this rank's tokens in layout order
     (attention2d.layout / shard). causal: k <= q; window W > 0 (with causal): q - W < k <= q.
     softmax_scale: default 1/sqrt(head_dim). algo: attention2d, attention2d-overlap, ring,
-    allgather-kv, ulysses or auto (the cost model's choice); grid: (R, C) for ATTENTION2D.
+    allgather-kv, ulysses, hybrid or auto (the cost model's choice); grid: (R, C) for ATTENTION2D,
+    or of each heads group for the hybrid; heads_parallel: the hybrid's U (U x R x C = ranks).
     layout: a Layout from attention2d.layout(), whose plan is then used. Collective over comm
     (default MPI.COMM_WORLD): every rank calls it with the same arguments.
     cu_seqlens: packed documents, as flash-attn's varlen [0, l0, l0 + l1, ..., N] of the whole
@@ -439,7 +458,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
         int(x) for x in (cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist") else cu_seqlens))
     signature = (bool(causal), int(window or 0), softmax_scale, _algo_name(algo),
                  _grid_text(grid), None if layout is None else layout.plan.describe(),
-                 bounds, sink_list, float(softcap or 0.0))
+                 bounds, sink_list, float(softcap or 0.0), heads_parallel)
     if not error:
         b, n, h, d = q.shape
         local = (int(b), int(n), int(h), int(k.shape[2]), int(d), _describe_dtype(q))
@@ -449,7 +468,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     # Every rank now holds every rank's shapes and arguments and reaches the same verdict.
     first_local, first_signature = gathered[0]
     names = ("causal", "window", "softmax_scale", "algo", "grid", "layout", "cu_seqlens",
-             "sinks", "softcap")
+             "sinks", "softcap", "heads_parallel")
     for rank, (shapes, sig) in enumerate(gathered):
         for name, mine, theirs in zip(names, first_signature, sig):
             if mine != theirs:
@@ -474,7 +493,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
         chosen = layout.plan
         chosen.threads = int(threads)
     else:
-        chosen = _resolve_plan(problem, ranks, algo, grid, machine, calibration, threads)
+        chosen = _resolve_plan(problem, ranks, algo, grid, machine, calibration, threads,
+                               heads_parallel=heads_parallel)
     counts = [len(t) for t in _core.layout_tokens(problem, chosen, ranks)]
     for rank, (shapes, _) in enumerate(gathered):
         if shapes[1] != counts[rank]:

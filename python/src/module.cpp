@@ -267,6 +267,7 @@ PYBIND11_MODULE(_core, m) {
           [](a2d::Plan& p, const std::string& name) { p.layout = a2d::parse_layout(name); })
       .def_readwrite("stripe", &a2d::Plan::stripe)
       .def_readwrite("kv_transpose", &a2d::Plan::kv_transpose)
+      .def_readwrite("heads_parallel", &a2d::Plan::heads_parallel)
       .def_readwrite("threads", &a2d::Plan::threads)
       .def("describe", &a2d::Plan::describe)
       .def("__repr__", &a2d::Plan::describe);
@@ -282,10 +283,10 @@ PYBIND11_MODULE(_core, m) {
   m.def("choose_plan",
         [](const a2d::Problem& problem, int ranks, int ranks_per_node, const std::string& machine,
            const std::string& calibration, const std::string& machine_file, const std::string& algo,
-           const std::string& grid) {
+           const std::string& grid, int heads_parallel) {
           const a2d::commands::MachineChoice choice{machine, calibration, machine_file};
-          const auto planned =
-              a2d::commands::choose_plan(problem, ranks, ranks_per_node, choice, algo, grid);
+          const auto planned = a2d::commands::choose_plan(problem, ranks, ranks_per_node, choice,
+                                                          algo, grid, heads_parallel);
           return py::make_tuple(planned.plan, prediction_dict(planned.prediction),
                                 planned.machine_description);
         });
@@ -306,7 +307,7 @@ PYBIND11_MODULE(_core, m) {
                       const std::string& machine, const std::string& calibration,
                       const std::string& machine_file) {
     const a2d::commands::MachineChoice choice{machine, calibration, machine_file};
-    const a2d::Machine chosen = choice.machine(plan.grid.size(), problem.dtype);
+    const a2d::Machine chosen = choice.machine(plan.ranks(), problem.dtype);
     return prediction_dict(a2d::predict(problem, plan, chosen, ranks_per_node));
   });
   m.def("layout_tokens", [](const a2d::Problem& problem, const a2d::Plan& plan, int ranks) {

@@ -19,22 +19,24 @@ HEADS = [(12, 12, 16), (12, 4, 80)]  # (heads, kv_heads, head_dim): MHA and GQA 
 NAMES = ("out", "lse", "dq", "dk", "dv")
 
 
-def plan_or_skip(seq, heads, kv_heads, head_dim, causal, window, algo, dtype="float32"):
+def plan_or_skip(seq, heads, kv_heads, head_dim, causal, window, algo, dtype="float32",
+                 heads_parallel=None):
     try:
         return attention2d.layout(seq=seq, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                                  causal=causal, window=window, algo=algo, dtype=dtype)
+                                  causal=causal, window=window, algo=algo, dtype=dtype,
+                                  heads_parallel=heads_parallel)
     except attention2d.Error as e:  # the same on every rank: they all skip
         pytest.skip("%s cannot run this on %d ranks: %s" % (algo, COMM.Get_size(), e))
 
 
 def run_case(seq, heads, kv_heads, head_dim, causal, window, algo, dtype=torch.float32, batch=2,
-             seed=7):
+             seed=7, heads_parallel=None):
     lay = plan_or_skip(seq, heads, kv_heads, head_dim, causal, window, algo,
-                       str(dtype).replace("torch.", ""))
+                       str(dtype).replace("torch.", ""), heads_parallel)
     q, k, v, d_out = full_inputs(seed, batch, seq, heads, kv_heads, head_dim, dtype)
     local = [attention2d.shard(x.to(dtype), lay).requires_grad_() for x in (q, k, v)]
     out, lse = attention2d.attention(*local, causal=causal, window=window, algo=algo,
-                                     return_lse=True, layout=lay)
+                                     return_lse=True, layout=lay, heads_parallel=heads_parallel)
     out.backward(attention2d.shard(d_out.to(dtype), lay))
     expected = reference(q, k, v, d_out, causal, window,
                          out_dtype=None if dtype == torch.float32 else dtype)
@@ -61,6 +63,19 @@ def run_case(seq, heads, kv_heads, head_dim, causal, window, algo, dtype=torch.f
 @pytest.mark.parametrize("heads,kv_heads,head_dim", HEADS)
 def test_every_algorithm(algo, causal, window, heads, kv_heads, head_dim):
     run_case(29, heads, kv_heads, head_dim, causal, window, algo)
+
+
+@pytest.mark.parametrize("heads_parallel", [1, 2, 4])
+def test_hybrid_heads_parallel(heads_parallel):
+    """The hybrid (U x R x C = P, the planner's grid of P / U) on causal GQA 12:4; U = 4 > Hkv = 2
+    replicates the K/V heads."""
+    if COMM.Get_size() % heads_parallel:
+        pytest.skip("U = %d does not divide %d ranks" % (heads_parallel, COMM.Get_size()))
+    lay = plan_or_skip(37, 12, 4 if heads_parallel < 4 else 2, 16, True, 0, "hybrid",
+                       heads_parallel=heads_parallel)
+    assert lay.plan.algorithm == "hybrid" and lay.plan.heads_parallel == heads_parallel
+    run_case(37, 12, 4 if heads_parallel < 4 else 2, 16, True, 0, "hybrid",
+             heads_parallel=heads_parallel)
 
 
 @pytest.mark.parametrize("algo", ALGOS)
