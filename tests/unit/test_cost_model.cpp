@@ -754,5 +754,76 @@ TEST(CostModel, SharedLinksCarryTheOffNodeTrafficOfEveryRankOfTheirNode) {
             static_cast<long>(one.ranked.size()));
 }
 
+// The hybrid's closed forms (docs/attention2d.md, "Heads x ATTENTION2D"): with N a multiple of P
+// (n = N/P own tokens, U n per grid rank), fp32 (one word = 4 bytes), B = 1, no K/V transpose,
+// hq = H/U and hk = max(Hkv/U, 1), every rank sends
+//   forward   (U-1) n (2 hq D + 2 hk D + hq) + U n (2 hk D + (C-1) hq (2 D + 2))
+//   backward  (U-1) n (3 hq D + 4 hk D + 2 hq) + U n (4 hk D + (C-1) hq (3 D + 2))
+// words in 2 (U-1) + (R-1) + 2 (C-1) and 2 (U-1) + 2 (R-1) + 2 (C-1) messages.
+TEST(CostModel, HybridTrafficEqualsTheClosedForms) {
+  int checked = 0, replicated = 0;
+  for (const int ranks : {2, 4, 6, 8, 12}) {
+    for (const int64_t kv_heads : {int64_t{24}, int64_t{4}, int64_t{2}}) {
+      Problem p = problem_of(7 * ranks, Mask::causal(), 24, kv_heads);
+      p.batch = 1;
+      for (Plan plan : hybrid_plans(p, ranks)) {
+        plan.kv_transpose = false;
+        try {
+          check_plan(plan, p, ranks);
+        } catch (const Error&) {
+          continue;
+        }
+        const double u = plan.heads_parallel, r = plan.grid.rows, c = plan.grid.cols;
+        const double n = 7, d = static_cast<double>(p.head_dim);
+        const double hq = 24 / u, hk = std::max(static_cast<double>(kv_heads) / u, 1.0);
+        const double forward = (u - 1) * n * (2 * hq * d + 2 * hk * d + hq) +
+                               u * n * (2 * (r - 1) * hk * d + (c - 1) * hq * (2 * d + 2));
+        const double backward = (u - 1) * n * (3 * hq * d + 4 * hk * d + 2 * hq) +
+                                u * n * (4 * (r - 1) * hk * d + (c - 1) * hq * (3 * d + 2));
+        for (int rank = 0; rank < ranks; ++rank) {
+          const auto phases = predict_traffic(p, plan, rank);
+          const Traffic f = predicted_total(phases, "forward");
+          const Traffic b = predicted_total(phases, "backward");
+          EXPECT_DOUBLE_EQ(static_cast<double>(f.bytes) / 4, forward) << plan.describe();
+          EXPECT_DOUBLE_EQ(static_cast<double>(b.bytes) / 4, backward) << plan.describe();
+          EXPECT_EQ(f.messages, 2 * (u - 1) + (r - 1) + 2 * (c - 1)) << plan.describe();
+          EXPECT_EQ(b.messages, 2 * (u - 1) + 2 * (r - 1) + 2 * (c - 1)) << plan.describe();
+          ++checked;
+        }
+        if (hybrid_kv_replication(p, plan.heads_parallel) > 1) ++replicated;
+      }
+    }
+  }
+  EXPECT_GT(checked, 300);
+  EXPECT_GT(replicated, 5);
+}
+
+// U = P (R = C = 1) sends what Ulysses sends, and U = 1 what ATTENTION2D sends, phase by phase.
+TEST(CostModel, HybridAtItsEndsIsUlyssesAndAttention2D) {
+  const Problem p = problem_of(9 * 8 + 5, Mask::causal(), 16, 8);
+  Plan ulysses_like = default_plan(Algorithm::hybrid, p, 8);
+  ulysses_like.heads_parallel = 8;
+  ulysses_like.grid = {1, 1};
+  Plan ulysses = default_plan(Algorithm::ulysses, p, 8);
+  ulysses.layout = LayoutKind::cyclic;
+  Plan attention2d_like = default_plan(Algorithm::hybrid, p, 8);
+  attention2d_like.heads_parallel = 1;
+  attention2d_like.grid = {2, 4};
+  Plan attention2d = default_plan(Algorithm::attention2d, p, 8);
+  attention2d.grid = {2, 4};
+  for (int rank = 0; rank < 8; ++rank) {
+    for (const auto& [mine, theirs] :
+         {std::pair{ulysses_like, ulysses}, std::pair{attention2d_like, attention2d}}) {
+      const auto a = predict_traffic(p, mine, rank), b = predict_traffic(p, theirs, rank);
+      for (const auto& [phase, t] : b) {
+        ASSERT_TRUE(a.count(phase)) << phase;
+        EXPECT_EQ(a.at(phase).bytes, t.bytes) << phase << " rank " << rank;
+        EXPECT_EQ(a.at(phase).messages, t.messages) << phase << " rank " << rank;
+      }
+      EXPECT_EQ(predicted_total(a, "").bytes, predicted_total(b, "").bytes);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace a2d
