@@ -262,6 +262,7 @@ std::string RunReport::json() const {
       .add("ranks", ranks)
       .add("layout", layout_name(plan.layout))
       .add("kv_transpose", plan.kv_transpose)
+      .add("heads_parallel", plan.heads_parallel)
       .add("batch", problem.batch)
       .add("seq", problem.seq)
       .add("heads", problem.heads)
