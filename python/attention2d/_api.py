@@ -177,7 +177,8 @@ def model(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
         calibration or _core.default_calibration_file(), machine_file or "")
     rows = []
     for chosen, prediction in ranked:
-        row = {"algorithm": chosen.algorithm, "grid": chosen.grid, "layout": chosen.layout,
+        row = {"algorithm": chosen.algorithm, "grid": chosen.grid,
+               "heads_parallel": chosen.heads_parallel, "layout": chosen.layout,
                "plan": chosen.describe(), "machine": machine_text}
         row.update(prediction)
         rows.append(row)
