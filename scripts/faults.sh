@@ -182,7 +182,7 @@ PY
 
 traffic_bytes() {  # bytes through host h's eth0, both directions
   ip netns exec "$name-h$1" cat /sys/class/net/eth0/statistics/rx_bytes \
-    /sys/class/net/eth0/statistics/tx_bytes 2>/dev/null | awk '{sum += $1} END{print sum + 0}'
+    /sys/class/net/eth0/statistics/tx_bytes 2>/dev/null | awk '{sum += $1} END{printf "%.0f\n", sum}'
 }
 
 rows=()
@@ -320,7 +320,7 @@ run_one() {
   if [ "$verdict" != pass ]; then
     failures=$((failures + 1))
     echo "faults: $fault/$algo failed:$why; its log:" >&2
-    sed 's/^/    /' "$log" | tail -40 >&2
+    sed "s/^/    /" "$log" >&2
   fi
 }
 
