@@ -271,7 +271,9 @@ run_one() {
   local left
   left=$(ns_pids | tr '\n' ' ')
   case "$fault" in
-    link_flap | slow) message=$(grep -m1 -E "^check: |a2d watchdog: rank" "$log" || true) ;;
+    link_flap | slow)
+      message=$(grep -m1 -E "^check: |a2d watchdog: rank" "$log" | sed -E 's/^(check:).* (PASS|FAIL).*/\1 \2/' || true)
+      ;;
     kill_rank) message=$(grep -m1 -E "exited on signal" "$log" || true) ;;
     disk_full) message=$(grep -m1 -E "No space left|cannot write" "$log" || true) ;;
     *) message=$(grep -m1 -E "not answering.*on host" "$log" || true) ;;
@@ -292,6 +294,10 @@ run_one() {
       else
         grep -q "a2d watchdog: rank .* in phase" "$log" || { verdict=fail; why+=" exit $code without the watchdog's report"; }
       fi
+      ;;
+    disk_full)
+      # It strikes at the write, after the run: no bound from the moment the disk filled.
+      [ "$code" -ne 0 ] || { verdict=fail; why+=" exit 0 with a full disk"; }
       ;;
     *)
       [ "$code" -ne 0 ] || { verdict=fail; why+=" exit 0 after a fatal fault"; }
