@@ -267,9 +267,13 @@ run_one() {
   [ -z "$undo" ] || $undo 2>/dev/null || true
   local took verdict="pass" why="" message files
   took=$(elapsed "$fault_time" "$end")
-  sleep 1
-  local left
-  left=$(ns_pids | tr '\n' ' ')
+  # Daemons exiting after mpirun may take a moment: anything still there 3 s later is left behind.
+  local left tries
+  for tries in $(seq 30); do
+    left=$(ns_pids | tr '\n' ' ')
+    [ -n "$left" ] || break
+    sleep 0.1
+  done
   case "$fault" in
     link_flap | slow)
       message=$(grep -m1 -E "^check: |a2d watchdog: rank" "$log" | sed -E 's/^(check:).* (PASS|FAIL).*/\1 \2/' || true)
