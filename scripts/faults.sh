@@ -64,7 +64,7 @@ while [ $# -gt 0 ]; do
     --all-pairs) all_pairs=1; shift ;;
     --rto-max-ms) rto_max_ms=$2; shift 2 ;;
     --table) table=$2; shift 2 ;;
-    -h | --help) sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "faults: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
