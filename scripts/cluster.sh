@@ -5,7 +5,7 @@
 #
 #   scripts/cluster.sh up   --hosts H [--slots S] [--rate 100mbit] [--delay 1ms] [--link host|rank]
 #                           [--name NAME] [--owner PID] [--a2d build/a2d] [--no-calibrate]
-#   scripts/cluster.sh run  --name NAME [--cyclic] [--] PROGRAM ARGS...
+#   scripts/cluster.sh run  --name NAME [--cyclic] [--exit-grace SECONDS] [--] PROGRAM ARGS...
 #                           (mpirun -np H*S across the hosts; world rank q on host q / S, or with
 #                           --cyclic on host q mod H: mpirun --map-by node)
 #   scripts/cluster.sh down --name NAME
@@ -29,6 +29,12 @@
 # caller's pid, or --owner); `gc`, which `up` runs first, tears down the clusters whose owner is
 # gone, so a crashed job leaves nothing behind for long.
 #
+# `run` bounds a job whose launcher hangs: once a rank has exited, mpirun has --exit-grace seconds
+# (default 10) to end the job; if it has not (it waits on a host whose processes, its Open MPI
+# daemon too, are all stopped: docs/reliability.md, "Faults across hosts"), `run` names the ranks
+# still there, kills mpirun and what is left in the cluster's namespaces and exits 124, as
+# srun --wait does on a Slurm cluster.
+#
 # `up` also writes NAME's machine file (state directory, machine.txt; `--machine-file` of a2d
 # model, plan, bench and run): the links as shaped, the ranks per node and whether they share the
 # link, and the kernel rates from `a2d calibrate` run across the cluster (--no-calibrate: from
@@ -44,7 +50,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,34p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-0}"
 }
 
@@ -179,8 +185,12 @@ shift
 exec ip netns exec "\$host" unshare --uts -- sh -c "hostname \$host && exec \$*"
 EOF
   # Each rank, started by its host's daemon: with one link per rank, into its own namespace.
+  # It records its pid (exec keeps it) for `run`'s watch over the job.
   cat >"$dir/rank" <<EOF
 #!/bin/sh
+if [ -n "\${A2D_CLUSTER_PIDS:-}" ]; then
+  echo \$\$ >"\$A2D_CLUSTER_PIDS/\${OMPI_COMM_WORLD_RANK:?}"
+fi
 if [ "$link" = rank ]; then
   exec ip netns exec "\$(hostname)r\${OMPI_COMM_WORLD_LOCAL_RANK:?}" "\$@"
 fi
@@ -271,17 +281,73 @@ mpirun_args() {  # the mpirun options of a cluster (after load_state)
     --bind-to none --oversubscribe --allow-run-as-root
 }
 
+alive() {  # a process that exists and is not a zombie (a stopped one is alive)
+  local state
+  state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+  [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+}
+
+kill_namespaces() {  # SIGKILL every process inside this cluster's namespaces (ours only)
+  local ns pid
+  for ns in $(namespaces_of "$1"); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
+  done
+}
+
+# Waits for mpirun (pid $1); the ranks' pids are files named by rank in $2. Returns mpirun's
+# exit status, or 124 when it was still running $3 seconds after a rank had exited.
+watch_job() {
+  local launcher=$1 pids=$2 grace=$3 first_exit="" file rank pid gone alive_ranks
+  while alive "$launcher"; do
+    if [ -z "$first_exit" ]; then
+      for file in "$pids"/*; do
+        [ -f "$file" ] || continue
+        pid=$(cat "$file")
+        if [ -n "$pid" ] && ! alive "$pid"; then
+          first_exit=$SECONDS
+          gone=$(basename "$file")
+          break
+        fi
+      done
+    elif [ $((SECONDS - first_exit)) -ge "$grace" ]; then
+      alive_ranks=""
+      for file in "$pids"/*; do
+        rank=$(basename "$file")
+        pid=$(cat "$file")
+        if alive "$pid"; then
+          alive_ranks+=" $rank"
+          [ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)" != T ] || alive_ranks+="(stopped)"
+        fi
+      done
+      echo "cluster: rank $gone exited ${grace} s ago and mpirun has not ended the job (ranks still" \
+        "there:${alive_ranks:- none}; a host whose processes are stopped?): ending it" >&2
+      # Not SIGINT: Open MPI's forced exit after a second interrupt crashes in PMIx_Finalize
+      # while a daemon is stopped; nothing of mpirun's own cleanup can finish then anyway.
+      kill -KILL "$launcher" 2>/dev/null || true
+      kill_namespaces "$name"
+      wait "$launcher" 2>/dev/null || true
+      return 124
+    fi
+    sleep 0.5
+  done
+  local status=0
+  wait "$launcher" || status=$?
+  return "$status"
+}
+
 run() {
-  local name="" placement=()
+  local name="" placement=() grace=10
   while [ $# -gt 0 ]; do
     case "$1" in
       --name) name=$2; shift 2 ;;
       --cyclic) placement=(--map-by node); shift ;;
+      --exit-grace) grace=$2; shift 2 ;;
       --) shift; break ;;
       *) break ;;
     esac
   done
   [ -n "$name" ] || die "run: --name NAME"
+  [[ "$grace" =~ ^[0-9]+$ && "$grace" -ge 1 ]] || die "run: --exit-grace: whole seconds, at least 1"
   [ $# -gt 0 ] || die "run: a program to run"
   load_state "$name"
   local args=()
@@ -293,16 +359,20 @@ run() {
     # loopback: let the server listen on the cluster's subnet too.
     export PMIX_MCA_ptl_tcp_remote_connections=1 PMIX_MCA_ptl_tcp_if_include="$subnet"
   fi
-  local status=0
+  local pids
+  pids=$(mktemp -d "$state_root/$name/job.XXXXXX")
+  export A2D_CLUSTER_PIDS=$pids
+  local status=0 launcher
   ip netns exec "$name-h0" unshare --uts -- sh -c 'hostname "$0" && exec "$@"' "$name-h0" \
-    mpirun "${args[@]}" "${placement[@]}" "$state_root/$name/rank" "$@" || status=$?
+    mpirun "${args[@]}" -x A2D_CLUSTER_PIDS "${placement[@]}" "$state_root/$name/rank" "$@" &
+  launcher=$!
+  # Interrupted (a test's time limit, ctrl-C): end the job, and what it left in the namespaces.
+  trap 'kill -TERM "$launcher" 2>/dev/null; sleep 1; kill_namespaces "$name"; rm -rf "$pids"; exit 130' INT TERM
+  watch_job "$launcher" "$pids" "$grace" || status=$?
+  trap - INT TERM
   # A failed job can leave ranks behind inside the namespaces: end them (ours only).
-  if [ "$status" -ne 0 ]; then
-    local ns pid
-    for ns in $(namespaces_of "$name"); do
-      for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
-    done
-  fi
+  [ "$status" -eq 0 ] || kill_namespaces "$name"
+  rm -rf "$pids"
   return "$status"
 }
 

@@ -189,7 +189,9 @@ int run(int argc, char** argv, int first) {
     options.add_int("--iters", &o.iters, "timed iterations; the median is reported");
     options.add_double("--timeout", &o.timeout,
                        "watchdog: abort the job, naming the phase and the ranks that did not "
-                       "arrive, when no rank made progress for this many seconds (0 = off)");
+                       "arrive, when no rank made progress for this many seconds (0 = off; "
+                       "the default, 300, outlasts a network outage of up to 120 s, whose TCP "
+                       "backoff stalls a job up to twice as long: docs/reliability.md)");
     bool asked_help = false;
     collective_check(world, [&] {
       asked_help = !options.parse(argc, argv, first);

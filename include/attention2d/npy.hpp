@@ -5,8 +5,9 @@
 // order, a truncated body, a malformed header) is refused with an a2d::Error that names the file
 // and what is wrong. to_float() and to_double() widen float16 exactly.
 // Write: float16, float32 or float64, version 1.0, C order, little endian, data on a 64-byte
-// boundary, through a temporary file renamed into place; an existing file is refused unless
-// overwrite is asked for.
+// boundary, through a temporary file linked or renamed into place (unnamed until then where the
+// file system allows, O_TMPFILE, so that a writer killed at any moment leaves nothing behind;
+// flushed to the device first); an existing file is refused unless overwrite is asked for.
 #pragma once
 
 #include <cstddef>

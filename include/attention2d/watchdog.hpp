@@ -8,12 +8,13 @@
 // If no rank progressed within the timeout, or a rank does not answer, it prints
 //
 //   a2d watchdog: rank 3 made no progress for 10.0 s in phase forward.q_allgather
-//     behind: rank 2 (phase 7 forward.kernel, 10.1 s)
-//     waiting: ranks 0, 1, 3 (phase 8 forward.merge_reduce_scatter, 10.0 s)
+//     behind: rank 2 (phase 7 forward.kernel, 10.1 s) on host node2
+//     waiting: ranks 0, 1, 3 (phase 8 forward.merge_reduce_scatter, 10.0 s) on hosts node0, node1
 //
 // and aborts the whole job (MPI_Abort, exit code 124). A rank that does not answer within two
-// seconds is reported as not answering (dead or stuck outside MPI). Requires
-// MPI_THREAD_MULTIPLE, which MpiSession requests.
+// seconds is reported as not answering (dead or stuck outside MPI), with its host. If MPI_Abort
+// has not ended the rank 5 s later (a launcher waiting on a frozen host), the rank exits itself
+// with code 124. Requires MPI_THREAD_MULTIPLE, which MpiSession requests.
 //
 // Fault injection for tests (never set in production): A2D_FAULT_STALL="RANK:PHASE:SECONDS"
 // makes RANK sleep SECONDS when it enters PHASE; A2D_FAULT_EXIT="RANK:PHASE" makes it exit.

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +22,8 @@ namespace {
 constexpr int kTagRequest = 71;
 constexpr int kTagReply = 72;
 constexpr int kPhaseChars = 64;
+// How long a rank that called MPI_Abort waits for the launcher to end it before it exits itself.
+constexpr double kAbortGraceSeconds = 5.0;
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -89,6 +92,8 @@ struct Watchdog::State {
   int rank = 0;
   int size = 1;
   double timeout = 0;
+  std::vector<std::string> hosts;  // every rank's host (MPI_Get_processor_name), by rank
+
   std::atomic<bool> stop{false};
   std::thread thread;
 
@@ -103,6 +108,21 @@ struct Watchdog::State {
       Status mine = g_tracker.status();
       MPI_Send(&mine, sizeof mine, MPI_BYTE, probe.MPI_SOURCE, kTagReply, comm);
     }
+  }
+
+  // " on host h2" or " on hosts h1, h2" for a group of ranks: which machine to look at.
+  std::string hosts_of(const std::vector<int>& ranks) const {
+    std::vector<std::string> names;
+    for (int peer : ranks) {
+      if (std::find(names.begin(), names.end(), hosts[peer]) == names.end())
+        names.push_back(hosts[peer]);
+    }
+    std::string text = names.size() > 1 ? " on hosts " : " on host ";
+    const size_t shown = std::min<size_t>(names.size(), 4);
+    for (size_t i = 0; i < shown; ++i)
+      text += (i ? ", " : "") + names[i];
+    if (names.size() > shown) text += " and " + std::to_string(names.size() - shown) + " more";
+    return text;
   }
 
   // Called when this rank made no progress for the timeout. Aborts the job if no rank did (or a
@@ -162,7 +182,7 @@ struct Watchdog::State {
       for (size_t i = 0; i < ranks.size(); ++i)
         out << (i ? ", " : "") << ranks[i];
       out << " (phase " << static_cast<int64_t>(key.first) << " " << key.second << ", "
-          << longest[key] << " s)\n";
+          << longest[key] << " s)" << hosts_of(ranks) << "\n";
     }
     std::vector<int> silent;
     for (int peer = 0; peer < size; ++peer) {
@@ -172,11 +192,20 @@ struct Watchdog::State {
       out << "  not answering (dead or stuck): " << (silent.size() > 1 ? "ranks " : "rank ");
       for (size_t i = 0; i < silent.size(); ++i)
         out << (i ? ", " : "") << silent[i];
-      out << "\n";
+      out << hosts_of(silent) << "\n";
     }
     out << "a2d watchdog: aborting the job\n";
     std::fputs(out.str().c_str(), stderr);
     std::fflush(stderr);
+    // MPI_Abort asks the launcher to end every rank; it may never return when the launcher waits
+    // on a host whose processes are all stopped (its daemon too). This rank then ends itself
+    // after kAbortGraceSeconds, so that no live rank outlasts its abort for long (see
+    // docs/reliability.md, "Faults across hosts").
+    std::thread([] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceSeconds));
+      std::fputs("a2d watchdog: MPI_Abort did not end this rank; it exits itself\n", stderr);
+      std::_Exit(124);
+    }).detach();
     MPI_Abort(MPI_COMM_WORLD, 124);
     std::_Exit(124);
   }
@@ -207,6 +236,14 @@ Watchdog::Watchdog(MPI_Comm comm, double timeout_seconds) : state_(std::make_uni
   MPI_Comm_dup(comm, &state_->comm);
   MPI_Comm_rank(state_->comm, &state_->rank);
   MPI_Comm_size(state_->comm, &state_->size);
+  char host[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MPI_Get_processor_name(host, &length);
+  std::vector<char> all(static_cast<size_t>(state_->size) * MPI_MAX_PROCESSOR_NAME);
+  MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                MPI_CHAR, state_->comm);
+  for (int peer = 0; peer < state_->size; ++peer)
+    state_->hosts.emplace_back(all.data() + static_cast<size_t>(peer) * MPI_MAX_PROCESSOR_NAME);
   state_->timeout = timeout_seconds;
   {
     std::lock_guard<std::mutex> lock(g_tracker.mutex);

@@ -4,6 +4,7 @@
 // spaces and a newline so the data starts on a 64-byte boundary.
 #include "attention2d/npy.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -371,34 +372,107 @@ std::string temporary_path(const std::string& path) {
   return path + ".tmp." + std::to_string(getpid());
 }
 
-void write_temporary(const std::string& path, const std::vector<std::byte>& bytes) {
-  const std::string temporary = temporary_path(path);
-  std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-  if (!out) A2D_FAIL("cannot write ", path, ": ", errno_text());
-  out.write(reinterpret_cast<const char*>(bytes.data()),
-            static_cast<std::streamsize>(bytes.size()));
-  out.flush();
-  if (!out) {
+std::string directory_of(const std::string& path) {
+  const auto slash = path.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// A complete file not yet in place. Where the file system can (O_TMPFILE: ext4, xfs, btrfs,
+// tmpfs), it has no name until it is committed, so a writer killed at any moment (SIGKILL, an
+// MPI_Abort from another rank) leaves nothing behind; elsewhere it is named path.tmp.PID until
+// then, and removed on every failure this process sees.
+struct Temporary {
+  std::string path;   // the target
+  std::string named;  // the temporary's name, empty while it has none
+  int fd = -1;
+
+  void discard() {
+    if (fd >= 0) ::close(fd);
+    fd = -1;
+    if (!named.empty()) unlink(named.c_str());
+  }
+};
+
+// Writes every byte (retrying short writes and EINTR) and flushes them to the device.
+bool write_fully(int fd, const std::vector<std::byte>& bytes) {
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<std::size_t>(n);
+  }
+  return ::fsync(fd) == 0;
+}
+
+Temporary write_temporary(const std::string& path, const std::vector<std::byte>& bytes) {
+  Temporary t;
+  t.path = path;
+  // An unnamed file is committed by linking /proc/self/fd/N: only where /proc is there.
+  if (::access("/proc/self/fd", X_OK) == 0) {
+    t.fd = ::open(directory_of(path).c_str(), O_TMPFILE | O_WRONLY | O_CLOEXEC, 0666);
+  }
+  if (t.fd < 0) {
+    t.named = temporary_path(path);
+    t.fd = ::open(t.named.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (t.fd < 0) {
+      t.named.clear();  // nothing was created
+      A2D_FAIL("cannot write ", path, ": ", errno_text());
+    }
+  }
+  if (!write_fully(t.fd, bytes)) {
     const std::string reason = errno_text();
-    unlink(temporary.c_str());
+    t.discard();
     A2D_FAIL("cannot write ", path, ": ", reason);
   }
+  return t;
 }
 
 // Moves a complete temporary into place. Refusing to overwrite uses link(), which fails if the
-// target appeared meanwhile: a file we were not asked to replace is never clobbered.
-void commit_temporary(const std::string& path, Overwrite overwrite) {
-  const std::string temporary = temporary_path(path);
+// target appeared meanwhile: a file we were not asked to replace is never clobbered. Replacing
+// one is a rename(), so the target is at every moment either the old file or the new one.
+void commit_temporary(Temporary& t, Overwrite overwrite) {
+  if (t.named.empty()) {
+    const std::string self = "/proc/self/fd/" + std::to_string(t.fd);
+    if (overwrite == Overwrite::refuse) {
+      if (linkat(AT_FDCWD, self.c_str(), AT_FDCWD, t.path.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+        const std::string reason =
+            errno == EEXIST ? "it already exists; pass --force to overwrite it" : errno_text();
+        A2D_FAIL("cannot create ", t.path, ": ", reason);
+      }
+      t.discard();
+      return;
+    }
+    // rename() needs a name: the temporary has one only for the instant before the rename.
+    const std::string named = temporary_path(t.path);
+    unlink(named.c_str());
+    if (linkat(AT_FDCWD, self.c_str(), AT_FDCWD, named.c_str(), AT_SYMLINK_FOLLOW) != 0) {
+      A2D_FAIL("cannot write ", t.path, ": ", errno_text());
+    }
+    t.named = named;
+  }
   if (overwrite == Overwrite::refuse) {
-    if (link(temporary.c_str(), path.c_str()) != 0) {
+    if (link(t.named.c_str(), t.path.c_str()) != 0) {
       const std::string reason =
           errno == EEXIST ? "it already exists; pass --force to overwrite it" : errno_text();
-      A2D_FAIL("cannot create ", path, ": ", reason);
+      A2D_FAIL("cannot create ", t.path, ": ", reason);
     }
-    unlink(temporary.c_str());
-  } else if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    A2D_FAIL("cannot move the output into ", path, ": ", errno_text());
+  } else if (std::rename(t.named.c_str(), t.path.c_str()) != 0) {
+    A2D_FAIL("cannot move the output into ", t.path, ": ", errno_text());
+  } else {
+    t.named.clear();  // it is the target now
   }
+  t.discard();
+}
+
+// The directory entries made by the commits, to the device too (best effort: a directory that
+// cannot be opened for reading changes nothing about the files themselves).
+void sync_directory(const std::string& path) {
+  const int fd = ::open(directory_of(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
 }
 
 }  // namespace
@@ -409,23 +483,25 @@ void write_all(const std::vector<File>& files, Overwrite overwrite) {
       A2D_FAIL(f.path, " already exists; pass --force to overwrite it");
     }
   }
-  size_t written = 0, committed = 0;
+  std::vector<Temporary> temporaries;
+  temporaries.reserve(files.size());
+  size_t committed = 0;
   try {
-    for (; written < files.size(); ++written) {
-      const File& f = files[written];
-      write_temporary(f.path, encode(f.shape, f.dtype, f.data));
-    }
+    for (const File& f : files)
+      temporaries.push_back(write_temporary(f.path, encode(f.shape, f.dtype, f.data)));
     for (; committed < files.size(); ++committed)
-      commit_temporary(files[committed].path, overwrite);
+      commit_temporary(temporaries[committed], overwrite);
   } catch (const Error&) {
-    for (size_t i = committed; i < written; ++i)
-      unlink(temporary_path(files[i].path).c_str());
+    for (size_t i = committed; i < temporaries.size(); ++i)
+      temporaries[i].discard();
     if (overwrite == Overwrite::refuse) {
       for (size_t i = 0; i < committed; ++i)
         unlink(files[i].path.c_str());
     }
     throw;
   }
+  for (const File& f : files)
+    sync_directory(f.path);
 }
 
 namespace {
@@ -434,13 +510,14 @@ void write_bytes(const std::string& path, const std::vector<std::byte>& bytes,
   if (overwrite == Overwrite::refuse && access(path.c_str(), F_OK) == 0) {
     A2D_FAIL(path, " already exists; pass --force to overwrite it");
   }
-  write_temporary(path, bytes);
+  Temporary t = write_temporary(path, bytes);
   try {
-    commit_temporary(path, overwrite);
+    commit_temporary(t, overwrite);
   } catch (const Error&) {
-    unlink(temporary_path(path).c_str());
+    t.discard();
     throw;
   }
+  sync_directory(path);
 }
 }  // namespace
 

@@ -21,6 +21,8 @@ echo "$out"
 [ "$elapsed" -lt 60 ] || fail "the watchdog took ${elapsed} s for a 3 s timeout"
 echo "$out" | grep -q "did not arrive (furthest behind): rank 2 (phase [0-9]* forward.kernel" ||
   fail "the report does not name rank 2 and its phase"
+echo "$out" | grep -q "did not arrive (furthest behind): rank 2 (.*) on host $(hostname)\$" ||
+  fail "the report does not name rank 2's host"
 
 # A rank that exits in the middle of the backward: the job ends non-zero.
 out=$(A2D_FAULT_EXIT=1:backward.kernel timeout 120 "$mpiexec" --oversubscribe -np 3 "$a2d" run \

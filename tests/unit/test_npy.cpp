@@ -1,10 +1,14 @@
 // .npy reading and writing: round trips, and a clear error for every malformed input.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <bit>
+#include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -359,6 +363,51 @@ TEST_F(NpyTest, NeverOverwritesWithoutBeingAsked) {
   for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir_))
     ++files;
   EXPECT_EQ(files, 1);
+}
+
+// A writer killed at any moment (SIGKILL: an MPI_Abort, a killed rank) leaves each file either
+// as it was or complete and new, and no temporary. Where the file system cannot make unnamed
+// files (O_TMPFILE), a named temporary may remain after SIGKILL: skipped there.
+TEST_F(NpyTest, AKilledWriterLeavesNothingPartial) {
+  const int probe = ::open(dir_.c_str(), O_TMPFILE | O_WRONLY, 0600);
+  if (probe < 0) GTEST_SKIP() << "no O_TMPFILE on " << dir_ << ": " << std::strerror(errno);
+  ::close(probe);
+  const int64_t count = 4 << 20;  // 16 MB a file: long enough to be killed in the middle
+  const std::vector<float> old_values(count, 1.0f), new_values(count, 2.0f);
+  for (const auto overwrite : {npy::Overwrite::refuse, npy::Overwrite::allow}) {
+    for (const int delay_us : {0, 2000, 10000, 40000, 160000}) {
+      fs::remove_all(dir_);
+      fs::create_directories(dir_);
+      if (overwrite == npy::Overwrite::allow) {
+        npy::write_all({{path("a.npy"), {count}, old_values.data()},
+                        {path("b.npy"), {count}, old_values.data()}},
+                       npy::Overwrite::refuse);
+      }
+      const pid_t child = fork();
+      ASSERT_GE(child, 0);
+      if (child == 0) {
+        npy::write_all({{path("a.npy"), {count}, new_values.data()},
+                        {path("b.npy"), {count}, new_values.data()}},
+                       overwrite);
+        _exit(0);
+      }
+      usleep(delay_us);
+      kill(child, SIGKILL);
+      waitpid(child, nullptr, 0);
+      for (const auto& entry : fs::directory_iterator(dir_)) {
+        const std::string name = entry.path().filename().string();
+        ASSERT_TRUE(name == "a.npy" || name == "b.npy")
+            << name << " left after " << delay_us << " us";
+        const std::vector<float> values = npy::read(entry.path().string()).to_float();
+        EXPECT_TRUE(values == new_values ||
+                    (overwrite == npy::Overwrite::allow && values == old_values))
+            << name << " is neither the old file nor the new one";
+      }
+      if (overwrite == npy::Overwrite::allow) {
+        EXPECT_TRUE(fs::exists(path("a.npy")) && fs::exists(path("b.npy")));
+      }
+    }
+  }
 }
 
 TEST_F(NpyTest, WriteAllLeavesNoPartialSetBehind) {
