@@ -255,6 +255,7 @@ void print_csv(const std::vector<Row>& rows, const Problem& problem, int ranks, 
 }  // namespace
 
 int bench(int argc, char** argv, int first) {
+  if (has_flag(argc, argv, first, "--decode")) return decode_main(argc, argv, first, true);
   MpiSession mpi(&argc, &argv);
   auto log = std::make_shared<TrafficLog>();
   CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);

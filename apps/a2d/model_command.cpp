@@ -261,6 +261,7 @@ void print_balance(const Problem& problem, int ranks, bool json) {
 }  // namespace
 
 int model(int argc, char** argv, int first) {
+  if (has_flag(argc, argv, first, "--decode")) return model_decode(argc, argv, first);
   ModelOptions o;
   cli::Options options(
       "a2d model [options]",
