@@ -284,6 +284,9 @@ int bench(int argc, char** argv, int first) {
                      "ATTENTION2D without the K/V transpose");
     options.add_int("--threads", &o.threads, "kernel threads per rank");
     options.add_flag("--backward", &o.backward, "also time the backward pass");
+    bool decode = false;  // handled by decode_main (decode_command.cpp)
+    options.add_flag("--decode", &decode,
+                     "instead: time prefill and decode steps (a2d bench --decode --help)");
     options.add_int("--warmup", &o.warmup, "untimed iterations per row");
     options.add_int("--iters", &o.iters, "timed iterations per row (median)");
     options.add_flag("--sequential", &o.sequential,
