@@ -54,7 +54,6 @@ class DecodeReference {
 
  private:
   Problem problem_;
-  uint64_t seed_;
   int64_t total_;
   std::vector<double> k_, v_, sinks_;
 };

@@ -102,7 +102,7 @@ double DecodeErrors::lse() const {
 }
 
 DecodeReference::DecodeReference(const Problem& problem, uint64_t seed, int64_t total)
-    : problem_(problem), seed_(seed), total_(total) {
+    : problem_(problem), total_(total) {
   std::vector<int64_t> all(static_cast<size_t>(total));
   for (int64_t t = 0; t < total; ++t)
     all[static_cast<size_t>(t)] = t;
