@@ -124,6 +124,9 @@ class Decoder:
         counts = _raise_collectively(self.comm, error, mine)
         total = sum(counts) if tokens is None else int(tokens)
         error = "" if total >= 1 else "a decode step appends at least one token, got %d" % total
-        _raise_collectively(self.comm, error)
+        totals = _raise_collectively(self.comm, error, total)
+        if len(set(totals)) > 1:
+            raise Error("the ranks passed different step sizes; every rank must pass the same "
+                        "tokens=: %s by rank" % totals)
         self._check(q, k, v, len(self.next_positions(total)), "step")
         return self._call(lambda *a: self._engine.step(total, *a), q, k, v)
