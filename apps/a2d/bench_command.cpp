@@ -281,6 +281,7 @@ void print_csv(const std::vector<Row>& rows, const Problem& problem, int ranks, 
 }  // namespace
 
 int bench(int argc, char** argv, int first) {
+  if (has_flag(argc, argv, first, "--decode")) return decode_main(argc, argv, first, true);
   MpiSession mpi(&argc, &argv);
   auto log = std::make_shared<TrafficLog>();
   CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
@@ -314,6 +315,9 @@ int bench(int argc, char** argv, int first) {
                      "ATTENTION2D without the K/V transpose");
     options.add_int("--threads", &o.threads, "kernel threads per rank");
     options.add_flag("--backward", &o.backward, "also time the backward pass");
+    bool decode = false;  // handled by decode_main (decode_command.cpp)
+    options.add_flag("--decode", &decode,
+                     "instead: time prefill and decode steps (a2d bench --decode --help)");
     options.add_int("--warmup", &o.warmup, "untimed iterations per row");
     options.add_int("--iters", &o.iters, "timed iterations per row (median)");
     options.add_flag("--sequential", &o.sequential,

@@ -18,5 +18,12 @@ int calibrate(int argc, char** argv, int first);  // needs MPI
 int bench(int argc, char** argv, int first);      // needs MPI
 int model(int argc, char** argv, int first);
 int plan(int argc, char** argv, int first);
+int decode(int argc, char** argv, int first);  // needs MPI
+// a2d decode's body; bench = true for a2d bench --decode (needs MPI).
+int decode_main(int argc, char** argv, int first, bool bench);
+// a2d model --decode: the decode step's prediction (docs/inference.md).
+int model_decode(int argc, char** argv, int first);
+// Whether argv[first..argc) holds `flag`.
+bool has_flag(int argc, char** argv, int first, const char* flag);
 
 }  // namespace a2d::commands

@@ -43,6 +43,8 @@ const Subcommand kSubcommands[] = {
      a2d::commands::run},
     {"bench", "every algorithm and grid side by side under mpiexec, with the model's prediction",
      a2d::commands::bench},
+    {"decode", "prefill a prompt into a distributed KV cache, then time and --check decode steps",
+     a2d::commands::decode},
     {"calibrate", "measure this machine (kernel rate, latency, bandwidth) for the cost model",
      a2d::commands::calibrate},
 #endif

@@ -270,6 +270,7 @@ void print_balance(const Problem& problem, int ranks, bool json) {
 }  // namespace
 
 int model(int argc, char** argv, int first) {
+  if (has_flag(argc, argv, first, "--decode")) return model_decode(argc, argv, first);
   ModelOptions o;
   cli::Options options(
       "a2d model [options]",
@@ -277,6 +278,9 @@ int model(int argc, char** argv, int first) {
       "the words and messages each rank sends and the peak memory per rank, best first. Pure\n"
       "arithmetic: instant for P up to 16384 and N up to 2^24. docs/cost-model.md derives it.");
   o.declare(options);
+  bool decode = false;  // handled by model_decode (decode_model_command.cpp)
+  options.add_flag("--decode", &decode,
+                   "instead: prefill and decode steps (a2d model --decode --help)");
   options.add_string("--plot", &o.plot, "also draw predicted time against --plot-x (.svg or .png)");
   options.add_string("--plot-x", &o.plot_x,
                      "gpus (powers of two up to --gpus) or seq (N/16 .. 16N)");

@@ -10,13 +10,16 @@ sequence, in flash-attn's shape convention [batch, local tokens, heads, head_dim
 
 attention() is differentiable for torch tensors (forward and backward run the distributed
 engine), and takes numpy arrays for the forward. plan() and model() give the planner's choice and
-the cost model's predictions; unshard() puts a tensor back together from its shards.
+the cost model's predictions; unshard() puts a tensor back together from its shards. Decoder
+prefills a prompt into a distributed KV cache and decodes steps of new tokens (docs/inference.md).
 """
 
 from ._core import Error, version as __version__
 from ._api import Layout, attention, layout, model, plan, shard, unshard, watchdog
+from ._decode import Decoder
 
 __all__ = [
+    "Decoder",
     "Error",
     "Layout",
     "attention",

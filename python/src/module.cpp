@@ -23,6 +23,7 @@
 #include "attention2d/cost_model.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/harness.hpp"
+#include "attention2d/inference.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/version.hpp"
 #include "attention2d/watchdog.hpp"
@@ -141,6 +142,7 @@ class Engine {
   }
 
  private:
+  friend class DecoderEngine;
   // The caller's memory as CPU-backend buffers for the length of one call (not copied).
   struct Wrapped {
     explicit Wrapped(a2d::Backend& target) : backend(target) {}
@@ -177,6 +179,80 @@ class Engine {
   std::unique_ptr<a2d::Backend> backend_;
   std::unique_ptr<a2d::Communicator> world_;
   std::unique_ptr<a2d::DistributedAttention> attention_;
+};
+
+// A prefill and its decode steps (inference.hpp) over a communicator, on the CPU backend: the
+// KV cache lives in the decoder; prefill() and step() read the caller's tensors in place.
+class DecoderEngine {
+ public:
+  DecoderEngine(const a2d::Problem& problem, const a2d::Plan& plan, py::object comm,
+                int64_t capacity)
+      : backend_(a2d::make_backend("cpu")) {
+    world_ = a2d::make_mpi_communicator(mpi_comm_of(comm));
+    a2d::set_error_rank(world_->rank());
+    decoder_ = a2d::make_decoder(problem, plan, *world_, *backend_, capacity);
+  }
+
+  int rank() const { return world_->rank(); }
+  int size() const { return world_->size(); }
+  std::vector<int64_t> prompt_tokens(int part) const {
+    return decoder_->prompt_layout().tokens_of(part);
+  }
+  // The next step of `tokens` tokens: {"first_position", "owners", "counts", "positions" (this
+  // rank's)}.
+  py::dict next_step(int64_t tokens) const {
+    const a2d::DecodeStep step = decoder_->next_step(tokens);
+    py::dict d;
+    d["first_position"] = step.first_position;
+    d["owners"] = step.owners;
+    d["counts"] = step.counts;
+    d["positions"] = step.positions_of(world_->rank());
+    return d;
+  }
+
+  void prefill(const py::tuple& q, const py::tuple& k, const py::tuple& v, const py::tuple& out,
+               const py::tuple& lse, uintptr_t sinks) {
+    Engine::Wrapped w(*backend_);
+    a2d::ForwardShards s;
+    s.q = w.token(host_tensor(q, 4, "q"));
+    s.k = w.token(host_tensor(k, 4, "k"));
+    s.v = w.token(host_tensor(v, 4, "v"));
+    s.out = w.token(host_tensor(out, 4, "out"));
+    s.lse = w.row(host_tensor(lse, 3, "lse"));
+    s.sinks = reinterpret_cast<const float*>(sinks);
+    py::gil_scoped_release release;
+    decoder_->prefill(s);
+  }
+
+  void step(int64_t tokens, const py::tuple& q, const py::tuple& k, const py::tuple& v,
+            const py::tuple& out, const py::tuple& lse, uintptr_t sinks) {
+    Engine::Wrapped w(*backend_);
+    a2d::DecodeShards s;
+    // A rank that owns none of the step's tokens passes tensors of no tokens (whose strides
+    // numpy may give as 0): the decoder reads none of them then.
+    const HostTensor hq = host_tensor(q, 4, "q");
+    if (hq.shape[1] > 0) {
+      s.q = w.token(hq);
+      s.k = w.token(host_tensor(k, 4, "k"));
+      s.v = w.token(host_tensor(v, 4, "v"));
+      s.out = w.token(host_tensor(out, 4, "out"));
+      s.lse = w.row(host_tensor(lse, 3, "lse"));
+    }
+    s.sinks = reinterpret_cast<const float*>(sinks);
+    py::gil_scoped_release release;
+    decoder_->step(tokens, s);
+  }
+
+  int64_t sequence() const { return decoder_->sequence(); }
+  std::vector<int64_t> counts() const { return decoder_->cached_counts(); }
+  std::vector<int64_t> positions() const { return decoder_->positions(); }
+  int64_t capacity() const { return decoder_->capacity(); }
+  int64_t reallocations() const { return decoder_->reallocations(); }
+
+ private:
+  std::unique_ptr<a2d::Backend> backend_;
+  std::unique_ptr<a2d::Communicator> world_;
+  std::unique_ptr<a2d::DistributedDecoder> decoder_;
 };
 
 std::unique_ptr<a2d::Watchdog> g_watchdog;
@@ -338,6 +414,50 @@ PYBIND11_MODULE(_core, m) {
       "collective: a watchdog over comm that aborts the job after `timeout` seconds without "
       "progress on any rank (0 stops it)");
   m.def("stop_watchdog", [] { g_watchdog.reset(); });
+
+  // Decode (inference.hpp): the bytes rank `rank` sends in a step whose new tokens are owned
+  // `counts` per rank, and the cost model's prediction of a step at a cache length.
+  m.def("decode_step_traffic",
+        [](const a2d::Problem& problem, const std::vector<int64_t>& counts, int rank) {
+          const a2d::DecodeTraffic t = a2d::decode_step_traffic(problem, counts, rank);
+          py::dict d;
+          d["q_allgather_bytes"] = t.q_allgather.bytes;
+          d["merge_bytes"] = t.merge.bytes;
+          d["bytes"] = t.total().bytes;
+          d["messages"] = t.total().messages;
+          return d;
+        });
+  m.def("predict_decode_step",
+        [](const a2d::Problem& problem, const a2d::Plan& plan, int ranks_per_node,
+           const std::string& machine, const std::string& calibration,
+           const std::string& machine_file, int64_t cached_tokens, int64_t tokens_per_step) {
+          const a2d::commands::MachineChoice choice{machine, calibration, machine_file};
+          const a2d::Machine chosen = choice.machine(plan.grid.size(), problem.dtype);
+          const a2d::DecodePrediction p = a2d::predict_decode_step(
+              problem, plan, chosen, ranks_per_node, cached_tokens, tokens_per_step);
+          py::dict d;
+          d["step_s"] = p.step_s;
+          d["kernel_s"] = p.kernel_s;
+          d["comm_s"] = p.comm_s;
+          d["bytes"] = p.traffic.bytes;
+          d["messages"] = p.traffic.messages;
+          d["cache_tokens"] = p.cache_tokens;
+          d["cache_bytes"] = p.cache_bytes;
+          return d;
+        });
+  py::class_<DecoderEngine>(m, "DecoderEngine")
+      .def(py::init<const a2d::Problem&, const a2d::Plan&, py::object, int64_t>())
+      .def_property_readonly("rank", &DecoderEngine::rank)
+      .def_property_readonly("size", &DecoderEngine::size)
+      .def_property_readonly("sequence", &DecoderEngine::sequence)
+      .def_property_readonly("capacity", &DecoderEngine::capacity)
+      .def_property_readonly("reallocations", &DecoderEngine::reallocations)
+      .def("counts", &DecoderEngine::counts)
+      .def("positions", &DecoderEngine::positions)
+      .def("prompt_tokens", &DecoderEngine::prompt_tokens)
+      .def("next_step", &DecoderEngine::next_step)
+      .def("prefill", &DecoderEngine::prefill)
+      .def("step", &DecoderEngine::step);
 
   py::class_<Engine>(m, "Engine")
       .def(py::init<const a2d::Problem&, const a2d::Plan&, py::object>())

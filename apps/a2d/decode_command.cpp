@@ -1,0 +1,284 @@
+// a2d decode and a2d bench --decode: prefill a prompt into the distributed KV cache, then decode
+// steps of T tokens under mpiexec (docs/inference.md).
+//
+//   mpirun -np P a2d decode --prompt N --steps S --tokens-per-step T --heads H --kv-heads G
+//          --head-dim D --causal [--algo A --grid RxC --layout L] [--check] [--json]
+#include <mpi.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <sstream>
+#include <vector>
+
+#include "attention2d/check.hpp"
+#include "attention2d/collective.hpp"
+#include "attention2d/decode_harness.hpp"
+#include "attention2d/error.hpp"
+#include "attention2d/harness.hpp"
+#include "attention2d/inference.hpp"
+#include "attention2d/mpi_comm.hpp"
+#include "commands.hpp"
+#include "planning.hpp"
+#include "problem_options.hpp"
+#include "run_support.hpp"
+
+namespace a2d::commands {
+namespace {
+
+struct DecodeOptions {
+  cli::ProblemOptions problem;
+  cli::PlanOptions plan;
+  cli::DeviceOptions device;
+  int64_t prompt = 1024;
+  int64_t steps = 16;
+  int64_t tokens_per_step = 1;
+  int64_t capacity = 0;
+  int64_t seed = 42;
+  int64_t gpus_per_node = 0;  // 0: every rank on one node
+  bool check = false;
+  bool json = false;
+};
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+}  // namespace
+
+int decode_main(int argc, char** argv, int first, bool bench) {
+  MpiSession mpi(&argc, &argv);
+  auto log = std::make_shared<TrafficLog>();
+  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  return run_collectively(world, [&]() -> int {
+    DecodeOptions o;
+    o.problem.causal = true;  // decoding is causal; --window narrows it
+    cli::Options options(
+        bench ? "a2d bench --decode [options]" : "a2d decode [options]",
+        "Prefills a prompt of --prompt tokens into a KV cache distributed over the ranks of the\n"
+        "MPI job (the planned forward; the cache keeps each rank's K/V shard), then runs --steps\n"
+        "decode steps of --tokens-per-step new tokens: each is cached at the rank with the\n"
+        "fewest tokens, and their attention over the whole cache is merged across ranks (the\n"
+        "split-KV reduction). Reports the slowest rank's time per step, steps per second, the\n"
+        "bytes each rank sends per step, and the cost model's prediction; --check compares the\n"
+        "new tokens' O and LSE of every step with the fp64 reference of the whole sequence.");
+    o.problem.declare(options);
+    o.plan.declare(options);
+    o.device.declare(options);
+    options.add_int("--prompt", &o.prompt, "prompt tokens N (the prefill)");
+    options.add_int("--steps", &o.steps, "decode steps S");
+    options.add_int("--tokens-per-step", &o.tokens_per_step, "new tokens T per step (>= 1)");
+    options.add_int(
+        "--capacity", &o.capacity,
+        "cache tokens to reserve per rank (0: the prompt's shard; it doubles when full)");
+    options.add_int("--gpus-per-node", &o.gpus_per_node,
+                    "ranks per node for the prediction (0: all on one node)");
+    options.add_int("--seed", &o.seed, "seed of the generated tokens");
+    options.add_flag(
+        "--check", &o.check,
+        "compare every step's O and LSE with the fp64 reference; exit 1 over the bound");
+    options.add_flag("--json", &o.json, "one JSON object instead of the report");
+    bool decode_flag = bench;  // a2d bench --decode: the flag that chose this table
+    if (bench) options.add_flag("--decode", &decode_flag, "time decode steps (this table)");
+    bool asked_help = false;
+    Problem problem;
+    Plan plan;
+    std::string chosen;
+    std::unique_ptr<Backend> backend;
+    // Every argument is checked on every rank, before any data moves.
+    collective_check(world, [&] {
+      asked_help = !options.parse(argc, argv, first);
+      if (asked_help) return;
+      A2D_REQUIRE(!options.given("--seq"),
+                  "a2d decode takes the prompt length as --prompt N (the sequence grows by "
+                  "--steps x --tokens-per-step)");
+      A2D_REQUIRE(o.prompt >= 1, "--prompt must be at least 1 token, got ", o.prompt);
+      A2D_REQUIRE(o.steps >= 1, "--steps must be at least 1, got ", o.steps);
+      A2D_REQUIRE(o.tokens_per_step >= 1, "--tokens-per-step must be at least 1, got ",
+                  o.tokens_per_step);
+      A2D_REQUIRE(o.capacity >= 0, "--capacity must be >= 0 tokens, got ", o.capacity);
+      A2D_REQUIRE(o.gpus_per_node >= 0, "--gpus-per-node must be >= 0");
+      o.problem.seq = o.prompt;
+      problem = o.problem.problem();
+      check_decodable(problem);
+      plan = o.plan.plan(problem, world.size(), &chosen);
+      backend = o.device.backend();
+    });
+    if (asked_help) return 0;
+    const int ranks = world.size(), rank = world.rank();
+    const int64_t total = o.prompt + o.steps * o.tokens_per_step;
+    const auto seed = static_cast<uint64_t>(o.seed);
+
+    std::unique_ptr<DistributedDecoder> decoder;
+    collective_check(world,
+                     [&] { decoder = make_decoder(problem, plan, world, *backend, o.capacity); });
+    std::unique_ptr<DecodeReference> reference;
+    if (o.check) reference = std::make_unique<DecodeReference>(problem, seed, total);
+    double worst_out = 0, worst_lse = 0;
+    const auto check_tokens = [&](DecodeTokens& tokens) {
+      if (!reference) return;
+      tokens.download();
+      const DecodeErrors mine = reference->errors(tokens, 1);
+      double sums[4] = {mine.out_error, mine.out_norm, mine.lse_error, mine.lse_norm};
+      world.all_reduce(sums, 4, Reduction::sum);
+      const DecodeErrors all{sums[0], sums[1], sums[2], sums[3]};
+      worst_out = std::max(worst_out, all.out());
+      worst_lse = std::max(worst_lse, all.lse());
+    };
+
+    // The prefill, timed once.
+    DecodeTokens prompt = make_decode_tokens(problem, *backend, seed, total,
+                                             decoder->prompt_layout().tokens_of(rank));
+    world.barrier();
+    log->clear();
+    double t0 = MPI_Wtime();
+    decoder->prefill(prompt.forward());
+    double prefill_s = MPI_Wtime() - t0;
+    const Traffic prefill_traffic = log->total();
+    world.all_reduce(&prefill_s, 1, Reduction::max);
+    check_tokens(prompt);
+
+    std::vector<double> step_s(static_cast<size_t>(o.steps));
+    std::vector<int64_t> step_bytes(static_cast<size_t>(o.steps)),
+        step_messages(static_cast<size_t>(o.steps));
+    std::vector<int64_t> lengths(static_cast<size_t>(o.steps));
+    for (int64_t s = 0; s < o.steps; ++s) {
+      const DecodeStep step = decoder->next_step(o.tokens_per_step);
+      lengths[static_cast<size_t>(s)] = step.first_position;
+      DecodeTokens fresh =
+          make_decode_tokens(problem, *backend, seed, total, step.positions_of(rank));
+      log->clear();
+      world.barrier();
+      t0 = MPI_Wtime();
+      decoder->step(o.tokens_per_step, fresh.decode());
+      step_s[static_cast<size_t>(s)] = MPI_Wtime() - t0;
+      const Traffic t = log->total("decode");
+      step_bytes[static_cast<size_t>(s)] = t.bytes;
+      step_messages[static_cast<size_t>(s)] = t.messages;
+      check_tokens(fresh);
+    }
+    // The slowest rank per step, the most any rank sent per step.
+    world.all_reduce(step_s.data(), o.steps, Reduction::max);
+    world.all_reduce(step_bytes.data(), o.steps, Reduction::max);
+    world.all_reduce(step_messages.data(), o.steps, Reduction::max);
+    int64_t reallocations = decoder->reallocations();
+    world.all_reduce(&reallocations, 1, Reduction::max);
+
+    // The model's prediction on this machine (its calibration, if there is one).
+    double predicted_step_s = -1, predicted_prefill_s = -1;
+    int64_t predicted_bytes = -1;
+    std::string machine_name = "n/a";
+    try {
+      const MachineChoice choice{
+          "", o.plan.calibration.empty() ? default_calibration_file() : o.plan.calibration,
+          o.plan.machine_file};
+      const Machine machine = choice.machine(ranks, problem.dtype);
+      machine_name = machine.name;
+      const int per_node = o.gpus_per_node > 0 ? static_cast<int>(o.gpus_per_node) : ranks;
+      const DecodePrediction first_step =
+          predict_decode_step(problem, plan, machine, per_node, o.prompt, o.tokens_per_step);
+      const DecodePrediction last_step = predict_decode_step(
+          problem, plan, machine, per_node, total - o.tokens_per_step, o.tokens_per_step);
+      predicted_step_s = 0.5 * (first_step.step_s + last_step.step_s);
+      predicted_bytes = std::max(first_step.traffic.bytes, last_step.traffic.bytes);
+      predicted_prefill_s = predict(problem, plan, machine, per_node).forward_s;
+    } catch (const Error&) {
+      // No usable machine description: the report says n/a.
+    }
+
+    const double median_step = median(step_s);
+    const double total_steps_s = std::accumulate(step_s.begin(), step_s.end(), 0.0);
+    const int64_t max_bytes = *std::max_element(step_bytes.begin(), step_bytes.end());
+    const int64_t max_messages = *std::max_element(step_messages.begin(), step_messages.end());
+    const double bound_out = output_bounds(problem.dtype).out;
+    const double bound_lse = output_bounds(problem.dtype).lse;
+    const bool pass = !o.check || (worst_out <= bound_out && worst_lse <= bound_lse);
+    if (rank == 0) {
+      const double steps_per_s =
+          total_steps_s > 0 ? static_cast<double>(o.steps) / total_steps_s : 0.0;
+      if (o.json) {
+        cli::JsonLine j;
+        j.add("command", bench ? "bench-decode" : "decode")
+            .add("problem", problem.describe())
+            .add("plan", plan.describe())
+            .add("ranks", ranks)
+            .add("device", backend->name())
+            .add("prompt", o.prompt)
+            .add("steps", o.steps)
+            .add("tokens_per_step", o.tokens_per_step)
+            .add("prefill_ms", prefill_s * 1e3)
+            .add("prefill_bytes", prefill_traffic.bytes)
+            .add("step_ms_median", median_step * 1e3)
+            .add("step_ms_first", step_s.front() * 1e3)
+            .add("step_ms_last", step_s.back() * 1e3)
+            .add("steps_per_s", steps_per_s)
+            .add("tokens_per_s", steps_per_s * static_cast<double>(o.tokens_per_step))
+            .add("bytes_per_step", max_bytes)
+            .add("messages_per_step", max_messages)
+            .add("cache_reallocations", reallocations)
+            .add("machine", machine_name)
+            .add("predicted_step_ms", predicted_step_s * 1e3)
+            .add("predicted_bytes_per_step", predicted_bytes)
+            .add("predicted_prefill_ms", predicted_prefill_s * 1e3);
+        if (o.check) {
+          j.add("error_out", worst_out).add("error_lse", worst_lse).add("pass", pass);
+        }
+        std::cout << j.str() << std::endl;
+      } else {
+        if (!chosen.empty()) std::cout << chosen << "\n";
+        std::printf("%s: %s\nprefill plan: %s, %d ranks, device %s\n",
+                    bench ? "a2d bench --decode" : "a2d decode", problem.describe().c_str(),
+                    plan.describe().c_str(), ranks, backend->name().c_str());
+        std::printf("prompt %lld tokens, %lld steps of %lld tokens (cache %lld -> %lld tokens)\n",
+                    static_cast<long long>(o.prompt), static_cast<long long>(o.steps),
+                    static_cast<long long>(o.tokens_per_step), static_cast<long long>(o.prompt),
+                    static_cast<long long>(total));
+        const auto predicted = [](double s) {
+          return s < 0 ? std::string("n/a") : cli::format_double(s * 1e3, 3);
+        };
+        std::printf("%-8s %12s %12s %12s %14s %10s %14s %14s %10s\n", "phase", "ms median",
+                    "ms first", "ms last", "steps/s", "bytes", "messages", "predicted ms",
+                    "meas/pred");
+        std::printf("%-8s %12.3f %12s %12s %14s %10lld %14lld %14s %10s\n", "prefill",
+                    prefill_s * 1e3, "-", "-", "-", static_cast<long long>(prefill_traffic.bytes),
+                    static_cast<long long>(prefill_traffic.messages),
+                    predicted(predicted_prefill_s).c_str(),
+                    predicted_prefill_s > 0
+                        ? cli::format_double(prefill_s / predicted_prefill_s, 2).c_str()
+                        : "n/a");
+        std::printf("%-8s %12.3f %12.3f %12.3f %14.1f %10lld %14lld %14s %10s\n", "step",
+                    median_step * 1e3, step_s.front() * 1e3, step_s.back() * 1e3, steps_per_s,
+                    static_cast<long long>(max_bytes), static_cast<long long>(max_messages),
+                    predicted(predicted_step_s).c_str(),
+                    predicted_step_s > 0
+                        ? cli::format_double(median_step / predicted_step_s, 2).c_str()
+                        : "n/a");
+        std::printf(
+            "bytes per step: %lld measured (the most any rank sent in a step), %lld by "
+            "the model (docs/inference.md); cache reallocations per rank: %lld; machine: "
+            "%s\n",
+            static_cast<long long>(max_bytes), static_cast<long long>(predicted_bytes),
+            static_cast<long long>(reallocations), machine_name.c_str());
+        if (o.check) {
+          std::printf(
+              "check: O error %.3g (bound %.3g), LSE error %.3g (bound %.3g), worst step "
+              "of the prefill and %lld steps: %s\n",
+              worst_out, bound_out, worst_lse, bound_lse, static_cast<long long>(o.steps),
+              pass ? "PASS" : "FAIL");
+        }
+      }
+    }
+    return pass ? 0 : 1;
+  });
+}
+
+int decode(int argc, char** argv, int first) {
+  return decode_main(argc, argv, first, false);
+}
+
+}  // namespace a2d::commands
