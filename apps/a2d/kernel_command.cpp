@@ -273,7 +273,7 @@ int kernel(int argc, char** argv, int first) {
   // Another device than cpu runs the kernels through its backend (buffers uploaded once, each
   // timed call ended by synchronize()).
   std::unique_ptr<Backend> backend = device == "cpu" ? nullptr : make_backend(device);
-  const bool on_cpu = device == "cpu" || device == "fenced";
+  const bool on_cpu = device != "cuda";
   // The peak is measured before and after the kernel timings and the higher value is kept: on a
   // machine shared with other work, a peak measured while something else ran would flatter the
   // kernel's share of it. (Not for a GPU: it is the CPU's FMA peak.)

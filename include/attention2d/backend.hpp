@@ -15,6 +15,9 @@
 //           read or write crashes. Its buffers are not host-accessible, so communicators stage
 //           them through host memory, as a GPU's buffers must be under an MPI that is not
 //           CUDA-aware.
+//   fenced-cuda  fenced, refusing every kernel call the CUDA backend would refuse (dtype, head
+//           dimension, alignment): every algorithm checked against the CUDA kernels' rules on a
+//           machine without a GPU.
 //
 // Tensors inside buffers are described by TokenTensor ([batch, tokens, heads, width], any DType,
 // element strides) and RowTensor ([batch, heads, tokens], fp32), each a buffer, a byte offset and
@@ -170,6 +173,11 @@ class Backend {
   // Whether buffers' memory is host-accessible (Buffer::host_data() set): communicators then move
   // it directly; otherwise they stage it through host memory (make_staged_communicator).
   virtual bool host_accessible() const = 0;
+  // Throws a2d::Error when this backend's kernels cannot compute problems of this dtype, head
+  // dimension, mask or softcap (make_attention asks on every rank before any data moves). The
+  // host backends compute everything; the CUDA backend refuses what its kernels lack.
+  virtual void check_supported(DType /*dtype*/, int64_t /*head_dim*/, const Mask& /*mask*/,
+                               float /*softcap*/) const {}
 
   // ---- memory ----
   // Uninitialised (NaN bytes in the sanitizer build, and always on the fenced and cuda backends,
@@ -221,8 +229,8 @@ class Backend {
                                  const RowTensor& lse, const RowTensor& delta, double* dsink) = 0;
 };
 
-// "cpu", "fenced" or "cuda"; anything else throws a2d::Error naming the choices. "cuda" throws
-// a2d::Error when the build has no CUDA backend or no GPU is visible.
+// "cpu", "fenced", "fenced-cuda" or "cuda"; anything else throws a2d::Error naming the choices.
+// "cuda" throws a2d::Error when the build has no CUDA backend or no GPU is visible.
 std::unique_ptr<Backend> make_backend(const std::string& device);
 std::vector<std::string> backend_names();  // those this build has
 // Whether this build has the CUDA backend, and how many GPUs it sees (0 without the backend).

@@ -20,7 +20,7 @@ BufferPtr Backend::wrap_host(void* /*memory*/, int64_t /*bytes*/) {
 }
 
 std::vector<std::string> backend_names() {
-  std::vector<std::string> names{"cpu", "fenced"};
+  std::vector<std::string> names{"cpu", "fenced", "fenced-cuda"};
   if (cuda_backend_built()) names.push_back("cuda");
   return names;
 }
@@ -48,6 +48,7 @@ std::string default_device() {
 std::unique_ptr<Backend> make_backend(const std::string& device) {
   if (device == "cpu") return backends::make_cpu_backend();
   if (device == "fenced") return backends::make_fenced_backend();
+  if (device == "fenced-cuda") return backends::make_fenced_backend(/*cuda_rules=*/true);
   if (device == "cuda") {
 #ifdef A2D_WITH_CUDA
     return backends::make_cuda_backend();
@@ -57,8 +58,9 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
         "where a CUDA toolkit is installed); use --device cpu");
 #endif
   }
-  A2D_FAIL("unknown device '", device, "'; choose cpu, cuda (an NVIDIA GPU) or fenced (the test ",
-           "backend whose memory only its own operations may touch)");
+  A2D_FAIL("unknown device '", device, "'; choose cpu, cuda (an NVIDIA GPU), fenced (the test ",
+           "backend whose memory only its own operations may touch) or fenced-cuda (fenced, ",
+           "refusing the kernel calls the CUDA backend refuses)");
 }
 
 BufferPtr upload_indices(Backend& backend, const std::vector<int64_t>& values) {

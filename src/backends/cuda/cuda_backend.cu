@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "../backends.hpp"
@@ -334,6 +335,10 @@ class CudaBackend final : public Backend {
 
   std::string name() const override { return "cuda"; }
   bool host_accessible() const override { return false; }
+  void check_supported(DType dtype, int64_t head_dim, const Mask& mask,
+                       float softcap) const override {
+    cuda_plan::check_supported(dtype, head_dim, mask, softcap);
+  }
 
   BufferPtr allocate(int64_t bytes) override {
     A2D_REQUIRE(bytes >= 0, "cannot allocate ", bytes, " bytes");
@@ -573,12 +578,17 @@ class CudaBackend final : public Backend {
     cuda_plan::check_place(place, count * static_cast<int64_t>(sizeof(int64_t)), what);
     return reinterpret_cast<const int64_t*>(address(place));
   }
+  // The kernel's view of input `t`: `t` itself when its rows are 16-byte aligned, else a dense
+  // copy of its `block` in new scratch (kept in `keep` until the kernel is queued, then freed
+  // stream-ordered after it).
+  DeviceTokens aligned_input(const TokenTensor& t, const TokenBlock& block,
+                             std::vector<std::unique_ptr<Scratch>>& keep);
   // The common inputs of both kernels, and the tile bounds into `bounds` (plan.bounds_bytes).
   void fill_inputs(cuda_kernels::AttentionParams& p, const AttentionShape& s, const Mask& mask,
                    float scale, const TokenTensor& q, const TokenTensor& k, const TokenTensor& v,
                    const Place& q_positions, const Place& kv_positions,
                    const cuda_plan::AttentionPlan& plan, int64_t tile_q, int64_t tile_k,
-                   int64_t* bounds, const char* what);
+                   int64_t* bounds, std::vector<std::unique_ptr<Scratch>>& keep, const char* what);
   void forward(const ForwardCall& call, const TokenTensor* out, const RowTensor* lse,
                const PartialTensor* state, bool accumulate);
 
@@ -586,19 +596,32 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
 };
 
-// Output rows of fp32 written two floats at a time (float2): 8-byte aligned.
-void check_float_pairs(const TokenTensor& t, const char* what) {
-  A2D_REQUIRE(t.dtype == DType::f32, what, " must be fp32 (got ", dtype_name(t.dtype), ")");
-  A2D_REQUIRE(t.offset % 8 == 0 && t.batch_stride % 2 == 0 && t.token_stride % 2 == 0 &&
-                  t.head_stride % 2 == 0,
-              what, ": the CUDA kernels write fp32 pairs; offset and strides must be even floats");
+DeviceTokens CudaBackend::aligned_input(const TokenTensor& t, const TokenBlock& block,
+                                        std::vector<std::unique_ptr<Scratch>>& keep) {
+  if (cuda_plan::rows_aligned(t)) return tokens(t);
+  const int64_t count = block.batch * block.tokens * block.heads * block.width;
+  const int64_t elem = dtype_bytes(t.dtype);
+  keep.push_back(std::make_unique<Scratch>(count * elem, stream_));
+  const DeviceTokens dense{keep.back()->as<void>(), block.tokens * block.heads * block.width,
+                           block.heads * block.width, block.width};
+  if (count > 0) {
+    const Strided to{keep.back()->as<void>(), static_cast<int>(t.dtype), dense.batch_stride,
+                     dense.token_stride, dense.head_stride};
+    const cuda_plan::Launch launch = cuda_plan::plan_elementwise(count);
+    copy_same_kernel<<<grid_of(launch), launch.threads, 0, stream_>>>(
+        strided(t), to, block.batch, block.tokens, block.heads, block.width,
+        static_cast<int>(elem));
+    check_launch("aligned copy");
+  }
+  return dense;
 }
 
 void CudaBackend::fill_inputs(cuda_kernels::AttentionParams& p, const AttentionShape& s,
                               const Mask& mask, float scale, const TokenTensor& q,
                               const TokenTensor& k, const TokenTensor& v, const Place& q_positions,
                               const Place& kv_positions, const cuda_plan::AttentionPlan& plan,
-                              int64_t tile_q, int64_t tile_k, int64_t* bounds, const char* what) {
+                              int64_t tile_q, int64_t tile_k, int64_t* bounds,
+                              std::vector<std::unique_ptr<Scratch>>& keep, const char* what) {
   const TokenBlock q_rows{s.batch, s.q_tokens, s.heads, s.head_dim};
   const TokenBlock kv_rows{s.batch, s.kv_tokens, s.kv_heads, s.head_dim};
   cuda_plan::check_tokens(q, q_rows, what);
@@ -609,9 +632,9 @@ void CudaBackend::fill_inputs(cuda_kernels::AttentionParams& p, const AttentionS
   p.kv_heads = s.kv_heads;
   p.q_tokens = s.q_tokens;
   p.kv_tokens = s.kv_tokens;
-  p.q = tokens(q);
-  p.k = tokens(k);
-  p.v = tokens(v);
+  p.q = aligned_input(q, q_rows, keep);
+  p.k = aligned_input(k, kv_rows, keep);
+  p.v = aligned_input(v, kv_rows, keep);
   p.q_positions = positions(q_positions, s.q_tokens, "query positions");
   p.kv_positions = positions(kv_positions, s.kv_tokens, "key positions");
   p.mask = plan.mask;
@@ -632,7 +655,7 @@ void CudaBackend::forward(const ForwardCall& call, const TokenTensor* out, const
   const TokenBlock q_rows{s.batch, s.q_tokens, s.heads, s.head_dim};
   cuda_kernels::ForwardParams p;
   if (state) {
-    check_float_pairs(state->acc, "partial accumulator");
+    cuda_plan::check_partial_output(*state);
     cuda_plan::check_tokens(state->acc, q_rows, "partial accumulator");
     cuda_plan::check_rows(state->row_max, s.batch, s.heads, s.q_tokens, "partial row max");
     cuda_plan::check_rows(state->row_sum, s.batch, s.heads, s.q_tokens, "partial row sum");
@@ -642,12 +665,7 @@ void CudaBackend::forward(const ForwardCall& call, const TokenTensor* out, const
     p.row_max = device_rows(state->row_max);
     p.row_sum = device_rows(state->row_sum);
   } else {
-    A2D_REQUIRE(out->dtype == call.q.dtype, "forward O must have the inputs' dtype (",
-                dtype_name(call.q.dtype), "), got ", dtype_name(out->dtype));
-    A2D_REQUIRE(out->offset % 4 == 0 && out->batch_stride % 2 == 0 && out->token_stride % 2 == 0 &&
-                    out->head_stride % 2 == 0,
-                "forward O: the CUDA kernel writes pairs of elements; offset and strides must "
-                "be even");
+    cuda_plan::check_forward_output(call, *out);
     cuda_plan::check_tokens(*out, q_rows, "forward O");
     cuda_plan::check_rows(*lse, s.batch, s.heads, s.q_tokens, "forward LSE");
     p.out = tokens(*out);
@@ -655,9 +673,10 @@ void CudaBackend::forward(const ForwardCall& call, const TokenTensor* out, const
   }
   if (s.q_tokens == 0) return;
   Scratch bounds(plan.bounds_bytes, stream_);
+  std::vector<std::unique_ptr<Scratch>> keep;
   fill_inputs(p, s, call.mask, call.scale, call.q, call.k, call.v, call.q_positions,
               call.kv_positions, plan, cuda_plan::kForwardTileQ, cuda_plan::kForwardTileK,
-              bounds.as<int64_t>(), "forward inputs");
+              bounds.as<int64_t>(), keep, "forward inputs");
   cuda_kernels::attention_forward(call.q.dtype, plan, p, stream_);
 }
 
@@ -668,9 +687,7 @@ void CudaBackend::attention_backward(const BackwardCall& call, const TokenTensor
   const cuda_plan::AttentionPlan plan = cuda_plan::plan_backward(s, call.mask);
   const TokenBlock q_rows{s.batch, s.q_tokens, s.heads, s.head_dim};
   const TokenBlock kv_rows{s.batch, s.kv_tokens, s.kv_heads, s.head_dim};
-  check_float_pairs(dk, "backward dK");
-  check_float_pairs(dv, "backward dV");
-  A2D_REQUIRE(dq.dtype == DType::f32, "backward dQ must be fp32");
+  cuda_plan::check_backward_outputs(dq, dk, dv);
   cuda_plan::check_tokens(dq, q_rows, "backward dQ");
   cuda_plan::check_tokens(dk, kv_rows, "backward dK");
   cuda_plan::check_tokens(dv, kv_rows, "backward dV");
@@ -693,7 +710,8 @@ void CudaBackend::attention_backward(const BackwardCall& call, const TokenTensor
     }
   }
   if (s.kv_tokens == 0) return;
-  p.d_out = tokens(call.d_out);
+  std::vector<std::unique_ptr<Scratch>> keep;
+  p.d_out = aligned_input(call.d_out, q_rows, keep);
   p.lse = static_cast<const float*>(base(call.lse.buffer, call.lse.offset));
   p.lse_rows = device_rows(call.lse);
   // delta given, or computed here from O (the forward's output, in the inputs' dtype).
@@ -715,7 +733,7 @@ void CudaBackend::attention_backward(const BackwardCall& call, const TokenTensor
   Scratch bounds(plan.bounds_bytes, stream_);
   fill_inputs(p, s, call.mask, call.scale, call.q, call.k, call.v, call.q_positions,
               call.kv_positions, plan, cuda_plan::kBackwardTileQ, cuda_plan::kBackwardTileK,
-              bounds.as<int64_t>(), "backward inputs");
+              bounds.as<int64_t>(), keep, "backward inputs");
   cuda_kernels::attention_backward(call.q.dtype, plan, p, stream_);
 }
 

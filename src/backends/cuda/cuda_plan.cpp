@@ -35,6 +35,12 @@ void check_common(const AttentionShape& shape, const Mask& mask, float scale, fl
   mask.validate();
   A2D_REQUIRE(std::isfinite(scale) && scale > 0, "scale must be finite and positive (got ", scale,
               ")");
+  check_supported(dtype, shape.head_dim, mask, softcap);
+}
+
+}  // namespace
+
+void check_supported(DType dtype, int64_t head_dim, const Mask& mask, float softcap) {
   A2D_REQUIRE(softcap == 0.0f,
               "logit softcapping is not implemented on the CUDA backend (yet): "
               "run with --device cpu, or without --softcap");
@@ -43,13 +49,11 @@ void check_common(const AttentionShape& shape, const Mask& mask, float scale, fl
               "the CUDA kernels take bf16 or fp16 inputs (tensor cores), "
               "not ",
               dtype_name(dtype), ": use --dtype bf16 or fp16, or --device cpu");
-  A2D_REQUIRE(supported_head_dim(shape.head_dim),
+  A2D_REQUIRE(supported_head_dim(head_dim),
               "the CUDA kernels are built for head dimensions "
               "64, 80, 96 and 128, not ",
-              shape.head_dim, "; use --device cpu");
+              head_dim, "; use --device cpu");
 }
-
-}  // namespace
 
 int device_mask(const Mask& mask) {
   A2D_REQUIRE(!mask.has_documents(),
@@ -74,34 +78,50 @@ bool supported_dtype(DType dtype) {
   return dtype == DType::bf16 || dtype == DType::f16;
 }
 
-void check_row_alignment(const TokenTensor& t, const char* what) {
+bool rows_aligned(const TokenTensor& t) {
   const int64_t elem = dtype_bytes(t.dtype);
-  A2D_REQUIRE(t.offset % 16 == 0, what, ": byte offset ", t.offset,
-              " is not a multiple of 16 (the CUDA kernels read rows 16 bytes at a time)");
-  for (const int64_t stride : {t.batch_stride, t.token_stride, t.head_stride}) {
-    A2D_REQUIRE((stride * elem) % 16 == 0, what, ": stride of ", stride,
-                " elements is not a multiple of 16 bytes (the CUDA kernels read rows 16 bytes at "
-                "a time)");
-  }
+  return t.offset % 16 == 0 && (t.batch_stride * elem) % 16 == 0 &&
+         (t.token_stride * elem) % 16 == 0 && (t.head_stride * elem) % 16 == 0;
 }
 
 void check_forward(const ForwardCall& call) {
   check_common(call.shape, call.mask, call.scale, call.softcap, call.q.dtype);
   check_dtypes(call.q.dtype, {{&call.k, "K"}, {&call.v, "V"}});
-  check_row_alignment(call.q, "forward Q");
-  check_row_alignment(call.k, "forward K");
-  check_row_alignment(call.v, "forward V");
 }
 
 void check_backward(const BackwardCall& call) {
   check_common(call.shape, call.mask, call.scale, call.softcap, call.q.dtype);
   check_dtypes(call.q.dtype, {{&call.k, "K"}, {&call.v, "V"}, {&call.d_out, "dO"}});
-  check_row_alignment(call.q, "backward Q");
-  check_row_alignment(call.k, "backward K");
-  check_row_alignment(call.v, "backward V");
-  check_row_alignment(call.d_out, "backward dO");
   A2D_REQUIRE(call.delta.buffer || call.out.buffer || call.shape.q_tokens == 0,
               "backward: neither delta nor O given");
+}
+
+namespace {
+void check_pairs(const TokenTensor& t, DType dtype, const char* what) {
+  A2D_REQUIRE(t.dtype == dtype, what, " must be ", dtype_name(dtype), " (got ", dtype_name(t.dtype),
+              ")");
+  const int64_t pair = 2 * dtype_bytes(dtype);
+  A2D_REQUIRE(t.offset % pair == 0 && t.batch_stride % 2 == 0 && t.token_stride % 2 == 0 &&
+                  t.head_stride % 2 == 0,
+              what,
+              ": the CUDA kernels write pairs of elements; the offset must be a multiple "
+              "of ",
+              pair, " bytes and the strides even");
+}
+}  // namespace
+
+void check_forward_output(const ForwardCall& call, const TokenTensor& out) {
+  check_pairs(out, call.q.dtype, "forward O");
+}
+
+void check_partial_output(const PartialTensor& state) {
+  check_pairs(state.acc, DType::f32, "partial accumulator");
+}
+
+void check_backward_outputs(const TokenTensor& dq, const TokenTensor& dk, const TokenTensor& dv) {
+  A2D_REQUIRE(dq.dtype == DType::f32, "backward dQ must be fp32 (got ", dtype_name(dq.dtype), ")");
+  check_pairs(dk, DType::f32, "backward dK");
+  check_pairs(dv, DType::f32, "backward dV");
 }
 
 int64_t forward_shared_bytes(int64_t head_dim) {

@@ -99,12 +99,20 @@ bool supported_dtype(DType dtype);
 
 // Checks a kernel call's arguments (throws a2d::Error naming the first problem): shape, scale,
 // dtype (bf16 or fp16, the same for every input), head dimension 64/80/96/128, mask without
-// documents, no softcap (not on the CUDA backend yet), and 16-byte alignment of every input row
-// (offsets and strides of the TokenTensors, given in elements).
+// documents, no softcap (not on the CUDA backend yet).
 void check_forward(const ForwardCall& call);
+// The same for a whole problem (Backend::check_supported of the CUDA backend).
+void check_supported(DType dtype, int64_t head_dim, const Mask& mask, float softcap);
 void check_backward(const BackwardCall& call);
-// The 16-byte alignment of a 16-bit tensor's rows (cp.async reads 16 bytes at a time).
-void check_row_alignment(const TokenTensor& t, const char* what);
+// Whether every row of a tensor starts on a 16-byte boundary (offset and strides, in elements),
+// as cp.async needs. The CUDA backend copies an input that is not (the algorithms' records put
+// fp32 fields before 16-bit rows) into a dense scratch tensor first.
+bool rows_aligned(const TokenTensor& t);
+// The outputs the kernels write two elements at a time: O in the inputs' dtype (4-byte pairs),
+// the fp32 partial accumulator, dK and dV (8-byte pairs); dQ fp32.
+void check_forward_output(const ForwardCall& call, const TokenTensor& out);
+void check_partial_output(const PartialTensor& state);
+void check_backward_outputs(const TokenTensor& dq, const TokenTensor& dk, const TokenTensor& dv);
 
 // Grid: x = query tiles, y = query heads, z = batch. Shared memory: the Q tile and one K and one
 // V tile, padded rows of 16-bit elements, plus the tile's query and key positions.
