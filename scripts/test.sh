@@ -15,13 +15,21 @@ phase "setup and build"
 phase "tests"
 
 # The CUDA pieces, where a CUDA toolkit is installed (building them needs no GPU): configure with
-# A2D_WITH_CUDA=ON and compile the .cu sources (the a2d_cuda objects, bench/a2d_gemm_peak).
+# A2D_WITH_CUDA=ON and compile the .cu sources (the a2d_cuda objects: the CUDA backend for sm_80
+# and sm_90, 2 dtypes x 4 head dimensions of each attention kernel; bench/a2d_gemm_peak), with
+# -Xptxas -v, and fail if any attention kernel spills registers (scripts/check_cuda_spills.sh).
+# The objects are removed first so that ptxas reports on every kernel. Nothing CUDA runs here:
+# scripts/gpu_check.sh is the check on a GPU (docs/gpu.md).
 if [[ -x /usr/local/cuda/bin/nvcc ]]; then
   cmake -S . -B build-cuda -DA2D_WITH_CUDA=ON -DA2D_WERROR=ON -DA2D_BUILD_TESTS=OFF \
-    > build-cuda.configure.log 2>&1 || { cat build-cuda.configure.log; exit 1; }
+    -DA2D_CUDA_PTXAS_VERBOSE=ON > build-cuda.configure.log 2>&1 ||
+    { cat build-cuda.configure.log; exit 1; }
   grep -q "CUDA=ON" build-cuda.configure.log ||
     { cat build-cuda.configure.log; echo "test.sh: A2D_WITH_CUDA=ON turned itself off"; exit 1; }
-  cmake --build build-cuda -j "$(nproc)" --target a2d_cuda a2d_gemm_peak
+  find build-cuda/CMakeFiles/a2d_cuda.dir -name '*.o' -delete 2>/dev/null || true
+  cmake --build build-cuda -j "$(nproc)" --target a2d_cuda a2d_gemm_peak > build-cuda.build.log 2>&1 ||
+    { cat build-cuda.build.log; exit 1; }
+  scripts/check_cuda_spills.sh build-cuda.build.log
   phase "CUDA build"
 else
   echo "test.sh: no CUDA toolkit (/usr/local/cuda/bin/nvcc): the CUDA pieces are not built"

@@ -9,7 +9,9 @@
 #include <fstream>
 #include <iostream>
 #include <new>
+#include <numeric>
 #include <optional>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include <sys/mman.h>
 #endif
 
+#include "attention2d/backend.hpp"
 #include "attention2d/check.hpp"
 #include "attention2d/data.hpp"
 #include "attention2d/dtype.hpp"
@@ -42,6 +45,7 @@ struct KernelOptions {
   int64_t window = 0;
   int64_t threads = 1;
   int64_t seed = 42;
+  int64_t shuffle = 0;  // 0: positions 0, 1, 2, ...; else the seed of shuffled positions
   int64_t warmup = 1;
   int64_t repeats = 5;
   double scale = 0.0;  // 0: 1/sqrt(head_dim)
@@ -54,6 +58,7 @@ struct KernelOptions {
   bool json = false;
   bool huge_pages = false;
   std::string path;  // empty: A2D_KERNEL_PATH, else auto
+  std::string device;  // empty: default_device()
   std::string dtype = "fp32";
 };
 
@@ -233,10 +238,19 @@ int kernel(int argc, char** argv, int first) {
   options.add_string("--path", &o.path,
                      "kernel implementation: auto (fastest this CPU supports), portable or avx2\n"
                      "(default: the environment variable A2D_KERNEL_PATH, else auto)");
+  options.add_string(
+      "--device", &o.device,
+      "where the kernel runs: cpu (the CPU kernels called directly), cuda (the CUDA\n"
+      "backend: bf16/fp16, head_dim 64/80/96/128; no FMA peak then) or fenced\n"
+      "(the CPU kernels through the backend interface). Default: cuda when this\n"
+      "build has it and a GPU is visible, else cpu");
   options.add_string("--dtype", &o.dtype,
                      "element type of Q, K, V, dO and O: fp32, bf16 or fp16 (inputs generated\n"
                      "in fp32, rounded and stored in it; LSE, dQ, dK, dV stay fp32)");
   options.add_int("--seed", &o.seed, "seed of the generated inputs");
+  options.add_int("--shuffle", &o.shuffle,
+                  "global positions of the query and key rows: a random permutation from this\n"
+                  "seed (the order of a gathered or striped layout; 0 = rows in order)");
   options.add_int("--warmup", &o.warmup, "untimed runs before timing");
   options.add_int("--repeats", &o.repeats, "timed runs; the median is reported");
   options.add_flag("--check", &o.check,
@@ -255,10 +269,15 @@ int kernel(int argc, char** argv, int first) {
   const DType dtype = parse_dtype(o.dtype);
   if (!o.path.empty()) set_kernel_path(parse_kernel_path(o.path));
   const KernelPath path = kernel_path();
+  const std::string device = o.device.empty() ? default_device() : o.device;
+  // Another device than cpu runs the kernels through its backend (buffers uploaded once, each
+  // timed call ended by synchronize()).
+  std::unique_ptr<Backend> backend = device == "cpu" ? nullptr : make_backend(device);
+  const bool on_cpu = device != "cuda";
   // The peak is measured before and after the kernel timings and the higher value is kept: on a
   // machine shared with other work, a peak measured while something else ran would flatter the
-  // kernel's share of it.
-  FmaPeak peak = measure_fma_peak(static_cast<int>(o.threads));
+  // kernel's share of it. (Not for a GPU: it is the CPU's FMA peak.)
+  FmaPeak peak = on_cpu ? measure_fma_peak(static_cast<int>(o.threads)) : FmaPeak{};
 
   AttentionShape shape{o.batch, o.heads, o.kv_heads, o.seq, o.kv_seq, o.head_dim};
   shape.validate();
@@ -295,17 +314,75 @@ int kernel(int argc, char** argv, int first) {
   const OutTokens out_view = out.out(o.seq, o.heads, o.head_dim);
   const auto lse_view = dense_rows(lse.data(), o.heads, o.seq);
 
-  const double pairs =
-      static_cast<double>(count_visible_pairs(mask, nullptr, o.seq, nullptr, o.kv_seq));
+  // Shuffled positions: each query and key row's global position, a permutation (the mask
+  // follows the positions, so the kernel must classify its tiles by their position bounds).
+  std::vector<int64_t> q_positions, kv_positions;
+  if (o.shuffle != 0) {
+    std::mt19937_64 random(static_cast<uint64_t>(o.shuffle));
+    q_positions.resize(static_cast<size_t>(o.seq));
+    kv_positions.resize(static_cast<size_t>(o.kv_seq));
+    std::iota(q_positions.begin(), q_positions.end(), int64_t{0});
+    std::iota(kv_positions.begin(), kv_positions.end(), int64_t{0});
+    std::shuffle(q_positions.begin(), q_positions.end(), random);
+    std::shuffle(kv_positions.begin(), kv_positions.end(), random);
+    fwd.q_positions = q_positions.data();
+    fwd.kv_positions = kv_positions.data();
+  }
+  const double pairs = static_cast<double>(
+      count_visible_pairs(mask, fwd.q_positions, o.seq, fwd.kv_positions, o.kv_seq));
   const double fwd_flops = 4.0 * pairs * static_cast<double>(o.head_dim * o.heads * o.batch);
   const int64_t fwd_workspace = forward_workspace_bytes(shape, fwd.threads);
   std::optional<int64_t> fwd_rss_growth;
   const std::vector<float> sinks = o.sinks ? generate_sinks(seed, o.heads) : std::vector<float>{};
   const RowsShape q_rows{o.batch, o.seq, o.heads, o.head_dim};
+  // The backend path: the same tensors in the backend's buffers.
+  const int64_t q_bytes = static_cast<int64_t>(q.size()) * dtype_bytes(dtype);
+  const int64_t kv_bytes = static_cast<int64_t>(k.size()) * dtype_bytes(dtype);
+  const int64_t lse_bytes = static_cast<int64_t>(lse.size() * sizeof(float));
+  BufferPtr q_buf, k_buf, v_buf, out_buf, lse_buf, q_pos_buf, kv_pos_buf;
+  ForwardCall call;
+  TokenTensor out_tensor;
+  RowTensor lse_tensor;
+  if (backend) {
+    q_buf = backend->allocate(q_bytes);
+    k_buf = backend->allocate(kv_bytes);
+    v_buf = backend->allocate(kv_bytes);
+    out_buf = backend->allocate(q_bytes);
+    lse_buf = backend->allocate(lse_bytes);
+    backend->upload(q.data(), Place::in(*q_buf), q_bytes);
+    backend->upload(k.data(), Place::in(*k_buf), kv_bytes);
+    backend->upload(v.data(), Place::in(*v_buf), kv_bytes);
+    call.shape = shape;
+    call.mask = mask;
+    call.scale = scale;
+    call.softcap = fwd.softcap;
+    call.q = dense_token_tensor(*q_buf, dtype, o.seq, o.heads, o.head_dim);
+    call.k = dense_token_tensor(*k_buf, dtype, o.kv_seq, o.kv_heads, o.head_dim);
+    call.v = dense_token_tensor(*v_buf, dtype, o.kv_seq, o.kv_heads, o.head_dim);
+    call.threads = fwd.threads;
+    if (o.shuffle != 0) {
+      q_pos_buf = upload_indices(*backend, q_positions);
+      kv_pos_buf = upload_indices(*backend, kv_positions);
+      call.q_positions = Place::in(*q_pos_buf);
+      call.kv_positions = Place::in(*kv_pos_buf);
+    }
+    out_tensor = dense_token_tensor(*out_buf, dtype, o.seq, o.heads, o.head_dim);
+    lse_tensor = dense_row_tensor(*lse_buf, o.heads, o.seq);
+  }
   const Summary fwd_ms = time_repeats(o, &fwd_rss_growth, [&] {
+    if (backend) {
+      backend->attention_forward(call, out_tensor, lse_tensor);
+      if (o.sinks) backend->add_sinks(q_rows, sinks.data(), 0, out_tensor, lse_tensor);
+      backend->synchronize();
+      return;
+    }
     attention_forward(fwd, out_view, lse_view);
     if (o.sinks) add_sinks(q_rows, sinks.data(), 0, out_view, lse_view);
   });
+  if (backend) {
+    backend->download(Place::in(*out_buf), out.data(), q_bytes);
+    backend->download(Place::in(*lse_buf), lse.data(), lse_bytes);
+  }
 
   std::optional<TypedTensor> d_out;
   Tensor dq, dk, dv;
@@ -331,8 +408,51 @@ int kernel(int argc, char** argv, int first) {
     bwd.d_out = d_out->in(o.seq, o.heads, o.head_dim);
     bwd.lse = dense_rows(lse.data(), o.heads, o.seq);
     bwd.threads = static_cast<int>(o.threads);
+    bwd.q_positions = fwd.q_positions;
+    bwd.kv_positions = fwd.kv_positions;
     bwd_workspace = backward_workspace_bytes(shape, bwd.threads, /*delta_from_out=*/true);
+    BufferPtr do_buf, dq_buf, dk_buf, dv_buf, delta_buf;
+    BackwardCall bcall;
+    TokenTensor dq_t, dk_t, dv_t;
+    const int64_t dq_bytes = static_cast<int64_t>(dq.size() * sizeof(float));
+    const int64_t dkv_bytes = static_cast<int64_t>(dk.size() * sizeof(float));
+    if (backend) {
+      do_buf = backend->allocate(q_bytes);
+      backend->upload(d_out->data(), Place::in(*do_buf), q_bytes);
+      dq_buf = backend->allocate(dq_bytes);
+      dk_buf = backend->allocate(dkv_bytes);
+      dv_buf = backend->allocate(dkv_bytes);
+      delta_buf = backend->allocate(lse_bytes);
+      bcall.shape = shape;
+      bcall.mask = mask;
+      bcall.scale = scale;
+      bcall.softcap = fwd.softcap;
+      bcall.q = call.q;
+      bcall.k = call.k;
+      bcall.v = call.v;
+      bcall.d_out = dense_token_tensor(*do_buf, dtype, o.seq, o.heads, o.head_dim);
+      bcall.lse = lse_tensor;
+      bcall.out = out_tensor;  // delta from O as the forward wrote it
+      bcall.threads = bwd.threads;
+      bcall.q_positions = call.q_positions;
+      bcall.kv_positions = call.kv_positions;
+      dq_t = dense_token_tensor(*dq_buf, DType::f32, o.seq, o.heads, o.head_dim);
+      dk_t = dense_token_tensor(*dk_buf, DType::f32, o.kv_seq, o.kv_heads, o.head_dim);
+      dv_t = dense_token_tensor(*dv_buf, DType::f32, o.kv_seq, o.kv_heads, o.head_dim);
+    }
     bwd_ms = time_repeats(o, &bwd_rss_growth, [&] {
+      if (backend) {
+        backend->attention_backward(bcall, dq_t, dk_t, dv_t);
+        if (o.sinks) {
+          const RowTensor delta_t = dense_row_tensor(*delta_buf, o.heads, o.seq);
+          backend->delta(q_rows, out_tensor, bcall.d_out, delta_t);
+          std::vector<double> sums(static_cast<size_t>(o.heads), 0.0);
+          backend->add_sink_gradient(q_rows, sinks.data(), 0, lse_tensor, delta_t, sums.data());
+          dsink.assign(sums.begin(), sums.end());
+        }
+        backend->synchronize();
+        return;
+      }
       attention_backward(bwd, dense_tokens(dq.data(), o.seq, o.heads, o.head_dim),
                          dense_tokens(dk.data(), o.kv_seq, o.kv_heads, o.head_dim),
                          dense_tokens(dv.data(), o.kv_seq, o.kv_heads, o.head_dim));
@@ -345,22 +465,38 @@ int kernel(int argc, char** argv, int first) {
         dsink.assign(sums.begin(), sums.end());
       }
     });
+    if (backend) {
+      backend->download(Place::in(*dq_buf), dq.data(), dq_bytes);
+      backend->download(Place::in(*dk_buf), dk.data(), dkv_bytes);
+      backend->download(Place::in(*dv_buf), dv.data(), dkv_bytes);
+    }
   }
 
-  if (const FmaPeak again = measure_fma_peak(static_cast<int>(o.threads));
-      again.gflops > peak.gflops) {
-    peak = again;
+  if (on_cpu) {
+    if (const FmaPeak again = measure_fma_peak(static_cast<int>(o.threads));
+        again.gflops > peak.gflops) {
+      peak = again;
+    }
   }
 
   // Errors against the fp64 reference, on the same inputs (the rounded values, widened). Bounds
   // (check.hpp): fp32 outputs kFp32RelativeBound; a 16-bit O its dtype's rounding bound; dQ and
   // dK, whose delta comes from that O, the delta-gradient bound of the dtype.
-  const double output_bound = dtype == DType::bf16  ? kBf16OutputBound
-                              : dtype == DType::f16 ? kF16OutputBound
-                                                    : kFp32RelativeBound;
-  const double delta_gradient_bound = dtype == DType::bf16  ? kBf16DeltaGradientBound
-                                      : dtype == DType::f16 ? kF16DeltaGradientBound
-                                                            : kFp32RelativeBound;
+  // On the GPU, the tensor-core kernels' bounds (check.hpp: P and dS rounded to the dtype too).
+  const bool tensor_cores = device == "cuda";
+  const double output_bound =
+      dtype == DType::bf16  ? (tensor_cores ? kTensorCoreBf16OutputBound : kBf16OutputBound)
+      : dtype == DType::f16 ? (tensor_cores ? kTensorCoreF16OutputBound : kF16OutputBound)
+                            : kFp32RelativeBound;
+  const double delta_gradient_bound =
+      dtype == DType::bf16
+          ? (tensor_cores ? kTensorCoreBf16DeltaGradientBound : kBf16DeltaGradientBound)
+      : dtype == DType::f16
+          ? (tensor_cores ? kTensorCoreF16DeltaGradientBound : kF16DeltaGradientBound)
+          : kFp32RelativeBound;
+  const double value_gradient_bound = !tensor_cores          ? kFp32RelativeBound
+                                      : dtype == DType::bf16 ? kTensorCoreBf16ValueGradientBound
+                                                             : kTensorCoreF16ValueGradientBound;
   struct Error {
     const char* name;  // table column; the JSON keys are "err_" and "bound_" + lower-case name
     const char* key;
@@ -372,9 +508,15 @@ int kernel(int argc, char** argv, int first) {
   if (o.check) {
     const std::vector<double> q64 = widen(q.wide), k64 = widen(k.wide), v64 = widen(v.wide);
     const std::vector<double> sinks64(sinks.begin(), sinks.end());
-    reference::Inputs in{shape,      mask,       static_cast<double>(scale),
-                         q64.data(), k64.data(), v64.data(),
-                         nullptr,    nullptr,    static_cast<int>(o.threads)};
+    reference::Inputs in{shape,
+                         mask,
+                         static_cast<double>(scale),
+                         q64.data(),
+                         k64.data(),
+                         v64.data(),
+                         fwd.q_positions,
+                         fwd.kv_positions,
+                         static_cast<int>(o.threads)};
     in.softcap = o.softcap;
     in.sinks = o.sinks ? sinks64.data() : nullptr;
     std::vector<double> out64(q.size()), lse64(lse.size());
@@ -398,7 +540,7 @@ int kernel(int argc, char** argv, int first) {
           {"dK", "dk", relative_error(dk.data(), dk64.data(), static_cast<int64_t>(dk.size())),
            delta_gradient_bound},
           {"dV", "dv", relative_error(dv.data(), dv64.data(), static_cast<int64_t>(dv.size())),
-           kFp32RelativeBound}};
+           value_gradient_bound}};
       if (o.sinks) {
         bwd_errors.push_back({"dsink", "dsink",
                               relative_error(dsink.data(), dsink64.data(), o.heads),
@@ -415,7 +557,7 @@ int kernel(int argc, char** argv, int first) {
                     const std::vector<Error>& errors, int64_t workspace,
                     const std::optional<int64_t>& rss_growth) {
     const double gflops = flops / (ms.median * 1e-3) / 1e9;
-    const double pct_peak = 100.0 * gflops / peak.gflops;
+    const double pct_peak = on_cpu ? 100.0 * gflops / peak.gflops : 0.0;
     if (o.json) {
       cli::JsonLine line;
       line.add("mode", mode)
@@ -429,12 +571,14 @@ int kernel(int argc, char** argv, int first) {
           .add("causal", mask.is_causal())
           .add("documents", mask.documents())
           .add("window", o.window)
+          .add("shuffle", o.shuffle)
           .add("ms", ms.median)
           .add("ms_min", ms.min)
           .add("ms_max", ms.max)
           .add("repeats", o.repeats)
           .add("gflops", gflops)
           .add("path", kernel_path_name(path))
+          .add("device", device)
           .add("dtype", dtype_name(dtype))
           .add("peak_gflops", peak.gflops)
           .add("peak_gflops_per_thread", peak.gflops_per_thread)
@@ -468,11 +612,16 @@ int kernel(int argc, char** argv, int first) {
   };
 
   if (!o.json) {
-    std::printf("a2d kernel: %s mask=%s scale=%.6g threads=%lld path=%s dtype=%s\n",
+    std::printf("a2d kernel: %s mask=%s scale=%.6g threads=%lld path=%s dtype=%s device=%s\n",
                 shape.describe().c_str(), mask.describe().c_str(), static_cast<double>(scale),
-                static_cast<long long>(o.threads), kernel_path_name(path), dtype_name(dtype));
-    std::printf("FMA peak (%s, %d thread%s): %.1f GFLOP/s (%.1f per thread)\n", peak.isa.c_str(),
-                peak.threads, peak.threads == 1 ? "" : "s", peak.gflops, peak.gflops_per_thread);
+                static_cast<long long>(o.threads), on_cpu ? kernel_path_name(path) : "tensor-cores",
+                dtype_name(dtype), device.c_str());
+    if (on_cpu) {
+      std::printf("FMA peak (%s, %d thread%s): %.1f GFLOP/s (%.1f per thread)\n", peak.isa.c_str(),
+                  peak.threads, peak.threads == 1 ? "" : "s", peak.gflops, peak.gflops_per_thread);
+    } else {
+      std::printf("(%%peak and memory columns: CPU only)\n");
+    }
     std::printf("%-9s %10s %10s %10s %10s %7s %9s %9s%s\n", "mode", "ms(med)", "ms(min)", "ms(max)",
                 "GFLOP/s", "%peak", "work MiB", "RSS+ MiB",
                 o.check ? "   relative error vs fp64 reference" : "");

@@ -67,12 +67,19 @@ std::vector<float> ProblemOptions::sink_values(Communicator& world, int64_t head
 
 void DeviceOptions::declare(Options& options) {
   options.add_string("--device", &device,
-                     "the backend: cpu (default), or fenced: the CPU's kernels on memory only "
-                     "the backend may touch, staged through host memory (a test of the engine)");
+                     "the backend: cpu, cuda (an NVIDIA GPU; bf16/fp16, head_dim 64/80/96/128),\n"
+                     "fenced: the CPU's kernels on memory only the backend may touch, staged\n"
+                     "through host memory (a test of the engine), or fenced-cuda: fenced,\n"
+                     "refusing every kernel call the CUDA backend would refuse. Default: cuda\n"
+                     "when this build has it and a GPU is visible, else cpu");
+}
+
+std::string DeviceOptions::name() const {
+  return device.empty() ? default_device() : device;
 }
 
 std::unique_ptr<Backend> DeviceOptions::backend() const {
-  return make_backend(device);
+  return make_backend(name());
 }
 
 void PlanOptions::declare(Options& options) {

@@ -36,10 +36,12 @@ struct ProblemOptions {
 
 // --device: the backend the algorithms compute with.
 struct DeviceOptions {
-  std::string device = "cpu";
+  std::string device;  // "" = default_device(): cuda when built with it and a GPU is visible
 
   void declare(Options& options);
-  std::unique_ptr<Backend> backend() const;  // throws a2d::Error for an unknown device
+  std::string name() const;                  // the chosen device
+  std::unique_ptr<Backend> backend() const;  // throws a2d::Error for an unknown device, or cuda
+                                             // where there is none
 };
 
 struct PlanOptions {

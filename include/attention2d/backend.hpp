@@ -8,11 +8,16 @@
 // memory themselves, so a new device is one new backend (docs/backends.md).
 //
 //   cpu     host memory; the CPU kernels (portable and AVX2 paths, kernel.hpp)
+//   cuda    NVIDIA GPU memory and the CUDA kernels (built with -DA2D_WITH_CUDA=ON; one stream per
+//           backend; docs/gpu.md). Its buffers are not host-accessible either.
 //   fenced  a test backend: the CPU's operations on host memory that is kept inaccessible
 //           (mprotect PROT_NONE) except inside the backend's own operations, so that any other
 //           read or write crashes. Its buffers are not host-accessible, so communicators stage
 //           them through host memory, as a GPU's buffers must be under an MPI that is not
 //           CUDA-aware.
+//   fenced-cuda  fenced, refusing every kernel call the CUDA backend would refuse (dtype, head
+//           dimension, alignment): every algorithm checked against the CUDA kernels' rules on a
+//           machine without a GPU.
 //
 // Tensors inside buffers are described by TokenTensor ([batch, tokens, heads, width], any DType,
 // element strides) and RowTensor ([batch, heads, tokens], fp32), each a buffer, a byte offset and
@@ -168,10 +173,15 @@ class Backend {
   // Whether buffers' memory is host-accessible (Buffer::host_data() set): communicators then move
   // it directly; otherwise they stage it through host memory (make_staged_communicator).
   virtual bool host_accessible() const = 0;
+  // Throws a2d::Error when this backend's kernels cannot compute problems of this dtype, head
+  // dimension, mask or softcap (make_attention asks on every rank before any data moves). The
+  // host backends compute everything; the CUDA backend refuses what its kernels lack.
+  virtual void check_supported(DType /*dtype*/, int64_t /*head_dim*/, const Mask& /*mask*/,
+                               float /*softcap*/) const {}
 
   // ---- memory ----
-  // Uninitialised (NaN bytes in the sanitizer build, so that reading an unwritten element
-  // poisons the results the tests compare).
+  // Uninitialised (NaN bytes in the sanitizer build, and always on the fenced and cuda backends,
+  // so that reading an unwritten element poisons the results the tests compare).
   virtual BufferPtr allocate(int64_t bytes) = 0;
   // Host-accessible memory for staging transfers (pinned where the device has such a thing).
   virtual BufferPtr allocate_staging(int64_t bytes) = 0;
@@ -181,6 +191,9 @@ class Backend {
   virtual void upload(const void* host, Place to, int64_t bytes) = 0;
   virtual void download(Place from, void* host, int64_t bytes) = 0;
   virtual void fill_zero(Place at, int64_t bytes) = 0;
+  // Waits until every operation issued so far has finished (a device backend's stream; the host
+  // backends' operations are synchronous, so for them it does nothing). For timing.
+  virtual void synchronize() {}
 
   // ---- data operations ----
   // to = from, converting between their dtypes (rounding to nearest even when narrowing).
@@ -216,9 +229,15 @@ class Backend {
                                  const RowTensor& lse, const RowTensor& delta, double* dsink) = 0;
 };
 
-// "cpu" or "fenced"; anything else throws a2d::Error naming the choices.
+// "cpu", "fenced", "fenced-cuda" or "cuda"; anything else throws a2d::Error naming the choices.
+// "cuda" throws a2d::Error when the build has no CUDA backend or no GPU is visible.
 std::unique_ptr<Backend> make_backend(const std::string& device);
-std::vector<std::string> backend_names();
+std::vector<std::string> backend_names();  // those this build has
+// Whether this build has the CUDA backend, and how many GPUs it sees (0 without the backend).
+bool cuda_backend_built();
+int cuda_device_count();
+// The devices' default: "cuda" when the build has it and a GPU is visible, else "cpu".
+std::string default_device();
 
 // An int64 array uploaded to a new buffer of `backend` (positions, permutations).
 BufferPtr upload_indices(Backend& backend, const std::vector<int64_t>& values);

@@ -47,4 +47,21 @@ constexpr double kF16OutputBound = 0x1p-11 + kFp32RelativeBound;  // 4.98e-4
 constexpr double kBf16DeltaGradientBound = 5e-3;
 constexpr double kF16DeltaGradientBound = 5e-4;
 
+// Bounds for the CUDA backend's tensor-core kernels (docs/gpu.md), which differ from the CPU's in
+// one way: the operands of the second product of each pair are rounded to the inputs' dtype, as
+// in FlashAttention-2 (P before O = P V and dV = P^T dO; dS before dQ = dS K and dK = dS^T Q),
+// with fp32 sums. Each such rounding moves an element by at most u relative (u as above), so:
+//   O       its own rounding plus P's: 2u + kFp32RelativeBound
+//   dV      P's rounding: u + kFp32RelativeBound
+//   dQ, dK  dS's rounding on top of the delta-gradient bound: u + the delta-gradient bound
+//   LSE     fp32 statistics of fp32 scores (exact products, fp32 sums): kFp32RelativeBound
+// These are stated before any measurement (the kernels have not yet run on a GPU);
+// scripts/gpu_check.sh prints the measured errors beside them.
+constexpr double kTensorCoreBf16OutputBound = 2 * 0x1p-8 + kFp32RelativeBound;          // 7.82e-3
+constexpr double kTensorCoreF16OutputBound = 2 * 0x1p-11 + kFp32RelativeBound;          // 9.87e-4
+constexpr double kTensorCoreBf16ValueGradientBound = 0x1p-8 + kFp32RelativeBound;       // 3.92e-3
+constexpr double kTensorCoreF16ValueGradientBound = 0x1p-11 + kFp32RelativeBound;       // 4.98e-4
+constexpr double kTensorCoreBf16DeltaGradientBound = 0x1p-8 + kBf16DeltaGradientBound;  // 8.9e-3
+constexpr double kTensorCoreF16DeltaGradientBound = 0x1p-11 + kF16DeltaGradientBound;   // 9.9e-4
+
 }  // namespace a2d

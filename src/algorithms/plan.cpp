@@ -259,6 +259,7 @@ std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, con
   collective_check(world, [&] {
     problem.validate();
     check_plan(plan, problem, world.size());
+    backend.check_supported(problem.dtype, problem.head_dim, problem.mask, problem.softcap);
   });
   check_agreement(world, problem, plan);
   std::unique_ptr<DistributedAttention> attention = make_algorithm(problem, plan, world, backend);

@@ -20,14 +20,47 @@ BufferPtr Backend::wrap_host(void* /*memory*/, int64_t /*bytes*/) {
 }
 
 std::vector<std::string> backend_names() {
-  return {"cpu", "fenced"};
+  std::vector<std::string> names{"cpu", "fenced", "fenced-cuda"};
+  if (cuda_backend_built()) names.push_back("cuda");
+  return names;
+}
+
+bool cuda_backend_built() {
+#ifdef A2D_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count() {
+#ifdef A2D_WITH_CUDA
+  return backends::cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+std::string default_device() {
+  return cuda_device_count() > 0 ? "cuda" : "cpu";
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device) {
   if (device == "cpu") return backends::make_cpu_backend();
   if (device == "fenced") return backends::make_fenced_backend();
-  A2D_FAIL("unknown device '", device, "'; choose cpu (or fenced, the test backend whose memory ",
-           "only its own operations may touch)");
+  if (device == "fenced-cuda") return backends::make_fenced_backend(/*cuda_rules=*/true);
+  if (device == "cuda") {
+#ifdef A2D_WITH_CUDA
+    return backends::make_cuda_backend();
+#else
+    A2D_FAIL(
+        "--device cuda: this build has no CUDA backend (configure with -DA2D_WITH_CUDA=ON "
+        "where a CUDA toolkit is installed); use --device cpu");
+#endif
+  }
+  A2D_FAIL("unknown device '", device, "'; choose cpu, cuda (an NVIDIA GPU), fenced (the test ",
+           "backend whose memory only its own operations may touch) or fenced-cuda (fenced, ",
+           "refusing the kernel calls the CUDA backend refuses)");
 }
 
 BufferPtr upload_indices(Backend& backend, const std::vector<int64_t>& values) {

@@ -8,7 +8,12 @@
 namespace a2d::backends {
 
 std::unique_ptr<Backend> make_cpu_backend();
-std::unique_ptr<Backend> make_fenced_backend();
+// cuda_rules: "fenced-cuda", refusing the kernel calls the CUDA backend refuses.
+std::unique_ptr<Backend> make_fenced_backend(bool cuda_rules = false);
+#ifdef A2D_WITH_CUDA
+std::unique_ptr<Backend> make_cuda_backend();  // cuda_backend.cu; throws without a GPU
+int cuda_device_count();
+#endif
 
 // The memory behind a fenced buffer, for the test that shows a stray access crashes.
 std::byte* fenced_memory(const Buffer& buffer);

@@ -4,6 +4,11 @@
 // backend (an algorithm reading a buffer, a communicator handing one to MPI) is a segmentation
 // fault. The MPI test matrix runs every algorithm on it (tests/mpi), which proves that the
 // algorithms touch data only through the backend and the communicator.
+//
+// "fenced-cuda" is the same backend refusing every kernel call the CUDA backend would refuse
+// (cuda_plan.hpp's checks: dtype, head dimension, masks, 16-byte aligned rows, pairs of output
+// elements), so that every algorithm's calls are checked against the CUDA kernels' rules on a
+// machine without a GPU (tests/CMakeLists.txt, cli.mpi.fenced_cuda_*).
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -12,6 +17,7 @@
 #include <map>
 
 #include "../backends.hpp"
+#include "../cuda/cuda_plan.hpp"
 #include "../host/host_backend.hpp"
 #include "attention2d/error.hpp"
 
@@ -46,8 +52,38 @@ void protect(const FencedBuffer& buffer, int access) {
 
 class FencedBackend final : public HostBackend {
  public:
-  std::string name() const override { return "fenced"; }
+  explicit FencedBackend(bool cuda_rules) : cuda_rules_(cuda_rules) {}
+  std::string name() const override { return cuda_rules_ ? "fenced-cuda" : "fenced"; }
   bool host_accessible() const override { return false; }
+
+  void check_supported(DType dtype, int64_t head_dim, const Mask& mask,
+                       float softcap) const override {
+    if (cuda_rules_) cuda_plan::check_supported(dtype, head_dim, mask, softcap);
+  }
+  void attention_forward(const ForwardCall& call, const TokenTensor& out,
+                         const RowTensor& lse) override {
+    if (cuda_rules_) {
+      cuda_plan::check_forward(call);
+      cuda_plan::check_forward_output(call, out);
+    }
+    HostBackend::attention_forward(call, out, lse);
+  }
+  void attention_forward_partial(const ForwardCall& call, const PartialTensor& state,
+                                 bool accumulate) override {
+    if (cuda_rules_) {
+      cuda_plan::check_forward(call);
+      cuda_plan::check_partial_output(state);
+    }
+    HostBackend::attention_forward_partial(call, state, accumulate);
+  }
+  void attention_backward(const BackwardCall& call, const TokenTensor& dq, const TokenTensor& dk,
+                          const TokenTensor& dv) override {
+    if (cuda_rules_) {
+      cuda_plan::check_backward(call);
+      cuda_plan::check_backward_outputs(dq, dk, dv);
+    }
+    HostBackend::attention_backward(call, dq, dk, dv);
+  }
 
   BufferPtr allocate(int64_t bytes) override {
     A2D_REQUIRE(bytes >= 0, "cannot allocate ", bytes, " bytes");
@@ -82,17 +118,20 @@ class FencedBackend final : public HostBackend {
       if (--buffer->opened == 0) protect(*buffer, PROT_NONE);
     }
   }
+
+ private:
+  bool cuda_rules_;
 };
 
 }  // namespace
 
 std::byte* fenced_memory(const Buffer& buffer) {
-  A2D_REQUIRE(buffer.backend().name() == "fenced", "not a fenced buffer");
+  A2D_REQUIRE(buffer.backend().name().rfind("fenced", 0) == 0, "not a fenced buffer");
   return static_cast<const FencedBuffer&>(buffer).memory();
 }
 
-std::unique_ptr<Backend> make_fenced_backend() {
-  return std::make_unique<FencedBackend>();
+std::unique_ptr<Backend> make_fenced_backend(bool cuda_rules) {
+  return std::make_unique<FencedBackend>(cuda_rules);
 }
 
 }  // namespace a2d::backends

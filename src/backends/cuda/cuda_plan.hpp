@@ -1,0 +1,145 @@
+// Internal: the host-side logic of the CUDA backend, in plain C++ so that it compiles, and is
+// unit-tested (tests/unit/test_cuda_plan.cpp), in every build, with or without a CUDA toolkit:
+//   - the tile sizes of the attention kernels and the classification of a (query tile, key tile)
+//     pair by its minimum and maximum global positions (hidden / partial / full), the same rule
+//     as the CPU kernels' classify_block (the .cu kernels call classify_tile on the device);
+//   - the validation of a kernel call (dtype, head dimension, mask, alignment of the rows that
+//     cp.async and ldmatrix read 16 bytes at a time) with clear errors before anything launches;
+//   - launch planning: grid and block sizes, shared-memory bytes, the work-space of the
+//     per-tile position bounds, for the attention kernels and the element-wise kernels.
+// Nothing here touches device memory. docs/gpu.md describes the kernels that use it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "attention2d/backend.hpp"
+#include "attention2d/kernel.hpp"
+
+#if defined(__CUDACC__)
+#define A2D_HOST_DEVICE __host__ __device__
+#else
+#define A2D_HOST_DEVICE
+#endif
+
+namespace a2d::cuda_plan {
+
+// Forward: a thread block of kForwardWarps warps holds kForwardTileQ query rows (16 per warp, the
+// M of one m16n8k16 product) and walks the key tiles kForwardTileK keys at a time.
+inline constexpr int kForwardWarps = 4;
+inline constexpr int kForwardTileQ = 16 * kForwardWarps;  // 64
+inline constexpr int kForwardTileK = 64;
+// Backward: a block holds kBackwardTileK keys (16 per warp) of one K/V head, accumulates their dK
+// and dV in registers, and walks the query tiles of every query head of the group kBackwardTileQ
+// rows at a time; dQ is summed into fp32 memory with atomic adds.
+inline constexpr int kBackwardWarps = 4;
+inline constexpr int kBackwardTileK = 16 * kBackwardWarps;  // 64
+inline constexpr int kBackwardTileQ = 32;
+// Element-wise kernels: threads per block.
+inline constexpr int kElementwiseThreads = 256;
+// Shared-memory rows are padded by 8 elements (16 bytes), so that the 8 rows one ldmatrix reads
+// fall into distinct banks for every supported head dimension (docs/gpu.md works it out).
+inline constexpr int kRowPadElements = 8;
+
+// Mask kinds as the device sees them (MaskKind's values, without documents).
+enum TileClass : int { kTileHidden = 0, kTilePartial = 1, kTileFull = 2 };
+enum DeviceMask : int { kMaskNone = 0, kMaskCausal = 1, kMaskCausalWindow = 2 };
+
+// How queries with positions in [q_min, q_max] relate to keys in [k_min, k_max]: classify_block
+// for masks without documents. A tile with rows past the end of the tensor is classified by its
+// real rows; the kernels mask the missing rows themselves.
+A2D_HOST_DEVICE inline int classify_tile(int mask, int64_t window, int64_t q_min, int64_t q_max,
+                                         int64_t k_min, int64_t k_max) {
+  if (mask == kMaskNone) return kTileFull;
+  if (mask == kMaskCausal) {
+    if (k_min > q_max) return kTileHidden;
+    if (k_max <= q_min) return kTileFull;
+    return kTilePartial;
+  }
+  // causal window: visible iff q - window < k <= q.
+  if (k_min > q_max || k_max <= q_min - window) return kTileHidden;
+  if (k_max <= q_min && k_min > q_max - window) return kTileFull;
+  return kTilePartial;
+}
+
+// Whether query position q sees key position k.
+A2D_HOST_DEVICE inline bool visible(int mask, int64_t window, int64_t q, int64_t k) {
+  if (mask == kMaskNone) return true;
+  if (mask == kMaskCausal) return k <= q;
+  return k <= q && k > q - window;
+}
+
+int device_mask(const Mask& mask);  // throws for documents (not on the CUDA backend yet)
+
+// A kernel launch: grid (x, y, z), threads per block, dynamic shared memory.
+struct Launch {
+  int64_t grid_x = 1;
+  int64_t grid_y = 1;
+  int64_t grid_z = 1;
+  int threads = 1;
+  int64_t shared_bytes = 0;
+  bool empty() const { return grid_x == 0 || grid_y == 0 || grid_z == 0; }
+};
+
+struct AttentionPlan {
+  Launch launch;
+  int64_t head_dim = 0;
+  int64_t q_tiles = 0;   // tiles of the kernel's query tile size
+  int64_t kv_tiles = 0;  // tiles of its key tile size
+  // Work-space: (min, max) int64 position pairs of the query tiles and of the key tiles.
+  int64_t bounds_bytes = 0;
+  int mask = kMaskNone;
+  int64_t window = 0;
+  std::string describe() const;
+};
+
+// The head dimensions and dtypes the tensor-core kernels are instantiated for.
+bool supported_head_dim(int64_t head_dim);
+bool supported_dtype(DType dtype);
+
+// Checks a kernel call's arguments (throws a2d::Error naming the first problem): shape, scale,
+// dtype (bf16 or fp16, the same for every input), head dimension 64/80/96/128, mask without
+// documents, no softcap (not on the CUDA backend yet).
+void check_forward(const ForwardCall& call);
+// The same for a whole problem (Backend::check_supported of the CUDA backend).
+void check_supported(DType dtype, int64_t head_dim, const Mask& mask, float softcap);
+void check_backward(const BackwardCall& call);
+// Whether every row of a tensor starts on a 16-byte boundary (offset and strides, in elements),
+// as cp.async needs. The CUDA backend copies an input that is not (the algorithms' records put
+// fp32 fields before 16-bit rows) into a dense scratch tensor first.
+bool rows_aligned(const TokenTensor& t);
+// The outputs the kernels write two elements at a time: O in the inputs' dtype (4-byte pairs),
+// the fp32 partial accumulator, dK and dV (8-byte pairs); dQ fp32.
+void check_forward_output(const ForwardCall& call, const TokenTensor& out);
+void check_partial_output(const PartialTensor& state);
+void check_backward_outputs(const TokenTensor& dq, const TokenTensor& dk, const TokenTensor& dv);
+
+// Grid: x = query tiles, y = query heads, z = batch. Shared memory: the Q tile and one K and one
+// V tile, padded rows of 16-bit elements, plus the tile's query and key positions.
+AttentionPlan plan_forward(const AttentionShape& shape, const Mask& mask);
+// Grid: x = key tiles, y = K/V heads, z = batch. Shared memory: one Q and one dO tile, the
+// block's K and V tiles, dS^T of one tile pair (16-bit), and the tile's LSE, delta and positions.
+AttentionPlan plan_backward(const AttentionShape& shape, const Mask& mask);
+// Shared bytes of the kernels for head dimension d (what plan_* put in shared_bytes).
+int64_t forward_shared_bytes(int64_t head_dim);
+int64_t backward_shared_bytes(int64_t head_dim);
+// The largest dynamic shared memory one block may use on sm_80 and sm_90 (opt-in): 163 KiB on
+// sm_80 (A100), 227 KiB on sm_90. The plans stay under the smaller one.
+inline constexpr int64_t kMaxSharedBytes = 163 * 1024;
+
+// One thread per element, kElementwiseThreads per block, at most `max_blocks` blocks (the
+// kernels loop with a grid stride over the rest).
+Launch plan_elementwise(int64_t count, int64_t max_blocks = 65536);
+// One warp per row, 8 rows per block (merge, finalize, delta, sinks).
+Launch plan_rows(int64_t rows, int64_t max_blocks = 65536);
+
+// Bytes from a strided tensor's first element to the end of its last row (0 for an empty block),
+// and the bounds checks every operation applies before it launches (a2d::Error on failure).
+int64_t extent_bytes(int64_t element_bytes, int64_t batch, int64_t tokens, int64_t heads,
+                     int64_t width, int64_t batch_stride, int64_t token_stride,
+                     int64_t head_stride);
+void check_place(const Place& place, int64_t bytes, const char* what);
+void check_tokens(const TokenTensor& t, const TokenBlock& block, const char* what);
+void check_rows(const RowTensor& t, int64_t batch, int64_t heads, int64_t tokens, const char* what);
+
+}  // namespace a2d::cuda_plan
