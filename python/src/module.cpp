@@ -71,6 +71,51 @@ int64_t extent_bytes(const HostTensor& h) {
   return (last + 1) * static_cast<int64_t>(a2d::dtype_bytes(h.dtype));
 }
 
+// The caller's memory as CPU-backend buffers for the length of one call (not copied).
+struct Wrapped {
+  explicit Wrapped(a2d::Backend& target) : backend(target) {}
+  a2d::Buffer& wrap(const HostTensor& h) {
+    buffers.push_back(backend.wrap_host(reinterpret_cast<void*>(h.address), extent_bytes(h)));
+    return *buffers.back();
+  }
+  // [batch, tokens, heads, head_dim], the last dimension dense.
+  a2d::TokenTensor token(const HostTensor& h) {
+    A2D_REQUIRE(h.shape[3] <= 1 || h.strides[3] == 1,
+                "the last dimension must be contiguous (stride 1)");
+    a2d::TokenTensor t;
+    t.buffer = &wrap(h);
+    t.dtype = h.dtype;
+    t.batch_stride = h.strides[0];
+    t.token_stride = h.strides[1];
+    t.head_stride = h.strides[2];
+    return t;
+  }
+  // [batch, heads, tokens] fp32.
+  a2d::RowTensor row(const HostTensor& h) {
+    A2D_REQUIRE(h.dtype == a2d::DType::f32, "lse must be float32");
+    a2d::RowTensor t;
+    t.buffer = &wrap(h);
+    t.batch_stride = h.strides[0];
+    t.head_stride = h.strides[1];
+    t.token_stride = h.strides[2];
+    return t;
+  }
+  a2d::Backend& backend;
+  std::vector<a2d::BufferPtr> buffers;
+};
+
+// Q, K, V, O and LSE of a call, wrapped: the fields every shards struct shares.
+template <class Shards>
+void wrap_common(Wrapped& w, Shards& s, const py::tuple& q, const py::tuple& k, const py::tuple& v,
+                 const py::tuple& out, const py::tuple& lse, uintptr_t sinks) {
+  s.q = w.token(host_tensor(q, 4, "q"));
+  s.k = w.token(host_tensor(k, 4, "k"));
+  s.v = w.token(host_tensor(v, 4, "v"));
+  s.out = w.token(host_tensor(out, 4, "out"));
+  s.lse = w.row(host_tensor(lse, 3, "lse"));
+  s.sinks = reinterpret_cast<const float*>(sinks);
+}
+
 py::dict prediction_dict(const a2d::Prediction& p) {
   py::dict d;
   d["forward_s"] = p.forward_s;
@@ -111,12 +156,7 @@ class Engine {
                const py::tuple& lse, uintptr_t sinks) {
     Wrapped w(*backend_);
     a2d::ForwardShards s;
-    s.q = w.token(host_tensor(q, 4, "q"));
-    s.k = w.token(host_tensor(k, 4, "k"));
-    s.v = w.token(host_tensor(v, 4, "v"));
-    s.out = w.token(host_tensor(out, 4, "out"));
-    s.lse = w.row(host_tensor(lse, 3, "lse"));
-    s.sinks = reinterpret_cast<const float*>(sinks);
+    wrap_common(w, s, q, k, v, out, lse, sinks);
     py::gil_scoped_release release;
     attention_->forward(s);
   }
@@ -126,56 +166,17 @@ class Engine {
                 const py::tuple& dk, const py::tuple& dv, uintptr_t sinks, uintptr_t dsink) {
     Wrapped w(*backend_);
     a2d::BackwardShards s;
-    s.q = w.token(host_tensor(q, 4, "q"));
-    s.k = w.token(host_tensor(k, 4, "k"));
-    s.v = w.token(host_tensor(v, 4, "v"));
-    s.out = w.token(host_tensor(out, 4, "out"));
+    wrap_common(w, s, q, k, v, out, lse, sinks);
     s.d_out = w.token(host_tensor(d_out, 4, "d_out"));
-    s.lse = w.row(host_tensor(lse, 3, "lse"));
     s.dq = w.token(host_tensor(dq, 4, "dq"));
     s.dk = w.token(host_tensor(dk, 4, "dk"));
     s.dv = w.token(host_tensor(dv, 4, "dv"));
-    s.sinks = reinterpret_cast<const float*>(sinks);
     s.dsink = reinterpret_cast<float*>(dsink);
     py::gil_scoped_release release;
     attention_->backward(s);
   }
 
  private:
-  friend class DecoderEngine;
-  // The caller's memory as CPU-backend buffers for the length of one call (not copied).
-  struct Wrapped {
-    explicit Wrapped(a2d::Backend& target) : backend(target) {}
-    a2d::Buffer& wrap(const HostTensor& h) {
-      buffers.push_back(backend.wrap_host(reinterpret_cast<void*>(h.address), extent_bytes(h)));
-      return *buffers.back();
-    }
-    // [batch, tokens, heads, head_dim], the last dimension dense.
-    a2d::TokenTensor token(const HostTensor& h) {
-      A2D_REQUIRE(h.shape[3] <= 1 || h.strides[3] == 1,
-                  "the last dimension must be contiguous (stride 1)");
-      a2d::TokenTensor t;
-      t.buffer = &wrap(h);
-      t.dtype = h.dtype;
-      t.batch_stride = h.strides[0];
-      t.token_stride = h.strides[1];
-      t.head_stride = h.strides[2];
-      return t;
-    }
-    // [batch, heads, tokens] fp32.
-    a2d::RowTensor row(const HostTensor& h) {
-      A2D_REQUIRE(h.dtype == a2d::DType::f32, "lse must be float32");
-      a2d::RowTensor t;
-      t.buffer = &wrap(h);
-      t.batch_stride = h.strides[0];
-      t.head_stride = h.strides[1];
-      t.token_stride = h.strides[2];
-      return t;
-    }
-    a2d::Backend& backend;
-    std::vector<a2d::BufferPtr> buffers;
-  };
-
   std::unique_ptr<a2d::Backend> backend_;
   std::unique_ptr<a2d::Communicator> world_;
   std::unique_ptr<a2d::DistributedAttention> attention_;
@@ -212,32 +213,21 @@ class DecoderEngine {
 
   void prefill(const py::tuple& q, const py::tuple& k, const py::tuple& v, const py::tuple& out,
                const py::tuple& lse, uintptr_t sinks) {
-    Engine::Wrapped w(*backend_);
+    Wrapped w(*backend_);
     a2d::ForwardShards s;
-    s.q = w.token(host_tensor(q, 4, "q"));
-    s.k = w.token(host_tensor(k, 4, "k"));
-    s.v = w.token(host_tensor(v, 4, "v"));
-    s.out = w.token(host_tensor(out, 4, "out"));
-    s.lse = w.row(host_tensor(lse, 3, "lse"));
-    s.sinks = reinterpret_cast<const float*>(sinks);
+    wrap_common(w, s, q, k, v, out, lse, sinks);
     py::gil_scoped_release release;
     decoder_->prefill(s);
   }
 
   void step(int64_t tokens, const py::tuple& q, const py::tuple& k, const py::tuple& v,
             const py::tuple& out, const py::tuple& lse, uintptr_t sinks) {
-    Engine::Wrapped w(*backend_);
+    Wrapped w(*backend_);
     a2d::DecodeShards s;
     // A rank that owns none of the step's tokens passes tensors of no tokens (whose strides
     // numpy may give as 0): the decoder reads none of them then.
     const HostTensor hq = host_tensor(q, 4, "q");
-    if (hq.shape[1] > 0) {
-      s.q = w.token(hq);
-      s.k = w.token(host_tensor(k, 4, "k"));
-      s.v = w.token(host_tensor(v, 4, "v"));
-      s.out = w.token(host_tensor(out, 4, "out"));
-      s.lse = w.row(host_tensor(lse, 3, "lse"));
-    }
+    if (hq.shape[1] > 0) wrap_common(w, s, q, k, v, out, lse, sinks);
     s.sinks = reinterpret_cast<const float*>(sinks);
     py::gil_scoped_release release;
     decoder_->step(tokens, s);

@@ -15,7 +15,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention2d/attention.hpp"
 #include "attention2d/backend.hpp"
+#include "attention2d/comm.hpp"
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
 #include "records.hpp"
@@ -105,6 +107,34 @@ class HeadsExchange {
     }
   }
 
+  // The two exchanges to heads, with their records packed (this rank's own heads give the field
+  // offsets; every member's records have the same width). Forward: [q(hq x D) k(hkv x D)
+  // v(hkv x D)] per (token, batch). Backward: [lse(hq) delta(hq) q(hq x D) dO(hq x D) k(hkv x D)
+  // v(hkv x D)]. Both return the gathered buffer (block i = member i's tokens).
+  BufferPtr forward_to_heads(const ForwardShards& s, const HeadRecords& in, DType dtype,
+                             Communicator& comm) {
+    const int64_t e = dtype_bytes(dtype), hq = own_heads().heads, hkv = own_heads().kv_heads;
+    BufferPtr send = allocate_own_blocks(in);
+    pack_tokens(s.q, false, in, *send, 0, dtype);
+    pack_tokens(s.k, true, in, *send, hq * head_dim_ * e, dtype);
+    pack_tokens(s.v, true, in, *send, (hq + hkv) * head_dim_ * e, dtype);
+    return exchange_to_heads(in, *send, comm, "forward.to_heads_all_to_all");
+  }
+  BufferPtr backward_to_heads(const BackwardShards& s, const RowTensor& delta,
+                              const HeadRecords& in, DType dtype, Communicator& comm) {
+    const int64_t e = dtype_bytes(dtype), hq = own_heads().heads, hkv = own_heads().kv_heads;
+    const int64_t q_at = 2 * hq * kFloatBytes, do_at = q_at + hq * head_dim_ * e;
+    const int64_t k_at = do_at + hq * head_dim_ * e, v_at = k_at + hkv * head_dim_ * e;
+    BufferPtr send = allocate_own_blocks(in);
+    pack_tokens(s.q, false, in, *send, q_at, dtype);
+    pack_tokens(s.d_out, false, in, *send, do_at, dtype);
+    pack_tokens(s.k, true, in, *send, k_at, dtype);
+    pack_tokens(s.v, true, in, *send, v_at, dtype);
+    pack_rows(s.lse, in, *send, 0);
+    pack_rows(delta, in, *send, hq * kFloatBytes);
+    return exchange_to_heads(in, *send, comm, "backward.to_heads_all_to_all");
+  }
+
   // Buffers and block sizes (bytes) of the two directions: every block holds this rank's own
   // tokens ...
   BufferPtr allocate_own_blocks(const HeadRecords& rec) {
@@ -124,6 +154,13 @@ class HeadsExchange {
   int64_t block(const HeadRecords& rec, int j) const { return j * rec.bytes(own_tokens()); }
 
  private:
+  BufferPtr exchange_to_heads(const HeadRecords& in, Buffer& send, Communicator& comm,
+                              const char* phase) {
+    BufferPtr gathered = allocate_gathered(in);
+    comm.set_phase(phase);
+    comm.all_to_all(Place::in(send), own_block_bytes(in), Place::in(*gathered), gathered_bytes(in));
+    return gathered;
+  }
   TokenBlock own_block(int64_t heads) const { return {batch_, own_tokens(), heads, head_dim_}; }
 
   Backend& backend_;

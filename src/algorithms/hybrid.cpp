@@ -99,15 +99,7 @@ class HybridAttention final : public DistributedAttention {
 
     // 1. [q(hq x D) k(hkv x D) v(hkv x D)] per (token, batch) to the members of the group.
     const HeadRecords in{b, d, wire_.ulysses_in};
-    BufferPtr send = exchange_.allocate_own_blocks(in);
-    exchange_.pack_tokens(s.q, false, in, *send, 0, dtype);
-    exchange_.pack_tokens(s.k, true, in, *send, hq * d * e, dtype);
-    exchange_.pack_tokens(s.v, true, in, *send, (hq + hkv) * d * e, dtype);
-    BufferPtr gathered = exchange_.allocate_gathered(in);
-    sequence_comm_->set_phase("forward.to_heads_all_to_all");
-    sequence_comm_->all_to_all(Place::in(*send), exchange_.own_block_bytes(in),
-                               Place::in(*gathered), exchange_.gathered_bytes(in));
-    send.reset();
+    BufferPtr gathered = exchange_.forward_to_heads(s, in, dtype, *sequence_comm_);
 
     // 2. The group's shards in position order, and ATTENTION2D on the grid.
     const int64_t n = exchange_.gathered_tokens();
@@ -150,19 +142,8 @@ class HybridAttention final : public DistributedAttention {
     const int64_t q_at = 2 * hq * kFloatBytes, do_at = q_at + hq * d * e;
     const int64_t k_at = do_at + hq * d * e, v_at = k_at + hkv * d * e;
     const HeadRecords in{b, d, wire_.ulysses_backward_in};
-    BufferPtr send = exchange_.allocate_own_blocks(in);
-    exchange_.pack_tokens(s.q, false, in, *send, q_at, dtype);
-    exchange_.pack_tokens(s.d_out, false, in, *send, do_at, dtype);
-    exchange_.pack_tokens(s.k, true, in, *send, k_at, dtype);
-    exchange_.pack_tokens(s.v, true, in, *send, v_at, dtype);
-    exchange_.pack_rows(s.lse, in, *send, 0);
-    exchange_.pack_rows(delta_rows, in, *send, hq * kFloatBytes);
+    BufferPtr gathered = exchange_.backward_to_heads(s, delta_rows, in, dtype, *sequence_comm_);
     delta.reset();
-    BufferPtr gathered = exchange_.allocate_gathered(in);
-    sequence_comm_->set_phase("backward.to_heads_all_to_all");
-    sequence_comm_->all_to_all(Place::in(*send), exchange_.own_block_bytes(in),
-                               Place::in(*gathered), exchange_.gathered_bytes(in));
-    send.reset();
 
     // 2. ATTENTION2D's backward on the group's shards, with delta in place of O.
     const int64_t n = exchange_.gathered_tokens();

@@ -45,14 +45,7 @@ class UlyssesAttention final : public SequenceParallel {
     const int64_t e = dtype_bytes(dtype);
     // [q(hq x D) k(hkv x D) v(hkv x D)] per (token, batch), in the dtype.
     const HeadRecords in{problem_.batch, d, wire_.ulysses_in};
-    BufferPtr send = exchange_.allocate_own_blocks(in);
-    exchange_.pack_tokens(s.q, false, in, *send, 0, dtype);
-    exchange_.pack_tokens(s.k, true, in, *send, hq * d * e, dtype);
-    exchange_.pack_tokens(s.v, true, in, *send, (hq + hkv) * d * e, dtype);
-    BufferPtr gathered = exchange_.allocate_gathered(in);
-    comm_->set_phase("forward.to_heads_all_to_all");
-    comm_->all_to_all(Place::in(*send), exchange_.own_block_bytes(in), Place::in(*gathered),
-                      exchange_.gathered_bytes(in));
+    BufferPtr gathered = exchange_.forward_to_heads(s, in, dtype, *comm_);
 
     // [lse(hq) o(hq x D)] per (token, batch), the whole sequence in gathered order.
     const HeadRecords out{problem_.batch, d, wire_.ulysses_out};
@@ -90,17 +83,7 @@ class UlyssesAttention final : public SequenceParallel {
     const int64_t q_at = 2 * hq * kFloatBytes, do_at = q_at + hq * d * e;
     const int64_t k_at = do_at + hq * d * e, v_at = k_at + hkv * d * e;
     const HeadRecords in{b, d, wire_.ulysses_backward_in};
-    BufferPtr send = exchange_.allocate_own_blocks(in);
-    exchange_.pack_tokens(s.q, false, in, *send, q_at, dtype);
-    exchange_.pack_tokens(s.d_out, false, in, *send, do_at, dtype);
-    exchange_.pack_tokens(s.k, true, in, *send, k_at, dtype);
-    exchange_.pack_tokens(s.v, true, in, *send, v_at, dtype);
-    exchange_.pack_rows(s.lse, in, *send, 0);
-    exchange_.pack_rows(delta_rows, in, *send, hq * kFloatBytes);
-    BufferPtr gathered = exchange_.allocate_gathered(in);
-    comm_->set_phase("backward.to_heads_all_to_all");
-    comm_->all_to_all(Place::in(*send), exchange_.own_block_bytes(in), Place::in(*gathered),
-                      exchange_.gathered_bytes(in));
+    BufferPtr gathered = exchange_.backward_to_heads(s, delta_rows, in, dtype, *comm_);
 
     // The kernel's fp32 [dq(hq x D) dk(hkv x D) dv(hkv x D)] per (token, batch), gathered order.
     // Each is complete here (every key and query of these heads), so what goes back is rounded
