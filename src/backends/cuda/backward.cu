@@ -31,6 +31,31 @@ constexpr int kTileQ = cuda_plan::kBackwardTileQ;  // 32
 constexpr int kTileK = cuda_plan::kBackwardTileK;  // 64
 constexpr float kLog2e = 1.4426950408889634f;
 
+// acc (the warp's 16 rows x kQTiles n-tiles of 8) = A B^T over D: A's 16 rows from shared `a`
+// (this warp's rows), B's kQTiles * 8 rows from shared `b`, both row-major of `stride` elements.
+// S^T = K Q^T and dP^T = V dO^T are both this product.
+template <typename T, int D, int kQTiles>
+__device__ __forceinline__ void warp_product_nt(float (&acc)[kQTiles][4], const T* a, const T* b,
+                                                int stride, int warp, int lane) {
+  using E = Element<T>;
+#pragma unroll
+  for (int n = 0; n < kQTiles; ++n)
+    acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t fa[4];
+    load_matrix_x4(fa, a + (warp * 16 + lane % 16) * stride + kk * 16 + (lane / 16) * 8);
+#pragma unroll
+    for (int n = 0; n < kQTiles; n += 2) {
+      uint32_t fb[4];
+      load_matrix_x4(
+          fb, b + (n * 8 + lane % 8 + 8 * (lane / 16)) * stride + kk * 16 + 8 * ((lane / 8) % 2));
+      E::mma(acc[n], fa, fb[0], fb[1]);
+      E::mma(acc[n + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
 template <typename T, int D>
 // (min 1 block per SM: ptxas may then use up to 255 registers; it otherwise chose 168 for
 // D = 80 on sm_90 and spilled.)
@@ -39,7 +64,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   using E = Element<T>;
   constexpr int kStride = D + cuda_plan::kRowPadElements;
   constexpr int kSStride = kTileQ + cuda_plan::kRowPadElements;  // dS^T rows (keys) of 32 queries
-  constexpr int kSteps = D / 16;
   constexpr int kDTiles = D / 8;
   constexpr int kQTiles = kTileQ / 8;  // n-tiles of S^T (4)
   extern __shared__ __align__(16) unsigned char shared[];
@@ -128,22 +152,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
       // S^T = K Q^T: the warp's 16 keys (A from shared K) x the tile's 32 queries (B from Q).
       float s[kQTiles][4];
-#pragma unroll
-      for (int n = 0; n < kQTiles; ++n)
-        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) {
-        uint32_t a[4];
-        load_matrix_x4(a, s_k + (warp * 16 + lane % 16) * kStride + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-        for (int n = 0; n < kQTiles; n += 2) {
-          uint32_t b[4];
-          load_matrix_x4(b, s_q + (n * 8 + lane % 8 + 8 * (lane / 16)) * kStride + kk * 16 +
-                                8 * ((lane / 8) % 2));
-          E::mma(s[n], a, b[0], b[1]);
-          E::mma(s[n + 1], a, b[2], b[3]);
-        }
-      }
+      warp_product_nt<T, D, kQTiles>(s, s_k, s_q, kStride, warp, lane);
       // P^T = exp2(S^T scale log2 e - LSE log2 e), 0 where hidden.
 #pragma unroll
       for (int n = 0; n < kQTiles; ++n) {
@@ -177,22 +186,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       // dP^T = V dO^T.
       float dp[kQTiles][4];
-#pragma unroll
-      for (int n = 0; n < kQTiles; ++n)
-        dp[n][0] = dp[n][1] = dp[n][2] = dp[n][3] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < kSteps; ++kk) {
-        uint32_t a[4];
-        load_matrix_x4(a, s_v + (warp * 16 + lane % 16) * kStride + kk * 16 + (lane / 16) * 8);
-#pragma unroll
-        for (int n = 0; n < kQTiles; n += 2) {
-          uint32_t b[4];
-          load_matrix_x4(b, s_do + (n * 8 + lane % 8 + 8 * (lane / 16)) * kStride + kk * 16 +
-                                8 * ((lane / 8) % 2));
-          E::mma(dp[n], a, b[0], b[1]);
-          E::mma(dp[n + 1], a, b[2], b[3]);
-        }
-      }
+      warp_product_nt<T, D, kQTiles>(dp, s_v, s_do, kStride, warp, lane);
       // dS^T = P^T (dP^T - delta); into shared memory as well, for dQ.
 #pragma unroll
       for (int n = 0; n < kQTiles; ++n) {
