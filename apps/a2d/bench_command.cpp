@@ -364,7 +364,7 @@ int bench(int argc, char** argv, int first) {
       A2D_REQUIRE(o.problem.sink_file.empty(),
                   "a2d bench generates every input from --seed: use --sinks, not --sink FILE");
       rows = candidate_rows(o, problem, world.size());
-      backend = o.device.backend();
+      backend = o.device.backend(problem.dtype);
     });
     if (o.balance) {
       for (Row& row : rows) {

@@ -107,7 +107,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       problem = o.problem.problem();
       check_decodable(problem);
       plan = o.plan.plan(problem, world.size(), &chosen);
-      backend = o.device.backend();
+      backend = o.device.backend(problem.dtype);
     });
     if (asked_help) return 0;
     const int ranks = world.size(), rank = world.rank();

@@ -58,7 +58,7 @@ struct KernelOptions {
   bool json = false;
   bool huge_pages = false;
   std::string path;  // empty: A2D_KERNEL_PATH, else auto
-  std::string device;  // empty: default_device()
+  std::string device;  // empty: default_device(dtype)
   std::string dtype = "fp32";
 };
 
@@ -242,8 +242,8 @@ int kernel(int argc, char** argv, int first) {
       "--device", &o.device,
       "where the kernel runs: cpu (the CPU kernels called directly), cuda (the CUDA\n"
       "backend: bf16/fp16, head_dim 64/80/96/128; no FMA peak then) or fenced\n"
-      "(the CPU kernels through the backend interface). Default: cuda when this\n"
-      "build has it and a GPU is visible, else cpu");
+      "(the CPU kernels through the backend interface). Default: cuda for bf16/fp16\n"
+      "when this build has it and a GPU is visible, else cpu");
   options.add_string("--dtype", &o.dtype,
                      "element type of Q, K, V, dO and O: fp32, bf16 or fp16 (inputs generated\n"
                      "in fp32, rounded and stored in it; LSE, dQ, dK, dV stay fp32)");
@@ -269,7 +269,7 @@ int kernel(int argc, char** argv, int first) {
   const DType dtype = parse_dtype(o.dtype);
   if (!o.path.empty()) set_kernel_path(parse_kernel_path(o.path));
   const KernelPath path = kernel_path();
-  const std::string device = o.device.empty() ? default_device() : o.device;
+  const std::string device = o.device.empty() ? default_device(dtype) : o.device;
   // Another device than cpu runs the kernels through its backend (buffers uploaded once, each
   // timed call ended by synchronize()).
   std::unique_ptr<Backend> backend = device == "cpu" ? nullptr : make_backend(device);

@@ -71,15 +71,15 @@ void DeviceOptions::declare(Options& options) {
                      "fenced: the CPU's kernels on memory only the backend may touch, staged\n"
                      "through host memory (a test of the engine), or fenced-cuda: fenced,\n"
                      "refusing every kernel call the CUDA backend would refuse. Default: cuda\n"
-                     "when this build has it and a GPU is visible, else cpu");
+                     "for bf16/fp16 when this build has it and a GPU is visible, else cpu");
 }
 
-std::string DeviceOptions::name() const {
-  return device.empty() ? default_device() : device;
+std::string DeviceOptions::name(DType dtype) const {
+  return device.empty() ? default_device(dtype) : device;
 }
 
-std::unique_ptr<Backend> DeviceOptions::backend() const {
-  return make_backend(name());
+std::unique_ptr<Backend> DeviceOptions::backend(DType dtype) const {
+  return make_backend(name(dtype));
 }
 
 void PlanOptions::declare(Options& options) {

@@ -36,12 +36,13 @@ struct ProblemOptions {
 
 // --device: the backend the algorithms compute with.
 struct DeviceOptions {
-  std::string device;  // "" = default_device(): cuda when built with it and a GPU is visible
+  std::string device;  // "" = default_device(dtype): cuda for bf16/fp16 when built with it and a
+                       // GPU is visible
 
   void declare(Options& options);
-  std::string name() const;                  // the chosen device
-  std::unique_ptr<Backend> backend() const;  // throws a2d::Error for an unknown device, or cuda
-                                             // where there is none
+  std::string name(DType dtype) const;  // the chosen device for inputs of dtype
+  // Throws a2d::Error for an unknown device, or cuda where there is none.
+  std::unique_ptr<Backend> backend(DType dtype) const;
 };
 
 struct PlanOptions {

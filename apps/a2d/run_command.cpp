@@ -226,7 +226,7 @@ int run(int argc, char** argv, int first) {
       A2D_REQUIRE(o.warmup >= 0 && o.iters >= 1, "--warmup must be >= 0 and --iters >= 1");
       problem = o.problem.problem();
       plan = o.plan.plan(problem, world.size(), &chosen);
-      backend = o.device.backend();
+      backend = o.device.backend(problem.dtype);
       check_out_dtype(o, problem);
     });
     // Inputs read from files hold what the dtype stores (the reference sees the same values).

@@ -236,8 +236,9 @@ std::vector<std::string> backend_names();  // those this build has
 // Whether this build has the CUDA backend, and how many GPUs it sees (0 without the backend).
 bool cuda_backend_built();
 int cuda_device_count();
-// The devices' default: "cuda" when the build has it and a GPU is visible, else "cpu".
-std::string default_device();
+// The devices' default for inputs of `dtype`: "cuda" for bf16/fp16 when the build has it and a GPU
+// is visible (its kernels take 16-bit inputs only), else "cpu".
+std::string default_device(DType dtype);
 
 // An int64 array uploaded to a new buffer of `backend` (positions, permutations).
 BufferPtr upload_indices(Backend& backend, const std::vector<int64_t>& values);

@@ -41,8 +41,8 @@ int cuda_device_count() {
 #endif
 }
 
-std::string default_device() {
-  return cuda_device_count() > 0 ? "cuda" : "cpu";
+std::string default_device(DType dtype) {
+  return dtype != DType::f32 && cuda_device_count() > 0 ? "cuda" : "cpu";
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& device) {

@@ -226,13 +226,19 @@ TEST(CudaPlan, ExtentChecks) {
   EXPECT_EQ(extent_bytes(2, 1, 0, 2, 50, 500, 100, 50), 0);
 }
 
+// fp32 stays on the CPU even where a GPU is visible: the CUDA kernels take 16-bit inputs only.
+TEST(CudaPlan, Fp32DefaultsToTheCpu) {
+  EXPECT_EQ(default_device(DType::f32), "cpu");
+}
+
 TEST(CudaPlan, CudaDeviceWithoutOneFailsClearly) {
   if (cuda_backend_built() && cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible";
   const std::string message = error_of([] { make_backend("cuda"); });
   EXPECT_NE(message.find(cuda_backend_built() ? "no CUDA GPU" : "no CUDA backend"),
             std::string::npos)
       << message;
-  EXPECT_EQ(default_device(), "cpu");
+  EXPECT_EQ(default_device(DType::bf16), "cpu");
+  EXPECT_EQ(default_device(DType::f32), "cpu");
   const std::vector<std::string> names = backend_names();
   EXPECT_EQ(std::count(names.begin(), names.end(), "cuda"), cuda_backend_built() ? 1 : 0);
 }
