@@ -48,9 +48,12 @@ phase "sanitizer build"
 # The N = 4096 kernel cases, the N = 65536 memory check and the thousand-token kernel cases
 # (fp32 matrix and element types) are excluded here too: the sanitized fp64 reference makes them
 # the slowest tests, and the uninstrumented run above covers them; smaller cases of the same
-# kernels and paths run here.
+# kernels and paths run here. At 4 ranks the sanitizers see the fp32 MPI cases (the 2 x 2 grids,
+# the hybrid's U = 2) and the hybrid's bf16; the other 16-bit, fenced and fenced-cuda variants they
+# see at 3 ranks (fenced-cuda at 1), and the uninstrumented run has them at every rank count. The
+# planner's largest search (cli.model_largest, 45 s sanitized) runs there only.
 (cd build-asan && ctest --output-on-failure -j "$(nproc)" --timeout 900 -LE heavy \
-  -E 'Nq4096|kernel_memory_65536|Nq1000_Nk1000|KernelDtypes.CrossLengthsNoMaskBatch2|KernelDtypes.ThousandTokens')
+  -E 'Nq4096|kernel_memory_65536|Nq1000_Nk1000|KernelDtypes.CrossLengthsNoMaskBatch2|KernelDtypes.ThousandTokens|mpi\.(attention2d|baselines|decode)\.(bf16|fp16|fenced|fenced_bf16|masks_bf16|masks_fp16)\.np4$|mpi\.hybrid\.fenced\.np4$|cli\.mpi\.fenced_cuda_.*_np4$|cli\.model_largest$')
 phase "sanitizer tests"
 
 # Fuzz targets (libFuzzer, clang), bounded: 20 s each. scripts/fuzz.sh 3600 runs them longer.
