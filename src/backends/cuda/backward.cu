@@ -56,6 +56,30 @@ __device__ __forceinline__ void warp_product_nt(float (&acc)[kQTiles][4], const 
   }
 }
 
+// acc (the warp's 16 rows x D, D / 8 n-tiles of 8) += A B over the tile's 32 queries: A from
+// the fp32 fragments p (16 x 32, the layout warp_product_nt leaves), rounded to T; B (32 x D)
+// from shared `b` through ldmatrix.trans. dV += P^T dO and dK += dS^T Q are both this product.
+template <typename T, int D, int kQTiles>
+__device__ __forceinline__ void warp_product_tn(float (&acc)[D / 8][4],
+                                                const float (&p)[kQTiles][4], const T* b,
+                                                int stride, int lane) {
+  using E = Element<T>;
+#pragma unroll
+  for (int kk = 0; kk < kQTiles / 2; ++kk) {
+    const uint32_t a[4] = {E::pack(p[2 * kk][0], p[2 * kk][1]), E::pack(p[2 * kk][2], p[2 * kk][3]),
+                           E::pack(p[2 * kk + 1][0], p[2 * kk + 1][1]),
+                           E::pack(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+#pragma unroll
+    for (int n = 0; n < D / 8; n += 2) {
+      uint32_t fb[4];
+      load_matrix_x4_trans(fb, b + (kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * stride + n * 8 +
+                                   8 * (lane / 16));
+      E::mma(acc[n], a, fb[0], fb[1]);
+      E::mma(acc[n + 1], a, fb[2], fb[3]);
+    }
+  }
+}
+
 template <typename T, int D>
 // (min 1 block per SM: ptxas may then use up to 255 registers; it otherwise chose 168 for
 // D = 80 on sm_90 and spilled.)
@@ -169,21 +193,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
       // dV += P^T dO (k-dim: the 32 queries; B = dO through ldmatrix.trans).
-#pragma unroll
-      for (int kk = 0; kk < kTileQ / 16; ++kk) {
-        const uint32_t a[4] = {E::pack(s[2 * kk][0], s[2 * kk][1]),
-                               E::pack(s[2 * kk][2], s[2 * kk][3]),
-                               E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-        for (int n = 0; n < kDTiles; n += 2) {
-          uint32_t b[4];
-          load_matrix_x4_trans(b, s_do + (kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * kStride +
-                                      n * 8 + 8 * (lane / 16));
-          E::mma(dv[n], a, b[0], b[1]);
-          E::mma(dv[n + 1], a, b[2], b[3]);
-        }
-      }
+      warp_product_tn<T, D, kQTiles>(dv, s, s_do, kStride, lane);
       // dP^T = V dO^T.
       float dp[kQTiles][4];
       warp_product_nt<T, D, kQTiles>(dp, s_v, s_do, kStride, warp, lane);
@@ -201,21 +211,7 @@ __global__ void __launch_bounds__(kThreads, 1)
             E::pack(s[n][2], s[n][3]);
       }
       // dK += dS^T Q (scaled at the end).
-#pragma unroll
-      for (int kk = 0; kk < kTileQ / 16; ++kk) {
-        const uint32_t a[4] = {E::pack(s[2 * kk][0], s[2 * kk][1]),
-                               E::pack(s[2 * kk][2], s[2 * kk][3]),
-                               E::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               E::pack(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-        for (int n = 0; n < kDTiles; n += 2) {
-          uint32_t b[4];
-          load_matrix_x4_trans(b, s_q + (kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * kStride +
-                                      n * 8 + 8 * (lane / 16));
-          E::mma(dk[n], a, b[0], b[1]);
-          E::mma(dk[n + 1], a, b[2], b[3]);
-        }
-      }
+      warp_product_tn<T, D, kQTiles>(dk, s, s_q, kStride, lane);
       __syncthreads();  // dS^T of every warp is in shared memory
 
       // dQ (32 queries x D) += scale dS K: warp w takes query rows 16 (w % 2).. and the pairs of
@@ -280,11 +276,6 @@ __global__ void __launch_bounds__(kThreads, 1)
       *v_at = v_pair;
     }
   }
-}
-
-void check_launch(const char* what) {
-  const cudaError_t status = cudaGetLastError();
-  A2D_REQUIRE(status == cudaSuccess, what, " launch failed: ", cudaGetErrorString(status));
 }
 
 template <typename T, int D>

@@ -21,7 +21,15 @@
 
 #include <cstdint>
 
+#include "attention2d/error.hpp"
+
 namespace a2d::cuda_kernels {
+
+// After a kernel launch: a2d::Error naming `what` if it failed.
+inline void check_launch(const char* what) {
+  const cudaError_t status = cudaGetLastError();
+  A2D_REQUIRE(status == cudaSuccess, what, " launch failed: ", cudaGetErrorString(status));
+}
 
 template <typename T>
 struct Element;

@@ -317,11 +317,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-void check_launch(const char* what) {
-  const cudaError_t status = cudaGetLastError();
-  A2D_REQUIRE(status == cudaSuccess, what, " launch failed: ", cudaGetErrorString(status));
-}
-
 template <typename T, int D>
 void launch_forward(const cuda_plan::AttentionPlan& plan, const ForwardParams& params,
                     cudaStream_t stream) {
