@@ -162,6 +162,14 @@ struct BackwardCall {
   bool accumulate = false;  // add to dq, dk, dv instead of overwriting them
 };
 
+// A point in a backend's sequence of operations (Backend::fence).
+class Fence {
+ public:
+  virtual ~Fence() = default;
+  // Returns once the operations issued before the fence was taken are done.
+  virtual void wait() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -190,6 +198,16 @@ class Backend {
   virtual BufferPtr wrap_host(void* memory, int64_t bytes);
   virtual void upload(const void* host, Place to, int64_t bytes) = 0;
   virtual void download(Place from, void* host, int64_t bytes) = 0;
+  // Optional: upload() that may return before the copy is made, for the staged communicator's
+  // receives. Operations issued later see the data; the copy may run beside the operations issued
+  // between `after` (a fence of this backend taken earlier, or null: now) and this call, which
+  // must not touch `to`; `host` must stay unchanged until a fence taken after this call has been
+  // waited for. The cuda backend copies on a stream of its own (so beside a running kernel), the
+  // fenced backend at its next operation; by default it is upload().
+  virtual void upload_async(const void* host, Place to, int64_t bytes, const Fence* after);
+  // The point the operations issued so far have reached (the host backends' are synchronous:
+  // reached at once, unless deferred by upload_async).
+  virtual std::unique_ptr<Fence> fence();
   virtual void fill_zero(Place at, int64_t bytes) = 0;
   // Waits until every operation issued so far has finished (a device backend's stream; the host
   // backends' operations are synchronous, so for them it does nothing). For timing.

@@ -15,6 +15,21 @@ RowTensor dense_row_tensor(Buffer& buffer, int64_t heads, int64_t tokens, int64_
   return {&buffer, offset, heads * tokens, tokens, 1};
 }
 
+namespace {
+class ReachedFence final : public Fence {
+ public:
+  void wait() override {}
+};
+}  // namespace
+
+void Backend::upload_async(const void* host, Place to, int64_t bytes, const Fence* /*after*/) {
+  upload(host, to, bytes);
+}
+
+std::unique_ptr<Fence> Backend::fence() {
+  return std::make_unique<ReachedFence>();
+}
+
 BufferPtr Backend::wrap_host(void* /*memory*/, int64_t /*bytes*/) {
   A2D_FAIL("the ", name(), " backend cannot use host memory as its buffers; upload it instead");
 }

@@ -6,8 +6,11 @@
 //              the operation is posted, so the sender may reuse its buffer as soon as the inner
 //              operation has taken the staging copy
 //   recv side  the inner operation receives into a staging buffer; the backend copies it into
-//              the destination (upload) when the operation completes: in wait() for a posted
-//              operation, before returning for a blocking one
+//              the destination (upload_async) when the operation completes: in wait() for a
+//              posted operation, before returning for a blocking one. The copy is queued, not
+//              waited for: on a GPU it runs on a copy stream beside the kernel issued after the
+//              post, and the next operation on the stream starts after both; the staging buffer
+//              is reused only after the copy's fence
 //
 // Places in host-accessible memory pass through unchanged, so over the CPU backend this is the
 // inner communicator. Staging buffers come from the backend (pinned memory on a GPU) and are
@@ -32,31 +35,54 @@ int64_t total(std::span<const int64_t> values) {
 }
 
 // Staging buffers of one communicator, reused: a request takes the smallest free buffer that is
-// large enough and gives it back when it completes.
+// large enough and gives it back when it completes, with the fence after the uploads out of it
+// (upload_async may still be reading it); the buffer is handed out again, or freed, only once
+// that fence is reached.
 class StagingPool {
  public:
   explicit StagingPool(Backend& backend) : backend_(backend) {}
+  ~StagingPool() {
+    for (Free& f : free_)
+      settle(f);
+  }
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+
   BufferPtr take(int64_t bytes) {
     auto best = free_.end();
     for (auto it = free_.begin(); it != free_.end(); ++it) {
-      if ((*it)->bytes() >= bytes && (best == free_.end() || (*it)->bytes() < (*best)->bytes()))
+      if (it->buffer->bytes() >= bytes &&
+          (best == free_.end() || it->buffer->bytes() < best->buffer->bytes()))
         best = it;
     }
     if (best == free_.end()) return backend_.allocate_staging(bytes);
-    BufferPtr buffer = std::move(*best);
+    settle(*best);
+    BufferPtr buffer = std::move(best->buffer);
     free_.erase(best);
     return buffer;
   }
-  void give_back(BufferPtr buffer) {
-    free_.push_back(std::move(buffer));
+  void give_back(BufferPtr buffer, std::shared_ptr<Fence> read_until) {
+    free_.push_back({std::move(buffer), std::move(read_until)});
     // Keep a few: rings use two or three at a time.
-    if (free_.size() > 8) free_.erase(free_.begin());
+    if (free_.size() > 8) {
+      settle(free_.front());
+      free_.erase(free_.begin());
+    }
   }
   Backend& backend() { return backend_; }
 
  private:
+  struct Free {
+    BufferPtr buffer;
+    std::shared_ptr<Fence> read_until;  // null: nothing reads it
+  };
+  static void settle(Free& f) {
+    if (f.read_until) f.read_until->wait();
+    f.read_until.reset();
+  }
+
   Backend& backend_;
-  std::vector<BufferPtr> free_;
+  std::vector<Free> free_;
 };
 
 // The host side of one operation: staging copies of its outgoing places, staging targets of its
@@ -67,7 +93,7 @@ class Staging {
   Staging(Staging&&) = default;
   ~Staging() {
     for (auto& buffer : held_)
-      pool_->give_back(std::move(buffer));
+      pool_->give_back(std::move(buffer), read_until_);
   }
 
   // `bytes` at `place` as host memory holding their current contents.
@@ -77,17 +103,25 @@ class Staging {
     pool_->backend().download(place, host.host_data(), bytes);
     return Place::in(host);
   }
-  // Host memory for `bytes` that will arrive for `place`; deliver() copies them there.
+  // Host memory for `bytes` that will arrive for `place`; deliver() copies them there. The copy
+  // may run beside the backend's operations issued from now on (they must not touch `place`
+  // before the operation completes).
   Place incoming(const Place& place, int64_t bytes) {
     if (!needs_staging(place) || bytes == 0) return place;
+    if (!posted_) posted_ = pool_->backend().fence();
     Buffer& host = hold(bytes);
     deliveries_.push_back({place, &host, bytes});
     return Place::in(host);
   }
+  // Queues the copies of what arrived into the backend's buffers (upload_async); operations
+  // issued after this see them, and the staging buffers go back to the pool with the fence after
+  // the copies.
   void deliver() {
+    if (deliveries_.empty()) return;
     for (const Delivery& d : deliveries_)
-      pool_->backend().upload(d.from->host_data(), d.to, d.bytes);
+      pool_->backend().upload_async(d.from->host_data(), d.to, d.bytes, posted_.get());
     deliveries_.clear();
+    read_until_ = pool_->backend().fence();
   }
 
  private:
@@ -103,6 +137,8 @@ class Staging {
   std::shared_ptr<StagingPool> pool_;
   std::vector<BufferPtr> held_;
   std::vector<Delivery> deliveries_;
+  std::unique_ptr<Fence> posted_;      // taken when the first receive was staged
+  std::shared_ptr<Fence> read_until_;  // after the uploads out of held_
 };
 
 class StagedRequest final : public Request {
@@ -200,6 +236,7 @@ class StagedCommunicator final : public Communicator {
   void barrier() override { inner_->barrier(); }
   void progress() override { inner_->progress(); }
   void set_phase(const std::string& phase) override { inner_->set_phase(phase); }
+  bool moves_backend_buffers() const override { return true; }
 
  private:
   // An operation of the inner communicator on host copies: `op(host_send, host_recv)` posts it

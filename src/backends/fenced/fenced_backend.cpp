@@ -5,6 +5,12 @@
 // fault. The MPI test matrix runs every algorithm on it (tests/mpi), which proves that the
 // algorithms touch data only through the backend and the communicator.
 //
+// Uploads through upload_async (the staged communicator's receives) are deferred to the start of
+// the backend's next operation, or the wait of a fence, reading the host memory only then: as a
+// GPU copies from pinned memory after upload_async has returned. A communicator that reused a
+// staging buffer before waiting for its fence would deliver the wrong bytes, and the MPI test
+// matrix on this backend would see them.
+//
 // "fenced-cuda" is the same backend refusing every kernel call the CUDA backend would refuse
 // (cuda_plan.hpp's checks: dtype, head dimension, masks, 16-byte aligned rows, pairs of output
 // elements), so that every algorithm's calls are checked against the CUDA kernels' rules on a
@@ -15,6 +21,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <vector>
 
 #include "../backends.hpp"
 #include "../cuda/cuda_plan.hpp"
@@ -33,7 +40,7 @@ class FencedBuffer final : public Buffer {
  public:
   FencedBuffer(Backend& backend, int64_t bytes, std::byte* memory, int64_t mapped)
       : Buffer(backend, bytes, nullptr), memory_(memory), mapped_(mapped) {}
-  ~FencedBuffer() override { munmap(memory_, static_cast<size_t>(mapped_)); }
+  ~FencedBuffer() override;
 
   std::byte* memory() const { return memory_; }
   int64_t mapped() const { return mapped_; }
@@ -53,6 +60,7 @@ void protect(const FencedBuffer& buffer, int access) {
 class FencedBackend final : public HostBackend {
  public:
   explicit FencedBackend(bool cuda_rules) : cuda_rules_(cuda_rules) {}
+  ~FencedBackend() override { make_deferred(); }
   std::string name() const override { return cuda_rules_ ? "fenced-cuda" : "fenced"; }
   bool host_accessible() const override { return false; }
 
@@ -102,10 +110,24 @@ class FencedBackend final : public HostBackend {
     return buffer;
   }
 
+  void upload_async(const void* host, Place to, int64_t bytes, const Fence* /*after*/) override {
+    deferred_.push_back({host, to, bytes});
+  }
+  std::unique_ptr<Fence> fence() override { return std::make_unique<DeferredFence>(*this); }
+
+  // The deferred uploads, in the order they were asked for.
+  void make_deferred() {
+    std::vector<Deferred> due;
+    due.swap(deferred_);
+    for (const Deferred& d : due)
+      HostBackend::upload(d.host, d.to, d.bytes);
+  }
+
  protected:
   std::byte* memory(const Buffer& buffer) const override {
     return static_cast<const FencedBuffer&>(buffer).memory();
   }
+  void before_operation() override { make_deferred(); }
   void open(std::initializer_list<const Buffer*> buffers) override {
     for (const Buffer* b : buffers) {
       auto* buffer = const_cast<FencedBuffer*>(static_cast<const FencedBuffer*>(b));
@@ -120,8 +142,31 @@ class FencedBackend final : public HostBackend {
   }
 
  private:
+  struct Deferred {
+    const void* host;
+    Place to;
+    int64_t bytes;
+  };
+  // Reached once the uploads deferred so far are made.
+  class DeferredFence final : public Fence {
+   public:
+    explicit DeferredFence(FencedBackend& backend) : backend_(backend) {}
+    void wait() override { backend_.make_deferred(); }
+
+   private:
+    FencedBackend& backend_;
+  };
+
   bool cuda_rules_;
+  std::vector<Deferred> deferred_;
 };
+
+// A buffer freed with uploads into it still deferred receives them first (a GPU's frees are
+// ordered after the copies on its stream).
+FencedBuffer::~FencedBuffer() {
+  static_cast<FencedBackend&>(backend()).make_deferred();
+  munmap(memory_, static_cast<size_t>(mapped_));
+}
 
 }  // namespace
 

@@ -38,6 +38,7 @@ class StagingBuffer final : public Buffer {
 
 HostBackend::Access::Access(HostBackend& backend, std::initializer_list<const Buffer*> buffers)
     : backend_(backend) {
+  backend_.before_operation();
   for (const Buffer* buffer : buffers) {
     if (!buffer) continue;
     A2D_REQUIRE(&buffer->backend() == &backend_, "a buffer of the ", buffer->backend().name(),

@@ -48,6 +48,9 @@ class HostBackend : public Backend {
   // Makes the buffers accessible for the duration of one operation (nested calls allowed; null
   // entries ignored), and inaccessible again.
   virtual void open(std::initializer_list<const Buffer*> /*buffers*/) {}
+  // Called as every operation starts, before open() (the fenced backend makes its deferred
+  // uploads here).
+  virtual void before_operation() {}
   virtual void close(std::initializer_list<const Buffer*> /*buffers*/) {}
 
   // Holds buffers open for a scope.
