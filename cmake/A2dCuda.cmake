@@ -65,6 +65,12 @@ function(a2d_add_cuda_sources target)
                                               ${A2D_NCCL_INCLUDE})
   target_link_libraries(a2d_cuda PRIVATE CUDA::cudart)
   target_compile_definitions(a2d_cuda PRIVATE A2D_WITH_CUDA=1)
+  # The NCCL communicator (--comm nccl; plain C++ on the CUDA runtime and NCCL, built here so
+  # that the CUDA step of scripts/test.sh compiles it too).
+  if(A2D_WITH_MPI)
+    target_sources(a2d_cuda PRIVATE ${PROJECT_SOURCE_DIR}/src/comm/nccl_comm.cpp)
+    target_link_libraries(a2d_cuda PRIVATE MPI::MPI_CXX a2d_warnings)
+  endif()
   target_sources(${target} PRIVATE $<TARGET_OBJECTS:a2d_cuda>)
   target_link_libraries(${target} PUBLIC CUDA::cudart ${A2D_NCCL_LIBRARY})
   target_compile_definitions(${target} PUBLIC A2D_WITH_CUDA=1)

@@ -206,9 +206,9 @@ cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool back
 }
 
 void print_table(const std::vector<Row>& rows, const Problem& problem, int ranks, bool backward,
-                 bool check, const std::string& machine) {
-  std::printf("a2d bench: %s on %d ranks\nprediction: %s\n", problem.describe().c_str(), ranks,
-              machine.c_str());
+                 bool check, const std::string& machine, const std::string& where) {
+  std::printf("a2d bench: %s on %d ranks, %s\nprediction: %s\n", problem.describe().c_str(), ranks,
+              where.c_str(), machine.c_str());
   std::printf("%-20s %-11s %9s %9s %9s %9s %8s %11s %11s %8s %9s %9s %7s %7s%s\n", "algorithm",
               "grid", "fwd ms", "(rank", "avg", "max)", "GF/s/rk", "bytes fwd", "bytes bwd", "msgs",
               "bwd ms", "peak MiB", "fwd m/p", "bwd m/p", check ? "  max err" : "");
@@ -298,6 +298,7 @@ int bench(int argc, char** argv, int first) {
         "machine (from a2d calibrate) with measured / predicted.");
     o.problem.declare(options);
     o.device.declare(options);
+    o.device.declare_comm(options);
     options.add_string("--algo", &o.algos, "comma-separated algorithms");
     options.add_string("--grid", &o.grid,
                        "only this ATTENTION2D grid RxC, or hybrid grid of each heads group "
@@ -353,6 +354,7 @@ int bench(int argc, char** argv, int first) {
     Problem problem;
     std::vector<Row> rows;
     std::unique_ptr<Backend> backend;
+    CommKind comm_kind = CommKind::mpi;
     collective_check(world, [&] {
       help = !options.parse(argc, argv, first);
       if (help) return;
@@ -365,6 +367,7 @@ int bench(int argc, char** argv, int first) {
                   "a2d bench generates every input from --seed: use --sinks, not --sink FILE");
       rows = candidate_rows(o, problem, world.size());
       backend = o.device.backend(problem.dtype);
+      comm_kind = o.device.comm_kind(*backend);
     });
     if (o.balance) {
       for (Row& row : rows) {
@@ -375,6 +378,7 @@ int bench(int argc, char** argv, int first) {
     }
     if (help) return 0;
     Watchdog watchdog(MPI_COMM_WORLD, o.timeout);
+    AlgorithmWorld algorithm_world(world, log, *backend, comm_kind);
 
     const std::string calibration_file =
         o.calibration.empty() ? default_calibration_file() : o.calibration;
@@ -417,8 +421,9 @@ int bench(int argc, char** argv, int first) {
     const auto start_row = [&](Row& row) {
       auto live = std::make_unique<LiveRow>();
       live->row = &row;
-      collective_check(
-          world, [&] { live->attention = make_attention(problem, row.plan, world, *backend); });
+      collective_check(world, [&] {
+        live->attention = make_attention(problem, row.plan, algorithm_world.get(), *backend);
+      });
       live->shards = make_shards(problem, live->attention->layout(), world.rank(),
                                  static_cast<uint64_t>(o.seed), true, o.backward, *backend);
       live->timer = std::make_unique<AttentionTimer>(world, *log, *live->attention, problem,
@@ -524,7 +529,8 @@ int bench(int argc, char** argv, int first) {
       } else if (o.csv) {
         print_csv(rows, problem, world.size(), o.backward, o.check);
       } else {
-        print_table(rows, problem, world.size(), o.backward, o.check, machine_text);
+        print_table(rows, problem, world.size(), o.backward, o.check, machine_text,
+                    "device " + backend->name() + ", comm " + comm_kind_name(comm_kind));
       }
       std::cout.flush();
     }

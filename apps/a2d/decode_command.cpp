@@ -70,6 +70,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
     o.problem.declare(options);
     o.plan.declare(options);
     o.device.declare(options);
+    o.device.declare_comm(options);
     options.add_int("--prompt", &o.prompt, "prompt tokens N (the prefill)");
     options.add_int("--steps", &o.steps, "decode steps S");
     options.add_int("--tokens-per-step", &o.tokens_per_step, "new tokens T per step (>= 1)");
@@ -90,6 +91,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
     Plan plan;
     std::string chosen;
     std::unique_ptr<Backend> backend;
+    CommKind comm_kind = CommKind::mpi;
     // Every argument is checked on every rank, before any data moves.
     collective_check(world, [&] {
       asked_help = !options.parse(argc, argv, first);
@@ -108,15 +110,18 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       check_decodable(problem);
       plan = o.plan.plan(problem, world.size(), &chosen);
       backend = o.device.backend(problem.dtype);
+      comm_kind = o.device.comm_kind(*backend);
     });
     if (asked_help) return 0;
+    AlgorithmWorld algorithm_world(world, log, *backend, comm_kind);
     const int ranks = world.size(), rank = world.rank();
     const int64_t total = o.prompt + o.steps * o.tokens_per_step;
     const auto seed = static_cast<uint64_t>(o.seed);
 
     std::unique_ptr<DistributedDecoder> decoder;
-    collective_check(world,
-                     [&] { decoder = make_decoder(problem, plan, world, *backend, o.capacity); });
+    collective_check(world, [&] {
+      decoder = make_decoder(problem, plan, algorithm_world.get(), *backend, o.capacity);
+    });
     std::unique_ptr<DecodeReference> reference;
     if (o.check) reference = std::make_unique<DecodeReference>(problem, seed, total);
     double worst_out = 0, worst_lse = 0;
@@ -208,6 +213,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
             .add("plan", plan.describe())
             .add("ranks", ranks)
             .add("device", backend->name())
+            .add("comm", comm_kind_name(comm_kind))
             .add("prompt", o.prompt)
             .add("steps", o.steps)
             .add("tokens_per_step", o.tokens_per_step)
@@ -231,9 +237,10 @@ int decode_main(int argc, char** argv, int first, bool bench) {
         std::cout << j.str() << std::endl;
       } else {
         if (!chosen.empty()) std::cout << chosen << "\n";
-        std::printf("%s: %s\nprefill plan: %s, %d ranks, device %s\n",
+        std::printf("%s: %s\nprefill plan: %s, %d ranks, device %s, comm %s\n",
                     bench ? "a2d bench --decode" : "a2d decode", problem.describe().c_str(),
-                    plan.describe().c_str(), ranks, backend->name().c_str());
+                    plan.describe().c_str(), ranks, backend->name().c_str(),
+                    comm_kind_name(comm_kind).c_str());
         std::printf("prompt %lld tokens, %lld steps of %lld tokens (cache %lld -> %lld tokens)\n",
                     static_cast<long long>(o.prompt), static_cast<long long>(o.steps),
                     static_cast<long long>(o.tokens_per_step), static_cast<long long>(o.prompt),

@@ -74,6 +74,18 @@ void DeviceOptions::declare(Options& options) {
                      "for bf16/fp16 when this build has it and a GPU is visible, else cpu");
 }
 
+void DeviceOptions::declare_comm(Options& options) {
+  options.add_string("--comm", &comm,
+                     "what carries the algorithms' messages: mpi (host memory; a GPU's buffers\n"
+                     "staged through pinned host buffers, so several ranks may share a GPU) or\n"
+                     "nccl (GPU memory; --device cuda, one GPU per rank under NCCL < 2.30).\n"
+                     "Default: nccl with --device cuda, else mpi");
+}
+
+CommKind DeviceOptions::comm_kind(const Backend& backend) const {
+  return comm.empty() ? default_comm_kind(backend) : parse_comm_kind(comm);
+}
+
 std::string DeviceOptions::name(DType dtype) const {
   return device.empty() ? default_device(dtype) : device;
 }

@@ -39,10 +39,16 @@ struct DeviceOptions {
   std::string device;  // "" = default_device(dtype): cuda for bf16/fp16 when built with it and a
                        // GPU is visible
 
+  std::string comm;  // "" = default_comm_kind(backend): nccl on cuda, else mpi
+
   void declare(Options& options);
+  // --comm, for the commands that run distributed algorithms.
+  void declare_comm(Options& options);
   std::string name(DType dtype) const;  // the chosen device for inputs of dtype
   // Throws a2d::Error for an unknown device, or cuda where there is none.
   std::unique_ptr<Backend> backend(DType dtype) const;
+  // The chosen communicator for `backend`; throws a2d::Error for an unknown name.
+  CommKind comm_kind(const Backend& backend) const;
 };
 
 struct PlanOptions {

@@ -165,6 +165,7 @@ int run(int argc, char** argv, int first) {
     o.problem.declare(options);
     o.plan.declare(options);
     o.device.declare(options);
+    o.device.declare_comm(options);
     options.add_flag("--backward", &o.backward, "also run and time the backward pass");
     options.add_string("--q", &o.q_file,
                        "Q as .npy [batch, seq, heads, head_dim] (float16/32/64; rounded to "
@@ -222,13 +223,16 @@ int run(int argc, char** argv, int first) {
     Plan plan;
     std::string chosen;
     std::unique_ptr<Backend> backend;
+    CommKind comm_kind = CommKind::mpi;
     collective_check(world, [&] {
       A2D_REQUIRE(o.warmup >= 0 && o.iters >= 1, "--warmup must be >= 0 and --iters >= 1");
       problem = o.problem.problem();
       plan = o.plan.plan(problem, world.size(), &chosen);
       backend = o.device.backend(problem.dtype);
+      comm_kind = o.device.comm_kind(*backend);
       check_out_dtype(o, problem);
     });
+    AlgorithmWorld algorithm_world(world, log, *backend, comm_kind);
     // Inputs read from files hold what the dtype stores (the reference sees the same values).
     if (from_files && world.rank() == 0) round_inputs(global, problem.dtype);
     if (!o.out_dir.empty()) {
@@ -238,7 +242,8 @@ int run(int argc, char** argv, int first) {
     }
 
     std::unique_ptr<DistributedAttention> attention;
-    collective_check(world, [&] { attention = make_attention(problem, plan, world, *backend); });
+    collective_check(
+        world, [&] { attention = make_attention(problem, plan, algorithm_world.get(), *backend); });
     ShardSet shards = make_shards(problem, attention->layout(), world.rank(),
                                   static_cast<uint64_t>(o.seed), !from_files, o.backward, *backend);
     // Sink logits: generated from the seed (--sinks) or read from --sink, the same on every rank.
@@ -302,8 +307,15 @@ int run(int argc, char** argv, int first) {
       });
     }
     if (world.rank() == 0) {
-      RunReport report{problem, plan,    world.size(), o.backward,
-                       timings, o.check, errors,       backend->name()};
+      RunReport report{problem,
+                       plan,
+                       world.size(),
+                       o.backward,
+                       timings,
+                       o.check,
+                       errors,
+                       backend->name(),
+                       comm_kind_name(comm_kind)};
       if (o.json) {
         std::cout << report.json() << std::endl;
       } else {

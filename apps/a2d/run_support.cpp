@@ -18,6 +18,7 @@
 #include "attention2d/check.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
+#include "attention2d/mpi_comm.hpp"
 #include "attention2d/timing.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
@@ -32,6 +33,16 @@ void print_error(const std::string& text) {
   (void)written;
 }
 }  // namespace
+
+AlgorithmWorld::AlgorithmWorld(Communicator& world, const std::shared_ptr<TrafficLog>& log,
+                               Backend& backend, CommKind kind)
+    : world_(world), kind_(kind) {
+  if (kind == CommKind::mpi) return;
+  collective_check(world, [&] {
+    nccl_ = std::make_unique<CountingCommunicator>(make_communicator(MPI_COMM_WORLD, backend, kind),
+                                                   log);
+  });
+}
 
 int run_collectively(Communicator& world, const std::function<int()>& body) {
   const std::string who =
@@ -216,7 +227,8 @@ double forward_flops(const Problem& p) {
 std::string RunReport::text() const {
   std::ostringstream out;
   out << "a2d run: " << problem.describe() << "\n"
-      << "plan: " << plan.describe() << " on " << ranks << " ranks, device " << device << "\n";
+      << "plan: " << plan.describe() << " on " << ranks << " ranks, device " << device << ", comm "
+      << comm << "\n";
   char line[256];
   std::snprintf(line, sizeof line, "%-9s %10s %10s %10s %10s %12s %14s %9s\n", "phase", "ms(slow)",
                 "rank min", "rank avg", "rank max", "GFLOP/s/rank", "bytes sent/rank", "messages");
@@ -276,6 +288,7 @@ std::string RunReport::json() const {
       .add("threads", plan.threads)
       .add("dtype", dtype_name(problem.dtype))
       .add("device", device)
+      .add("comm", comm)
       .add("fwd_ms", timings.forward.median_ms)
       .add("fwd_ms_rank_min", timings.forward.rank_min_ms)
       .add("fwd_ms_rank_avg", timings.forward.rank_avg_ms)

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,22 @@ namespace a2d::commands {
 // exit code 2; any other error is printed and aborts the whole MPI job (exit 3), because the other
 // ranks may be waiting for this one.
 int run_collectively(Communicator& world, const std::function<int()>& body);
+
+// The world the algorithms run on (--comm), made collectively over MPI_COMM_WORLD: `world`
+// itself for mpi (the algorithms stage a GPU's buffers through host memory); for nccl an NCCL
+// communicator whose traffic is charged to `log`, as `world`'s is. Refusals throw on every rank.
+class AlgorithmWorld {
+ public:
+  AlgorithmWorld(Communicator& world, const std::shared_ptr<TrafficLog>& log, Backend& backend,
+                 CommKind kind);
+  Communicator& get() { return nccl_ ? *nccl_ : world_; }
+  CommKind kind() const { return kind_; }
+
+ private:
+  Communicator& world_;
+  CommKind kind_;
+  std::unique_ptr<Communicator> nccl_;
+};
 
 // Threads for the single-process fp64 reference (every core of this machine).
 int reference_threads();
@@ -93,6 +110,7 @@ struct RunReport {
   bool checked = false;
   OutputErrors errors;
   std::string device = "cpu";
+  std::string comm = "mpi";
 
   std::string text() const;
   std::string json() const;

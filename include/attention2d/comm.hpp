@@ -94,6 +94,10 @@ class Communicator {
   // Names the phase that following operations are charged to (see CountingCommunicator).
   virtual void set_phase(const std::string& /*phase*/) {}
 
+  // Whether this communicator moves buffers the host cannot touch (a staged communicator, NCCL
+  // on a GPU's memory) itself; the algorithms stage the others where their backend needs it.
+  virtual bool moves_backend_buffers() const { return false; }
+
   // Blocking forms. An implementation may run them with other algorithms than the non-blocking
   // forms: over MPI, the blocking reduce-scatter is a ring of point-to-point steps and the
   // blocking all-gather is Open MPI's tuned MPI_Allgatherv; Open MPI's non-blocking
@@ -174,6 +178,7 @@ class CountingCommunicator : public Communicator {
   void barrier() override { inner_->barrier(); }
   void progress() override { inner_->progress(); }
   void set_phase(const std::string& phase) override;
+  bool moves_backend_buffers() const override { return inner_->moves_backend_buffers(); }
 
   const TrafficLog& log() const { return *log_; }
 
@@ -197,6 +202,21 @@ struct RingCharge {
 };
 RingCharge ring_all_gather_charge(std::span<const int64_t> counts, int rank);
 RingCharge ring_reduce_scatter_charge(std::span<const int64_t> counts, int rank);
+
+// What carries the algorithms' messages (--comm):
+//   mpi   MPI on host memory; a GPU's buffers (any backend whose buffers are not host-accessible)
+//         are staged through pinned host buffers by the algorithms (make_staged_communicator).
+//         Works with an MPI that is not CUDA-aware and with several ranks on one GPU.
+//   nccl  NCCL on the CUDA backend's device memory (docs/gpu.md, "Communicators"): grouped
+//         send/recv, all-gather and reduce-scatter on a stream of its own, ordered against the
+//         backend's stream by events, so the host never waits for a transfer. Needs the build's
+//         CUDA backend (-DA2D_WITH_CUDA=ON), --device cuda and, under NCCL before 2.30, one GPU
+//         per rank.
+enum class CommKind { mpi, nccl };
+CommKind parse_comm_kind(const std::string& name);  // throws a2d::Error naming the choices
+std::string comm_kind_name(CommKind kind);
+// nccl for the CUDA backend in a build with NCCL, mpi for every other backend.
+CommKind default_comm_kind(const Backend& backend);
 
 // `inner` with staging: data in buffers whose host_data() is null (a device's, the fenced
 // backend's) is copied by `backend` into host staging memory before it is sent and out of it

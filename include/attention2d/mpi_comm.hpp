@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 #include "attention2d/comm.hpp"
 
@@ -13,6 +14,13 @@ namespace a2d {
 // Wraps a duplicate of `comm` (the library's messages never match the caller's). MPI errors are
 // returned, not fatal, and become a2d::Error with MPI's message.
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
+
+// A communicator of `kind` (comm.hpp's CommKind) over the ranks of `comm`.
+// Collective over `comm`: every rank passes the same kind and its own backend (the one the
+// algorithms will use). Refusals (nccl without the CUDA backend, ranks sharing a GPU under an
+// NCCL that refuses it) throw a2d::Error on every rank, with the same message, before any
+// NCCL call; the message names --comm mpi where that would run.
+std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Backend& backend, CommKind kind);
 
 // Initialises MPI unless it already is (thread level MULTIPLE, which the watchdog's helper thread
 // needs), and finalises it on destruction if it initialised it. Sets the rank that a2d::Error

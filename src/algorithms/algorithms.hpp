@@ -8,12 +8,19 @@
 
 namespace a2d::algorithms {
 
-// A private copy of `world` for one algorithm (its messages never mix with the caller's), staged
-// through host memory when the backend's buffers are not host-accessible.
-inline std::unique_ptr<Communicator> private_communicator(Communicator& world, Backend& backend) {
-  std::unique_ptr<Communicator> comm = world.split(0, world.rank());
-  if (!backend.host_accessible()) comm = make_staged_communicator(std::move(comm), backend);
+// `comm`, staged through host memory when the backend's buffers are not host-accessible and
+// `comm` cannot move them itself (MPI on a GPU's buffers; NCCL moves them).
+inline std::unique_ptr<Communicator> staged_if_needed(std::unique_ptr<Communicator> comm,
+                                                      Backend& backend) {
+  if (!backend.host_accessible() && !comm->moves_backend_buffers())
+    comm = make_staged_communicator(std::move(comm), backend);
   return comm;
+}
+
+// A private copy of `world` for one algorithm (its messages never mix with the caller's), staged
+// where needed.
+inline std::unique_ptr<Communicator> private_communicator(Communicator& world, Backend& backend) {
+  return staged_if_needed(world.split(0, world.rank()), backend);
 }
 
 // What the sequence-parallel algorithms (Ring Attention, all-gather K/V, Ulysses) share: all

@@ -57,9 +57,7 @@ std::vector<UlyssesHeads> head_groups(const Problem& problem, int heads_parallel
 // needs it.
 std::unique_ptr<Communicator> split_private(Communicator& world, Backend& backend, int color,
                                             int key) {
-  std::unique_ptr<Communicator> comm = world.split(color, key);
-  if (!backend.host_accessible()) comm = make_staged_communicator(std::move(comm), backend);
-  return comm;
+  return staged_if_needed(world.split(color, key), backend);
 }
 
 class HybridAttention final : public DistributedAttention {

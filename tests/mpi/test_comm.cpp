@@ -279,5 +279,43 @@ TEST(Communicator, StagedCommunicatorMovesFencedBuffersAsMpiMovesHostMemory) {
   }
 }
 
+// make_communicator (--comm): mpi on any backend is the MPI communicator; nccl off the GPU, or in
+// a build without NCCL, is refused on every rank alike before anything is sent, naming --comm mpi.
+// Communicators that move backend buffers themselves say so, through the counting wrapper too,
+// so the algorithms stage only what needs it.
+TEST(Communicator, MakeCommunicatorRefusesNcclOffTheGpuOnEveryRank) {
+  for (const char* device : {"cpu", "fenced"}) {
+    const std::unique_ptr<Backend> backend = make_backend(device);
+    EXPECT_EQ(default_comm_kind(*backend), CommKind::mpi) << device;
+    auto mpi = make_communicator(MPI_COMM_WORLD, *backend, CommKind::mpi);
+    EXPECT_EQ(mpi->size(), make_mpi_communicator(MPI_COMM_WORLD)->size());
+    EXPECT_FALSE(mpi->moves_backend_buffers());
+    int value = mpi->rank() + 1, sum = 0;
+    std::vector<int> all(static_cast<size_t>(mpi->size()));
+    const std::vector<int64_t> bytes(all.size(), sizeof(int));
+    mpi->all_gather(Place::at_host(&value), Place::at_host(all.data()), bytes);
+    for (const int v : all)
+      sum += v;
+    EXPECT_EQ(sum, mpi->size() * (mpi->size() + 1) / 2);
+
+    std::string message;
+    try {
+      make_communicator(MPI_COMM_WORLD, *backend, CommKind::nccl);
+    } catch (const Error& e) {
+      message = e.message();
+    }
+    EXPECT_NE(message.find("use --comm mpi"), std::string::npos) << device << ": " << message;
+    int refused = message.empty() ? 0 : 1;
+    MPI_Allreduce(MPI_IN_PLACE, &refused, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    EXPECT_EQ(refused, mpi->size()) << "every rank refuses";
+  }
+  const std::unique_ptr<Backend> fenced = make_backend("fenced");
+  auto staged = make_staged_communicator(make_mpi_communicator(MPI_COMM_WORLD), *fenced);
+  EXPECT_TRUE(staged->moves_backend_buffers());
+  CountingCommunicator counted(std::move(staged), std::make_shared<TrafficLog>());
+  EXPECT_TRUE(counted.moves_backend_buffers());
+  EXPECT_TRUE(counted.split(0, counted.rank())->moves_backend_buffers());
+}
+
 }  // namespace
 }  // namespace a2d

@@ -20,6 +20,7 @@
 #include "../backends.hpp"
 #include "attention2d/error.hpp"
 #include "attention_kernels.hpp"
+#include "cuda_internals.hpp"
 #include "cuda_plan.hpp"
 
 namespace a2d::backends {
@@ -322,14 +323,32 @@ class Scratch {
   cudaStream_t stream_;
 };
 
+// A point on a stream: an event recorded there.
+class CudaFence final : public Fence {
+ public:
+  explicit CudaFence(cudaStream_t stream) {
+    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "fence event");
+    check_cuda(cudaEventRecord(event_, stream), "fence record");
+  }
+  ~CudaFence() override { cudaEventDestroy(event_); }
+  void wait() override { check_cuda(cudaEventSynchronize(event_), "fence wait"); }
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
 class CudaBackend final : public Backend {
  public:
   explicit CudaBackend(int device) : device_(device) {
     check_cuda(cudaSetDevice(device), "cudaSetDevice");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cuda(cudaStreamCreateWithFlags(&copies_, cudaStreamNonBlocking), "copy stream");
   }
   ~CudaBackend() override {
+    cudaStreamSynchronize(copies_);
     cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(copies_);
     cudaStreamDestroy(stream_);
   }
 
@@ -350,6 +369,11 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { check_cuda(cudaStreamSynchronize(stream_), "synchronize"); }
 
+  // For the NCCL communicator (cuda_internals.hpp).
+  cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
+  std::byte* address_of(const Place& place) const { return address(place); }
+
   void upload(const void* host, Place to, int64_t bytes) override {
     cuda_plan::check_place(to, bytes, "upload");
     if (bytes == 0) return;
@@ -359,6 +383,24 @@ class CudaBackend final : public Backend {
     // The caller may reuse `host` (a staging buffer) as soon as this returns.
     synchronize();
   }
+  // On the copy stream, after `after` (or everything issued so far): the copy runs beside the
+  // kernels issued since, and the backend's stream waits for it before its next operation.
+  void upload_async(const void* host, Place to, int64_t bytes, const Fence* after) override {
+    cuda_plan::check_place(to, bytes, "upload");
+    if (bytes == 0) return;
+    const auto* point = dynamic_cast<const CudaFence*>(after);
+    CudaFence now(stream_);
+    check_cuda(cudaStreamWaitEvent(copies_, point ? point->event() : now.event(), 0),
+               "copy stream wait");
+    check_cuda(
+        cudaMemcpyAsync(address(to), host, static_cast<size_t>(bytes), cudaMemcpyDefault, copies_),
+        "upload_async");
+    CudaFence copied(copies_);
+    check_cuda(cudaStreamWaitEvent(stream_, copied.event(), 0), "stream waits for the copy");
+  }
+  // Recorded on the backend's stream, which has waited for every queued upload.
+  std::unique_ptr<Fence> fence() override { return std::make_unique<CudaFence>(stream_); }
+
   void download(Place from, void* host, int64_t bytes) override {
     cuda_plan::check_place(from, bytes, "download");
     if (bytes == 0) return;
@@ -593,6 +635,7 @@ class CudaBackend final : public Backend {
                const PartialTensor* state, bool accumulate);
 
   int device_;
+  cudaStream_t copies_ = nullptr;  // upload_async's copies
   cudaStream_t stream_ = nullptr;
 };
 
@@ -738,6 +781,25 @@ void CudaBackend::attention_backward(const BackwardCall& call, const TokenTensor
 }
 
 }  // namespace
+
+namespace {
+const CudaBackend& cuda_backend_of(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  A2D_REQUIRE(cuda, "the ", backend.name(), " backend is not the cuda backend");
+  return *cuda;
+}
+}  // namespace
+
+void* cuda_stream_of(const Backend& backend) {
+  return cuda_backend_of(backend).stream();
+}
+int cuda_device_of(const Backend& backend) {
+  return cuda_backend_of(backend).device();
+}
+std::byte* cuda_address_of(const Place& place) {
+  A2D_REQUIRE(place.buffer, "a host place has no device address");
+  return cuda_backend_of(place.buffer->backend()).address_of(place);
+}
 
 int cuda_device_count() {
   int count = 0;
