@@ -320,8 +320,8 @@ def _check_inputs(q, k, v):
     for name, x in tensors:
         if _is_torch(x):
             if x.device.type != "cpu":
-                return ("%s is on device %s: attention2d runs on CPU tensors; the CUDA backend "
-                        "does not exist yet" % (name, x.device))
+                return ("%s is on device %s: the Python package runs on CPU tensors; the C++ "
+                        "CUDA backend (--device cuda) is not wired to it yet" % (name, x.device))
             allowed = _TORCH_DTYPES
         else:
             if not isinstance(x, np.ndarray):
