@@ -39,6 +39,7 @@
 #include "../backends/cuda/cuda_internals.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "host_forwarding.hpp"
 
 namespace a2d::nccl {
 namespace {
@@ -204,7 +205,7 @@ bool on_device(const Place& place) {
   return place.buffer && !place.buffer->host_data();
 }
 
-class NcclCommunicator final : public Communicator {
+class NcclCommunicator final : public comm_detail::HostForwarding {
  public:
   // Takes `comm` and `host_comm` (the MPI communicator of the same ranks in the same order).
   NcclCommunicator(ncclComm_t comm, MPI_Comm host_comm, Backend& backend)
@@ -219,7 +220,6 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const override { return host_->rank(); }
   int size() const override { return host_->size(); }
-  bool moves_backend_buffers() const override { return true; }
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     channel_->issue();
@@ -367,24 +367,16 @@ class NcclCommunicator final : public Communicator {
     return exchange(std::move(transfers));
   }
 
-  void broadcast(void* data, int64_t bytes, int root) override {
-    host_->broadcast(data, bytes, root);
-  }
-  void all_reduce(float* data, int64_t count, Reduction reduction) override {
-    host_->all_reduce(data, count, reduction);
-  }
-  void all_reduce(double* data, int64_t count, Reduction reduction) override {
-    host_->all_reduce(data, count, reduction);
-  }
-  void all_reduce(int64_t* data, int64_t count, Reduction reduction) override {
-    host_->all_reduce(data, count, reduction);
-  }
   void barrier() override {
     channel_->issue();
     host_->barrier();
   }
+  // NCCL progresses on the GPU; MPI's host operations progress inside their own calls.
+  void progress() override {}
 
  private:
+  Communicator& host_side() override { return *host_; }
+
   void check_counts(std::span<const int64_t> counts) const {
     A2D_REQUIRE(static_cast<int>(counts.size()) == size(),
                 "a collective needs one count per rank (", size(), "), got ", counts.size());

@@ -22,6 +22,7 @@
 
 #include "attention2d/comm.hpp"
 #include "attention2d/error.hpp"
+#include "host_forwarding.hpp"
 
 namespace a2d {
 namespace {
@@ -166,7 +167,7 @@ class StagedRequest final : public Request {
   bool done_ = false;
 };
 
-class StagedCommunicator final : public Communicator {
+class StagedCommunicator final : public comm_detail::HostForwarding {
  public:
   StagedCommunicator(std::unique_ptr<Communicator> inner, Backend& backend)
       : inner_(std::move(inner)), pool_(std::make_shared<StagingPool>(backend)) {
@@ -221,24 +222,9 @@ class StagedCommunicator final : public Communicator {
              [&](Place s, Place r) { inner_->all_to_all(s, send_bytes, r, recv_bytes); });
   }
 
-  void broadcast(void* data, int64_t bytes, int root) override {
-    inner_->broadcast(data, bytes, root);
-  }
-  void all_reduce(float* data, int64_t count, Reduction reduction) override {
-    inner_->all_reduce(data, count, reduction);
-  }
-  void all_reduce(double* data, int64_t count, Reduction reduction) override {
-    inner_->all_reduce(data, count, reduction);
-  }
-  void all_reduce(int64_t* data, int64_t count, Reduction reduction) override {
-    inner_->all_reduce(data, count, reduction);
-  }
-  void barrier() override { inner_->barrier(); }
-  void progress() override { inner_->progress(); }
-  void set_phase(const std::string& phase) override { inner_->set_phase(phase); }
-  bool moves_backend_buffers() const override { return true; }
-
  private:
+  Communicator& host_side() override { return *inner_; }
+
   // An operation of the inner communicator on host copies: `op(host_send, host_recv)` posts it
   // (posted) or runs it (blocking); what arrives is delivered when it completes.
   template <typename Op>
