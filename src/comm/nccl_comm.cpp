@@ -303,14 +303,17 @@ class NcclCommunicator final : public comm_detail::HostForwarding {
     }
     const int64_t at = std::accumulate(counts.begin(), counts.begin() + rank(), int64_t{0}) * unit;
     copy_on_compute(address(recv), address(send) + at, own_bytes);
+    // The finish may run after this communicator is gone (a request outlives it): it holds the
+    // backend, not `this`.
     Buffer* scratch = arrived.get();
+    Backend* backend = &backend_;
     auto operation =
-        exchange(std::move(transfers), [this, recv, scratch, slots, own, record, reduction] {
+        exchange(std::move(transfers), [backend, recv, scratch, slots, own, record, reduction] {
           for (int64_t slot : slots) {
             if (reduction == Reduction::sum) {
-              backend_.add(recv, Place::in(*scratch, slot), own * record);
+              backend->add(recv, Place::in(*scratch, slot), own * record);
             } else {
-              backend_.merge_partials(recv, Place::in(*scratch, slot), own, record);
+              backend->merge_partials(recv, Place::in(*scratch, slot), own, record);
             }
           }
         });
@@ -389,7 +392,13 @@ class NcclCommunicator final : public comm_detail::HostForwarding {
                 out ? "device" : "host", " memory into ", in ? "device" : "host", " memory");
     return out || in;
   }
+  // The device address of a place in the backend's buffers (null for an empty place, which only
+  // zero-byte blocks use).
   std::byte* address(const Place& place) const {
+    if (!place.buffer) {
+      A2D_REQUIRE(!place.host, "an NCCL transfer between host and device memory");
+      return nullptr;
+    }
     A2D_REQUIRE(&place.buffer->backend() == &backend_, "a buffer of the ",
                 place.buffer->backend().name(), " backend was passed to the NCCL communicator");
     return backends::cuda_address_of(place);
