@@ -1,8 +1,6 @@
 // make_communicator (mpi_comm.hpp): --comm mpi|nccl, refused alike on every rank before any NCCL
 // call (comm_choice.hpp has the rules).
-#include <unistd.h>
 
-#include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
