@@ -6,7 +6,8 @@
 //
 //   cyclic      token t -> part t mod P                       (ATTENTION2D's initial layout)
 //   striped(w)  stripes of w tokens dealt round-robin:         part (t / w) mod P
-//   contiguous  consecutive blocks; the first N mod P parts get one extra token
+//   contiguous  consecutive blocks; the first N mod P parts get one extra token, or, made by
+//               contiguous_counts, blocks of the caller's counts (uneven, zeros allowed)
 //   zigzag      2P near-equal chunks; part p gets chunks p and 2P-1-p (balances causal work)
 //
 // Example, N = 10, P = 3:
@@ -18,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,11 @@ class TokenLayout {
  public:
   // stripe is the stripe width of `striped` (>= 1) and ignored otherwise.
   TokenLayout(LayoutKind kind, int64_t tokens, int64_t parts, int64_t stripe = 1);
+  // Contiguous blocks of the given sizes: part p owns counts[p] consecutive tokens after those of
+  // parts 0 .. p-1 (a user's own cut of the sequence, e.g. 5, 0, 7: one part without tokens).
+  // kind() is contiguous; counts equal to the even split give exactly the layout of
+  // TokenLayout(contiguous, N, P). Throws unless every count is >= 0 and there is at least one.
+  static TokenLayout contiguous_counts(std::vector<int64_t> counts);
 
   LayoutKind kind() const { return kind_; }
   int64_t tokens() const { return tokens_; }
@@ -50,7 +57,33 @@ class TokenLayout {
   // Global index of the `index`-th token of `part` (inverse of owner()).
   int64_t token_at(int64_t part, int64_t index) const;
 
+  // "contiguous over 3 parts, 12 tokens"; with uneven counts "contiguous(5,0,7) over ...".
   std::string describe() const;
+
+  // Whether the counts are a contiguous_counts() cut other than the even split.
+  bool uneven() const { return offsets_ != nullptr; }
+  // Cyclic and striped layouts deal stripes of stripe() tokens round-robin (periodic); the others
+  // give each part at most two runs of consecutive tokens (intervals()).
+  bool periodic() const { return kind_ == LayoutKind::cyclic || kind_ == LayoutKind::striped; }
+  struct Interval {
+    int64_t begin = 0;
+    int64_t end = 0;  // exclusive
+  };
+  struct Intervals {  // at most two, without allocating
+    Interval runs[2];
+    int count = 0;
+    const Interval* begin() const { return runs; }
+    const Interval* end() const { return runs + count; }
+  };
+  // Contiguous and zigzag layouts: the part's tokens as runs [begin, end) in increasing order
+  // (one for contiguous, two for zigzag; a run may be empty). Throws for periodic layouts.
+  Intervals intervals(int64_t part) const;
+  // How many tokens below `token` (0 <= token <= tokens()) `part` owns, in O(1) for every kind.
+  int64_t count_below(int64_t part, int64_t token) const;
+
+  // Same kind, sizes, stripe and counts (two layouts that are not equal may still give every part
+  // the same tokens, e.g. any two over one part: see same_assignment in relayout.hpp).
+  bool operator==(const TokenLayout& other) const;
 
  private:
   int64_t chunk_begin(int64_t chunk) const;  // zigzag: first token of chunk (of 2P)
@@ -60,6 +93,9 @@ class TokenLayout {
   int64_t tokens_;
   int64_t parts_;
   int64_t stripe_;
+  // contiguous_counts() with uneven counts: the first token of every part (P + 1 entries, N
+  // last), shared between copies so that a layout stays a cheap value; null otherwise.
+  std::shared_ptr<const std::vector<int64_t>> offsets_;
 };
 
 // Reorders `count` tokens of `token_bytes` bytes in place: out[i] = in[from[i]] (`from` a

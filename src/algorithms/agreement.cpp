@@ -9,6 +9,7 @@
 #include "attention2d/attention.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
+#include "attention2d/relayout.hpp"
 #include "attention2d/version.hpp"
 
 namespace a2d {
@@ -65,6 +66,19 @@ std::vector<Field> descriptor(const Problem& p, const Plan& plan) {
       {"heads_parallel", plan.heads_parallel}};
 }
 
+std::string layout_text(int64_t value) {
+  return layout_name(static_cast<LayoutKind>(value));
+}
+
+// FNV-1a of a layout's counts (0 unless uneven): ranks given different cuts differ.
+int64_t counts_hash(const TokenLayout& layout) {
+  if (!layout.uneven()) return 0;
+  uint64_t hash = 14695981039346656037ull;
+  for (int64_t p = 0; p < layout.parts(); ++p)
+    hash = (hash ^ static_cast<uint64_t>(layout.count(p))) * 1099511628211ull;
+  return static_cast<int64_t>(hash >> 1);
+}
+
 // "8 on ranks 0-2, 4-15; 12 on rank 3"
 std::string describe_values(const std::vector<int64_t>& by_rank,
                             std::string (*text)(int64_t value)) {
@@ -90,10 +104,27 @@ std::string describe_values(const std::vector<int64_t>& by_rank,
   return out.str();
 }
 
+void check_fields(Communicator& world, const std::vector<Field>& mine);
+
 }  // namespace
 
 void check_agreement(Communicator& world, const Problem& problem, const Plan& plan) {
-  const std::vector<Field> mine = descriptor(problem, plan);
+  check_fields(world, descriptor(problem, plan));
+}
+
+void check_agreement(Communicator& world, const Problem& problem, const Plan& plan,
+                     const TokenLayout& shards) {
+  std::vector<Field> fields = descriptor(problem, plan);
+  fields.push_back({"shards' layout", static_cast<int64_t>(shards.kind()), layout_text});
+  fields.push_back({"shards' tokens", shards.tokens()});
+  fields.push_back({"shards' stripe", shards.stripe()});
+  fields.push_back({"shards' counts (hash)", counts_hash(shards)});
+  check_fields(world, fields);
+}
+
+namespace {
+
+void check_fields(Communicator& world, const std::vector<Field>& mine) {
   const int64_t fields = static_cast<int64_t>(mine.size());
   std::vector<int64_t> high(static_cast<size_t>(fields)), low(static_cast<size_t>(fields));
   for (int64_t i = 0; i < fields; ++i) {
@@ -130,4 +161,5 @@ void check_agreement(Communicator& world, const Problem& problem, const Plan& pl
   throw CollectiveError("attention2d error: " + brief, brief, __FILE__, __LINE__);
 }
 
+}  // namespace
 }  // namespace a2d

@@ -67,6 +67,12 @@ class SequenceParallel : public DistributedAttention {
   BufferPtr positions_;  // parts_.positions in the backend's memory
 };
 
+// make_attention after its collective checks: the plan's algorithm, with sinks where the problem
+// has them.
+std::unique_ptr<DistributedAttention> make_checked_attention(const Problem& problem,
+                                                             const Plan& plan, Communicator& world,
+                                                             Backend& backend);
+
 std::unique_ptr<DistributedAttention> make_attention2d(const Problem& problem, const Plan& plan,
                                                        Communicator& world, Backend& backend);
 std::unique_ptr<DistributedAttention> make_ring(const Problem& problem, const Plan& plan,

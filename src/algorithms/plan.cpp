@@ -254,6 +254,16 @@ class WithSinks final : public DistributedAttention {
 
 }  // namespace
 
+namespace algorithms {
+std::unique_ptr<DistributedAttention> make_checked_attention(const Problem& problem,
+                                                             const Plan& plan, Communicator& world,
+                                                             Backend& backend) {
+  std::unique_ptr<DistributedAttention> attention = make_algorithm(problem, plan, world, backend);
+  if (problem.sinks) return std::make_unique<WithSinks>(std::move(attention), world);
+  return attention;
+}
+}  // namespace algorithms
+
 std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, const Plan& plan,
                                                      Communicator& world, Backend& backend) {
   collective_check(world, [&] {
@@ -262,9 +272,7 @@ std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, con
     backend.check_supported(problem.dtype, problem.head_dim, problem.mask, problem.softcap);
   });
   check_agreement(world, problem, plan);
-  std::unique_ptr<DistributedAttention> attention = make_algorithm(problem, plan, world, backend);
-  if (problem.sinks) return std::make_unique<WithSinks>(std::move(attention), world);
-  return attention;
+  return algorithms::make_checked_attention(problem, plan, world, backend);
 }
 
 namespace {

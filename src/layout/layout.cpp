@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <numeric>
 
 #include "attention2d/error.hpp"
 
@@ -51,6 +52,38 @@ TokenLayout::TokenLayout(LayoutKind kind, int64_t tokens, int64_t parts, int64_t
               stripe, ")");
 }
 
+TokenLayout TokenLayout::contiguous_counts(std::vector<int64_t> counts) {
+  A2D_REQUIRE(!counts.empty(), "contiguous_counts needs a count for at least one part");
+  A2D_REQUIRE(static_cast<int64_t>(counts.size()) <= (int64_t{1} << 30),
+              "a layout needs between 1 and 2^30 parts (got ", counts.size(), ")");
+  int64_t total = 0;
+  for (size_t p = 0; p < counts.size(); ++p) {
+    A2D_REQUIRE(counts[p] >= 0, "part ", p, " of a contiguous layout has ", counts[p],
+                " tokens; counts must be >= 0");
+    A2D_REQUIRE(counts[p] <= (int64_t{1} << 50) - total,
+                "a layout needs between 0 and 2^50 tokens (the counts sum to more)");
+    total += counts[p];
+  }
+  const int64_t parts = static_cast<int64_t>(counts.size());
+  TokenLayout layout(LayoutKind::contiguous, total, parts);
+  bool even = true;
+  for (int64_t p = 0; p < parts && even; ++p)
+    even = counts[static_cast<size_t>(p)] == layout.count(p);
+  if (even) return layout;  // the even split: the plain layout, without a table
+  auto offsets = std::make_shared<std::vector<int64_t>>(counts.size() + 1, 0);
+  std::partial_sum(counts.begin(), counts.end(), offsets->begin() + 1);
+  layout.offsets_ = std::move(offsets);
+  return layout;
+}
+
+bool TokenLayout::operator==(const TokenLayout& other) const {
+  if (kind_ != other.kind_ || tokens_ != other.tokens_ || parts_ != other.parts_ ||
+      stripe_ != other.stripe_ || uneven() != other.uneven()) {
+    return false;
+  }
+  return !uneven() || *offsets_ == *other.offsets_;
+}
+
 int64_t TokenLayout::chunk_begin(int64_t chunk) const {
   const int64_t chunks = 2 * parts_;
   const int64_t base = tokens_ / chunks, extra = tokens_ % chunks;
@@ -72,6 +105,7 @@ int64_t TokenLayout::count(int64_t part) const {
       return full * stripe_ + std::clamp<int64_t>(rest - part * stripe_, 0, stripe_);
     }
     case LayoutKind::contiguous:
+      if (offsets_) return (*offsets_)[part + 1] - (*offsets_)[part];
       return tokens_ / parts_ + (part < tokens_ % parts_ ? 1 : 0);
     case LayoutKind::zigzag:
       return chunk_size(part) + chunk_size(2 * parts_ - 1 - part);
@@ -92,6 +126,7 @@ int64_t TokenLayout::token_at(int64_t part, int64_t index) const {
     case LayoutKind::striped:
       return (index / stripe_) * stripe_ * parts_ + part * stripe_ + index % stripe_;
     case LayoutKind::contiguous: {
+      if (offsets_) return (*offsets_)[part] + index;
       const int64_t base = tokens_ / parts_, extra = tokens_ % parts_;
       return part * base + std::min(part, extra) + index;
     }
@@ -121,6 +156,13 @@ TokenLayout::Owner TokenLayout::owner(int64_t token) const {
       return {stripe_index % parts_, (stripe_index / parts_) * stripe_ + token % stripe_};
     }
     case LayoutKind::contiguous: {
+      if (offsets_) {
+        // The last part starting at or before the token (parts without tokens start where the
+        // next one does, so they are never the last).
+        const auto after = std::upper_bound(offsets_->begin(), offsets_->end(), token);
+        const int64_t part = (after - offsets_->begin()) - 1;
+        return {part, token - (*offsets_)[part]};
+      }
       const int64_t base = tokens_ / parts_, extra = tokens_ % parts_;
       // The first `extra` parts own base + 1 tokens.
       const int64_t boundary = extra * (base + 1);
@@ -142,9 +184,49 @@ TokenLayout::Owner TokenLayout::owner(int64_t token) const {
   return {-1, -1};
 }
 
+TokenLayout::Intervals TokenLayout::intervals(int64_t part) const {
+  A2D_REQUIRE(part >= 0 && part < parts_, "part ", part, " is outside 0..", parts_ - 1);
+  switch (kind_) {
+    case LayoutKind::contiguous: {
+      const int64_t begin = count(part) > 0 ? token_at(part, 0) : 0;
+      return {{{begin, begin + count(part)}, {}}, 1};
+    }
+    case LayoutKind::zigzag: {
+      const int64_t last = 2 * parts_ - 1 - part;
+      return {{{chunk_begin(part), chunk_begin(part) + chunk_size(part)},
+               {chunk_begin(last), chunk_begin(last) + chunk_size(last)}},
+              2};
+    }
+    case LayoutKind::cyclic:
+    case LayoutKind::striped:
+      break;
+  }
+  A2D_FAIL("the ", layout_name(kind_), " layout deals stripes: it has no intervals");
+}
+
+int64_t TokenLayout::count_below(int64_t part, int64_t token) const {
+  A2D_REQUIRE(part >= 0 && part < parts_, "part ", part, " is outside 0..", parts_ - 1);
+  A2D_REQUIRE(token >= 0 && token <= tokens_, "token ", token, " is outside 0..", tokens_);
+  if (periodic()) {
+    const int64_t round = stripe_ * parts_;
+    return token / round * stripe_ + std::clamp<int64_t>(token % round - part * stripe_, 0, stripe_);
+  }
+  int64_t below = 0;
+  for (const Interval& run : intervals(part))
+    below += std::clamp<int64_t>(token - run.begin, 0, run.end - run.begin);
+  return below;
+}
+
 std::string TokenLayout::describe() const {
   std::string text = layout_name(kind_);
   if (kind_ == LayoutKind::striped) text += "(" + std::to_string(stripe_) + ")";
+  if (offsets_) {
+    // The counts, the first 16 of them where there are more.
+    text += "(";
+    for (int64_t p = 0; p < std::min<int64_t>(parts_, 16); ++p)
+      text += (p ? "," : "") + std::to_string(count(p));
+    text += parts_ > 16 ? ",...)" : ")";
+  }
   return text + " over " + std::to_string(parts_) + " parts, " + std::to_string(tokens_) +
          " tokens";
 }

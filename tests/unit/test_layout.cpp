@@ -11,7 +11,8 @@
 namespace a2d {
 namespace {
 
-void check_layout(const TokenLayout& layout) {
+// balanced: counts differ by at most the kind's slack (not for contiguous_counts' own cuts).
+void check_layout(const TokenLayout& layout, bool balanced = true) {
   const int64_t n = layout.tokens(), parts = layout.parts();
   std::vector<int> seen(static_cast<size_t>(n), 0);
   int64_t total = 0, smallest = n, largest = 0;
@@ -36,6 +37,15 @@ void check_layout(const TokenLayout& layout) {
   for (int64_t t = 0; t < n; ++t)
     ASSERT_EQ(seen[t], 1) << layout.describe() << " token " << t;
   ASSERT_EQ(layout.max_count(), largest);
+  // count_below: the part's tokens below every position (where that is quick to walk).
+  for (int64_t part = 0; part < parts && parts * n <= 2000000; ++part) {
+    int64_t below = 0;
+    for (int64_t t = 0; t <= n; ++t) {
+      ASSERT_EQ(layout.count_below(part, t), below) << layout.describe() << " part " << part;
+      if (t < n && layout.owner(t).part == part) ++below;
+    }
+  }
+  if (!balanced) return;
   // Balance: cyclic and contiguous differ by at most one token, zigzag (two chunks) by two,
   // striped by one stripe.
   const int64_t slack = layout.kind() == LayoutKind::zigzag    ? 2
@@ -77,6 +87,59 @@ TEST(Layout, DocumentedExampleOfTenTokensOnThreeParts) {
   EXPECT_EQ(TokenLayout(LayoutKind::contiguous, 10, 3).tokens_of(1), (V{4, 5, 6}));
   EXPECT_EQ(TokenLayout(LayoutKind::zigzag, 10, 3).tokens_of(0), (V{0, 1, 9}));
   EXPECT_EQ(TokenLayout(LayoutKind::zigzag, 10, 3).tokens_of(2), (V{4, 5, 6, 7}));
+}
+
+TEST(Layout, ContiguousCountsCutTheSequenceAsGivenWithEmptyParts) {
+  using V = std::vector<int64_t>;
+  const TokenLayout cut = TokenLayout::contiguous_counts({5, 0, 7});
+  EXPECT_EQ(cut.kind(), LayoutKind::contiguous);
+  EXPECT_EQ(cut.tokens(), 12);
+  EXPECT_EQ(cut.parts(), 3);
+  EXPECT_TRUE(cut.uneven());
+  EXPECT_EQ(cut.tokens_of(0), (V{0, 1, 2, 3, 4}));
+  EXPECT_EQ(cut.tokens_of(1), V{});
+  EXPECT_EQ(cut.tokens_of(2), (V{5, 6, 7, 8, 9, 10, 11}));
+  EXPECT_EQ(cut.owner(5).part, 2);
+  EXPECT_EQ(cut.owner(5).index, 0);
+  EXPECT_EQ(cut.describe(), "contiguous(5,0,7) over 3 parts, 12 tokens");
+  check_layout(cut, false);
+  // Zeros at the ends, a single part, every token on one part, no tokens at all.
+  for (const V& counts : {V{0, 3, 0, 0, 4, 0}, V{9}, V{0, 0, 11, 0}, V{0, 0, 0}, V{1, 2, 3, 4, 5},
+                          V{1000, 1, 0, 999}}) {
+    check_layout(TokenLayout::contiguous_counts(counts), false);
+  }
+  // The even split is the plain layout (equal, and described without counts).
+  const TokenLayout even = TokenLayout::contiguous_counts({4, 3, 3});
+  EXPECT_FALSE(even.uneven());
+  EXPECT_TRUE(even == TokenLayout(LayoutKind::contiguous, 10, 3));
+  EXPECT_EQ(even.describe(), "contiguous over 3 parts, 10 tokens");
+  EXPECT_FALSE(cut == TokenLayout::contiguous_counts({5, 1, 6}));
+  EXPECT_TRUE(cut == TokenLayout::contiguous_counts({5, 0, 7}));
+  // A copy shares the counts (a cheap value) and stays equal.
+  const TokenLayout copy = cut;
+  EXPECT_TRUE(copy == cut);
+  // Many parts: the description lists the first 16 counts.
+  V many(40, 2);
+  many[3] = 0;
+  EXPECT_NE(TokenLayout::contiguous_counts(many).describe().find("(2,2,2,0,2,"), std::string::npos);
+  EXPECT_NE(TokenLayout::contiguous_counts(many).describe().find(",...)"), std::string::npos);
+  check_layout(TokenLayout::contiguous_counts(many), false);
+  EXPECT_THROW(TokenLayout::contiguous_counts({}), Error);
+  EXPECT_THROW(TokenLayout::contiguous_counts({3, -1, 4}), Error);
+}
+
+TEST(Layout, ContiguousCountsOverThousandsOfVirtualRanks) {
+  std::vector<int64_t> counts(4096);
+  for (size_t p = 0; p < counts.size(); ++p)
+    counts[p] = static_cast<int64_t>((p * 7919) % 13);  // zeros among them
+  const TokenLayout layout = TokenLayout::contiguous_counts(counts);
+  for (int64_t p = 0; p < layout.parts(); ++p)
+    ASSERT_EQ(layout.count(p), counts[static_cast<size_t>(p)]);
+  for (int64_t t = 0; t < layout.tokens(); t += 7) {
+    const TokenLayout::Owner owner = layout.owner(t);
+    ASSERT_EQ(layout.token_at(owner.part, owner.index), t);
+    ASSERT_GT(layout.count(owner.part), owner.index);
+  }
 }
 
 TEST(Layout, BadArgumentsAreRefused) {
