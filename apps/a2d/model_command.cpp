@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <vector>
 
@@ -21,6 +22,7 @@ namespace {
 
 struct ModelOptions {
   cli::ProblemOptions problem;
+  cli::ShardOptions shards;
   std::string machine = "h100-ndr";
   std::string calibration;  // "" = default_calibration_file()
   std::string machine_file;
@@ -35,6 +37,7 @@ struct ModelOptions {
   void declare(cli::Options& options) {
     problem.dtype = "bf16";  // the GPUs' precision
     problem.declare(options);
+    shards.declare(options, true);
     options.add_string("--machine", &machine, "a100-hdr, h100-ndr or local (from a2d calibrate)");
     options.add_string("--calibration", &calibration,
                        "calibration file of --machine local (default $A2D_CALIBRATION or "
@@ -74,29 +77,37 @@ std::string grid_text(const Plan& plan, bool cyclic_placement) {
 }
 
 void print_table(const PlanSearch& search, const Problem& problem, const Machine& machine,
-                 int ranks, int per_node) {
-  std::printf("a2d model: %s\nmachine: %s (%s)\n%d ranks, %d per node\n\n",
+                 int ranks, int per_node, const UserShards* shards) {
+  std::printf("a2d model: %s\nmachine: %s (%s)\n%d ranks, %d per node\n",
               problem.describe().c_str(), machine.name.c_str(), machine.description.c_str(), ranks,
               per_node);
-  std::printf("%-4s %-20s %-23s %10s %10s %10s %14s %14s %9s %12s\n", "#", "algorithm",
+  if (shards) {
+    std::printf("shards: %s, exchanged into each plan's layout and back (%s backward)\n",
+                shards->layout.describe().c_str(),
+                relayout_backward_name(shards->backward).c_str());
+  }
+  std::printf("\n%-4s %-20s %-23s %10s %10s %10s %14s %14s %9s %12s%s\n", "#", "algorithm",
               "grid/layout", "fwd ms", "bwd ms", "total ms", "words fwd", "words bwd", "messages",
-              "memory MiB");
+              "memory MiB", shards ? "  relayout ms" : "");
   int index = 1;
   for (const RankedPlan& r : search.ranked) {
     const Prediction& p = r.prediction;
-    std::printf("%-4d %-20s %-23s %10.3f %10.3f %10.3f %14.4g %14.4g %9lld %12.1f\n", index++,
+    std::printf("%-4d %-20s %-23s %10.3f %10.3f %10.3f %14.4g %14.4g %9lld %12.1f", index++,
                 algorithm_name(r.plan.algorithm).c_str(),
                 grid_text(r.plan, r.cyclic_placement).c_str(), 1e3 * p.forward_s,
                 1e3 * p.backward_s, 1e3 * (p.forward_s + p.backward_s), p.words_forward,
                 p.words_backward, static_cast<long long>(p.forward.messages + p.backward.messages),
                 p.memory_bytes / 1048576.0);
+    if (shards) std::printf(" %12.3f", 1e3 * (p.relayout_forward_s + p.relayout_backward_s));
+    std::printf("\n");
   }
   for (const auto& [algorithm, reason] : search.skipped) {
     std::printf("skipped %s: %s\n", algorithm.c_str(), reason.c_str());
   }
   std::printf(
       "\nwords: elements the busiest rank sends; messages: forward + backward; "
-      "memory: peak per rank\n");
+      "memory: peak per rank%s\n",
+      shards ? "; relayout: the exchanges' part of fwd + bwd (included)" : "");
 }
 
 std::string json_row(const RankedPlan& r, int rank_in_list, int ranks) {
@@ -120,7 +131,11 @@ std::string json_row(const RankedPlan& r, int rank_in_list, int ranks) {
       .add("bytes_fwd", p.forward.bytes)
       .add("bytes_bwd", p.backward.bytes)
       .add("messages", p.forward.messages + p.backward.messages)
-      .add("memory_bytes", p.memory_bytes);
+      .add("memory_bytes", p.memory_bytes)
+      .add("relayout_bytes_fwd", p.relayout_forward.bytes)
+      .add("relayout_bytes_bwd", p.relayout_backward.bytes)
+      .add("relayout_fwd_ms", 1e3 * p.relayout_forward_s)
+      .add("relayout_bwd_ms", 1e3 * p.relayout_backward_s);
   return line.str();
 }
 
@@ -158,10 +173,11 @@ void plot(const ModelOptions& o, const Problem& base) {
     else
       problem.seq = x;
     const Machine machine = choice.machine(ranks, problem.dtype);
+    const std::optional<UserShards> shards = o.shards.user_shards(problem.seq, ranks);
     const auto best = best_per_algorithm(
         search_plans(problem, ranks, machine,
                      model_ranks_per_node(machine, static_cast<int>(o.gpus_per_node), ranks),
-                     !o.forward_only),
+                     !o.forward_only, false, shards ? &*shards : nullptr),
         o.forward_only);
     data << x;
     for (const std::string& name : names) {
@@ -297,8 +313,10 @@ int model(int argc, char** argv, int first) {
   const Machine machine = choice.machine(ranks, problem.dtype);
   const int per_node = model_ranks_per_node(
       machine, static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)), ranks);
-  const PlanSearch search =
-      search_plans(problem, ranks, machine, per_node, !o.forward_only, machine.ranks_per_node > 0);
+  const std::optional<UserShards> shards = o.shards.user_shards(problem.seq, ranks);
+  const UserShards* user = shards ? &*shards : nullptr;
+  const PlanSearch search = search_plans(problem, ranks, machine, per_node, !o.forward_only,
+                                         machine.ranks_per_node > 0, user);
   if (o.json) {
     int index = 1;
     for (const RankedPlan& r : search.ranked)
@@ -307,7 +325,7 @@ int model(int argc, char** argv, int first) {
       std::cout << cli::JsonLine().add("algo", algorithm).add("skipped", reason).str() << "\n";
     }
   } else {
-    print_table(search, problem, machine, ranks, per_node);
+    print_table(search, problem, machine, ranks, per_node, user);
   }
   if (!o.plot.empty()) plot(o, problem);
   return 0;
@@ -327,7 +345,9 @@ int plan(int argc, char** argv, int first) {
   const int per_node =
       model_ranks_per_node(o.machine_choice().machine(ranks, problem.dtype),
                            static_cast<int>(std::min<int64_t>(o.gpus_per_node, ranks)), ranks);
-  const PlannedRun planned = choose_plan(problem, ranks, per_node, o.machine_choice(), "", "");
+  const std::optional<UserShards> shards = o.shards.user_shards(problem.seq, ranks);
+  const PlannedRun planned = choose_plan(problem, ranks, per_node, o.machine_choice(), "", "", 0,
+                                         shards ? &*shards : nullptr);
   if (o.json) {
     std::cout << json_row({planned.plan, planned.prediction, planned.cyclic_placement}, 1, ranks)
               << "\n";
@@ -337,6 +357,16 @@ int plan(int argc, char** argv, int first) {
               problem.describe().c_str(), planned.plan.describe().c_str(),
               1e3 * planned.prediction.forward_s, 1e3 * planned.prediction.backward_s,
               planned.machine_description.c_str());
+  if (shards) {
+    const Prediction& p = planned.prediction;
+    std::printf("shards: %s into the plan's %s and back: forward %.3f ms (%lld bytes/rank), "
+                "backward %.3f ms (%lld bytes/rank, %s), included above\n",
+                shards->layout.describe().c_str(),
+                plan_layout(problem, planned.plan).describe().c_str(), 1e3 * p.relayout_forward_s,
+                static_cast<long long>(p.relayout_forward.bytes), 1e3 * p.relayout_backward_s,
+                static_cast<long long>(p.relayout_backward.bytes),
+                relayout_backward_name(shards->backward).c_str());
+  }
   if (planned.cyclic_placement)
     std::printf("placement: world rank q on node q mod %d (mpirun --map-by node)\n",
                 (ranks + per_node - 1) / per_node);
@@ -353,7 +383,12 @@ int plan(int argc, char** argv, int first) {
                 planned.plan.kv_transpose ? "" : " --no-kv-transpose");
   } else {
     std::printf(" --layout %s", layout_name(planned.plan.layout).c_str());
+    if (planned.plan.layout == LayoutKind::striped) std::printf(" --stripe %lld",
+                                                                static_cast<long long>(planned.plan.stripe));
   }
+  if (!o.shards.kind.empty()) std::printf(" --shards %s", o.shards.kind.c_str());
+  if (!o.shards.counts.empty()) std::printf(" --shard-counts %s", o.shards.counts.c_str());
+  if (o.shards.stripe != 1) std::printf(" --shard-stripe %lld", static_cast<long long>(o.shards.stripe));
   std::printf(" ...\n");
   return 0;
 }

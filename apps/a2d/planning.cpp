@@ -32,12 +32,12 @@ int model_ranks_per_node(const Machine& machine, int requested, int ranks) {
 
 PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
                        const MachineChoice& choice, const std::string& algo,
-                       const std::string& grid, int heads_parallel) {
+                       const std::string& grid, int heads_parallel, const UserShards* shards) {
   const Machine machine = choice.machine(ranks, problem.dtype);
   // A machine file describes nodes, so the placement of ranks on them is the planner's choice too.
   const PlanSearch search =
       search_plans(problem, ranks, machine, model_ranks_per_node(machine, ranks_per_node, ranks),
-                   true, machine.ranks_per_node > 0);
+                   true, machine.ranks_per_node > 0, shards);
   // The hybrid at U = 1 is ATTENTION2D (the search ranks it as such): its fastest grid.
   const bool hybrid_one = algo == "hybrid" && heads_parallel == 1;
   for (const RankedPlan& r : search.ranked) {
@@ -46,7 +46,8 @@ PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
       Plan plan = r.plan;
       plan.algorithm = Algorithm::hybrid;
       return {plan,
-              predict(problem, plan, machine, model_ranks_per_node(machine, ranks_per_node, ranks)),
+              predict(problem, plan, machine, model_ranks_per_node(machine, ranks_per_node, ranks),
+                      shards),
               machine.name + ": " + machine.description, r.cyclic_placement};
     }
     if (!algo.empty() && algorithm_name(r.plan.algorithm) != algo) continue;

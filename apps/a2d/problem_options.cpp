@@ -1,5 +1,8 @@
 #include "problem_options.hpp"
 
+#include <cerrno>
+#include <cstdlib>
+
 #include "attention2d/collective.hpp"
 #include "attention2d/data.hpp"
 #include "attention2d/error.hpp"
@@ -119,7 +122,79 @@ void PlanOptions::declare(Options& options) {
   options.add_int("--threads", &threads, "kernel threads per rank");
 }
 
-Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen) const {
+void ShardOptions::declare(Options& options, bool with_backward) {
+  options.add_string("--shards", &kind,
+                     "the caller's layout of the sequence: contiguous, zigzag, cyclic or striped\n"
+                     "(default: the plan's own). The engine exchanges the shards into the plan's\n"
+                     "layout and back, one all-to-all each way, charged by the cost model");
+  options.add_string("--shard-counts", &counts,
+                     "an uneven contiguous cut: tokens of every rank, e.g. 5,0,7 (implies\n"
+                     "--shards contiguous; zeros allowed; they sum to --seq)");
+  options.add_int("--shard-stripe", &stripe, "stripe width of --shards striped");
+  if (with_backward) {
+    options.add_string("--shards-backward", &backward,
+                       "what the backward moves with --shards: saved (the Python layer keeps\n"
+                       "the forward's exchanged Q, K, V, O, LSE: dO in, dQ, dK, dV out) or\n"
+                       "stateless (the C++ make_attention: Q, K, V, O, dO, LSE in)");
+  }
+}
+
+std::optional<TokenLayout> ShardOptions::layout(int64_t seq, int ranks) const {
+  if (!given()) {
+    A2D_REQUIRE(stripe == 1, "--shard-stripe applies to --shards striped");
+    return std::nullopt;
+  }
+  const LayoutKind shard_kind = kind.empty() ? LayoutKind::contiguous : [&] {
+    try {
+      return parse_layout(kind);
+    } catch (const Error& e) {
+      A2D_FAIL("--shards: ", e.message());
+    }
+  }();
+  A2D_REQUIRE(stripe >= 1, "--shard-stripe must be at least 1, got ", stripe);
+  A2D_REQUIRE(stripe == 1 || shard_kind == LayoutKind::striped,
+              "--shard-stripe applies to --shards striped, not ", layout_name(shard_kind));
+  if (counts.empty()) return TokenLayout(shard_kind, seq, ranks, stripe);
+  A2D_REQUIRE(shard_kind == LayoutKind::contiguous,
+              "--shard-counts cuts the sequence into contiguous blocks; it cannot be combined with "
+              "--shards ",
+              kind);
+  std::vector<int64_t> values;
+  int64_t total = 0;
+  for (size_t at = 0; at <= counts.size();) {
+    const size_t comma = std::min(counts.find(',', at), counts.size());
+    const std::string item = counts.substr(at, comma - at);
+    char* end = nullptr;
+    errno = 0;
+    const long long value = std::strtoll(item.c_str(), &end, 10);
+    A2D_REQUIRE(!item.empty() && end && *end == '\0' && errno == 0 && value >= 0 &&
+                    value <= (int64_t{1} << 50),
+                "--shard-counts: '", item, "' is not a token count (an integer >= 0)");
+    values.push_back(value);
+    total += value;
+    at = comma + 1;
+  }
+  A2D_REQUIRE(static_cast<int64_t>(values.size()) == ranks, "--shard-counts gives ",
+              values.size(), " counts for ", ranks, " ranks; give one count per rank");
+  A2D_REQUIRE(total == seq, "--shard-counts sum to ", total, " tokens, but the sequence has ",
+              seq);
+  return TokenLayout::contiguous_counts(values);
+}
+
+std::optional<UserShards> ShardOptions::user_shards(int64_t seq, int ranks) const {
+  const std::optional<TokenLayout> shards = layout(seq, ranks);
+  if (!shards) return std::nullopt;
+  RelayoutBackward variant = RelayoutBackward::saved;
+  try {
+    variant = parse_relayout_backward(backward);
+  } catch (const Error& e) {
+    A2D_FAIL("--shards-backward: ", e.message());
+  }
+  return UserShards{*shards, variant};
+}
+
+Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen,
+                       const UserShards* shards) const {
   // Clear errors for an unknown algorithm or a grid that does not fit the ranks, first.
   if (!algo.empty()) parse_algorithm(algo);
   const bool hybrid = algo == "hybrid";
@@ -154,8 +229,9 @@ Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen) c
   if (algo.empty() || (grid.empty() && grid_matters)) {
     const commands::MachineChoice machine{
         "", calibration.empty() ? default_calibration_file() : calibration, machine_file};
-    const commands::PlannedRun planned = commands::choose_plan(
-        problem, ranks, ranks, machine, algo, grid_matters ? grid : "", static_cast<int>(u));
+    const commands::PlannedRun planned =
+        commands::choose_plan(problem, ranks, ranks, machine, algo, grid_matters ? grid : "",
+                              static_cast<int>(u), shards);
     p = planned.plan;
     if (chosen) *chosen = "plan chosen by the cost model (" + planned.machine_description + ")";
   } else {

@@ -3,11 +3,13 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "attention2d/attention.hpp"
 #include "attention2d/backend.hpp"
+#include "attention2d/relayout.hpp"
 #include "cli.hpp"
 
 namespace a2d::cli {
@@ -51,6 +53,26 @@ struct DeviceOptions {
   CommKind comm_kind(const Backend& backend) const;
 };
 
+// --shards, --shard-counts, --shard-stripe: the caller's layout of the sequence over the ranks,
+// when it is not the plan's. a2d run generates (or scatters) the inputs in it, the engine
+// exchanges them into the plan's layout and back (relayout.hpp), and the outputs come back in it;
+// a2d model and a2d plan charge those exchanges (with --shards-backward: which backward).
+struct ShardOptions {
+  std::string kind;    // "" = none: the plan's own layout
+  std::string counts;  // "5,0,7": a contiguous cut, one count per rank
+  int64_t stripe = 1;
+  std::string backward = "saved";  // a2d model / plan: RelayoutBackward
+
+  // with_backward: also --shards-backward (the model's commands; a2d run's backward is stateless).
+  void declare(Options& options, bool with_backward);
+  bool given() const { return !kind.empty() || !counts.empty(); }
+  // The layout of `seq` tokens over `ranks` ranks, or none. Throws a2d::Error naming the option
+  // for a bad value.
+  std::optional<TokenLayout> layout(int64_t seq, int ranks) const;
+  // For the cost model: the layout with --shards-backward (or `backward` when given).
+  std::optional<UserShards> user_shards(int64_t seq, int ranks) const;
+};
+
 struct PlanOptions {
   std::string algo;    // "" = the fastest by the cost model (a2d plan)
   std::string grid;    // "" = the fastest grid by the cost model
@@ -64,8 +86,10 @@ struct PlanOptions {
 
   void declare(Options& options);
   // Checked against the problem and ranks. Without --algo or --grid the cost model chooses
-  // (this machine's calibration if there is one); `chosen` then says so.
-  Plan plan(const Problem& problem, int ranks, std::string* chosen = nullptr) const;
+  // (this machine's calibration if there is one), charging the exchanges from and to `shards`
+  // where given; `chosen` then says so.
+  Plan plan(const Problem& problem, int ranks, std::string* chosen = nullptr,
+            const UserShards* shards = nullptr) const;
 };
 
 }  // namespace a2d::cli

@@ -2,7 +2,7 @@
 //
 //   mpirun -np P a2d run --algo attention2d --grid RxC --seq N --heads H --head-dim D
 //          [--causal] [--backward] [--check] [--json] [--q q.npy --k k.npy --v v.npy [--do do.npy]]
-//          [--out DIR [--force]]
+//          [--out DIR [--force]] [--shards contiguous|zigzag|cyclic|striped | --shard-counts 5,0,7]
 #include <mpi.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,6 +20,7 @@
 #include "attention2d/harness.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/npy.hpp"
+#include "attention2d/relayout.hpp"
 #include "attention2d/timing.hpp"
 #include "attention2d/watchdog.hpp"
 #include "commands.hpp"
@@ -32,6 +33,7 @@ namespace {
 struct RunOptions {
   cli::ProblemOptions problem;
   cli::PlanOptions plan;
+  cli::ShardOptions shards;
   cli::DeviceOptions device;
   bool backward = false;
   bool check = false;
@@ -164,6 +166,7 @@ int run(int argc, char** argv, int first) {
         "of every output against a single-process fp64 reference.");
     o.problem.declare(options);
     o.plan.declare(options);
+    o.shards.declare(options, false);
     o.device.declare(options);
     o.device.declare_comm(options);
     options.add_flag("--backward", &o.backward, "also run and time the backward pass");
@@ -224,10 +227,15 @@ int run(int argc, char** argv, int first) {
     std::string chosen;
     std::unique_ptr<Backend> backend;
     CommKind comm_kind = CommKind::mpi;
+    // --shards: the inputs and outputs in the caller's layout, exchanged inside (make_attention's
+    // stateless backward, which the planner charges).
+    std::optional<UserShards> user_shards;
     collective_check(world, [&] {
       A2D_REQUIRE(o.warmup >= 0 && o.iters >= 1, "--warmup must be >= 0 and --iters >= 1");
       problem = o.problem.problem();
-      plan = o.plan.plan(problem, world.size(), &chosen);
+      const std::optional<TokenLayout> user = o.shards.layout(problem.seq, world.size());
+      if (user) user_shards = UserShards{*user, RelayoutBackward::stateless};
+      plan = o.plan.plan(problem, world.size(), &chosen, user_shards ? &*user_shards : nullptr);
       backend = o.device.backend(problem.dtype);
       comm_kind = o.device.comm_kind(*backend);
       check_out_dtype(o, problem);
@@ -242,8 +250,11 @@ int run(int argc, char** argv, int first) {
     }
 
     std::unique_ptr<DistributedAttention> attention;
-    collective_check(
-        world, [&] { attention = make_attention(problem, plan, algorithm_world.get(), *backend); });
+    collective_check(world, [&] {
+      attention = user_shards ? make_attention(problem, plan, algorithm_world.get(), *backend,
+                                               user_shards->layout)
+                              : make_attention(problem, plan, algorithm_world.get(), *backend);
+    });
     ShardSet shards = make_shards(problem, attention->layout(), world.rank(),
                                   static_cast<uint64_t>(o.seed), !from_files, o.backward, *backend);
     // Sink logits: generated from the seed (--sinks) or read from --sink, the same on every rank.
@@ -315,7 +326,9 @@ int run(int argc, char** argv, int first) {
                        o.check,
                        errors,
                        backend->name(),
-                       comm_kind_name(comm_kind)};
+                       comm_kind_name(comm_kind),
+                       user_shards ? attention->layout().describe() : std::string(),
+                       user_shards ? plan_layout(problem, plan).describe() : std::string()};
       if (o.json) {
         std::cout << report.json() << std::endl;
       } else {

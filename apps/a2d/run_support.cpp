@@ -86,7 +86,8 @@ double timed(Communicator& world, const std::string& direction, const std::funct
 }
 
 PhaseTiming summarize_phase(Communicator& world, const std::vector<double>& slowest,
-                            const std::vector<double>& mine, const Traffic& traffic) {
+                            const std::vector<double>& mine, const Traffic& traffic,
+                            const Traffic& relayout) {
   PhaseTiming t;
   t.median_ms = summarize(slowest).median;
   const double my_median = summarize(mine).median;
@@ -96,10 +97,12 @@ PhaseTiming summarize_phase(Communicator& world, const std::vector<double>& slow
   t.rank_max_ms = stats[0];
   t.rank_min_ms = -stats[1];
   t.rank_avg_ms = stats[2] / world.size();
-  int64_t sent[2] = {traffic.bytes, traffic.messages};
-  world.all_reduce(sent, 2, Reduction::max);
+  int64_t sent[4] = {traffic.bytes, traffic.messages, relayout.bytes, relayout.messages};
+  world.all_reduce(sent, 4, Reduction::max);
   t.bytes = sent[0];
   t.messages = sent[1];
+  t.relayout_bytes = sent[2];
+  t.relayout_messages = sent[3];
   return t;
 }
 
@@ -156,6 +159,7 @@ void AttentionTimer::time_direction(const std::string& direction, const std::fun
   samples.slowest.push_back(slowest);
   samples.mine.push_back(mine);
   samples.traffic = log_.total(direction);
+  samples.relayout = log_.total(direction + ".relayout");
   for (const auto& [name, s] : log_.seconds())
     phase_samples_[name].push_back(1e3 * s);
 }
@@ -164,10 +168,11 @@ Timings AttentionTimer::finish() {
   A2D_REQUIRE(!forward_.slowest.empty(), "no timed call to summarize");
   Timings timings;
   timings.phase_ms = slowest_phase_medians(world_, phase_samples_);
-  timings.forward = summarize_phase(world_, forward_.slowest, forward_.mine, forward_.traffic);
+  timings.forward = summarize_phase(world_, forward_.slowest, forward_.mine, forward_.traffic,
+                                    forward_.relayout);
   if (with_backward_) {
-    timings.backward =
-        summarize_phase(world_, backward_.slowest, backward_.mine, backward_.traffic);
+    timings.backward = summarize_phase(world_, backward_.slowest, backward_.mine,
+                                       backward_.traffic, backward_.relayout);
   }
   return timings;
 }
@@ -243,6 +248,16 @@ std::string RunReport::text() const {
   };
   row("forward", timings.forward, flops);
   if (backward) row("backward", timings.backward, 2.5 * flops);
+  if (!shards.empty()) {
+    out << "relayout: shards " << shards << " <-> plan " << plan_layout
+        << "; of the bytes above, forward " << timings.forward.relayout_bytes << " ("
+        << timings.forward.relayout_messages << " messages)";
+    if (backward) {
+      out << ", backward " << timings.backward.relayout_bytes << " ("
+          << timings.backward.relayout_messages << " messages)";
+    }
+    out << "\n";
+  }
   if (checked) {
     std::snprintf(line, sizeof line, "check: O %.2e  LSE %.2e", errors.out, errors.lse);
     out << line;
@@ -295,7 +310,9 @@ std::string RunReport::json() const {
       .add("fwd_ms_rank_max", timings.forward.rank_max_ms)
       .add("fwd_gflops_per_rank", flops / (timings.forward.median_ms * 1e-3) / 1e9 / ranks)
       .add("bytes_sent_fwd", timings.forward.bytes)
-      .add("messages_fwd", timings.forward.messages);
+      .add("messages_fwd", timings.forward.messages)
+      .add("relayout_bytes_fwd", timings.forward.relayout_bytes)
+      .add("relayout_messages_fwd", timings.forward.relayout_messages);
   if (backward) {
     line.add("bwd_ms", timings.backward.median_ms)
         .add("bwd_ms_rank_min", timings.backward.rank_min_ms)
@@ -303,8 +320,11 @@ std::string RunReport::json() const {
         .add("bwd_ms_rank_max", timings.backward.rank_max_ms)
         .add("bwd_gflops_per_rank", 2.5 * flops / (timings.backward.median_ms * 1e-3) / 1e9 / ranks)
         .add("bytes_sent_bwd", timings.backward.bytes)
-        .add("messages_bwd", timings.backward.messages);
+        .add("messages_bwd", timings.backward.messages)
+        .add("relayout_bytes_bwd", timings.backward.relayout_bytes)
+        .add("relayout_messages_bwd", timings.backward.relayout_messages);
   }
+  if (!shards.empty()) line.add("shards", shards).add("plan_layout", plan_layout);
   if (checked) {
     line.add("err_o", errors.out).add("err_lse", errors.lse);
     if (backward) line.add("err_dq", errors.dq).add("err_dk", errors.dk).add("err_dv", errors.dv);

@@ -45,6 +45,10 @@ struct PhaseTiming {
   double rank_max_ms = 0;
   int64_t bytes = 0;     // sent by one call, max over ranks
   int64_t messages = 0;  // sent by one call, max over ranks
+  // The part of them in the exchanges between the caller's shards and the plan's layout (phases
+  // "<direction>.relayout_*"), max over ranks; 0 without them.
+  int64_t relayout_bytes = 0;
+  int64_t relayout_messages = 0;
 };
 
 struct Timings {
@@ -69,7 +73,7 @@ class AttentionTimer {
   // One direction's measured calls: the slowest rank's and this rank's times, one call's traffic.
   struct Samples {
     std::vector<double> slowest, mine;
-    Traffic traffic;
+    Traffic traffic, relayout;
   };
   void time_direction(const std::string& direction, const std::function<void()>& body,
                       bool measured, Samples& samples);
@@ -111,6 +115,9 @@ struct RunReport {
   OutputErrors errors;
   std::string device = "cpu";
   std::string comm = "mpi";
+  // With --shards: the caller's layout and the plan's, between which the run exchanged.
+  std::string shards;
+  std::string plan_layout;
 
   std::string text() const;
   std::string json() const;

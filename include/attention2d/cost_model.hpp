@@ -12,6 +12,7 @@
 
 #include "attention2d/attention.hpp"
 #include "attention2d/model.hpp"
+#include "attention2d/relayout.hpp"
 
 namespace a2d {
 
@@ -160,14 +161,26 @@ struct Prediction {
   double words_backward = 0;
   int64_t memory_bytes = 0;       // peak per rank: shards plus the algorithm's transient buffers
   std::vector<PhaseCost> phases;  // each with the most any rank sends in it
+  // The exchanges between the caller's shards and the plan's layout (predict's UserShards; all 0
+  // without them or when every rank holds the same tokens in both): bytes and messages of the rank
+  // that sends the most in the two exchanges of a direction, and their time, which forward_s and
+  // backward_s include (as do forward, backward, the words and `phases`).
+  Traffic relayout_forward;
+  Traffic relayout_backward;
+  double relayout_forward_s = 0;
+  double relayout_backward_s = 0;
 };
 
 // ranks_per_node: consecutive world ranks share a node (so ATTENTION2D's columns, which hold
 // consecutive ranks, lie inside a node when R divides ranks_per_node). Bytes follow
 // problem.dtype; the machine's kernel rates are taken as given (preset_machine picks them by
 // dtype).
+// With `shards` (the caller's layout of the N tokens over the plan's ranks) the prediction also
+// charges the all-to-alls that move the shards into the plan's layout and back (relayout.hpp;
+// docs/cost-model.md, "Relayout"): phases forward.relayout_in/out_all_to_all and
+// backward.relayout_in/out_all_to_all, over the world's links as Ulysses' all-to-all is.
 Prediction predict(const Problem& problem, const Plan& plan, const Machine& machine,
-                   int ranks_per_node);
+                   int ranks_per_node, const UserShards* shards = nullptr);
 
 // Every algorithm and every grid of P that can run the problem, fastest (forward + backward)
 // first; skipped ones are listed with the reason.
@@ -181,10 +194,12 @@ struct PlanSearch {
   std::vector<std::pair<std::string, std::string>> skipped;  // (algorithm, reason)
 };
 // With choose_placement, and nodes of several ranks, every plan is also predicted with the other
-// placement of ranks on nodes (Machine::cyclic_placement), each ranked on its own.
+// placement of ranks on nodes (Machine::cyclic_placement), each ranked on its own. With `shards`
+// every plan is charged the exchanges from and to the caller's layout, and the baselines are also
+// tried in that layout (Ring Attention on zigzag shards exchanges nothing).
 PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machine,
                         int ranks_per_node, bool include_backward = true,
-                        bool choose_placement = false);
+                        bool choose_placement = false, const UserShards* shards = nullptr);
 
 // How many times the busiest rank's bytes of `phase` the busiest link of a node carries when
 // the ranks of a node share one link (Machine::shared_link): the most ranks of one node whose

@@ -7,6 +7,7 @@
 
 #include "attention2d/attention.hpp"
 #include "attention2d/comm.hpp"
+#include "attention2d/relayout.hpp"
 
 namespace a2d {
 
@@ -14,6 +15,14 @@ namespace a2d {
 // names the algorithms charge them to ("forward.q_allgather", ...). Phases that send nothing on
 // this rank are present with zeros.
 std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Plan& plan, int rank);
+// The same with the exchanges between the caller's `shards` and the plan's layout (relayout.hpp's
+// phases, charged by exchange_traffic with relayout_records; none where every rank holds the same
+// tokens in both layouts). Null: the plain prediction.
+std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Plan& plan, int rank,
+                                               const UserShards* shards);
+// The four relayout phases alone (empty when nothing moves).
+std::map<std::string, Traffic> relayout_traffic(const Problem& problem, const Plan& plan,
+                                                const UserShards& shards, int rank);
 
 // Sum of the predicted phases whose name starts with `prefix` ("forward", "backward").
 Traffic predicted_total(const std::map<std::string, Traffic>& phases, const std::string& prefix);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <numeric>
@@ -438,6 +439,23 @@ bool crosses_nodes(const Plan& plan, Group group, const NodeOf& node) {
 
 }  // namespace
 
+namespace {
+// An all-to-all over `ranks` world ranks: every rank sends to every other alike, so a node's link
+// carries its ranks' off-node share, G·(P − G)/(P − 1) of a rank's bytes for a node of G ranks.
+double all_to_all_link_load(int ranks, int ranks_per_node, bool cyclic_placement) {
+  const NodeOf node(ranks, ranks_per_node, cyclic_placement);
+  double most = 0;
+  std::vector<int> members(static_cast<size_t>(node.nodes), 0);
+  for (int rank = 0; rank < ranks; ++rank)
+    ++members[static_cast<size_t>(node(rank))];
+  for (const int count : members) {
+    const double local = count;
+    if (ranks > 1) most = std::max(most, local * (ranks - local) / (ranks - 1));
+  }
+  return most;
+}
+}  // namespace
+
 double shared_link_load(const Plan& plan, const std::string& phase, int ranks_per_node,
                         bool cyclic_placement) {
   A2D_REQUIRE(ranks_per_node >= 1, "ranks per node must be at least 1");
@@ -445,18 +463,8 @@ double shared_link_load(const Plan& plan, const std::string& phase, int ranks_pe
   const NodeOf node(ranks, ranks_per_node, cyclic_placement);
   const int nodes = node.nodes;
   const std::string step = phase.substr(phase.find('.') + 1);
-  if (step.find("all_to_all") != std::string::npos) {
-    // Every rank sends to every other alike: a node's link carries its ranks' off-node share.
-    double most = 0;
-    std::vector<int> members(static_cast<size_t>(nodes), 0);
-    for (int rank = 0; rank < ranks; ++rank)
-      ++members[static_cast<size_t>(node(rank))];
-    for (const int count : members) {
-      const double local = count;
-      if (ranks > 1) most = std::max(most, local * (ranks - local) / (ranks - 1));
-    }
-    return most;
-  }
+  if (step.find("all_to_all") != std::string::npos)
+    return all_to_all_link_load(ranks, ranks_per_node, cyclic_placement);
   // The rank each rank sends to: its ring successor in the phase's communicator, or its
   // transpose partner. Over a union of cycles as many sends leave a node as enter it, so the
   // count is the same for either direction.
@@ -618,11 +626,11 @@ double permuted_bytes(const Problem& p, const Plan& plan, bool forward) {
 
 // ---- Prediction ------------------------------------------------------------------------------
 
-Prediction predict(const Problem& problem, const Plan& plan, const Machine& machine,
-                   int ranks_per_node) {
-  if (plan.algorithm == Algorithm::hybrid) {
-    return model::predict_hybrid(problem, plan, machine, ranks_per_node);
-  }
+namespace {
+
+// predict() without the caller's shards; the hybrid's is predict_hybrid's.
+Prediction predict_algorithm(const Problem& problem, const Plan& plan, const Machine& machine,
+                             int ranks_per_node) {
   problem.validate();
   check_plan(plan, problem, plan.grid.size());
   A2D_REQUIRE(ranks_per_node >= 1, "ranks per node must be at least 1 (got ", ranks_per_node, ")");
@@ -833,8 +841,164 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
   return out;
 }
 
+// What the exchanges between the caller's shards and a plan's layout move, at one byte per
+// token (docs/cost-model.md, "Relayout"): the most tokens any rank sends into the plan's layout
+// and out of it, over every rank (each in O(1): what a rank keeps is one shared_tokens), and the
+// traffic of a sample of ranks (each O(P)): every rank up to 64 ranks, else every P/64-th, the
+// last and the ranks that send the most. Depends on the two layouts only, so the plan search
+// counts it once per plan layout.
+struct RelayoutCounts {
+  bool moves_nothing = true;
+  int64_t most_in = 0, most_out = 0;
+  std::vector<int> sample;
+  std::vector<Traffic> in, out;  // per sampled rank, one byte per token
+};
+
+RelayoutCounts relayout_counts(const TokenLayout& user, const TokenLayout& planned) {
+  RelayoutCounts c;
+  if (same_assignment(user, planned)) return c;
+  c.moves_nothing = false;
+  const int ranks = static_cast<int>(user.parts());
+  int busiest_in = 0, busiest_out = 0;
+  for (int rank = 0; rank < ranks; ++rank) {
+    const int64_t in = user.count(rank) - shared_tokens(user, rank, planned, rank);
+    const int64_t back = planned.count(rank) - shared_tokens(planned, rank, user, rank);
+    if (in > c.most_in) c.most_in = in, busiest_in = rank;
+    if (back > c.most_out) c.most_out = back, busiest_out = rank;
+  }
+  for (int rank = 0; rank < ranks; rank += std::max(1, ranks / 64))
+    c.sample.push_back(rank);
+  c.sample.insert(c.sample.end(), {ranks - 1, busiest_in, busiest_out});
+  std::sort(c.sample.begin(), c.sample.end());
+  c.sample.erase(std::unique(c.sample.begin(), c.sample.end()), c.sample.end());
+  for (const int rank : c.sample) {
+    c.in.push_back(exchange_traffic(user, planned, rank, 1));
+    c.out.push_back(exchange_traffic(planned, user, rank, 1));
+  }
+  return c;
+}
+
+void require_shards_fit(const Problem& problem, const Plan& plan, const TokenLayout& user) {
+  A2D_REQUIRE(user.tokens() == problem.seq && user.parts() == plan.ranks(), "the shards' layout (",
+              user.describe(), ") must split the problem's ", problem.seq,
+              " tokens over the plan's ", plan.ranks(), " ranks");
+}
+
+// The exchanges added to `out`: per phase the most bytes any rank sends (exact) and the most
+// messages (over the sample); the busiest rank's totals per direction, the algorithm's and the
+// exchanges' together, over the same sample. Time as an all-to-all of the world: the inter-node
+// link once the ranks span nodes, a shared link carrying its node's off-node share, the machine's
+// synchronisation once.
+void add_relayout(Prediction& out, const Problem& problem, const Plan& plan,
+                  const Machine& machine, int ranks_per_node, const UserShards& shards,
+                  const RelayoutCounts& counts) {
+  if (counts.moves_nothing) return;
+  const RelayoutRecords records = relayout_records(problem, shards.backward);
+  const int ranks = plan.ranks();
+  struct Exchange {
+    const char* phase;
+    bool into_plan;  // user -> plan (else plan -> user)
+    int64_t record;
+  };
+  const Exchange exchanges[4] = {{kRelayoutForwardIn, true, records.forward_in},
+                                 {kRelayoutForwardOut, false, records.forward_out},
+                                 {kRelayoutBackwardIn, true, records.backward_in},
+                                 {kRelayoutBackwardOut, false, records.backward_out}};
+  const auto keep_most = [](Traffic& most, const Traffic& t) {
+    most.bytes = std::max(most.bytes, t.bytes);
+    most.messages = std::max(most.messages, t.messages);
+  };
+  std::map<std::string, Traffic> worst;
+  Traffic forward_total, backward_total;
+  for (size_t i = 0; i < counts.sample.size(); ++i) {
+    Traffic forward, backward;
+    for (const auto& [name, t] : predict_traffic(problem, plan, counts.sample[i])) {
+      Traffic& total = name.rfind("forward", 0) == 0 ? forward : backward;
+      total.bytes += t.bytes;
+      total.messages += t.messages;
+    }
+    Traffic moved_forward, moved_backward;
+    for (const Exchange& x : exchanges) {
+      const Traffic& tokens = x.into_plan ? counts.in[i] : counts.out[i];
+      const Traffic t{tokens.bytes * x.record, x.record > 0 ? tokens.messages : 0};
+      Traffic& mine = x.phase[0] == 'f' ? moved_forward : moved_backward;
+      mine.bytes += t.bytes;
+      mine.messages += t.messages;
+      worst[x.phase].messages = std::max(worst[x.phase].messages, t.messages);
+    }
+    forward.bytes += moved_forward.bytes;
+    forward.messages += moved_forward.messages;
+    backward.bytes += moved_backward.bytes;
+    backward.messages += moved_backward.messages;
+    keep_most(forward_total, forward);
+    keep_most(backward_total, backward);
+    keep_most(out.relayout_forward, moved_forward);
+    keep_most(out.relayout_backward, moved_backward);
+  }
+  keep_most(out.forward, forward_total);
+  keep_most(out.backward, backward_total);
+  const double element_bytes = static_cast<double>(dtype_bytes(problem.dtype));
+  out.words_forward = static_cast<double>(out.forward.bytes) / element_bytes;
+  out.words_backward = static_cast<double>(out.backward.bytes) / element_bytes;
+
+  const NodeOf node(ranks, ranks_per_node, machine.cyclic_placement);
+  const bool inter = node.nodes > 1;
+  const Link& link = inter ? machine.inter : machine.intra;
+  const double load =
+      inter && machine.shared_link
+          ? std::max(1.0, all_to_all_link_load(ranks, ranks_per_node, machine.cyclic_placement))
+          : 1.0;
+  for (const Exchange& x : exchanges) {
+    PhaseCost cost;
+    cost.name = x.phase;
+    cost.traffic = {x.record * (x.into_plan ? counts.most_in : counts.most_out),
+                    worst[x.phase].messages};
+    cost.inter_node = inter;
+    cost.seconds = static_cast<double>(cost.traffic.messages) * link.latency_s +
+                   load * static_cast<double>(cost.traffic.bytes) / link.bytes_per_s +
+                   (cost.traffic.messages > 0 ? machine.sync_s : 0.0);
+    (x.phase[0] == 'f' ? out.relayout_forward_s : out.relayout_backward_s) += cost.seconds;
+    out.phases.push_back(cost);
+  }
+  out.forward_s += out.relayout_forward_s;
+  out.backward_s += out.relayout_backward_s;
+
+  // Memory: the caller's shards beside the plan's (which the prediction counts as the shards),
+  // and the largest exchange's send and receive records.
+  const double b = static_cast<double>(problem.batch), d = static_cast<double>(problem.head_dim);
+  const double h = static_cast<double>(problem.heads), hkv = static_cast<double>(problem.kv_heads);
+  const double e = static_cast<double>(dtype_bytes(problem.dtype));
+  const double own = static_cast<double>(shards.layout.max_count());
+  const double planned = static_cast<double>(plan_layout(problem, plan).max_count());
+  const double user_shards = b * own * (e * (4 * h * d + 4 * hkv * d) + 4 * h);
+  const double largest = static_cast<double>(std::max(
+      {records.forward_in, records.forward_out, records.backward_in, records.backward_out}));
+  out.memory_bytes += static_cast<int64_t>(user_shards + largest * (own + planned));
+}
+
+Prediction predict_with(const Problem& problem, const Plan& plan, const Machine& machine,
+                        int ranks_per_node, const UserShards* shards,
+                        const RelayoutCounts* counts) {
+  Prediction out = plan.algorithm == Algorithm::hybrid
+                       ? model::predict_hybrid(problem, plan, machine, ranks_per_node)
+                       : predict_algorithm(problem, plan, machine, ranks_per_node);
+  if (shards) add_relayout(out, problem, plan, machine, ranks_per_node, *shards, *counts);
+  return out;
+}
+
+}  // namespace
+
+Prediction predict(const Problem& problem, const Plan& plan, const Machine& machine,
+                   int ranks_per_node, const UserShards* shards) {
+  if (!shards) return predict_with(problem, plan, machine, ranks_per_node, nullptr, nullptr);
+  require_shards_fit(problem, plan, shards->layout);
+  const RelayoutCounts counts = relayout_counts(shards->layout, plan_layout(problem, plan));
+  return predict_with(problem, plan, machine, ranks_per_node, shards, &counts);
+}
+
 PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machine,
-                        int ranks_per_node, bool include_backward, bool choose_placement) {
+                        int ranks_per_node, bool include_backward, bool choose_placement,
+                        const UserShards* shards) {
   PlanSearch search;
   std::vector<Plan> candidates;
   for (const Algorithm algorithm : {Algorithm::attention2d, Algorithm::attention2d_overlap}) {
@@ -849,6 +1013,15 @@ PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machin
   }
   for (const Algorithm algorithm : {Algorithm::ring, Algorithm::allgather_kv, Algorithm::ulysses}) {
     candidates.push_back(default_plan(algorithm, problem, ranks));
+    // In the caller's layout too, where it is one a plan can have (an uneven cut is not).
+    if (shards && !shards->layout.uneven()) {
+      Plan plan = default_plan(algorithm, problem, ranks);
+      if (plan.layout != shards->layout.kind() || plan.stripe != shards->layout.stripe()) {
+        plan.layout = shards->layout.kind();
+        plan.stripe = shards->layout.stripe();
+        candidates.push_back(plan);
+      }
+    }
   }
   // The hybrid at every U > 1 dividing P and every grid of P / U (U = 1 is ATTENTION2D above);
   // those the heads do not allow are skipped with check_plan's reason.
@@ -859,12 +1032,26 @@ PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machin
   std::vector<bool> placements = {machine.cyclic_placement};
   if (choose_placement && ranks_per_node > 1 && ranks_per_node < ranks)
     placements.push_back(!machine.cyclic_placement);
+  // What the exchanges move depends on the plan's layout only: counted once per layout.
+  std::deque<std::pair<TokenLayout, RelayoutCounts>> counted;  // stable addresses
+  const auto counts_for = [&](const Plan& plan) -> const RelayoutCounts* {
+    if (!shards) return nullptr;
+    const TokenLayout planned = plan_layout(problem, plan);
+    for (const auto& [layout, counts] : counted)
+      if (layout == planned) return &counts;
+    require_shards_fit(problem, plan, shards->layout);
+    counted.emplace_back(planned, relayout_counts(shards->layout, planned));
+    return &counted.back().second;
+  };
   for (const bool cyclic : placements) {
     Machine placed = machine;
     placed.cyclic_placement = cyclic;
     for (const Plan& plan : candidates) {
       try {
-        search.ranked.push_back({plan, predict(problem, plan, placed, ranks_per_node), cyclic});
+        search.ranked.push_back({plan,
+                                 predict_with(problem, plan, placed, ranks_per_node, shards,
+                                              counts_for(plan)),
+                                 cyclic});
       } catch (const Error& e) {
         if (cyclic == machine.cyclic_placement)
           search.skipped.emplace_back(algorithm_name(plan.algorithm), e.message());

@@ -175,6 +175,31 @@ std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Pla
   return phases;
 }
 
+std::map<std::string, Traffic> relayout_traffic(const Problem& problem, const Plan& plan,
+                                                const UserShards& shards, int rank) {
+  const TokenLayout planned = plan_layout(problem, plan);
+  const TokenLayout& user = shards.layout;
+  A2D_REQUIRE(user.tokens() == problem.seq && user.parts() == planned.parts(),
+              "the shards' layout (", user.describe(), ") must split the problem's ", problem.seq,
+              " tokens over the plan's ", planned.parts(), " ranks");
+  if (same_assignment(user, planned)) return {};
+  const RelayoutRecords records = relayout_records(problem, shards.backward);
+  return {{kRelayoutForwardIn, exchange_traffic(user, planned, rank, records.forward_in)},
+          {kRelayoutForwardOut, exchange_traffic(planned, user, rank, records.forward_out)},
+          {kRelayoutBackwardIn, exchange_traffic(user, planned, rank, records.backward_in)},
+          {kRelayoutBackwardOut, exchange_traffic(planned, user, rank, records.backward_out)}};
+}
+
+std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Plan& plan, int rank,
+                                               const UserShards* shards) {
+  std::map<std::string, Traffic> phases = predict_traffic(problem, plan, rank);
+  if (shards) {
+    for (const auto& [name, t] : relayout_traffic(problem, plan, *shards, rank))
+      phases[name] = t;
+  }
+  return phases;
+}
+
 Traffic predicted_total(const std::map<std::string, Traffic>& phases, const std::string& prefix) {
   Traffic sum;
   for (const auto& [name, t] : phases) {
