@@ -112,7 +112,7 @@ class LayoutExchange {
   // backend's operations touch the tensors; `world` is staged through host memory where the
   // backend's buffers are not host-accessible and `world` cannot move them itself.
   void exchange(Communicator& world, std::span<const TokenMove> tokens,
-                std::span<const RowMove> rows, const std::string& phase);
+                std::span<const RowMove> rows, const std::string& phase) const;
 
   // Bytes and messages this rank sends in an exchange of `bytes_per_token` bytes per token
   // (comm.hpp's counting convention: nothing to itself, no message for an empty block).

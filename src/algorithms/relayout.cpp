@@ -130,7 +130,7 @@ int64_t LayoutExchange::record_bytes(std::span<const TokenMove> tokens,
 }
 
 void LayoutExchange::exchange(Communicator& world, std::span<const TokenMove> tokens,
-                              std::span<const RowMove> rows, const std::string& phase) {
+                              std::span<const RowMove> rows, const std::string& phase) const {
   A2D_REQUIRE(world.size() == from_.parts() && world.rank() == rank_, "exchange of ",
               from_.parts(), " ranks built for rank ", rank_, " run as rank ", world.rank(),
               " of ", world.size());

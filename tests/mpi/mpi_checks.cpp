@@ -89,9 +89,9 @@ std::vector<NamedProblem> masked_problems(int ranks, int64_t heads, int64_t kv_h
 }
 
 std::string traffic_mismatches(const TrafficLog& log, const Problem& problem, const Plan& plan,
-                               int rank) {
+                               int rank, const UserShards* shards) {
   std::ostringstream out;
-  const auto predicted = predict_traffic(problem, plan, rank);
+  const auto predicted = predict_traffic(problem, plan, rank, shards);
   for (const auto& [phase, expected] : predicted) {
     const auto it = log.phases().find(phase);
     const Traffic got = it == log.phases().end() ? Traffic{} : it->second;
@@ -113,13 +113,23 @@ std::string traffic_mismatches(const TrafficLog& log, const Problem& problem, co
 namespace a2d {
 
 void expect_model_totals(Communicator& world, const TrafficLog& log, const Problem& problem,
-                         const Plan& plan, const std::string& what) {
-  int64_t counted[4] = {log.total("forward").bytes, log.total("forward").messages,
-                        log.total("backward").bytes, log.total("backward").messages};
-  world.all_reduce(counted, 4, Reduction::max);
+                         const Plan& plan, const std::string& what, const UserShards* shards) {
+  int64_t counted[8] = {log.total("forward").bytes,
+                        log.total("forward").messages,
+                        log.total("backward").bytes,
+                        log.total("backward").messages,
+                        log.total("forward.relayout").bytes,
+                        log.total("forward.relayout").messages,
+                        log.total("backward.relayout").bytes,
+                        log.total("backward.relayout").messages};
+  world.all_reduce(counted, 8, Reduction::max);
   // The machine only affects times.
   const Prediction model =
-      predict(problem, plan, preset_machine("h100-ndr", problem.dtype), world.size());
+      predict(problem, plan, preset_machine("h100-ndr", problem.dtype), world.size(), shards);
+  EXPECT_EQ(model.relayout_forward.bytes, counted[4]) << what << ": forward relayout bytes";
+  EXPECT_EQ(model.relayout_forward.messages, counted[5]) << what << ": forward relayout messages";
+  EXPECT_EQ(model.relayout_backward.bytes, counted[6]) << what << ": backward relayout bytes";
+  EXPECT_EQ(model.relayout_backward.messages, counted[7]) << what << ": backward relayout messages";
   const double element_bytes = static_cast<double>(dtype_bytes(problem.dtype));
   EXPECT_EQ(model.forward.bytes, counted[0]) << what << ": forward bytes per rank";
   EXPECT_EQ(model.forward.messages, counted[1]) << what << ": forward messages per rank";

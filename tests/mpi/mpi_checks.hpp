@@ -8,6 +8,7 @@
 #include "attention2d/attention.hpp"
 #include "attention2d/backend.hpp"
 #include "attention2d/comm.hpp"
+#include "attention2d/relayout.hpp"
 
 namespace a2d {
 
@@ -39,13 +40,16 @@ struct NamedProblem {
 std::vector<NamedProblem> masked_problems(int ranks, int64_t heads, int64_t kv_heads);
 
 // Every phase where this rank's counted traffic differs from predict_traffic(problem, plan, rank),
-// and every counted phase the model does not know; "" when they agree exactly.
+// and every counted phase the model does not know; "" when they agree exactly. With `shards`,
+// the prediction includes the exchanges from and to the caller's layout.
 std::string traffic_mismatches(const TrafficLog& log, const Problem& problem, const Plan& plan,
-                               int rank);
+                               int rank, const UserShards* shards = nullptr);
 
 // The cost model's words and messages per rank (predict(), which the planner and a2d model use)
-// equal the largest counted totals over the ranks, forward and backward. Collective.
+// equal the largest counted totals over the ranks, forward and backward (with `shards`: the
+// exchanges' own part too, Prediction::relayout_*). Collective.
 void expect_model_totals(Communicator& world, const TrafficLog& log, const Problem& problem,
-                         const Plan& plan, const std::string& what);
+                         const Plan& plan, const std::string& what,
+                         const UserShards* shards = nullptr);
 
 }  // namespace a2d
