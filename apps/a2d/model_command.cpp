@@ -357,15 +357,18 @@ int plan(int argc, char** argv, int first) {
               problem.describe().c_str(), planned.plan.describe().c_str(),
               1e3 * planned.prediction.forward_s, 1e3 * planned.prediction.backward_s,
               planned.machine_description.c_str());
-  if (shards) {
+  if (shards && same_assignment(shards->layout, plan_layout(problem, planned.plan))) {
+    std::printf("shards: %s, the plan's own layout: nothing to exchange\n",
+                shards->layout.describe().c_str());
+  } else if (shards) {
     const Prediction& p = planned.prediction;
-    std::printf("shards: %s into the plan's %s and back: forward %.3f ms (%lld bytes/rank), "
-                "backward %.3f ms (%lld bytes/rank, %s), included above\n",
-                shards->layout.describe().c_str(),
-                plan_layout(problem, planned.plan).describe().c_str(), 1e3 * p.relayout_forward_s,
-                static_cast<long long>(p.relayout_forward.bytes), 1e3 * p.relayout_backward_s,
-                static_cast<long long>(p.relayout_backward.bytes),
-                relayout_backward_name(shards->backward).c_str());
+    std::printf(
+        "shards: %s into the plan's %s and back: forward %.3f ms (%lld bytes/rank), "
+        "backward %.3f ms (%lld bytes/rank, %s), included above\n",
+        shards->layout.describe().c_str(), plan_layout(problem, planned.plan).describe().c_str(),
+        1e3 * p.relayout_forward_s, static_cast<long long>(p.relayout_forward.bytes),
+        1e3 * p.relayout_backward_s, static_cast<long long>(p.relayout_backward.bytes),
+        relayout_backward_name(shards->backward).c_str());
   }
   if (planned.cyclic_placement)
     std::printf("placement: world rank q on node q mod %d (mpirun --map-by node)\n",
@@ -383,12 +386,13 @@ int plan(int argc, char** argv, int first) {
                 planned.plan.kv_transpose ? "" : " --no-kv-transpose");
   } else {
     std::printf(" --layout %s", layout_name(planned.plan.layout).c_str());
-    if (planned.plan.layout == LayoutKind::striped) std::printf(" --stripe %lld",
-                                                                static_cast<long long>(planned.plan.stripe));
+    if (planned.plan.layout == LayoutKind::striped)
+      std::printf(" --stripe %lld", static_cast<long long>(planned.plan.stripe));
   }
   if (!o.shards.kind.empty()) std::printf(" --shards %s", o.shards.kind.c_str());
   if (!o.shards.counts.empty()) std::printf(" --shard-counts %s", o.shards.counts.c_str());
-  if (o.shards.stripe != 1) std::printf(" --shard-stripe %lld", static_cast<long long>(o.shards.stripe));
+  if (o.shards.stripe != 1)
+    std::printf(" --shard-stripe %lld", static_cast<long long>(o.shards.stripe));
   std::printf(" ...\n");
   return 0;
 }

@@ -174,10 +174,9 @@ std::optional<TokenLayout> ShardOptions::layout(int64_t seq, int ranks) const {
     total += value;
     at = comma + 1;
   }
-  A2D_REQUIRE(static_cast<int64_t>(values.size()) == ranks, "--shard-counts gives ",
-              values.size(), " counts for ", ranks, " ranks; give one count per rank");
-  A2D_REQUIRE(total == seq, "--shard-counts sum to ", total, " tokens, but the sequence has ",
-              seq);
+  A2D_REQUIRE(static_cast<int64_t>(values.size()) == ranks, "--shard-counts gives ", values.size(),
+              " counts for ", ranks, " ranks; give one count per rank");
+  A2D_REQUIRE(total == seq, "--shard-counts sum to ", total, " tokens, but the sequence has ", seq);
   return TokenLayout::contiguous_counts(values);
 }
 

@@ -82,7 +82,7 @@ struct PlanOptions {
   bool no_kv_transpose = false;
   int64_t heads_parallel = 0;  // hybrid's U; 0 = from --grid, else the fastest by the model
   std::string calibration;     // "" = default_calibration_file()
-  std::string machine_file;  // "" = the calibration (one node)
+  std::string machine_file;    // "" = the calibration (one node)
 
   void declare(Options& options);
   // Checked against the problem and ranks. Without --algo or --grid the cost model chooses

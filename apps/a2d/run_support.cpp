@@ -168,11 +168,11 @@ Timings AttentionTimer::finish() {
   A2D_REQUIRE(!forward_.slowest.empty(), "no timed call to summarize");
   Timings timings;
   timings.phase_ms = slowest_phase_medians(world_, phase_samples_);
-  timings.forward = summarize_phase(world_, forward_.slowest, forward_.mine, forward_.traffic,
-                                    forward_.relayout);
+  timings.forward =
+      summarize_phase(world_, forward_.slowest, forward_.mine, forward_.traffic, forward_.relayout);
   if (with_backward_) {
-    timings.backward = summarize_phase(world_, backward_.slowest, backward_.mine,
-                                       backward_.traffic, backward_.relayout);
+    timings.backward = summarize_phase(world_, backward_.slowest, backward_.mine, backward_.traffic,
+                                       backward_.relayout);
   }
   return timings;
 }

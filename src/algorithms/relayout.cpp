@@ -95,8 +95,8 @@ void require_buffer(const Backend& backend, Buffer* buffer, int64_t tokens, cons
   if (tokens == 0) return;  // an empty shard may have no memory at all
   A2D_REQUIRE(buffer, "exchange: ", kind, " ", index, " has no ", side, " buffer");
   A2D_REQUIRE(&buffer->backend() == &backend, "exchange: the ", side, " of ", kind, " ", index,
-              " is a buffer of the ", buffer->backend().name(), " backend, but the exchange runs on ",
-              backend.name());
+              " is a buffer of the ", buffer->backend().name(),
+              " backend, but the exchange runs on ", backend.name());
 }
 
 }  // namespace
@@ -131,15 +131,13 @@ int64_t LayoutExchange::record_bytes(std::span<const TokenMove> tokens,
 
 void LayoutExchange::exchange(Communicator& world, std::span<const TokenMove> tokens,
                               std::span<const RowMove> rows, const std::string& phase) const {
-  A2D_REQUIRE(world.size() == from_.parts() && world.rank() == rank_, "exchange of ",
-              from_.parts(), " ranks built for rank ", rank_, " run as rank ", world.rank(),
-              " of ", world.size());
+  A2D_REQUIRE(world.size() == from_.parts() && world.rank() == rank_, "exchange of ", from_.parts(),
+              " ranks built for rank ", rank_, " run as rank ", world.rank(), " of ", world.size());
   const int64_t own_from = from_.count(rank_), own_to = to_.count(rank_);
   for (size_t i = 0; i < tokens.size(); ++i) {
     const TokenMove& m = tokens[i];
-    A2D_REQUIRE(m.batch >= 1 && m.heads >= 1 && m.width >= 1, "exchange: tensor ", i,
-                " has batch ", m.batch, ", heads ", m.heads, ", width ", m.width,
-                "; each must be at least 1");
+    A2D_REQUIRE(m.batch >= 1 && m.heads >= 1 && m.width >= 1, "exchange: tensor ", i, " has batch ",
+                m.batch, ", heads ", m.heads, ", width ", m.width, "; each must be at least 1");
     A2D_REQUIRE(m.from.dtype == m.to.dtype, "exchange: tensor ", i, " moves ",
                 dtype_name(m.from.dtype), " into ", dtype_name(m.to.dtype),
                 "; the exchange moves elements without converting them");
@@ -293,7 +291,8 @@ class RelayoutAttention final : public DistributedAttention {
     const Problem& p = problem();
     Shard q = shard(p.heads), k = shard(p.kv_heads), v = shard(p.kv_heads), out = shard(p.heads);
     Rows lse = lse_rows();
-    const LayoutExchange::TokenMove in[3] = {token_move(s.q, q, p.heads), token_move(s.k, k, p.kv_heads),
+    const LayoutExchange::TokenMove in[3] = {token_move(s.q, q, p.heads),
+                                             token_move(s.k, k, p.kv_heads),
                                              token_move(s.v, v, p.kv_heads)};
     in_.exchange(*comm_, in, {}, kRelayoutForwardIn);
     ForwardShards planned{q.tensor, k.tensor, v.tensor, out.tensor, lse.tensor, s.sinks};
@@ -310,12 +309,12 @@ class RelayoutAttention final : public DistributedAttention {
           d_out = shard(p.heads), dq = shard(p.heads), dk = shard(p.kv_heads),
           dv = shard(p.kv_heads);
     Rows lse = lse_rows();
-    const LayoutExchange::TokenMove in[5] = {token_move(s.q, q, p.heads), token_move(s.k, k, p.kv_heads),
-                                             token_move(s.v, v, p.kv_heads), token_move(s.out, out, p.heads),
-                                             token_move(s.d_out, d_out, p.heads)};
+    const LayoutExchange::TokenMove in[5] = {
+        token_move(s.q, q, p.heads), token_move(s.k, k, p.kv_heads), token_move(s.v, v, p.kv_heads),
+        token_move(s.out, out, p.heads), token_move(s.d_out, d_out, p.heads)};
     const LayoutExchange::RowMove in_rows[1] = {{s.lse, lse.tensor, p.batch, p.heads}};
     in_.exchange(*comm_, in, in_rows, kRelayoutBackwardIn);
-    BackwardShards planned{q.tensor,  k.tensor,  v.tensor,  out.tensor, d_out.tensor,
+    BackwardShards planned{q.tensor,   k.tensor,  v.tensor,  out.tensor, d_out.tensor,
                            lse.tensor, dq.tensor, dk.tensor, dv.tensor};
     planned.sinks = s.sinks;
     planned.dsink = s.dsink;
@@ -354,10 +353,11 @@ class RelayoutAttention final : public DistributedAttention {
     return r;
   }
   LayoutExchange::TokenMove token_move(const TokenTensor& from, const TokenTensor& to,
-                                 int64_t heads) const {
+                                       int64_t heads) const {
     return {from, to, problem().batch, heads, problem().head_dim};
   }
-  LayoutExchange::TokenMove token_move(const TokenTensor& from, const Shard& to, int64_t heads) const {
+  LayoutExchange::TokenMove token_move(const TokenTensor& from, const Shard& to,
+                                       int64_t heads) const {
     return token_move(from, to.tensor, heads);
   }
 

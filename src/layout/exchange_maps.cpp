@@ -28,7 +28,7 @@ int64_t shared_periodic(const TokenLayout& narrow, int64_t p, const TokenLayout&
     return sum;
   };
   const int64_t lcm = narrow.stripe() / std::gcd(narrow.stripe(), w) * w;  // < 2^60
-  if (lcm > n / parts) return in_stripes(q, n);  // less than one period
+  if (lcm > n / parts) return in_stripes(q, n);                            // less than one period
   const int64_t period = lcm * parts, periods = n / period;
   return periods * in_stripes(q, period) + in_stripes(periods * period / w + q, n);
 }
@@ -61,8 +61,7 @@ bool same_assignment(const TokenLayout& a, const TokenLayout& b) {
 
 ExchangePlan exchange_plan(const TokenLayout& from, const TokenLayout& to, int64_t part) {
   require_same_sequence(from, to);
-  A2D_REQUIRE(part >= 0 && part < from.parts(), "part ", part, " is outside 0..",
-              from.parts() - 1);
+  A2D_REQUIRE(part >= 0 && part < from.parts(), "part ", part, " is outside 0..", from.parts() - 1);
   const auto parts = static_cast<size_t>(from.parts());
   ExchangePlan plan;
   plan.send_counts.assign(parts, 0);

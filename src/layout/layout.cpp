@@ -209,7 +209,8 @@ int64_t TokenLayout::count_below(int64_t part, int64_t token) const {
   A2D_REQUIRE(token >= 0 && token <= tokens_, "token ", token, " is outside 0..", tokens_);
   if (periodic()) {
     const int64_t round = stripe_ * parts_;
-    return token / round * stripe_ + std::clamp<int64_t>(token % round - part * stripe_, 0, stripe_);
+    return token / round * stripe_ +
+           std::clamp<int64_t>(token % round - part * stripe_, 0, stripe_);
   }
   int64_t below = 0;
   for (const Interval& run : intervals(part))

@@ -889,9 +889,8 @@ void require_shards_fit(const Problem& problem, const Plan& plan, const TokenLay
 // exchanges' together, over the same sample. Time as an all-to-all of the world: the inter-node
 // link once the ranks span nodes, a shared link carrying its node's off-node share, the machine's
 // synchronisation once.
-void add_relayout(Prediction& out, const Problem& problem, const Plan& plan,
-                  const Machine& machine, int ranks_per_node, const UserShards& shards,
-                  const RelayoutCounts& counts) {
+void add_relayout(Prediction& out, const Problem& problem, const Plan& plan, const Machine& machine,
+                  int ranks_per_node, const UserShards& shards, const RelayoutCounts& counts) {
   if (counts.moves_nothing) return;
   const RelayoutRecords records = relayout_records(problem, shards.backward);
   const int ranks = plan.ranks();
@@ -1048,10 +1047,9 @@ PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machin
     placed.cyclic_placement = cyclic;
     for (const Plan& plan : candidates) {
       try {
-        search.ranked.push_back({plan,
-                                 predict_with(problem, plan, placed, ranks_per_node, shards,
-                                              counts_for(plan)),
-                                 cyclic});
+        search.ranked.push_back(
+            {plan, predict_with(problem, plan, placed, ranks_per_node, shards, counts_for(plan)),
+             cyclic});
       } catch (const Error& e) {
         if (cyclic == machine.cyclic_placement)
           search.skipped.emplace_back(algorithm_name(plan.algorithm), e.message());

@@ -114,14 +114,11 @@ namespace a2d {
 
 void expect_model_totals(Communicator& world, const TrafficLog& log, const Problem& problem,
                          const Plan& plan, const std::string& what, const UserShards* shards) {
-  int64_t counted[8] = {log.total("forward").bytes,
-                        log.total("forward").messages,
-                        log.total("backward").bytes,
-                        log.total("backward").messages,
-                        log.total("forward.relayout").bytes,
-                        log.total("forward.relayout").messages,
-                        log.total("backward.relayout").bytes,
-                        log.total("backward.relayout").messages};
+  int64_t counted[8] = {
+      log.total("forward").bytes,           log.total("forward").messages,
+      log.total("backward").bytes,          log.total("backward").messages,
+      log.total("forward.relayout").bytes,  log.total("forward.relayout").messages,
+      log.total("backward.relayout").bytes, log.total("backward.relayout").messages};
   world.all_reduce(counted, 8, Reduction::max);
   // The machine only affects times.
   const Prediction model =

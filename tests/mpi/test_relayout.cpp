@@ -43,9 +43,8 @@ struct NamedLayout {
 // The shards users bring: an even contiguous slice per rank, an uneven cut with rank 1 empty (and
 // rank 0 holding about half), and zigzag.
 std::vector<NamedLayout> user_layouts(int64_t seq, int ranks) {
-  std::vector<NamedLayout> list = {
-      {"contiguous", TokenLayout(LayoutKind::contiguous, seq, ranks)},
-      {"zigzag", TokenLayout(LayoutKind::zigzag, seq, ranks)}};
+  std::vector<NamedLayout> list = {{"contiguous", TokenLayout(LayoutKind::contiguous, seq, ranks)},
+                                   {"zigzag", TokenLayout(LayoutKind::zigzag, seq, ranks)}};
   std::vector<int64_t> counts(static_cast<size_t>(ranks), 0);
   counts[0] = ranks == 1 ? seq : seq / 2;
   int64_t left = seq - counts[0];
@@ -96,9 +95,8 @@ TEST(RelayoutMpi, EveryAlgorithmOnTheCallersShardsMatchesTheReferenceAndTheModel
   Problem sinks = in_test_dtype(test::make_problem(2, 12, 4, 10 * p + 7, 24, Mask::none()));
   sinks.sinks = true;
   int runs = 0;
-  for (const auto& [name, problem] :
-       std::vector<std::pair<std::string, Problem>>{{"causal_documents", causal_docs},
-                                                    {"none_sinks_batch2", sinks}}) {
+  for (const auto& [name, problem] : std::vector<std::pair<std::string, Problem>>{
+           {"causal_documents", causal_docs}, {"none_sinks_batch2", sinks}}) {
     ReferenceOutputs reference;
     if (world.rank() == 0) {
       reference = reference_outputs(problem, generate_global(problem, kSeed, true), true, 1);
@@ -115,8 +113,7 @@ TEST(RelayoutMpi, EveryAlgorithmOnTheCallersShardsMatchesTheReferenceAndTheModel
         attention->forward(set.forward(problem));
         attention->backward(set.backward(problem));
 
-        const std::string mismatch =
-            traffic_mismatches(*log, problem, plan, world.rank(), &shards);
+        const std::string mismatch = traffic_mismatches(*log, problem, plan, world.rank(), &shards);
         if (!mismatch.empty())
           std::cerr << "rank " << world.rank() << " " << what << ":" << mismatch << "\n";
         world.set_phase("control");
@@ -176,8 +173,8 @@ Strided strided_tokens(Backend& backend, DType dtype, int64_t batch, int64_t tok
     backend.upload(s.host.data(), Place::in(*s.buffer), bytes);
   }
   // [batch, tokens, heads, width] from head 1 of [batch, tokens, heads + 2, width].
-  s.tensor = TokenTensor{s.buffer.get(), width * e,     dtype, tokens * padded * width,
-                         padded * width, width};
+  s.tensor =
+      TokenTensor{s.buffer.get(), width * e, dtype, tokens * padded * width, padded * width, width};
   return s;
 }
 
@@ -217,7 +214,8 @@ TEST(RelayoutMpi, ExchangeThereAndBackIsTheIdentityAndSendsWhatItSays) {
       backend->upload(rows.data(), Place::in(*lse), row_bytes);
       // Plain destinations of the other layout.
       const auto dense = [&](int64_t heads, DType t) {
-        return backend->allocate(std::max<int64_t>(batch * moved * heads * width * dtype_bytes(t), 1));
+        return backend->allocate(
+            std::max<int64_t>(batch * moved * heads * width * dtype_bytes(t), 1));
       };
       const BufferPtr q_mid = dense(3, dtype), kv_mid = dense(1, dtype);
       const BufferPtr lse_mid = backend->allocate(std::max<int64_t>(batch * 3 * moved * 4, 1));
@@ -233,17 +231,17 @@ TEST(RelayoutMpi, ExchangeThereAndBackIsTheIdentityAndSendsWhatItSays) {
       Strided kv_back = strided_tokens(*backend, dtype, batch, own, 1, width, 98, wrap);
       const std::vector<std::byte> q_pad = q_back.host, kv_pad = kv_back.host;
       const BufferPtr lse_back = backend->allocate(row_bytes);
-      const LayoutExchange::TokenMove home[2] = {
-          {forth[0].to, q_back.tensor, batch, 3, width},
-          {forth[1].to, kv_back.tensor, batch, 1, width}};
+      const LayoutExchange::TokenMove home[2] = {{forth[0].to, q_back.tensor, batch, 3, width},
+                                                 {forth[1].to, kv_back.tensor, batch, 1, width}};
       const LayoutExchange::RowMove home_rows[1] = {
           {forth_rows[0].to, dense_row_tensor(*lse_back, 3, own), batch, 3}};
       back.exchange(world, home, home_rows, "relayout.back");
 
       // The bits: every row as it was, the padding of the destination untouched.
-      std::vector<std::byte> q_got = downloaded(*backend, q_back), kv_got = downloaded(*backend, kv_back);
-      const auto expected = [&](const std::vector<std::byte>& data, const std::vector<std::byte>& pad,
-                                int64_t heads) {
+      std::vector<std::byte> q_got = downloaded(*backend, q_back),
+                             kv_got = downloaded(*backend, kv_back);
+      const auto expected = [&](const std::vector<std::byte>& data,
+                                const std::vector<std::byte>& pad, int64_t heads) {
         std::vector<std::byte> out = pad;
         const int64_t e = dtype_bytes(dtype), padded = heads + 2;
         for (int64_t bt = 0; bt < batch * own; ++bt) {
@@ -282,14 +280,13 @@ TEST(RelayoutMpi, ExchangeThereAndBackIsTheIdentityAndSendsWhatItSays) {
   }
   // Layouts that differ in name only move nothing: the even cut and the contiguous layout, and
   // any two layouts over one rank.
-  const LayoutExchange same(TokenLayout::contiguous_counts(
-                                [&] {
-                                  std::vector<int64_t> counts;
-                                  const TokenLayout even(LayoutKind::contiguous, seq, ranks);
-                                  for (int r = 0; r < ranks; ++r)
-                                    counts.push_back(even.count(r));
-                                  return counts;
-                                }()),
+  const LayoutExchange same(TokenLayout::contiguous_counts([&] {
+                              std::vector<int64_t> counts;
+                              const TokenLayout even(LayoutKind::contiguous, seq, ranks);
+                              for (int r = 0; r < ranks; ++r)
+                                counts.push_back(even.count(r));
+                              return counts;
+                            }()),
                             TokenLayout(LayoutKind::contiguous, seq, ranks), rank, *backend);
   EXPECT_TRUE(same.moves_nothing());
   EXPECT_EQ(same.traffic(100).bytes, 0);

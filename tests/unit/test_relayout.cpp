@@ -144,8 +144,8 @@ TEST(Relayout, SharedTokensEqualTheBruteForceCountForEveryPairOfLayouts) {
   }
   EXPECT_GT(checked, 100000);
   // Long periods: stripes 7 and 11 (lcm 77), many periods and a rest.
-  const TokenLayout seven(LayoutKind::striped, 100003, 5, 7), eleven(LayoutKind::striped, 100003,
-                                                                     5, 11);
+  const TokenLayout seven(LayoutKind::striped, 100003, 5, 7),
+      eleven(LayoutKind::striped, 100003, 5, 11);
   for (int64_t p = 0; p < 5; ++p) {
     int64_t brute = 0;
     for (const int64_t t : seven.tokens_of(p))
@@ -158,8 +158,8 @@ TEST(Relayout, SharedTokensEqualTheBruteForceCountForEveryPairOfLayouts) {
 
 TEST(Relayout, EveryExchangeDeliversTheTargetShardsAndSendsWhatTheTrafficSays) {
   for (const int64_t parts : {1, 2, 3, 4, 6, 7}) {
-    for (const int64_t tokens : {int64_t{0}, int64_t{1}, parts - 1, parts + 1, 2 * parts + 3,
-                                 int64_t{13 * 7 + 5}}) {
+    for (const int64_t tokens :
+         {int64_t{0}, int64_t{1}, parts - 1, parts + 1, 2 * parts + 3, int64_t{13 * 7 + 5}}) {
       if (tokens < 0) continue;
       const std::vector<TokenLayout> list = layouts_of(tokens, parts);
       for (const TokenLayout& from : list) {
