@@ -170,7 +170,7 @@ TEST(Relayout, EveryExchangeDeliversTheTargetShardsAndSendsWhatTheTrafficSays) {
   }
 }
 
-TEST(Relayout, ExchangesOverThousandsOfVirtualRanks) {
+TEST(Relayout, ExchangesOverAThousandVirtualRanks) {
   // The shards users bring (contiguous, uneven with empty ranks, zigzag) into the plans' layouts
   // (cyclic, zigzag) and back, N not a multiple of P or 2P.
   const int64_t parts = 1024, tokens = 25013;
