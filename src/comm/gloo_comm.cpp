@@ -65,6 +65,8 @@ constexpr uint64_t kWorldId = 0xA2D6100;
 // The mesh's own slot (id 0, which no view has): a failing rank tells the others which rank
 // failed first (see Mesh::fail).
 constexpr uint64_t kNoticeSlot = 1;
+// Slots 2 + 16 g of id 0: the monitor's receives of generation g (see Mesh::monitor).
+constexpr uint64_t kSentinelSlot = 2;
 
 uint64_t mix(uint64_t x) {  // splitmix64's finaliser
   x += 0x9E3779B97F4A7C15ull;
@@ -99,14 +101,24 @@ class Mesh {
         wait_limit_(wait_limit),
         device_(std::move(device)),
         context_(std::move(context)) {}
-  // Buffers first (an operation still pending on one is dropped by Gloo when it is gone), then
-  // the connections (closed with the context), then the I/O thread (with the device).
+  // The monitor first, then the buffers (an operation still pending on one is dropped by Gloo
+  // when it is gone), then the connections (closed with the context), then the I/O thread (with
+  // the device).
   ~Mesh() {
+    if (monitor_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(waits_mutex_);
+        stopping_ = true;
+        if (sentinels_) sentinels_->buffer->abortWaitRecv();
+      }
+      monitor_.join();
+    }
     {
       std::lock_guard<std::mutex> lock(mutex_);
       parked_.clear();
       notices_.clear();
     }
+    sentinels_.reset();
     context_.reset();
     device_.reset();
   }
@@ -141,6 +153,36 @@ class Mesh {
     }
   }
 
+  // Gloo signals a failed connection to the operations queued on it, but not to a send it is
+  // still writing or a receive it is reading (their waits would never end): every wait is
+  // registered here, and the monitor ends the waits on a connection that closed.
+  void start_monitor() {
+    if (size_ > 1) monitor_ = std::thread([this] { monitor(); });
+  }
+
+  // Waits for the transfer on `buffer` with `peer`: true once complete, false if the connection
+  // to `peer` closed meanwhile (or the mesh was closed); Gloo's errors are thrown.
+  bool wait(UnboundBuffer& buffer, int peer, bool send) {
+    Wait registered{&buffer, peer, send};
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(waits_mutex_);
+        if (broken_ || closed_.count(peer)) return false;
+        waits_.push_back(&registered);
+      }
+      bool done = false;
+      try {
+        done = send ? buffer.waitSend(nullptr, wait_limit_) : buffer.waitRecv(nullptr, wait_limit_);
+      } catch (...) {
+        unregister(&registered);
+        throw;
+      }
+      unregister(&registered);
+      if (done) return true;
+      // Ended by the monitor: look again (it ends every wait when the mesh is closed).
+    }
+  }
+
   // A transfer with `peer` failed with Gloo's `text`: the a2d::Error to throw, or (with a watchdog
   // over this mesh) the watchdog's report. Tells the other ranks which rank failed first, closes
   // every connection (so no rank waits for this one, and nothing arrives any more into memory
@@ -169,9 +211,15 @@ class Mesh {
 
   // Closes every connection, as Gloo itself does when an operation times out (it is the way to
   // make every pending operation of every thread fail at once): a receive that waits past its
-  // limit signals every pair.
+  // limit signals every pair. The waits it does not reach end here.
   void break_connections() {
-    if (broken_.exchange(true)) return;
+    {
+      std::lock_guard<std::mutex> lock(waits_mutex_);
+      if (broken_) return;
+      broken_ = true;
+      for (Wait* w : waits_)
+        w->end();
+    }
     char byte = 0;
     std::unique_ptr<UnboundBuffer> nothing = buffer(&byte, 1);
     try {
@@ -182,6 +230,68 @@ class Mesh {
   }
 
  private:
+  struct Wait {
+    UnboundBuffer* buffer;
+    int peer;
+    bool send;
+    void end() const {
+      if (send) {
+        buffer->abortWaitSend();
+      } else {
+        buffer->abortWaitRecv();
+      }
+    }
+  };
+
+  void unregister(Wait* w) {
+    std::lock_guard<std::mutex> lock(waits_mutex_);
+    std::erase(waits_, w);
+  }
+
+  // Keeps a receive pending on every open connection, on a slot no rank sends to: Gloo fails it
+  // when the connection closes. Then the monitor finds which connections closed (posting on a
+  // closed one throws), ends the waits on them, and arms a new set on the others.
+  void monitor() {
+    uint64_t generation = 0;
+    for (;;) {
+      auto armed = std::make_unique<Parked>();
+      armed->memory.resize(static_cast<size_t>(size_));
+      armed->buffer = buffer(armed->memory.data(), size_);
+      int open = 0;
+      std::vector<int> closed;
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer == rank_) continue;
+        try {
+          armed->buffer->recv(peer, kSentinelSlot + (generation << 4), static_cast<size_t>(peer),
+                              1);
+          ++open;
+        } catch (const gloo::Exception&) {
+          closed.push_back(peer);
+        }
+      }
+      {
+        std::lock_guard<std::mutex> lock(waits_mutex_);
+        for (const int peer : closed)
+          closed_.insert(peer);
+        for (Wait* w : waits_) {
+          if (broken_ || closed_.count(w->peer)) w->end();
+        }
+        if (stopping_ || open == 0) {
+          park(std::move(armed));
+          return;
+        }
+        if (sentinels_) park(std::move(sentinels_));
+        sentinels_ = std::move(armed);
+      }
+      ++generation;
+      try {
+        // Nothing is ever sent to these slots: this returns when stopping (aborted), or throws.
+        if (!sentinels_->buffer->waitRecv(nullptr, kNoLimit)) return;
+      } catch (const gloo::Exception&) {
+        // A connection closed: find which, above.
+      }
+    }
+  }
   // The rank that failed first: `peer`, unless `peer` told this rank (its notice) that it closed
   // its connections because of another rank. The pair with `peer` is closed here, so waiting for
   // its notice returns at once: it arrived, or the wait throws.
@@ -248,14 +358,16 @@ class Mesh {
         try {
           notice->buffer->waitSend(nullptr, kNoLimit);
         } catch (const gloo::Exception&) {
-          // Closed meanwhile (break_connections): nothing more to wait for.
+          // Closed meanwhile: nothing more to wait for.
         }
       }
       sent->store(true);
     }).detach();
     for (int i = 0; i < 20 && !sent->load(); ++i)
       std::this_thread::sleep_for(Milliseconds(5));
-    // The thread holds the buffers; break_connections ends its waits if they are still pending.
+    // What has not left by now will not: the thread (which holds the buffers) stops waiting.
+    for (auto& notice : *notices)
+      notice->buffer->abortWaitSend();
   }
 
   const int rank_;
@@ -268,7 +380,75 @@ class Mesh {
   std::vector<std::unique_ptr<Parked>> notices_;  // by rank; read only after a failure
   std::string failure_;
   int origin_ = -1;
-  std::atomic<bool> broken_{false};
+
+  std::mutex waits_mutex_;  // guards what follows
+  std::vector<Wait*> waits_;
+  std::set<int> closed_;  // ranks whose connection closed
+  bool broken_ = false;
+  bool stopping_ = false;
+  std::unique_ptr<Parked> sentinels_;
+  std::thread monitor_;
+};
+
+// A receive of a rank from itself (send_recv with source == rank), filled by the matching send.
+struct SelfReceive {
+  std::byte* data = nullptr;
+  int64_t bytes = 0;
+  int tag = 0;
+  bool arrived = false;
+  bool cancelled = false;  // its request gave up (it threw): no send may write into it
+};
+
+// Messages of a rank to itself, matched by tag in the order they were posted (as MPI matches
+// them), across calls: a send is copied when it is posted (it completes at once) and delivered
+// to the first receive of its tag, which may be posted before or after it.
+class SelfMail {
+ public:
+  void send(int tag, const std::byte* data, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& receives = waiting_[tag];
+    while (!receives.empty() && receives.front()->cancelled)
+      receives.pop_front();
+    if (!receives.empty()) {
+      std::shared_ptr<SelfReceive> receive = receives.front();
+      receives.pop_front();
+      deliver(*receive, data, bytes);
+      return;
+    }
+    sent_[tag].emplace_back(data, data + bytes);
+  }
+  std::shared_ptr<SelfReceive> receive(int tag, std::byte* data, int64_t bytes) {
+    auto receive = std::make_shared<SelfReceive>(SelfReceive{data, bytes, tag, false});
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto& sent = sent_[tag];
+    if (!sent.empty()) {
+      deliver(*receive, sent.front().data(), static_cast<int64_t>(sent.front().size()));
+      sent.pop_front();
+    } else {
+      waiting_[tag].push_back(receive);
+    }
+    return receive;
+  }
+  // Whether a send to itself is waiting for a receive of `tag`.
+  bool pending(int tag) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto it = sent_.find(tag);
+    return it != sent_.end() && !it->second.empty();
+  }
+
+ private:
+  static void deliver(SelfReceive& receive, const std::byte* data, int64_t bytes) {
+    A2D_REQUIRE(bytes == receive.bytes, "a send to oneself of ", bytes,
+                " bytes met a receive from oneself of ", receive.bytes, " bytes (tag ", receive.tag,
+                ")");
+    if (bytes > 0 && receive.data != data)
+      std::memmove(receive.data, data, static_cast<size_t>(bytes));
+    receive.arrived = true;
+  }
+
+  std::mutex mutex_;
+  std::map<int, std::deque<std::vector<std::byte>>> sent_;
+  std::map<int, std::deque<std::shared_ptr<SelfReceive>>> waiting_;
 };
 
 // A transfer of one request: a send or a receive with one rank of the mesh.
@@ -300,22 +480,29 @@ class GlooRequest final : public Request {
   // Runs after every transfer completed (a reduction of the received blocks).
   std::function<void()> on_complete;
   std::vector<float> floats;  // received blocks of a reduce-scatter
+  // Receives from this rank itself: complete once the matching send was posted.
+  std::vector<std::shared_ptr<SelfReceive>> self_receives;
 
   void wait() override {
     if (done_) return;
     done_ = true;
     for (Transfer& t : transfers_) {
+      bool done = false;
       try {
-        if (t.send) {
-          t.buffer->waitSend(nullptr, mesh_->wait_limit());
-        } else {
-          t.buffer->waitRecv(nullptr, mesh_->wait_limit());
-        }
+        done = mesh_->wait(*t.buffer, t.peer, t.send);
       } catch (const gloo::Exception& e) {
         mesh_->fail(e.what(), t.peer);
       }
+      if (!done) mesh_->fail("Connection closed by peer (the mesh's monitor)", t.peer);
     }
     transfers_.clear();
+    for (const auto& receive : self_receives) {
+      if (receive->arrived) continue;
+      for (const auto& other : self_receives)
+        other->cancelled = !other->arrived;
+      A2D_FAIL("a receive from this rank itself (tag ", receive->tag,
+               ") was waited for, but no send to itself was posted for it");
+    }
     if (on_complete) on_complete();
   }
 
@@ -501,15 +688,15 @@ class GlooCommunicator final : public Communicator {
     auto request = std::make_unique<GlooRequest>(mesh_);
     const bool to_self = send_bytes > 0 && dest == rank_;
     const bool from_self = recv_bytes > 0 && source == rank_;
-    if (to_self || from_self) {
-      A2D_REQUIRE(to_self && from_self && send_bytes == recv_bytes,
-                  "a send to oneself must match a receive from oneself of the same size");
+    if (to_self && from_self && send_bytes == recv_bytes && !self_mail_.pending(tag)) {
       if (send != recv) std::memmove(recv, send, static_cast<size_t>(send_bytes));
-      return request;
+      return request;  // the common exchange with oneself: no copy kept
     }
     const uint64_t at = slot(static_cast<uint32_t>(tag));
-    if (recv_bytes > 0) request->post_recv(recv, recv_bytes, member(source), at);
-    if (send_bytes > 0) request->post_send(send, send_bytes, member(dest), at);
+    if (recv_bytes > 0 && !from_self) request->post_recv(recv, recv_bytes, member(source), at);
+    if (to_self) self_mail_.send(tag, send, send_bytes);
+    if (from_self) request->self_receives.push_back(self_mail_.receive(tag, recv, recv_bytes));
+    if (send_bytes > 0 && !to_self) request->post_send(send, send_bytes, member(dest), at);
     return request;
   }
 
@@ -670,6 +857,7 @@ class GlooCommunicator final : public Communicator {
 
   std::shared_ptr<Mesh> mesh_;
   std::vector<int> members_;  // mesh ranks, by rank here
+  SelfMail self_mail_;
   uint64_t id_;
   int rank_ = 0;
   uint32_t collectives_ = 0;
@@ -810,6 +998,7 @@ std::shared_ptr<Mesh> connect_mesh(int rank, int size, const AllGatherBytes& exc
           : kNoLimit;
   auto mesh = std::make_shared<Mesh>(rank, size, std::move(device), std::move(context), wait_limit);
   mesh->post_notices();
+  mesh->start_monitor();
   return mesh;
 }
 
@@ -893,14 +1082,11 @@ class GlooLink final : public watchdog_detail::Link {
       }
       goodbyes.push_back(std::move(goodbye));
     }
-    // The others posted their receives long ago: these complete once written out.
-    for (auto& goodbye : goodbyes) {
-      try {
-        goodbye->buffer->waitSend(nullptr, kNoLimit);
-      } catch (const gloo::Exception&) {
-        // That rank's connection closed meanwhile.
-      }
-    }
+    // The others posted their receives long ago, so these are written out at once; not waited
+    // for (Gloo never ends the wait of a send to a connection that closed while it was queued),
+    // but kept with the mesh.
+    for (auto& goodbye : goodbyes)
+      mesh_->park(std::move(goodbye));
     {
       std::lock_guard<std::mutex> lock(inbox_mutex_);
       stopping_listener_ = true;
