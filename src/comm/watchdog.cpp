@@ -306,18 +306,22 @@ struct Engine {
         if (!s.outside && s.seconds < timeout) return;
       }
     }
+    // Ranks that wait for the same one time out together: rank 0 reports at once, the others
+    // after a wait that grows with their rank, in which the first abort reaches them.
+    std::this_thread::sleep_for(std::chrono::duration<double>(0.1 * std::min(link->rank(), 20)));
     if (!claim_ending()) wait_for_the_end();
     print(stall_report(link->rank(), timeout, answers, link->hosts()));
     link->abort_job();
   }
 
   // Reports a rank that is gone, or else a transfer of this rank that failed, and ends the job.
-  // A short wait first (longer for higher ranks) lets an abort that is already on its way arrive,
-  // so that of the ranks noticing one fault mostly one reports it; it also lets the link find
-  // which rank is gone when a transfer noticed it first.
+  // Rank 0 reports at once, the others after a wait that grows with their rank, in which an abort
+  // already on its way arrives: of the ranks noticing one fault, mostly one reports it. The link
+  // usually knows which rank is gone a moment after a transfer noticed a connection closed.
   void report_fault() {
-    const double wait = 0.05 + 0.1 * std::min(link->rank(), 20);
-    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    std::this_thread::sleep_for(std::chrono::duration<double>(0.1 * std::min(link->rank(), 20)));
+    for (int i = 0; i < 10 && link->gone() < 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::string what;
     const int peer = link->gone();
     if (peer >= 0) {
