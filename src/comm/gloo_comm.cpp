@@ -165,11 +165,14 @@ class Mesh {
   bool wait(UnboundBuffer& buffer, int peer, bool send) {
     Wait registered{&buffer, peer, send};
     for (;;) {
+      bool closed = false;
       {
         std::lock_guard<std::mutex> lock(waits_mutex_);
-        if (broken_ || closed_.count(peer)) return false;
-        waits_.push_back(&registered);
+        if (broken_) return false;
+        closed = closed_.count(peer) > 0;
+        if (!closed) waits_.push_back(&registered);
       }
+      if (closed) return wait_closed(registered);
       bool done = false;
       try {
         done = send ? buffer.waitSend(nullptr, wait_limit_) : buffer.waitRecv(nullptr, wait_limit_);
@@ -246,6 +249,36 @@ class Mesh {
   void unregister(Wait* w) {
     std::lock_guard<std::mutex> lock(waits_mutex_);
     std::erase(waits_, w);
+  }
+
+  // A wait on a connection that closed: a transfer that completed before returns at once and one
+  // that Gloo failed throws at once, but one it was in the middle of would wait forever, so it is
+  // ended after a moment.
+  static bool wait_closed(const Wait& w) {
+    std::mutex mutex;
+    std::condition_variable finished_cv;
+    bool finished = false;
+    std::thread ender([&] {
+      std::unique_lock<std::mutex> lock(mutex);
+      if (!finished_cv.wait_for(lock, Milliseconds(100), [&] { return finished; })) w.end();
+    });
+    const auto finish = [&] {
+      {
+        std::lock_guard<std::mutex> lock(mutex);
+        finished = true;
+      }
+      finished_cv.notify_one();
+      ender.join();
+    };
+    bool done = false;
+    try {
+      done = w.send ? w.buffer->waitSend(nullptr, kNoLimit) : w.buffer->waitRecv(nullptr, kNoLimit);
+    } catch (...) {
+      finish();
+      throw;
+    }
+    finish();
+    return done;
   }
 
   // Keeps a receive pending on every open connection, on a slot no rank sends to: Gloo fails it

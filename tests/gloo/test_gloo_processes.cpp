@@ -197,6 +197,26 @@ TEST(GlooProcesses, APeerThatExitsDuringLargeTransfersIsNamed) {
       << text;
 }
 
+// Rank 1 sends its last message and leaves; rank 0 waits for it only after rank 1's connection
+// closed: the message arrived, and that is no failure.
+TEST(GlooProcesses, AMessageThatArrivedBeforeItsSenderLeftIsReceived) {
+  const std::vector<Outcome> outcomes = run_ranks(2, [](int rank, Communicator& world) {
+    std::vector<int> data(1 << 18, rank == 1 ? 7 : 0);
+    const auto bytes = static_cast<int64_t>(data.size() * sizeof(int));
+    if (rank == 1) {
+      world.send_recv(Place::at_host(data.data()), bytes, 0, {}, 0, 0);
+      return 0;  // the world, and its connections, end here
+    }
+    RequestPtr arriving = world.send_recv_async({}, 0, 1, Place::at_host(data.data()), bytes, 1);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    arriving->wait();
+    return data.front() == 7 && data.back() == 7 ? 0 : 5;
+  });
+  const std::string text = all_of(outcomes);
+  EXPECT_EQ(outcomes[0].code, 0) << text;
+  EXPECT_EQ(outcomes[1].code, 0) << text;
+}
+
 TEST(GlooProcesses, WithAWatchdogEveryRankEndsWhenOneExits) {
   const double start = now();
   const std::vector<Outcome> outcomes = run_ranks(3, [](int, Communicator& world) {
