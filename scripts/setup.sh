@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config git
   libopenmpi-dev openmpi-bin          # the MPI engine of the distributed algorithms
+  libgloo-dev                         # the Gloo communicator (--comm gloo; jobs without mpirun)
   libgtest-dev libgmock-dev           # GoogleTest (CTest-registered tests)
   python3                             # test helpers that parse JSON output
   clang libclang-rt-14-dev            # libFuzzer and sanitizer runtimes for the fuzz targets

@@ -377,8 +377,9 @@ int bench(int argc, char** argv, int first) {
       }
     }
     if (help) return 0;
-    Watchdog watchdog(MPI_COMM_WORLD, o.timeout);
+    auto watchdog = std::make_unique<Watchdog>(MPI_COMM_WORLD, o.timeout);
     AlgorithmWorld algorithm_world(world, log, *backend, comm_kind);
+    algorithm_world.watch(watchdog, o.timeout);
 
     const std::string calibration_file =
         o.calibration.empty() ? default_calibration_file() : o.calibration;

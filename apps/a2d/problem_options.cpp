@@ -80,9 +80,11 @@ void DeviceOptions::declare(Options& options) {
 void DeviceOptions::declare_comm(Options& options) {
   options.add_string("--comm", &comm,
                      "what carries the algorithms' messages: mpi (host memory; a GPU's buffers\n"
-                     "staged through pinned host buffers, so several ranks may share a GPU) or\n"
-                     "nccl (GPU memory; --device cuda, one GPU per rank under NCCL < 2.30).\n"
-                     "Default: nccl with --device cuda, else mpi");
+                     "staged through pinned host buffers, so several ranks may share a GPU),\n"
+                     "nccl (GPU memory; --device cuda, one GPU per rank under NCCL < 2.30) or\n"
+                     "gloo (Gloo's TCP transport on host memory, staged as for mpi: one mesh of\n"
+                     "connections, set up over MPI; as torchrun jobs run; needs a build with\n"
+                     "libgloo-dev). Default: nccl with --device cuda, else mpi");
 }
 
 CommKind DeviceOptions::comm_kind(const Backend& backend) const {

@@ -202,7 +202,7 @@ int run(int argc, char** argv, int first) {
       A2D_REQUIRE(o.timeout >= 0, "--timeout must be >= 0 seconds (0 turns the watchdog off)");
     });
     if (asked_help) return 0;
-    Watchdog watchdog(MPI_COMM_WORLD, o.timeout);
+    auto watchdog = std::make_unique<Watchdog>(MPI_COMM_WORLD, o.timeout);
 
     const bool from_files = !o.q_file.empty();
     GlobalTensors global;
@@ -241,6 +241,7 @@ int run(int argc, char** argv, int first) {
       check_out_dtype(o, problem);
     });
     AlgorithmWorld algorithm_world(world, log, *backend, comm_kind);
+    algorithm_world.watch(watchdog, o.timeout);
     // Inputs read from files hold what the dtype stores (the reference sees the same values).
     if (from_files && world.rank() == 0) round_inputs(global, problem.dtype);
     if (!o.out_dir.empty()) {

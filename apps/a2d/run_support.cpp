@@ -20,6 +20,7 @@
 #include "attention2d/error.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/timing.hpp"
+#include "attention2d/watchdog.hpp"
 #include "cli.hpp"
 #include "commands.hpp"
 
@@ -39,9 +40,15 @@ AlgorithmWorld::AlgorithmWorld(Communicator& world, const std::shared_ptr<Traffi
     : world_(world), kind_(kind) {
   if (kind == CommKind::mpi) return;
   collective_check(world, [&] {
-    nccl_ = std::make_unique<CountingCommunicator>(make_communicator(MPI_COMM_WORLD, backend, kind),
-                                                   log);
+    own_ = std::make_unique<CountingCommunicator>(make_communicator(MPI_COMM_WORLD, backend, kind),
+                                                  log);
   });
+}
+
+void AlgorithmWorld::watch(std::unique_ptr<Watchdog>& watchdog, double timeout) {
+  if (kind_ != CommKind::gloo || timeout <= 0) return;
+  watchdog.reset();  // one watchdog per process
+  watchdog = std::make_unique<Watchdog>(get(), timeout);
 }
 
 int run_collectively(Communicator& world, const std::function<int()>& body) {

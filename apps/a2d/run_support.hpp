@@ -12,6 +12,10 @@
 #include "attention2d/comm.hpp"
 #include "attention2d/harness.hpp"
 
+namespace a2d {
+class Watchdog;
+}
+
 namespace a2d::commands {
 
 // Runs `body` on every rank. A CollectiveError (every rank failed together) is printed and gives
@@ -21,18 +25,24 @@ int run_collectively(Communicator& world, const std::function<int()>& body);
 
 // The world the algorithms run on (--comm), made collectively over MPI_COMM_WORLD: `world`
 // itself for mpi (the algorithms stage a GPU's buffers through host memory); for nccl an NCCL
-// communicator whose traffic is charged to `log`, as `world`'s is. Refusals throw on every rank.
+// communicator, for gloo a Gloo mesh bootstrapped over MPI, whose traffic is charged to `log`, as
+// `world`'s is. Refusals throw on every rank.
 class AlgorithmWorld {
  public:
   AlgorithmWorld(Communicator& world, const std::shared_ptr<TrafficLog>& log, Backend& backend,
                  CommKind kind);
-  Communicator& get() { return nccl_ ? *nccl_ : world_; }
+  Communicator& get() { return own_ ? *own_ : world_; }
   CommKind kind() const { return kind_; }
+
+  // Over gloo the watchdog watches the Gloo mesh, where a rank whose connection closes is
+  // noticed at once: `watchdog` (over MPI, which covered the start) is replaced by one over the
+  // mesh with the same timeout. Collective; nothing changes for mpi and nccl.
+  void watch(std::unique_ptr<Watchdog>& watchdog, double timeout);
 
  private:
   Communicator& world_;
   CommKind kind_;
-  std::unique_ptr<Communicator> nccl_;
+  std::unique_ptr<Communicator> own_;
 };
 
 // Threads for the single-process fp64 reference (every core of this machine).

@@ -4,7 +4,7 @@
 // memory. Counts are in bytes, so records that mix element types (bf16 rows with fp32 row
 // statistics) move as they are; reductions combine fp32 records of `record` floats. Each
 // operation has a non-blocking form returning a Request and a blocking form that waits for it.
-// MPI implements the interface (mpi_comm.hpp) for host-accessible memory;
+// MPI (mpi_comm.hpp) and Gloo (gloo_comm.hpp) implement the interface for host-accessible memory;
 // make_staged_communicator wraps any communicator so that buffers the host cannot touch (a GPU's,
 // the fenced test backend's) move through host staging memory; a CountingCommunicator wraps any
 // implementation and records the bytes and messages this rank sends, per phase.
@@ -181,6 +181,8 @@ class CountingCommunicator : public Communicator {
   bool moves_backend_buffers() const override { return inner_->moves_backend_buffers(); }
 
   const TrafficLog& log() const { return *log_; }
+  // The communicator this one counts for.
+  Communicator& inner() { return *inner_; }
 
  private:
   void charge(int64_t bytes, int64_t messages);
@@ -212,7 +214,11 @@ RingCharge ring_reduce_scatter_charge(std::span<const int64_t> counts, int rank)
 //         backend's stream by events, so the host never waits for a transfer. Needs the build's
 //         CUDA backend (-DA2D_WITH_CUDA=ON), --device cuda and, under NCCL before 2.30, one GPU
 //         per rank.
-enum class CommKind { mpi, nccl };
+//   gloo  Gloo's TCP transport on host memory (gloo_comm.hpp): one full mesh of connections,
+//         bootstrapped over MPI here (over torch.distributed in Python); a GPU's and the fenced
+//         backend's buffers are staged through host memory as for mpi. Needs a build with Gloo
+//         (-DA2D_WITH_GLOO, on where libgloo-dev is installed).
+enum class CommKind { mpi, nccl, gloo };
 CommKind parse_comm_kind(const std::string& name);  // throws a2d::Error naming the choices
 std::string comm_kind_name(CommKind kind);
 // nccl for the CUDA backend in a build with NCCL, mpi for every other backend.

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attention2d/comm.hpp"
+#include "attention2d/gloo_comm.hpp"
 
 namespace a2d {
 
@@ -18,9 +19,15 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 // A communicator of `kind` (comm.hpp's CommKind) over the ranks of `comm`.
 // Collective over `comm`: every rank passes the same kind and its own backend (the one the
 // algorithms will use). Refusals (nccl without the CUDA backend, ranks sharing a GPU under an
-// NCCL that refuses it) throw a2d::Error on every rank, with the same message, before any
-// NCCL call; the message names --comm mpi where that would run.
+// NCCL that refuses it, gloo in a build without Gloo) throw a2d::Error on every rank, with the
+// same message, before any NCCL or Gloo call; the message names --comm mpi where that would run.
 std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Backend& backend, CommKind kind);
+
+// make_gloo_communicator (gloo_comm.hpp) over the ranks of `comm`, the addresses all-gathered
+// over MPI (a2d's --comm gloo). Collective over `comm`; throws on every rank in a build without
+// Gloo.
+std::unique_ptr<Communicator> make_gloo_communicator(MPI_Comm comm,
+                                                     const GlooOptions& options = {});
 
 // Initialises MPI unless it already is (thread level MULTIPLE, which the watchdog's helper thread
 // needs), and finalises it on destruction if it initialised it. Sets the rank that a2d::Error

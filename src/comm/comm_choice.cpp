@@ -12,11 +12,20 @@ namespace a2d {
 CommKind parse_comm_kind(const std::string& name) {
   if (name == "mpi") return CommKind::mpi;
   if (name == "nccl") return CommKind::nccl;
-  A2D_FAIL("unknown communicator '", name, "'; choose mpi or nccl");
+  if (name == "gloo") return CommKind::gloo;
+  A2D_FAIL("unknown communicator '", name, "'; choose mpi, nccl or gloo");
 }
 
 std::string comm_kind_name(CommKind kind) {
-  return kind == CommKind::nccl ? "nccl" : "mpi";
+  switch (kind) {
+    case CommKind::nccl:
+      return "nccl";
+    case CommKind::gloo:
+      return "gloo";
+    case CommKind::mpi:
+      break;
+  }
+  return "mpi";
 }
 
 CommKind default_comm_kind(const Backend& backend) {
@@ -34,8 +43,15 @@ std::string nccl_version_text(int code) {
   return out.str();
 }
 
-std::string kind_refusal(CommKind kind, const std::string& backend, bool nccl_built) {
+std::string kind_refusal(CommKind kind, const std::string& backend, bool nccl_built,
+                         bool gloo_built) {
   if (kind == CommKind::mpi) return "";
+  if (kind == CommKind::gloo) {
+    // Any backend: buffers the host cannot touch are staged through host memory, as for mpi.
+    if (gloo_built) return "";
+    return "--comm gloo: this build has no Gloo (install libgloo-dev and rebuild); use --comm "
+           "mpi";
+  }
   if (!nccl_built) {
     return "--comm nccl: this build has no NCCL (configure with -DA2D_WITH_CUDA=ON where CUDA "
            "and NCCL are installed); use --comm mpi";

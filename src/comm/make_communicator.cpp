@@ -1,8 +1,9 @@
-// make_communicator (mpi_comm.hpp): --comm mpi|nccl, refused alike on every rank before any NCCL
-// call (comm_choice.hpp has the rules).
+// make_communicator (mpi_comm.hpp): --comm mpi|nccl|gloo, refused alike on every rank before any
+// NCCL or Gloo call (comm_choice.hpp has the rules); make_gloo_communicator bootstrapped over MPI.
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "attention2d/error.hpp"
@@ -49,9 +50,37 @@ std::vector<std::string> gather_gpus(MPI_Comm comm, const std::string& mine) {
 
 }  // namespace
 
+std::unique_ptr<Communicator> make_gloo_communicator(MPI_Comm comm, const GlooOptions& options) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  // Every rank's bytes: their sizes, then the bytes (MPI_Allgatherv).
+  const AllGatherBytes over_mpi = [comm, size](const std::string& mine) {
+    const int own = static_cast<int>(mine.size());
+    std::vector<int> sizes(static_cast<size_t>(size)), offsets(static_cast<size_t>(size));
+    MPI_Allgather(&own, 1, MPI_INT, sizes.data(), 1, MPI_INT, comm);
+    int total = 0;
+    for (int r = 0; r < size; ++r) {
+      offsets[static_cast<size_t>(r)] = total;
+      total += sizes[static_cast<size_t>(r)];
+    }
+    std::string all(static_cast<size_t>(total), '\0');
+    MPI_Allgatherv(mine.data(), own, MPI_CHAR, all.data(), sizes.data(), offsets.data(), MPI_CHAR,
+                   comm);
+    std::vector<std::string> out;
+    for (int r = 0; r < size; ++r)
+      out.emplace_back(all, static_cast<size_t>(offsets[static_cast<size_t>(r)]),
+                       static_cast<size_t>(sizes[static_cast<size_t>(r)]));
+    return out;
+  };
+  return make_gloo_communicator(rank, size, over_mpi, options);
+}
+
 std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Backend& backend, CommKind kind) {
-  refuse_together(comm, comm_choice::kind_refusal(kind, backend.name(), cuda_backend_built()));
+  refuse_together(
+      comm, comm_choice::kind_refusal(kind, backend.name(), cuda_backend_built(), gloo_built()));
   if (kind == CommKind::mpi) return make_mpi_communicator(comm);
+  if (kind == CommKind::gloo) return make_gloo_communicator(comm);
 #ifdef A2D_WITH_CUDA
   std::string identity, refusal;
   try {

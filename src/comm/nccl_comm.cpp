@@ -23,8 +23,9 @@
 // blocks is ncclReduceScatter; unequal blocks and the attention merge (NCCL has no user-defined
 // reductions) are an exchange of grouped sends and receives into scratch memory followed by the
 // backend's add or merge_partials kernels on its own stream. Host memory (places outside the
-// backend's device buffers: the programs' host arrays, the agreement checks) moves over MPI on a
-// duplicate of the MPI communicator, as do broadcast, all_reduce and barrier.
+// backend's device buffers: the programs' host arrays, the agreement checks) moves over the host
+// communicator the NCCL communicator was made with (a duplicate of an MPI communicator, or a Gloo
+// mesh), as do broadcast, all_reduce and barrier.
 #include "nccl_comm.hpp"
 
 #include <cuda_runtime.h>
@@ -207,15 +208,14 @@ bool on_device(const Place& place) {
 
 class NcclCommunicator final : public comm_detail::HostForwarding {
  public:
-  // Takes `comm` and `host_comm` (the MPI communicator of the same ranks in the same order).
-  NcclCommunicator(ncclComm_t comm, MPI_Comm host_comm, Backend& backend)
-      : host_comm_(host_comm), host_(make_mpi_communicator(host_comm)), backend_(backend) {
+  // Takes `comm` and `host` (a host communicator of the same ranks in the same order).
+  NcclCommunicator(ncclComm_t comm, std::unique_ptr<Communicator> host, Backend& backend)
+      : host_(std::move(host)), backend_(backend) {
     channel_ = std::make_shared<Channel>(comm, backend);
   }
   ~NcclCommunicator() override {
     channel_.reset();
     host_.reset();
-    MPI_Comm_free(&host_comm_);
   }
 
   int rank() const override { return host_->rank(); }
@@ -223,12 +223,10 @@ class NcclCommunicator final : public comm_detail::HostForwarding {
 
   std::unique_ptr<Communicator> split(int color, int key) override {
     channel_->issue();
-    MPI_Comm host_part = MPI_COMM_NULL;
-    A2D_REQUIRE(MPI_Comm_split(host_comm_, color, key, &host_part) == MPI_SUCCESS,
-                "MPI_Comm_split of the NCCL communicator's host side failed");
+    std::unique_ptr<Communicator> host_part = host_->split(color, key);
     ncclComm_t part = nullptr;
     check_nccl(ncclCommSplit(channel_->comm(), color, key, &part, nullptr), "comm split");
-    return std::make_unique<NcclCommunicator>(part, host_part, backend_);
+    return std::make_unique<NcclCommunicator>(part, std::move(host_part), backend_);
   }
 
   RequestPtr all_gather_async(Place send, Place recv, std::span<const int64_t> bytes) override {
@@ -431,7 +429,6 @@ class NcclCommunicator final : public comm_detail::HostForwarding {
     return operation;
   }
 
-  MPI_Comm host_comm_;
   std::unique_ptr<Communicator> host_;
   Backend& backend_;
   std::shared_ptr<Channel> channel_;
@@ -454,20 +451,22 @@ std::string gpu_identity(const Backend& backend) {
   return std::string(host) + "/" + bus;
 }
 
-std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Backend& backend) {
-  MPI_Comm host_comm = MPI_COMM_NULL;
-  A2D_REQUIRE(MPI_Comm_dup(comm, &host_comm) == MPI_SUCCESS,
-              "MPI_Comm_dup for the NCCL communicator failed");
-  int rank = 0, size = 1;
-  MPI_Comm_rank(host_comm, &rank);
-  MPI_Comm_size(host_comm, &size);
+std::unique_ptr<Communicator> make_communicator(std::unique_ptr<Communicator> host,
+                                                Backend& backend) {
+  A2D_REQUIRE(host, "the NCCL communicator needs a host communicator");
   ncclUniqueId id{};
-  if (rank == 0) check_nccl(ncclGetUniqueId(&id), "unique id");
-  MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, host_comm);
+  if (host->rank() == 0) check_nccl(ncclGetUniqueId(&id), "unique id");
+  host->broadcast(&id, sizeof id, 0);
   check_cuda(cudaSetDevice(backends::cuda_device_of(backend)), "cudaSetDevice");
   ncclComm_t nccl_comm = nullptr;
-  check_nccl(ncclCommInitRank(&nccl_comm, size, id, rank), "comm init");
-  return std::make_unique<NcclCommunicator>(nccl_comm, host_comm, backend);
+  check_nccl(ncclCommInitRank(&nccl_comm, host->size(), id, host->rank()), "comm init");
+  return std::make_unique<NcclCommunicator>(nccl_comm, std::move(host), backend);
 }
+
+#ifdef A2D_WITH_MPI
+std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Backend& backend) {
+  return make_communicator(make_mpi_communicator(comm), backend);
+}
+#endif
 
 }  // namespace a2d::nccl

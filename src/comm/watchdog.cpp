@@ -1,3 +1,5 @@
+// The watchdog (watchdog.hpp): one logic over two links (watchdog_link.hpp), MPI's here and
+// Gloo's in gloo_comm.cpp.
 #include "attention2d/watchdog.hpp"
 
 #include <unistd.h>
@@ -14,47 +16,38 @@
 #include <thread>
 #include <vector>
 
+#include "attention2d/comm.hpp"
 #include "attention2d/error.hpp"
+#include "watchdog_link.hpp"
 
 namespace a2d {
+namespace watchdog_detail {
 namespace {
-
-constexpr int kTagRequest = 71;
-constexpr int kTagReply = 72;
-constexpr int kPhaseChars = 64;
-// How long a rank that called MPI_Abort waits for the launcher to end it before it exits itself.
-constexpr double kAbortGraceSeconds = 5.0;
 
 double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// What a rank reports about itself.
-struct Status {
-  double sequence = 0;  // number of phases entered so far
-  double seconds = 0;   // time in the current phase
-  char phase[kPhaseChars] = {};
-};
-
-// The phase tracker every communicator feeds; shared with the watchdog thread.
+// The phase tracker every communicator feeds; shared with the watchdog's threads.
 struct Tracker {
   std::mutex mutex;
   std::string phase = "start";
   int64_t sequence = 0;
   double since = now();
+  bool outside = false;
 
   Status status() {
     std::lock_guard<std::mutex> lock(mutex);
     Status s;
     s.sequence = static_cast<double>(sequence);
     s.seconds = now() - since;
+    s.outside = outside ? 1 : 0;
     std::strncpy(s.phase, phase.c_str(), kPhaseChars - 1);
     return s;
   }
 };
 
 Tracker g_tracker;
-std::atomic<bool> g_active{false};
 
 // A2D_FAULT_STALL / A2D_FAULT_EXIT: "RANK:PHASE[:SECONDS]" for this rank, if any.
 struct Fault {
@@ -78,125 +71,181 @@ Fault fault_for(const char* variable, int rank) {
   return fault;
 }
 
-int world_rank() {
+// The rank the fault injection matches: MPI_COMM_WORLD's, else the last Gloo world's.
+int process_rank() {
+#ifdef A2D_WITH_MPI
   int initialized = 0, rank = 0;
   MPI_Initialized(&initialized);
-  if (initialized) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  return rank;
+  if (initialized) {
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    return rank;
+  }
+#endif
+  return std::max(error_rank(), 0);
 }
+
+std::string rank_list(const std::vector<int>& ranks) {
+  std::ostringstream out;
+  out << (ranks.size() > 1 ? "ranks " : "rank ");
+  for (size_t i = 0; i < ranks.size(); ++i)
+    out << (i ? ", " : "") << ranks[i];
+  return out.str();
+}
+
+// " on host h2" or " on hosts h1, h2" for a group of ranks: which machine to look at.
+std::string hosts_of(const std::vector<int>& ranks, const std::vector<std::string>& hosts) {
+  std::vector<std::string> names;
+  for (int peer : ranks) {
+    const std::string& host =
+        peer >= 0 && peer < static_cast<int>(hosts.size()) ? hosts[peer] : std::string("?");
+    if (std::find(names.begin(), names.end(), host) == names.end()) names.push_back(host);
+  }
+  std::string text = names.size() > 1 ? " on hosts " : " on host ";
+  const size_t shown = std::min<size_t>(names.size(), 4);
+  for (size_t i = 0; i < shown; ++i)
+    text += (i ? ", " : "") + names[i];
+  if (names.size() > shown) text += " and " + std::to_string(names.size() - shown) + " more";
+  return text;
+}
+
+std::atomic<bool> g_ending{false};
 
 }  // namespace
 
-struct Watchdog::State {
-  MPI_Comm comm = MPI_COMM_NULL;
-  int rank = 0;
-  int size = 1;
-  double timeout = 0;
-  std::vector<std::string> hosts;  // every rank's host (MPI_Get_processor_name), by rank
+Status current_status() {
+  return g_tracker.status();
+}
 
-  std::atomic<bool> stop{false};
-  std::thread thread;
+bool claim_ending() {
+  return !g_ending.exchange(true);
+}
 
-  void serve_requests() {
+void wait_for_the_end() {
+  for (;;)
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
+std::string stall_report(int rank, double timeout, const std::map<int, Status>& answers,
+                         const std::vector<std::string>& hosts) {
+  const auto own = answers.find(rank);
+  const Status mine = own == answers.end() ? Status{} : own->second;
+  // Ranks inside attention2d, grouped by (sequence, phase); ranks outside, by their last phase.
+  double furthest = 0, last = 1e300;
+  bool any_inside = false;
+  for (const auto& [peer, s] : answers) {
+    if (s.outside) continue;
+    any_inside = true;
+    furthest = std::max(furthest, s.sequence);
+    last = std::min(last, s.sequence);
+  }
+  if (!any_inside) last = furthest;
+  std::map<std::pair<double, std::string>, std::vector<int>> groups;
+  std::map<std::pair<double, std::string>, double> longest;
+  std::map<std::string, std::vector<int>> idle;
+  std::map<std::string, double> idle_longest;
+  for (const auto& [peer, s] : answers) {
+    if (s.outside) {
+      idle[s.phase].push_back(peer);
+      idle_longest[s.phase] = std::max(idle_longest[s.phase], s.seconds);
+      continue;
+    }
+    const auto key = std::make_pair(s.sequence, std::string(s.phase));
+    groups[key].push_back(peer);
+    longest[key] = std::max(longest[key], s.seconds);
+  }
+  std::ostringstream out;
+  out << "a2d watchdog: rank " << rank << " made no progress for " << mine.seconds << " s in phase "
+      << mine.phase << " (timeout " << timeout << " s)\n";
+  for (const auto& [key, ranks] : groups) {
+    out << "  "
+        << (key.first == last && last < furthest ? "did not arrive (furthest behind): "
+            : key.first < furthest               ? "behind: "
+                                                 : "waiting: ")
+        << rank_list(ranks) << " (phase " << static_cast<int64_t>(key.first) << " " << key.second
+        << ", " << longest[key] << " s)" << hosts_of(ranks, hosts) << "\n";
+  }
+  for (const auto& [phase, ranks] : idle) {
+    out << "  idle: " << rank_list(ranks) << " (outside attention2d since " << idle_longest[phase]
+        << " s, after phase " << phase << ")" << hosts_of(ranks, hosts) << "\n";
+  }
+  std::vector<int> silent;
+  for (int peer = 0; peer < static_cast<int>(hosts.size()); ++peer) {
+    if (!answers.count(peer)) silent.push_back(peer);
+  }
+  if (!silent.empty()) {
+    out << "  not answering (dead or stuck): " << rank_list(silent) << hosts_of(silent, hosts)
+        << "\n";
+  }
+  out << "a2d watchdog: aborting the job\n";
+  return out.str();
+}
+
+#ifdef A2D_WITH_MPI
+namespace {
+
+constexpr int kTagRequest = 71;
+constexpr int kTagReply = 72;
+// How long a rank that called MPI_Abort waits for the launcher to end it before it exits itself.
+constexpr double kAbortGraceSeconds = 5.0;
+
+// The MPI link: a duplicate of the communicator, served by the watchdog's thread.
+class MpiLink final : public Link {
+ public:
+  explicit MpiLink(MPI_Comm comm) {
+    MPI_Comm_dup(comm, &comm_);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    char host[MPI_MAX_PROCESSOR_NAME] = {};
+    int length = 0;
+    MPI_Get_processor_name(host, &length);
+    std::vector<char> all(static_cast<size_t>(size_) * MPI_MAX_PROCESSOR_NAME);
+    MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                  MPI_CHAR, comm_);
+    for (int peer = 0; peer < size_; ++peer)
+      hosts_.emplace_back(all.data() + static_cast<size_t>(peer) * MPI_MAX_PROCESSOR_NAME);
+  }
+  ~MpiLink() override { MPI_Comm_free(&comm_); }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::vector<std::string>& hosts() const override { return hosts_; }
+
+  void serve() override {
     for (;;) {
       int pending = 0;
       MPI_Status probe;
-      MPI_Iprobe(MPI_ANY_SOURCE, kTagRequest, comm, &pending, &probe);
+      MPI_Iprobe(MPI_ANY_SOURCE, kTagRequest, comm_, &pending, &probe);
       if (!pending) return;
       char ignored = 0;
-      MPI_Recv(&ignored, 1, MPI_CHAR, probe.MPI_SOURCE, kTagRequest, comm, MPI_STATUS_IGNORE);
-      Status mine = g_tracker.status();
-      MPI_Send(&mine, sizeof mine, MPI_BYTE, probe.MPI_SOURCE, kTagReply, comm);
+      MPI_Recv(&ignored, 1, MPI_CHAR, probe.MPI_SOURCE, kTagRequest, comm_, MPI_STATUS_IGNORE);
+      Status mine = current_status();
+      MPI_Send(&mine, sizeof mine, MPI_BYTE, probe.MPI_SOURCE, kTagReply, comm_);
     }
   }
 
-  // " on host h2" or " on hosts h1, h2" for a group of ranks: which machine to look at.
-  std::string hosts_of(const std::vector<int>& ranks) const {
-    std::vector<std::string> names;
-    for (int peer : ranks) {
-      if (std::find(names.begin(), names.end(), hosts[peer]) == names.end())
-        names.push_back(hosts[peer]);
+  void ask_everyone(uint64_t /*round*/) override {
+    static const char request = 1;
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      MPI_Request sent;
+      MPI_Isend(&request, 1, MPI_CHAR, peer, kTagRequest, comm_, &sent);
+      MPI_Request_free(&sent);
     }
-    std::string text = names.size() > 1 ? " on hosts " : " on host ";
-    const size_t shown = std::min<size_t>(names.size(), 4);
-    for (size_t i = 0; i < shown; ++i)
-      text += (i ? ", " : "") + names[i];
-    if (names.size() > shown) text += " and " + std::to_string(names.size() - shown) + " more";
-    return text;
   }
 
-  // Called when this rank made no progress for the timeout. Aborts the job if no rank did (or a
-  // rank does not answer); returns if some rank is still making progress.
-  void check_everyone(const Status& mine) {
-    // Ask everyone, keep serving the others' requests, wait up to two seconds for the answers.
-    std::vector<MPI_Request> sends;
-    const char request = 1;
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank) continue;
-      sends.emplace_back();
-      MPI_Isend(&request, 1, MPI_CHAR, peer, kTagRequest, comm, &sends.back());
-    }
-    std::map<int, Status> answers;
-    answers[rank] = mine;
-    const double deadline = now() + 2.0;
-    while (static_cast<int>(answers.size()) < size && now() < deadline) {
-      serve_requests();
+  void collect_answers(uint64_t /*round*/, std::map<int, Status>& answers) override {
+    for (;;) {
       int pending = 0;
       MPI_Status probe;
-      MPI_Iprobe(MPI_ANY_SOURCE, kTagReply, comm, &pending, &probe);
-      if (!pending) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        continue;
-      }
+      MPI_Iprobe(MPI_ANY_SOURCE, kTagReply, comm_, &pending, &probe);
+      if (!pending) return;
       Status s;
-      MPI_Recv(&s, sizeof s, MPI_BYTE, probe.MPI_SOURCE, kTagReply, comm, MPI_STATUS_IGNORE);
+      MPI_Recv(&s, sizeof s, MPI_BYTE, probe.MPI_SOURCE, kTagReply, comm_, MPI_STATUS_IGNORE);
       answers[probe.MPI_SOURCE] = s;
     }
-    if (static_cast<int>(answers.size()) == size) {
-      for (const auto& [peer, s] : answers) {
-        if (s.seconds < timeout) return;  // that rank is progressing: this is no hang (yet)
-      }
-    }
-    double furthest = 0, last = 1e300;
-    for (const auto& [peer, s] : answers) {
-      furthest = std::max(furthest, s.sequence);
-      last = std::min(last, s.sequence);
-    }
-    // Group ranks by (sequence, phase).
-    std::map<std::pair<double, std::string>, std::vector<int>> groups;
-    std::map<std::pair<double, std::string>, double> longest;
-    for (const auto& [peer, s] : answers) {
-      const auto key = std::make_pair(s.sequence, std::string(s.phase));
-      groups[key].push_back(peer);
-      longest[key] = std::max(longest[key], s.seconds);
-    }
-    std::ostringstream out;
-    out << "a2d watchdog: rank " << rank << " made no progress for " << mine.seconds
-        << " s in phase " << mine.phase << " (timeout " << timeout << " s)\n";
-    for (const auto& [key, ranks] : groups) {
-      out << "  "
-          << (key.first == last && last < furthest ? "did not arrive (furthest behind): "
-              : key.first < furthest               ? "behind: "
-                                                   : "waiting: ")
-          << (ranks.size() > 1 ? "ranks " : "rank ");
-      for (size_t i = 0; i < ranks.size(); ++i)
-        out << (i ? ", " : "") << ranks[i];
-      out << " (phase " << static_cast<int64_t>(key.first) << " " << key.second << ", "
-          << longest[key] << " s)" << hosts_of(ranks) << "\n";
-    }
-    std::vector<int> silent;
-    for (int peer = 0; peer < size; ++peer) {
-      if (!answers.count(peer)) silent.push_back(peer);
-    }
-    if (!silent.empty()) {
-      out << "  not answering (dead or stuck): " << (silent.size() > 1 ? "ranks " : "rank ");
-      for (size_t i = 0; i < silent.size(); ++i)
-        out << (i ? ", " : "") << silent[i];
-      out << hosts_of(silent) << "\n";
-    }
-    out << "a2d watchdog: aborting the job\n";
-    std::fputs(out.str().c_str(), stderr);
-    std::fflush(stderr);
+  }
+
+  [[noreturn]] void abort_job() override {
     // MPI_Abort asks the launcher to end every rank; it may never return when the launcher waits
     // on a host whose processes are all stopped (its daemon too). This rank then ends itself
     // after kAbortGraceSeconds, so that no live rank outlasts its abort for long (see
@@ -210,12 +259,107 @@ struct Watchdog::State {
     std::_Exit(124);
   }
 
+ private:
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  std::vector<std::string> hosts_;
+};
+
+}  // namespace
+#endif
+
+// The watchdog's thread and what it knows (Watchdog::State).
+struct Engine {
+  std::unique_ptr<Link> link;
+  double timeout = 0;
+  std::atomic<bool> stop{false};
+  std::thread thread;
+  uint64_t round = 0;
+  // A transfer of this process that failed on the link's mesh (transport_failed).
+  std::mutex failure_mutex;
+  std::string failure;
+
+  static void print(const std::string& text) {
+    std::fputs(text.c_str(), stderr);
+    std::fflush(stderr);
+  }
+
+  // Called when this rank made no progress for the timeout. Aborts the job if no rank did (or a
+  // rank does not answer); returns if some rank is still making progress.
+  void check_everyone(const Status& mine) {
+    // Ask everyone, keep serving the others' requests, wait up to two seconds for the answers.
+    ++round;
+    link->ask_everyone(round);
+    std::map<int, Status> answers;
+    answers[link->rank()] = mine;
+    const double deadline = now() + 2.0;
+    const auto everyone = static_cast<size_t>(link->size());
+    while (answers.size() < everyone && now() < deadline) {
+      link->serve();
+      link->collect_answers(round, answers);
+      if (answers.size() < everyone) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (answers.size() == everyone) {
+      for (const auto& [peer, s] : answers) {
+        // That rank is progressing: this is no hang (yet).
+        if (!s.outside && s.seconds < timeout) return;
+      }
+    }
+    // Ranks that wait for the same one time out together: rank 0 reports at once, the others
+    // after a wait that grows with their rank, in which the first abort reaches them.
+    std::this_thread::sleep_for(std::chrono::duration<double>(0.1 * std::min(link->rank(), 20)));
+    if (!claim_ending()) wait_for_the_end();
+    print(stall_report(link->rank(), timeout, answers, link->hosts()));
+    link->abort_job();
+  }
+
+  // Reports a rank that is gone, or else a transfer of this rank that failed, and ends the job.
+  // Rank 0 reports at once, the others after a wait that grows with their rank, in which an abort
+  // already on its way arrives: of the ranks noticing one fault, mostly one reports it. The link
+  // usually knows which rank is gone a moment after a transfer noticed a connection closed.
+  void report_fault() {
+    std::this_thread::sleep_for(std::chrono::duration<double>(0.1 * std::min(link->rank(), 20)));
+    for (int i = 0; i < 10 && link->gone() < 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::string what;
+    const int peer = link->gone();
+    if (peer >= 0) {
+      what = gone_text(peer, current_status());
+    } else {
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      what = failure;
+    }
+    if (!claim_ending()) wait_for_the_end();
+    print("a2d watchdog: " + what + "\na2d watchdog: aborting the job\n");
+    link->abort_job();
+  }
+
+  std::string gone_text(int peer, const Status& mine) const {
+    const auto& hosts = link->hosts();
+    std::ostringstream out;
+    out << "rank " << peer << " is gone (its connection closed) while this rank was in phase "
+        << (mine.outside ? "outside attention2d, after " : "") << mine.phase << " (this is rank "
+        << link->rank() << " on host " << hosts[static_cast<size_t>(link->rank())] << "; rank "
+        << peer << " ran on host " << hosts[static_cast<size_t>(peer)] << ")";
+    return out.str();
+  }
+
+  bool failed() {
+    std::lock_guard<std::mutex> lock(failure_mutex);
+    return !failure.empty();
+  }
+
   void run() {
     double next_check = 0;
     while (!stop.load()) {
-      serve_requests();
-      const Status mine = g_tracker.status();
-      if (mine.seconds > timeout && now() >= next_check) {
+      link->serve();
+      const Status mine = current_status();
+      // A transfer of this rank that failed on the link's mesh, or a rank that is gone: reported
+      // at once from inside attention2d; a rank outside reports a rank gone when it enters again
+      // (a job may end with ranks leaving while others are idle).
+      if (failed() || (link->gone() >= 0 && !mine.outside)) report_fault();
+      if (!mine.outside && mine.seconds > timeout && now() >= next_check) {
         check_everyone(mine);
         next_check = now() + std::min(timeout, 10.0);
       }
@@ -224,6 +368,22 @@ struct Watchdog::State {
   }
 };
 
+namespace {
+std::atomic<bool> g_active{false};
+// The active watchdog, for transport_failed.
+std::mutex g_state_mutex;
+Engine* g_state = nullptr;
+}  // namespace
+
+}  // namespace watchdog_detail
+
+struct Watchdog::State : watchdog_detail::Engine {};
+
+using watchdog_detail::g_active;
+using watchdog_detail::g_state;
+using watchdog_detail::g_state_mutex;
+
+#ifdef A2D_WITH_MPI
 Watchdog::Watchdog(MPI_Comm comm, double timeout_seconds) : state_(std::make_unique<State>()) {
   if (timeout_seconds <= 0) return;
   int level = 0;
@@ -233,59 +393,95 @@ Watchdog::Watchdog(MPI_Comm comm, double timeout_seconds) : state_(std::make_uni
               "initialised with MPI_THREAD_MULTIPLE; this one provides level ",
               level);
   A2D_REQUIRE(!g_active.load(), "only one watchdog may be active in a process");
-  MPI_Comm_dup(comm, &state_->comm);
-  MPI_Comm_rank(state_->comm, &state_->rank);
-  MPI_Comm_size(state_->comm, &state_->size);
-  char host[MPI_MAX_PROCESSOR_NAME] = {};
-  int length = 0;
-  MPI_Get_processor_name(host, &length);
-  std::vector<char> all(static_cast<size_t>(state_->size) * MPI_MAX_PROCESSOR_NAME);
-  MPI_Allgather(host, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
-                MPI_CHAR, state_->comm);
-  for (int peer = 0; peer < state_->size; ++peer)
-    state_->hosts.emplace_back(all.data() + static_cast<size_t>(peer) * MPI_MAX_PROCESSOR_NAME);
-  state_->timeout = timeout_seconds;
-  {
-    std::lock_guard<std::mutex> lock(g_tracker.mutex);
-    g_tracker.since = now();
-  }
-  g_active.store(true);
-  state_->thread = std::thread([state = state_.get()] { state->run(); });
+  state_->link = std::make_unique<watchdog_detail::MpiLink>(comm);
+  start(timeout_seconds);
+}
+#endif
+
+Watchdog::Watchdog(Communicator& gloo_world, double timeout_seconds)
+    : state_(std::make_unique<State>()) {
+  if (timeout_seconds <= 0) return;
+  A2D_REQUIRE(!g_active.load(), "only one watchdog may be active in a process");
+  state_->link = watchdog_detail::make_gloo_link(gloo_world);
+  start(timeout_seconds);
 }
 
-void Watchdog::heartbeat() {
-  std::lock_guard<std::mutex> lock(g_tracker.mutex);
-  g_tracker.since = now();
+void Watchdog::start(double timeout_seconds) {
+  state_->timeout = timeout_seconds;
+  {
+    std::lock_guard<std::mutex> lock(watchdog_detail::g_tracker.mutex);
+    watchdog_detail::g_tracker.since = watchdog_detail::now();
+  }
+  g_active.store(true);
+  {
+    std::lock_guard<std::mutex> lock(g_state_mutex);
+    g_state = state_.get();
+  }
+  state_->thread = std::thread([state = state_.get()] { state->run(); });
 }
 
 Watchdog::~Watchdog() {
   if (!state_->thread.joinable()) return;
+  {
+    std::lock_guard<std::mutex> lock(g_state_mutex);
+    g_state = nullptr;
+  }
   state_->stop.store(true);
   state_->thread.join();
+  state_->link.reset();
   g_active.store(false);
-  MPI_Comm_free(&state_->comm);
 }
 
 bool Watchdog::active() const {
   return state_->thread.joinable();
 }
 
+void Watchdog::heartbeat() {
+  std::lock_guard<std::mutex> lock(watchdog_detail::g_tracker.mutex);
+  watchdog_detail::g_tracker.since = watchdog_detail::now();
+}
+
+void Watchdog::note_idle() {
+  std::lock_guard<std::mutex> lock(watchdog_detail::g_tracker.mutex);
+  watchdog_detail::g_tracker.outside = true;
+  watchdog_detail::g_tracker.since = watchdog_detail::now();
+}
+
+std::string Watchdog::current_phase() {
+  std::lock_guard<std::mutex> lock(watchdog_detail::g_tracker.mutex);
+  const std::string& phase = watchdog_detail::g_tracker.phase;
+  return watchdog_detail::g_tracker.outside ? "outside attention2d (after " + phase + ")" : phase;
+}
+
+void Watchdog::transport_failed(const void* mesh, const std::string& message) {
+  {
+    std::lock_guard<std::mutex> lock(g_state_mutex);
+    if (!g_state || !g_state->link || !g_state->link->carries(mesh)) return;
+    std::lock_guard<std::mutex> failure_lock(g_state->failure_mutex);
+    if (g_state->failure.empty()) g_state->failure = message;
+  }
+  // The watchdog's thread reports it and ends the process.
+  watchdog_detail::wait_for_the_end();
+}
+
 void Watchdog::note_phase(const std::string& phase) {
   {
-    std::lock_guard<std::mutex> lock(g_tracker.mutex);
-    g_tracker.phase = phase;
-    ++g_tracker.sequence;
-    g_tracker.since = now();
+    std::lock_guard<std::mutex> lock(watchdog_detail::g_tracker.mutex);
+    watchdog_detail::g_tracker.phase = phase;
+    watchdog_detail::g_tracker.outside = false;
+    ++watchdog_detail::g_tracker.sequence;
+    watchdog_detail::g_tracker.since = watchdog_detail::now();
   }
   // Test-only fault injection (see the header).
-  static const Fault stall = fault_for("A2D_FAULT_STALL", world_rank());
-  static const Fault exit_fault = fault_for("A2D_FAULT_EXIT", world_rank());
+  static const int rank = watchdog_detail::process_rank();
+  static const watchdog_detail::Fault stall = watchdog_detail::fault_for("A2D_FAULT_STALL", rank);
+  static const watchdog_detail::Fault exit_fault =
+      watchdog_detail::fault_for("A2D_FAULT_EXIT", rank);
   if (stall.set && stall.phase == phase) {
     std::this_thread::sleep_for(std::chrono::duration<double>(stall.seconds));
   }
   if (exit_fault.set && exit_fault.phase == phase) {
-    std::fprintf(stderr, "a2d: A2D_FAULT_EXIT: rank %d exits in phase %s\n", world_rank(),
-                 phase.c_str());
+    std::fprintf(stderr, "a2d: A2D_FAULT_EXIT: rank %d exits in phase %s\n", rank, phase.c_str());
     std::_Exit(9);
   }
 }

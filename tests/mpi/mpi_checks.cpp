@@ -8,6 +8,7 @@
 #include "attention2d/cost_model.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/model.hpp"
+#include "attention2d/mpi_comm.hpp"
 
 namespace a2d {
 
@@ -17,7 +18,26 @@ TestSettings& test_settings() {
 }
 
 std::string TestSettings::describe() const {
-  return std::string(dtype_name(dtype)) + " on " + device + (masks ? " with masks" : "");
+  return std::string(dtype_name(dtype)) + " on " + device + (masks ? " with masks" : "") +
+         " over " + comm_kind_name(comm);
+}
+
+namespace {
+std::unique_ptr<Communicator>& gloo_world() {
+  static std::unique_ptr<Communicator> world;
+  return world;
+}
+}  // namespace
+
+std::unique_ptr<Communicator> make_test_world() {
+  if (test_settings().comm == CommKind::mpi) return make_mpi_communicator(MPI_COMM_WORLD);
+  std::unique_ptr<Communicator>& world = gloo_world();
+  if (!world) world = make_gloo_communicator(MPI_COMM_WORLD);
+  return world->split(0, world->rank());
+}
+
+void end_test_worlds() {
+  gloo_world().reset();
 }
 
 void parse_test_settings(int argc, char** argv) {
@@ -30,12 +50,17 @@ void parse_test_settings(int argc, char** argv) {
     } else if (arg == "--device") {
       s.device = argv[++i];
       make_backend(s.device);  // refuses unknown devices here, before any test runs
+    } else if (arg == "--comm") {
+      s.comm = parse_comm_kind(argv[++i]);
+      A2D_REQUIRE(s.comm != CommKind::nccl, "the MPI tests run over --comm mpi or gloo");
+      A2D_REQUIRE(s.comm != CommKind::gloo || gloo_built(), "--comm gloo: this build has no Gloo");
     } else if (arg == "--masks") {
       const std::string value = argv[++i];
       A2D_REQUIRE(value == "on" || value == "off", "--masks takes on or off, got '", value, "'");
       s.masks = value == "on";
     } else {
-      A2D_FAIL("unknown test option '", arg, "'; the MPI tests take --dtype and --device");
+      A2D_FAIL("unknown test option '", arg,
+               "'; the MPI tests take --dtype, --device, --masks and --comm");
     }
   }
 }

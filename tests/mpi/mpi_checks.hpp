@@ -17,15 +17,24 @@ namespace a2d {
 // cpu). The programs run their whole matrix with them, so CTest registers each program at every
 // process count once per setting it needs.
 // --masks on replaces each program's problems by masked_problems() (documents, sinks, softcap).
+// --comm mpi|gloo (default mpi) chooses the communicator the tests run over (make_test_world).
 struct TestSettings {
   DType dtype = DType::f32;
   std::string device = "cpu";
   bool masks = false;
-  std::string describe() const;  // "bf16 on fenced"
+  CommKind comm = CommKind::mpi;
+  std::string describe() const;  // "bf16 on fenced over gloo"
 };
 TestSettings& test_settings();
 void parse_test_settings(int argc, char** argv);  // throws a2d::Error on anything it does not know
 std::unique_ptr<Backend> test_backend();
+
+// A communicator over every rank of the job, of the settings' kind: an MPI duplicate of
+// MPI_COMM_WORLD, or a view (split) of one Gloo mesh made once per program (its connections are
+// made once; every test gets a private view of them). Collective.
+std::unique_ptr<Communicator> make_test_world();
+// Ends the program's Gloo mesh, if any (before MPI is finalised).
+void end_test_worlds();
 // The problem in the settings' dtype.
 Problem in_test_dtype(Problem problem);
 

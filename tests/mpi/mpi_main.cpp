@@ -23,5 +23,6 @@ int main(int argc, char** argv) {
     delete listeners.Release(listeners.default_result_printer());
   }
   const int failed = RUN_ALL_TESTS();
+  a2d::end_test_worlds();
   return failed;
 }

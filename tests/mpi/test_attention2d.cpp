@@ -68,7 +68,7 @@ std::vector<Config> configs(int ranks) {
 
 TEST(Attention2DMpi, EveryGridAndVariantMatchesTheReferenceAndTheTrafficModel) {
   auto log = std::make_shared<TrafficLog>();
-  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  CountingCommunicator world(make_test_world(), log);
   const std::unique_ptr<Backend> backend = test_backend();
   const int ranks = world.size();
   const int rank = world.rank();
@@ -144,7 +144,7 @@ TEST(Attention2DMpi, EveryGridAndVariantMatchesTheReferenceAndTheTrafficModel) {
 
 TEST(Attention2DMpi, GridThatDoesNotMatchTheRanksIsRefusedOnEveryRank) {
   if (test_settings().masks) GTEST_SKIP() << "the --masks job runs only the matrix";
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   Problem problem;
   problem.seq = 64;
   problem.head_dim = 16;
@@ -172,7 +172,7 @@ TEST(Attention2DMpi, Bf16SendsHalfTheBytesOfFp32InTheTensorPhases) {
     GTEST_SKIP() << "runs once, in the fp32 cpu job (it runs both dtypes itself)";
   }
   auto log = std::make_shared<TrafficLog>();
-  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  CountingCommunicator world(make_test_world(), log);
   const std::unique_ptr<Backend> backend = test_backend();
   const int ranks = world.size();
   Problem fp32;
@@ -270,7 +270,7 @@ TEST(Attention2DMpi, Bf16SendsHalfTheBytesOfFp32InTheTensorPhases) {
 TEST(Attention2DMpi, ErrorAtSixteenRanksIsAtMostOneAndAHalfTimesTheErrorOnOne) {
   if (test_settings().masks) GTEST_SKIP() << "the --masks job runs only the matrix";
   auto log = std::make_shared<TrafficLog>();
-  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  CountingCommunicator world(make_test_world(), log);
   if (world.size() != 16) GTEST_SKIP() << "runs in the 16-rank job";
   // In fp32 every error is fp32 roundoff at the 1e-7 level, where the ratio measures only the
   // order of the sums (Ring Attention's LSE and dQ come out at 1.9-2.1 times the one-rank error,

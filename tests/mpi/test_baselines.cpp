@@ -139,7 +139,7 @@ void expect_all_ranks(Communicator& world, double (&errors)[6], const OutputBoun
 
 TEST(BaselinesMpi, EveryBaselineAndLayoutMatchesTheReferenceAndTheTrafficModel) {
   auto log = std::make_shared<TrafficLog>();
-  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  CountingCommunicator world(make_test_world(), log);
   const int ranks = world.size();
   int runs = 0;
   for (const Config& config : configs(ranks)) {
@@ -184,7 +184,7 @@ double difference(const std::vector<float>& a, const std::vector<float>& b) {
 TEST(BaselinesMpi, EveryAlgorithmAgreesWithEveryOtherOnTheSameInputs) {
   if (test_settings().masks) GTEST_SKIP() << "the --masks job runs only the matrix";
   auto log = std::make_shared<TrafficLog>();
-  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  CountingCommunicator world(make_test_world(), log);
   const int ranks = world.size();
   const int64_t p = ranks;
   // Causal GQA that every algorithm runs at every P (Ulysses: Hkv = P); N = 16P + 3.
@@ -224,7 +224,7 @@ TEST(BaselinesMpi, EveryAlgorithmAgreesWithEveryOtherOnTheSameInputs) {
 
 TEST(BaselinesMpi, UlyssesRefusesKvHeadsTheRanksDoNotDivideOnEveryRank) {
   if (test_settings().masks) GTEST_SKIP() << "the --masks job runs only the matrix";
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   const int ranks = world->size();
   if (ranks == 1) GTEST_SKIP() << "one rank divides every head count";
   // Hkv = P + 1 is never a multiple of P > 1; H = 2 Hkv (GQA).

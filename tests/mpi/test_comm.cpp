@@ -16,6 +16,7 @@
 #include "attention2d/backend.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "mpi_checks.hpp"
 
 namespace a2d {
 namespace {
@@ -48,7 +49,7 @@ float contribution(int rank, int64_t i) {
 }
 
 TEST(Communicator, AllGatherBlockingAndPostedGiveEveryBlock) {
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   const int ranks = world->size(), rank = world->rank();
   const std::vector<int64_t> counts = uneven_counts(ranks);
   std::vector<float> mine(static_cast<size_t>(counts[static_cast<size_t>(rank)]));
@@ -69,7 +70,7 @@ TEST(Communicator, AllGatherBlockingAndPostedGiveEveryBlock) {
 }
 
 TEST(Communicator, RingReduceScatterSumsAndMaximaAreExact) {
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   const int ranks = world->size(), rank = world->rank();
   const std::vector<int64_t> counts = uneven_counts(ranks);
   const int64_t record = 3;
@@ -104,7 +105,7 @@ TEST(Communicator, RingReduceScatterSumsAndMaximaAreExact) {
 }
 
 TEST(Communicator, RingReduceScatterMergesAttentionRecordsAsMpiDoes) {
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   const int ranks = world->size(), rank = world->rank();
   const std::vector<int64_t> counts = uneven_counts(ranks);
   const int64_t record = 2 + 4;  // [row max, row sum, acc(4)]
@@ -138,7 +139,7 @@ std::byte byte_of(int rank, int64_t i) {
 // Blocks of odd byte counts (rank i: 2i + 1 bytes, some ranks 0) and of 2-byte elements move
 // exactly: all-gather, all-to-all and shifts, blocking and posted.
 TEST(Communicator, ByteCountsOfAnySizeMoveExactly) {
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   const int ranks = world->size(), rank = world->rank();
   for (const int64_t unit : {1, 2, 3}) {  // bytes per element: odd, bf16-sized, odd
     std::vector<int64_t> bytes;
@@ -194,8 +195,8 @@ TEST(Communicator, ByteCountsOfAnySizeMoveExactly) {
 // communicator alone refuses them before anything is sent.
 TEST(Communicator, StagedCommunicatorMovesFencedBuffersAsMpiMovesHostMemory) {
   const std::unique_ptr<Backend> fenced = make_backend("fenced");
-  auto staged = make_staged_communicator(make_mpi_communicator(MPI_COMM_WORLD), *fenced);
-  auto direct = make_mpi_communicator(MPI_COMM_WORLD);
+  auto staged = make_staged_communicator(make_test_world(), *fenced);
+  auto direct = make_test_world();
   const int ranks = staged->size(), rank = staged->rank();
   const std::vector<int64_t> counts = uneven_counts(ranks);
   const std::vector<int64_t> bytes = in_bytes(counts, sizeof(float));

@@ -83,7 +83,7 @@ int64_t closed_form_bytes(const Problem& p, const std::vector<int64_t>& counts, 
 
 TEST(DecodeMpi, EveryStepMatchesTheReferenceAndTheByteFormula) {
   auto log = std::make_shared<TrafficLog>();
-  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  CountingCommunicator world(make_test_world(), log);
   const int ranks = world.size(), rank = world.rank();
   const std::unique_ptr<Backend> backend = test_backend();
   for (const Case& c : cases(ranks)) {
@@ -156,7 +156,7 @@ TEST(DecodeMpi, EveryStepMatchesTheReferenceAndTheByteFormula) {
 // step shape at two cache lengths that are a multiple of P apart sends the same bytes.
 TEST(DecodeMpi, BytesPerStepDoNotGrowWithTheCache) {
   auto log = std::make_shared<TrafficLog>();
-  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  CountingCommunicator world(make_test_world(), log);
   const int ranks = world.size(), rank = world.rank();
   const std::unique_ptr<Backend> backend = test_backend();
   const Problem problem = in_test_dtype(make_problem(1, 12, 4, 4 * ranks + 1, 80, Mask::causal()));
@@ -185,7 +185,7 @@ TEST(DecodeMpi, BytesPerStepDoNotGrowWithTheCache) {
 }
 
 TEST(DecodeMpi, RefusesAnUnmaskedProblemOnEveryRankBeforeAnyDataMoves) {
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   const std::unique_ptr<Backend> backend = test_backend();
   const Problem problem = in_test_dtype(make_problem(1, 4, 2, 9, 16, Mask::none()));
   const Plan plan = default_plan(Algorithm::attention2d, problem, world->size());
@@ -201,7 +201,7 @@ TEST(DecodeMpi, RefusesAnUnmaskedProblemOnEveryRankBeforeAnyDataMoves) {
 }
 
 TEST(DecodeMpi, RefusesAStepBeforePrefillAndAnEmptyStep) {
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   const std::unique_ptr<Backend> backend = test_backend();
   const Problem problem = in_test_dtype(make_problem(1, 4, 2, 9, 16, Mask::causal()));
   const Plan plan = default_plan(Algorithm::attention2d, problem, world->size());

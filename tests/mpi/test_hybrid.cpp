@@ -91,7 +91,7 @@ const char* const kOutputNames[6] = {"O", "LSE", "dQ", "dK", "dV", "dsink"};
 
 TEST(HybridMpi, EveryFactorisationMatchesTheReferenceAndTheTrafficModel) {
   auto log = std::make_shared<TrafficLog>();
-  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  CountingCommunicator world(make_test_world(), log);
   const std::unique_ptr<Backend> backend = test_backend();
   const int ranks = world.size();
   int runs = 0, replicated = 0;
@@ -175,7 +175,7 @@ void expect_refused_everywhere(Communicator& world, const Problem& problem, cons
 }
 
 TEST(HybridMpi, BadFactorisationsAreRefusedOnEveryRank) {
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   const int ranks = world->size();
   const Problem problem = make_problem(1, 12, 4, 8 * ranks + 1, 16, Mask::causal());
   Plan plan = default_plan(Algorithm::hybrid, problem, ranks);

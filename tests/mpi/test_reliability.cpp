@@ -6,6 +6,7 @@
 #include "attention2d/attention.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "mpi_checks.hpp"
 
 namespace a2d {
 namespace {
@@ -31,7 +32,7 @@ std::string error_of(Communicator& world, const Problem& problem, const Plan& pl
 }
 
 TEST(Reliability, RanksThatDisagreeAreNamedOnEveryRank) {
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
   Problem problem = small_problem();
   const Plan plan = default_plan(Algorithm::attention2d, problem, world->size());
@@ -43,7 +44,7 @@ TEST(Reliability, RanksThatDisagreeAreNamedOnEveryRank) {
 }
 
 TEST(Reliability, RanksWithDifferentDtypesAreNamedOnEveryRank) {
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
   Problem problem = small_problem();
   const Plan plan = default_plan(Algorithm::ring, problem, world->size());
@@ -54,7 +55,7 @@ TEST(Reliability, RanksWithDifferentDtypesAreNamedOnEveryRank) {
 }
 
 TEST(Reliability, OneRankWithAnInvalidRequestStopsEveryRank) {
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   Problem problem = small_problem();
   const Plan plan = default_plan(Algorithm::attention2d, problem, world->size());
   if (world->rank() == world->size() - 1) problem.mask = Mask::causal_window(0);
@@ -67,7 +68,7 @@ TEST(Reliability, OneRankWithAnInvalidRequestStopsEveryRank) {
 // The brief text the programs print once: the failing rank's message without a source location,
 // prefixed with that rank unless every rank failed.
 TEST(Reliability, BriefErrorsNameTheRankOnlyWhenSomeRanksFailed) {
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   const int last = world->size() - 1;
   auto brief_of = [&](bool fail_here) {
     try {
@@ -91,7 +92,7 @@ TEST(Reliability, BriefErrorsNameTheRankOnlyWhenSomeRanksFailed) {
 }
 
 TEST(Reliability, AgreeingRanksPass) {
-  auto world = make_mpi_communicator(MPI_COMM_WORLD);
+  auto world = make_test_world();
   const Problem problem = small_problem();
   Plan plan = default_plan(Algorithm::attention2d, problem, world->size());
   plan.threads = 1 + world->rank() % 2;  // kernel threads may differ between ranks

@@ -17,13 +17,15 @@ constexpr int kNccl228 = 22809;  // the toolkit's NCCL here
 constexpr int kNccl230 = 23000;
 
 TEST(CommChoice, NamesParseBackAndUnknownNamesAreRefused) {
-  for (const CommKind kind : {CommKind::mpi, CommKind::nccl})
+  for (const CommKind kind : {CommKind::mpi, CommKind::nccl, CommKind::gloo})
     EXPECT_EQ(parse_comm_kind(comm_kind_name(kind)), kind);
+  EXPECT_EQ(comm_kind_name(CommKind::gloo), "gloo");
   try {
-    parse_comm_kind("gloo");
-    FAIL() << "gloo was accepted";
+    parse_comm_kind("ucx");
+    FAIL() << "ucx was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("choose mpi or nccl"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("choose mpi, nccl or gloo"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -39,17 +41,32 @@ TEST(CommChoice, NcclVersionsPrintAsNcclDoes) {
 }
 
 TEST(CommChoice, NcclNeedsTheCudaBackendAndABuildWithIt) {
-  EXPECT_EQ(kind_refusal(CommKind::mpi, "cpu", false), "");
-  EXPECT_EQ(kind_refusal(CommKind::mpi, "cuda", true), "");
-  EXPECT_EQ(kind_refusal(CommKind::nccl, "cuda", true), "");
-  for (const char* device : {"cpu", "fenced", "fenced-cuda"}) {
-    const std::string why = kind_refusal(CommKind::nccl, device, true);
-    EXPECT_NE(why.find("needs --device cuda"), std::string::npos) << why;
-    EXPECT_NE(why.find("use --comm mpi"), std::string::npos) << why;
+  for (const bool gloo : {false, true}) {
+    EXPECT_EQ(kind_refusal(CommKind::mpi, "cpu", false, gloo), "");
+    EXPECT_EQ(kind_refusal(CommKind::mpi, "cuda", true, gloo), "");
+    EXPECT_EQ(kind_refusal(CommKind::nccl, "cuda", true, gloo), "");
+    for (const char* device : {"cpu", "fenced", "fenced-cuda"}) {
+      const std::string why = kind_refusal(CommKind::nccl, device, true, gloo);
+      EXPECT_NE(why.find("needs --device cuda"), std::string::npos) << why;
+      EXPECT_NE(why.find("use --comm mpi"), std::string::npos) << why;
+    }
+    const std::string unbuilt = kind_refusal(CommKind::nccl, "cuda", false, gloo);
+    EXPECT_NE(unbuilt.find("this build has no NCCL"), std::string::npos) << unbuilt;
+    EXPECT_NE(unbuilt.find("use --comm mpi"), std::string::npos) << unbuilt;
   }
-  const std::string unbuilt = kind_refusal(CommKind::nccl, "cuda", false);
-  EXPECT_NE(unbuilt.find("this build has no NCCL"), std::string::npos) << unbuilt;
-  EXPECT_NE(unbuilt.find("use --comm mpi"), std::string::npos) << unbuilt;
+}
+
+// Gloo carries every backend's messages (host memory; the others staged through it, as MPI), and
+// a build without it refuses it naming the package and --comm mpi.
+TEST(CommChoice, GlooCarriesEveryBackendInABuildWithIt) {
+  for (const char* device : {"cpu", "fenced", "fenced-cuda", "cuda"}) {
+    EXPECT_EQ(kind_refusal(CommKind::gloo, device, false, true), "") << device;
+    const std::string unbuilt = kind_refusal(CommKind::gloo, device, true, false);
+    EXPECT_NE(unbuilt.find("this build has no Gloo (install libgloo-dev and rebuild)"),
+              std::string::npos)
+        << unbuilt;
+    EXPECT_NE(unbuilt.find("use --comm mpi"), std::string::npos) << unbuilt;
+  }
 }
 
 TEST(CommChoice, OneGpuPerRankRunsUnderEveryNccl) {

@@ -1,0 +1,74 @@
+// Internal: what the watchdog (watchdog.hpp) needs from the channel between the ranks' watchdogs,
+// so that one logic (timeout, status requests, report, abort) runs over MPI and over a Gloo mesh.
+//
+//   MPI   its own duplicate of the communicator; the watchdog's thread answers requests
+//         (probes) and MPI_Abort ends the job.
+//   Gloo  its own view of the mesh (gloo_comm.cpp): a listener thread answers requests at once
+//         and ends this rank when another aborts; a pending receive from every peer fails when
+//         that peer's connection closes, which is how a rank that is gone is noticed.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace a2d {
+class Communicator;
+}
+
+namespace a2d::watchdog_detail {
+
+constexpr int kPhaseChars = 64;
+
+// What a rank reports about itself (sent as bytes between ranks of one program).
+struct Status {
+  double sequence = 0;  // number of phases entered so far
+  double seconds = 0;   // inside: since the last progress; outside: since it left the library
+  double outside = 0;   // 1: outside attention2d (Watchdog::note_idle); phase = the last one
+  char phase[kPhaseChars] = {};
+};
+
+// This process's status now.
+Status current_status();
+
+// The report of a rank that made no progress for `timeout` seconds, from every rank's answer
+// (`answers`, by rank; ranks missing did not answer) and every rank's host: the lines that
+// watchdog.hpp shows, ending with "aborting the job". A pure function, tested on its own.
+std::string stall_report(int rank, double timeout, const std::map<int, Status>& answers,
+                         const std::vector<std::string>& hosts);
+
+// Claims the end of this process for the caller: true for the first caller only, so that of
+// several threads noticing a fault at once (a report, an abort from another rank, a closed
+// connection) only one prints.
+bool claim_ending();
+// Blocks forever (the thread that claimed the end is ending the process).
+[[noreturn]] void wait_for_the_end();
+
+class Link {
+ public:
+  virtual ~Link() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Every rank's host, by rank (gathered when the link was made).
+  virtual const std::vector<std::string>& hosts() const = 0;
+  // Answers the other ranks' requests that arrived (MPI; Gloo's listener answers at once).
+  virtual void serve() = 0;
+  // Asks every other rank for its status; `round` tells the answers of this request apart.
+  virtual void ask_everyone(uint64_t round) = 0;
+  // Adds the answers to request `round` that arrived to `answers`.
+  virtual void collect_answers(uint64_t round, std::map<int, Status>& answers) = 0;
+  // A rank whose connection closed without saying goodbye, or -1 (MPI: never).
+  virtual int gone() const { return -1; }
+  // Whether a transport error on the communicator state `mesh` is this link's to report.
+  virtual bool carries(const void* /*mesh*/) const { return false; }
+  // Ends the whole job with exit code 124 (the caller printed why). Never returns.
+  [[noreturn]] virtual void abort_job() = 0;
+};
+
+// The link over a Gloo communicator (or a CountingCommunicator around one); throws a2d::Error
+// for any other communicator, or in a build without Gloo. Collective over `comm`.
+std::unique_ptr<Link> make_gloo_link(Communicator& comm);
+
+}  // namespace a2d::watchdog_detail
