@@ -1,33 +1,53 @@
 """attention2d: exact distributed self-attention (ATTENTION2D, arXiv 2503.15758) from Python.
 
-Every rank of an MPI communicator (mpi4py; MPI.COMM_WORLD by default) holds a shard of the
-sequence, in flash-attn's shape convention [batch, local tokens, heads, head_dim]:
+Every rank of a torch.distributed process group (or of an mpi4py communicator under mpirun)
+holds a shard of the sequence, in flash-attn's shape convention [batch, local tokens, heads,
+head_dim], and says how the shards cut the sequence:
 
-    import attention2d
-    lay = attention2d.layout(seq=n, heads=h, head_dim=d, causal=True)   # who holds which tokens
-    q_local = attention2d.shard(q, lay)                                  # this rank's rows of q
-    out_local = attention2d.attention(q_local, k_local, v_local, causal=True, layout=lay)
+    import torch.distributed as dist, attention2d
+    dist.init_process_group("gloo")                       # torchrun, or any env:// launcher
+    q_local = attention2d.shard(q, "contiguous")          # this rank's slice of the sequence
+    out_local = attention2d.attention(q_local, k_local, v_local, causal=True,
+                                      layout="contiguous")    # or "zigzag", or a Layout
 
 attention() is differentiable for torch tensors (forward and backward run the distributed
-engine), and takes numpy arrays for the forward. plan() and model() give the planner's choice and
-the cost model's predictions; unshard() puts a tensor back together from its shards. Decoder
-prefills a prompt into a distributed KV cache and decodes steps of new tokens (docs/inference.md).
+engine), and takes numpy arrays for the forward. flash_attn_func / flash_attn_varlen_func /
+ring_flash_attn_func / zigzag_ring_flash_attn_func take flash-attn's and ring-flash-attn's
+arguments. layout() gives the plan's own layout (no exchange); plan() and model() the planner's
+choice and the cost model's predictions; unshard() puts a tensor back together; Decoder prefills
+a prompt into a distributed KV cache and decodes (docs/inference.md); register_ddp_hook makes
+DDP exact under sequence parallelism. docs/python.md has the whole story.
 """
 
 from ._core import Error, version as __version__
-from ._api import Layout, attention, layout, model, plan, shard, unshard, watchdog
+from ._api import (ENGINE_CACHE_SIZE, USER_LAYOUTS, Layout, attention, cache_info, clear_cache,
+                   layout, model, plan, shard, unshard, watchdog)
+from ._channel import DEFAULT_WATCHDOG_TIMEOUT
+from ._ddp import register_ddp_hook
 from ._decode import Decoder
+from ._flash import (flash_attn_func, flash_attn_varlen_func, ring_flash_attn_func,
+                     zigzag_ring_flash_attn_func)
 
 __all__ = [
+    "DEFAULT_WATCHDOG_TIMEOUT",
     "Decoder",
+    "ENGINE_CACHE_SIZE",
     "Error",
     "Layout",
+    "USER_LAYOUTS",
     "attention",
+    "cache_info",
+    "clear_cache",
+    "flash_attn_func",
+    "flash_attn_varlen_func",
     "layout",
     "model",
     "plan",
+    "register_ddp_hook",
+    "ring_flash_attn_func",
     "shard",
     "unshard",
     "watchdog",
+    "zigzag_ring_flash_attn_func",
     "__version__",
 ]

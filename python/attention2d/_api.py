@@ -1,49 +1,46 @@
 """The pure-Python layer over attention2d._core: argument checks (collective, before any data
-moves), plan and engine caching, the torch autograd function, sharding helpers."""
+moves), plan and engine caching, the torch autograd function, layouts and sharding helpers."""
 
 import atexit
+import collections
 
 import numpy as np
 
-from . import _core
-from ._core import Error
-
-try:  # torch is optional: numpy arrays work without it
-    import torch
-except ImportError:  # pragma: no cover - Debian's python3-torch is installed by scripts/setup.sh
-    torch = None
+from . import _channel, _core
+from ._channel import Error, channel, torch
 
 _ATTENTION2D_ALGOS = ("attention2d", "attention2d-overlap")
+# The layouts a caller may say its shards are in (attention(layout=...), shard(), unshard()).
+USER_LAYOUTS = ("contiguous", "zigzag", "cyclic")
 
 # ---------------------------------------------------------------------------------------------
-# Communicators and collective errors
+# Messages in the package's words: the C++ core speaks the command line's.
+
+_CLI_WORDS = (
+    ("--heads-parallel", "heads_parallel"), ("--algo", "algo"), ("--grid", "grid"),
+    ("--doc-lens must sum to --seq", "cu_seqlens must end at the sequence length"),
+    ("--doc-lens", "cu_seqlens"), ("--window", "window"), ("--softcap", "softcap"),
+    ("--layout", "layout"), ("--dtype", "dtype"), ("--causal", "causal=True"),
+    ("--seq", "the sequence length"), ("--device cpu", "CPU tensors"), ("--device", "device"),
+)
 
 
-def _comm(comm):
-    if comm is None:
-        from mpi4py import MPI
-
-        comm = MPI.COMM_WORLD
-    return comm
+def _python_words(text):
+    for cli, python in _CLI_WORDS:
+        text = text.replace(cli, python)
+    return text
 
 
-def _raise_collectively(comm, local_error, extra=None):
-    """Every rank passes its own error text ("" if none); all raise the same Error if any rank
-    has one. One all-gather of (error, extra); returns the gathered extras when nobody failed."""
-    gathered = comm.allgather((local_error, extra))
-    failed = [rank for rank, (error, _) in enumerate(gathered) if error]
-    if failed:
-        first = failed[0]
-        message = gathered[first][0]
-        if len(failed) == len(gathered) and len(gathered) > 1:
-            message += " (on every rank)"
-        else:
-            if len(gathered) > 1:
-                message = "rank %d: %s" % (first, message)
-            if len(failed) > 1:
-                message += " (and %d more ranks failed)" % (len(failed) - 1)
-        raise Error(message)
-    return [value for _, value in gathered]
+class _InPythonWords:
+    """Re-raises an Error from the core with the command line's flags named as arguments."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if kind is not None and issubclass(kind, Error):
+            raise Error(_python_words(str(value))) from None
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,105 +73,186 @@ def _dtype_name(dtype):
     return names[text]
 
 
-def _document_lengths(cu_seqlens):
-    """Document lengths from flash-attn's cu_seqlens [0, l0, l0 + l1, ..., seq] (None: one
-    document)."""
+def _bounds(cu_seqlens):
+    """cu_seqlens as a tuple of ints (None stays None)."""
     if cu_seqlens is None:
+        return None
+    values = cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist") else cu_seqlens
+    try:
+        return tuple(int(x) for x in values)
+    except (TypeError, ValueError):
+        raise Error("cu_seqlens must be a list or 1-D tensor of integers, got %r"
+                    % (values,)) from None
+
+
+def _document_lengths(cu_seqlens, seq):
+    """Document lengths from flash-attn's cu_seqlens [0, l0, l0 + l1, ..., seq] (None: one
+    document), checked in the package's words."""
+    bounds = _bounds(cu_seqlens)
+    if bounds is None:
         return []
-    bounds = [int(x) for x in (cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist")
-                               else cu_seqlens)]
+    shown = list(bounds[:8]) + (["..."] if len(bounds) > 8 else [])
     if len(bounds) < 2 or bounds[0] != 0:
-        raise Error("cu_seqlens must start at 0 and end at the sequence length, got %s"
-                    % bounds[:8])
-    return [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+        raise Error("cu_seqlens must start at 0 and name at least one document ([0, l0, l0 + l1, "
+                    "..., N]), got %s" % shown)
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    for index, length in enumerate(lengths):
+        if length < 1:
+            raise Error("cu_seqlens must increase strictly (every document needs at least 1 "
+                        "token): document %d has %d tokens in %s" % (index, length, shown))
+    if bounds[-1] != seq:
+        raise Error("cu_seqlens must end at the sequence length, %d (the tokens of all ranks' "
+                    "shards), but ends at %d" % (seq, bounds[-1]))
+    return lengths
 
 
 def _problem(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
              softmax_scale=None, dtype="float32", cu_seqlens=None, sinks=False, softcap=0.0):
-    p = _core.Problem()
-    p.batch = int(batch)
-    p.heads = int(heads)
-    p.kv_heads = int(heads if kv_heads is None else kv_heads)
-    p.seq = int(seq)
-    p.head_dim = int(head_dim)
-    p.causal = bool(causal)
-    p.window = int(window or 0)
-    p.scale = 0.0 if softmax_scale is None else float(softmax_scale)
-    p.dtype = _dtype_name(dtype)
-    p.documents = _document_lengths(cu_seqlens)
-    p.sinks = bool(sinks)
-    p.softcap = float(softcap or 0.0)
-    p.validate()
+    with _InPythonWords():
+        p = _core.Problem()
+        p.batch = int(batch)
+        p.heads = int(heads)
+        p.kv_heads = int(heads if kv_heads is None else kv_heads)
+        p.seq = int(seq)
+        p.head_dim = int(head_dim)
+        if window and not causal:
+            raise Error("window=%d needs causal=True (the window is q - window < k <= q)"
+                        % window)
+        p.causal = bool(causal)
+        p.window = int(window or 0)
+        p.scale = 0.0 if softmax_scale is None else float(softmax_scale)
+        p.dtype = _dtype_name(dtype)
+        p.documents = _document_lengths(cu_seqlens, p.seq)
+        p.sinks = bool(sinks)
+        p.softcap = float(softcap or 0.0)
+        p.validate()
     return p
 
 
+def _problem_key(p):
+    """Every field of a problem that changes a result (the engine cache's key)."""
+    return (p.batch, p.heads, p.kv_heads, p.seq, p.head_dim, p.causal, p.window, p.scale,
+            p.dtype, tuple(p.documents), p.sinks, p.softcap)
+
+
+def _check_heads_parallel(problem, ranks, heads_parallel, grid):
+    u = int(heads_parallel)
+    if u < 1:
+        raise Error("heads_parallel must be at least 1, got %d" % u)
+    if ranks % u:
+        raise Error("heads_parallel=%d does not divide the %d ranks (the hybrid runs "
+                    "heads_parallel x rows x columns = ranks)" % (u, ranks))
+    if problem.heads % u:
+        raise Error("heads_parallel=%d must divide the query heads (%d)" % (u, problem.heads))
+    if problem.kv_heads % u and u % problem.kv_heads:
+        raise Error("heads_parallel=%d must divide the K/V heads (%d) or be a multiple of them"
+                    % (u, problem.kv_heads))
+    if grid:
+        rows, cols = (int(x) for x in grid.split("x"))
+        if u * rows * cols != ranks:
+            raise Error("heads_parallel=%d times grid=(%d, %d) makes %d ranks, but there are %d"
+                        % (u, rows, cols, u * rows * cols, ranks))
+
+
 def _resolve_plan(problem, ranks, algo="auto", grid=None, machine=None, calibration=None,
-                  threads=1, machine_file=None, heads_parallel=None):
+                  threads=1, machine_file=None, heads_parallel=None, order=None, shards=None):
     """The plan of a2d run's --algo/--grid/--heads-parallel: the cost model's fastest where not
-    pinned down."""
+    pinned down. `order`: (U, R, C) a DeviceMesh fixes; `shards`: the caller's layout (kind,
+    counts) whose exchanges the model charges (None or ("plan",): none)."""
+    shards_kind, shard_counts = ("", []) if shards is None or shards[0] == "plan" else (
+        shards[0], list(shards[1]))
     algo = _algo_name(algo)
     grid = _grid_text(grid)
+    if order is not None:
+        u, rows, cols = order
+        mesh_grid = "%dx%d" % (rows, cols)
+        if grid and grid != mesh_grid:
+            raise Error("grid=%s, but the DeviceMesh passed as group= is %s" % (grid, mesh_grid))
+        if heads_parallel is not None and int(heads_parallel) != u:
+            raise Error("heads_parallel=%s, but the DeviceMesh passed as group= has %d heads "
+                        "groups" % (heads_parallel, u))
+        if algo == "auto":
+            algo = "hybrid" if u > 1 else "attention2d"
+        if (u > 1) != (algo == "hybrid") or algo not in _ATTENTION2D_ALGOS + ("hybrid",):
+            raise Error("a DeviceMesh of %s runs algo='%s', not algo='%s'"
+                        % ((u, rows, cols) if u > 1 else (rows, cols),
+                           "hybrid" if u > 1 else "attention2d", algo))
+        grid, heads_parallel = mesh_grid, (u if u > 1 else None)
     hybrid = algo == "hybrid"
     if heads_parallel is not None and not hybrid:
         raise Error("heads_parallel applies to algo='hybrid' only")
+    if heads_parallel is not None:
+        _check_heads_parallel(problem, ranks, heads_parallel, grid)
     u = int(heads_parallel or 0)
-    if grid and hybrid:
-        # The grid of each heads group: U x R x C must make the ranks (check_plan says so).
-        rows, cols = (int(x) for x in grid.split("x"))
-        if u == 0:
-            if ranks % (rows * cols):
-                raise Error("hybrid: the grid %s does not divide the %d ranks" % (grid, ranks))
-            u = ranks // (rows * cols)
-    elif grid:
-        _core.check_grid(grid, ranks)
-    grid_matters = algo == "auto" or algo in _ATTENTION2D_ALGOS or hybrid
-    if algo == "auto" or (not grid and grid_matters):
-        chosen, _, _ = _core.choose_plan(
-            problem, ranks, ranks, machine or "",
-            calibration or _core.default_calibration_file(), machine_file or "",
-            "" if algo == "auto" else algo, grid if grid_matters else "", u)
-    else:
-        chosen = _core.default_plan(algo, problem, ranks)
-        if grid:
-            chosen.grid = tuple(int(x) for x in grid.split("x"))
-        if hybrid:
-            chosen.heads_parallel = u
-    chosen.threads = int(threads)
-    _core.check_plan(chosen, problem, ranks)
+    with _InPythonWords():
+        if grid and hybrid:
+            rows, cols = (int(x) for x in grid.split("x"))
+            if u == 0:
+                if ranks % (rows * cols):
+                    raise Error("hybrid: grid=(%d, %d) does not divide the %d ranks"
+                                % (rows, cols, ranks))
+                u = ranks // (rows * cols)
+        elif grid:
+            _core.check_grid(grid, ranks)
+        grid_matters = algo == "auto" or algo in _ATTENTION2D_ALGOS or hybrid
+        # With the caller's shards the planner also weighs running in their layout (Ring,
+        # all-gather K/V and Ulysses take any layout): ask it whenever the grid is open.
+        if algo == "auto" or (not grid and (grid_matters or shards_kind)):
+            chosen, _, _ = _core.choose_plan(
+                problem, ranks, ranks, machine or "",
+                calibration or _core.default_calibration_file(), machine_file or "",
+                "" if algo == "auto" else algo, grid if grid_matters else "", u, shards_kind,
+                shard_counts)
+        else:
+            chosen = _core.default_plan(algo, problem, ranks)
+            if grid:
+                chosen.grid = tuple(int(x) for x in grid.split("x"))
+            if hybrid:
+                chosen.heads_parallel = u
+        chosen.threads = int(threads)
+        _core.check_plan(chosen, problem, ranks)
     return chosen
 
 
 def plan(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
          softmax_scale=None, dtype="float32", algo="auto", grid=None, ranks=None, comm=None,
          machine=None, calibration=None, cu_seqlens=None, sinks=False, softcap=0.0,
-         heads_parallel=None):
-    """The plan attention() uses for this problem on `ranks` ranks (default: the communicator's
-    size): an attention2d._core.Plan with .algorithm, .grid (R, C), .heads_parallel, .layout,
-    .describe()."""
+         heads_parallel=None, group=None):
+    """The plan attention() uses for this problem on `ranks` ranks (default: the group's or
+    communicator's size): an attention2d._core.Plan with .algorithm, .grid (R, C),
+    .heads_parallel, .layout, .describe()."""
+    order = None
     if ranks is None:
-        ranks = _comm(comm).Get_size()
+        chan = channel(comm, group)
+        ranks, order = chan.size, chan.order
     problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype,
                        cu_seqlens, sinks is not False and sinks is not None, softcap)
     return _resolve_plan(problem, int(ranks), algo, grid, machine, calibration,
-                         heads_parallel=heads_parallel)
+                         heads_parallel=heads_parallel, order=order)
 
 
 def model(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
           softmax_scale=None, dtype="bfloat16", ranks=None, comm=None, ranks_per_node=None,
-          machine=None, calibration=None, cu_seqlens=None, softcap=0.0, machine_file=None):
+          machine=None, calibration=None, cu_seqlens=None, softcap=0.0, machine_file=None,
+          group=None, shards=None):
     """The cost model's predictions for every plan that can run the problem, fastest first: a
     list of dicts (algorithm, grid, layout, forward_s, backward_s, words_forward, ...), as
     `a2d model` prints them. machine: a preset (a100-hdr, h100-ndr), "local" (the calibration
     file), or None (local if calibrated, else a placeholder); machine_file: a machine description
-    file (a2d's --machine-file, docs/cost-model.md), which then decides."""
+    file (a2d's --machine-file, docs/cost-model.md), which then decides. shards: the layout the
+    caller's shards are in ("contiguous", "zigzag", "cyclic"): plans in another layout are
+    charged the exchanges (relayout_forward_s, relayout_backward_s, their bytes)."""
+    if shards is not None and shards not in USER_LAYOUTS:
+        raise Error("shards=%r: choose one of %s" % (shards, ", ".join(USER_LAYOUTS)))
     if ranks is None:
-        ranks = _comm(comm).Get_size()
+        ranks = channel(comm, group).size
     ranks = int(ranks)
     problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype,
                        cu_seqlens, False, softcap)
-    ranked, _, machine_text = _core.search_plans(
-        problem, ranks, int(ranks_per_node or ranks), machine or "",
-        calibration or _core.default_calibration_file(), machine_file or "")
+    with _InPythonWords():
+        ranked, _, machine_text = _core.search_plans(
+            problem, ranks, int(ranks_per_node or ranks), machine or "",
+            calibration or _core.default_calibration_file(), machine_file or "", shards or "", [])
     rows = []
     for chosen, prediction in ranked:
         row = {"algorithm": chosen.algorithm, "grid": chosen.grid,
@@ -189,20 +267,31 @@ def model(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
 # Layouts and shards
 
 
-class Layout:
-    """Which global tokens each rank's shards hold (in shard order), for one problem and plan."""
+def _layout_tokens(kind, seq, ranks, counts=None):
+    """Every rank's global token indices (increasing) in a layout: contiguous (balanced, or the
+    given counts), zigzag or cyclic."""
+    if kind == "contiguous" and counts is not None:
+        starts = np.concatenate([[0], np.cumsum(counts)])
+        return [np.arange(starts[r], starts[r + 1], dtype=np.int64) for r in range(ranks)]
+    return [np.asarray(t, dtype=np.int64) for t in _core.user_layout_tokens(kind, seq, ranks)]
 
-    def __init__(self, problem, chosen, ranks, rank):
+
+class Layout:
+    """Which global tokens each rank's shards hold (in shard order): a plan's layout (from
+    attention2d.layout(): .plan, .problem) or one of the layouts callers bring ("contiguous",
+    "zigzag", "cyclic": .plan is None)."""
+
+    def __init__(self, problem, chosen, ranks, rank, kind=None, tokens=None):
         self.problem = problem
         self.plan = chosen
         self.ranks = ranks
         self.rank = rank
-        self._tokens = [np.asarray(t, dtype=np.int64)
-                        for t in _core.layout_tokens(problem, chosen, ranks)]
-
-    @property
-    def seq(self):
-        return self.problem.seq
+        self.kind = kind if kind is not None else chosen.layout
+        if tokens is None:
+            tokens = [np.asarray(t, dtype=np.int64)
+                      for t in _core.layout_tokens(problem, chosen, ranks)]
+        self._tokens = tokens
+        self.seq = int(sum(len(t) for t in tokens))
 
     def tokens(self, rank=None):
         """Global indices of the tokens `rank` (default: this rank) holds, increasing."""
@@ -212,6 +301,9 @@ class Layout:
         return [len(t) for t in self._tokens]
 
     def __repr__(self):
+        if self.plan is None:
+            return "Layout(%s, %d tokens on %d ranks: %s)" % (self.kind, self.seq, self.ranks,
+                                                              self.counts())
         return "Layout(%s on %d ranks, %s)" % (self.problem.describe(), self.ranks,
                                                self.plan.describe())
 
@@ -219,31 +311,54 @@ class Layout:
 def layout(seq, heads=1, head_dim=1, kv_heads=None, batch=1, causal=False, window=0,
            softmax_scale=None, dtype="float32", algo="auto", grid=None, comm=None, plan=None,
            machine=None, calibration=None, cu_seqlens=None, sinks=False, softcap=0.0,
-           heads_parallel=None):
+           heads_parallel=None, group=None, kind=None):
     """The layout attention() uses for these arguments (pass the result to attention(layout=)
-    to pin its plan): heads, head_dim and dtype matter only when the planner chooses."""
-    comm = _comm(comm)
+    to pin its plan; shards in it need no exchange): heads, head_dim and dtype matter only when
+    the planner chooses. kind="contiguous" | "zigzag" | "cyclic" gives that layout of `seq`
+    tokens on the group's ranks instead (no plan)."""
+    chan = channel(comm, group)
+    if kind is not None:
+        if kind not in USER_LAYOUTS:
+            raise Error("kind=%r: choose one of %s" % (kind, ", ".join(USER_LAYOUTS)))
+        return Layout(None, None, chan.size, chan.rank, kind,
+                      _layout_tokens(kind, int(seq), chan.size))
     problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype,
                        cu_seqlens, sinks is not False and sinks is not None, softcap)
     chosen = plan if plan is not None else _resolve_plan(
-        problem, comm.Get_size(), algo, grid, machine, calibration, heads_parallel=heads_parallel)
-    return Layout(problem, chosen, comm.Get_size(), comm.Get_rank())
+        problem, chan.size, algo, grid, machine, calibration, heads_parallel=heads_parallel,
+        order=chan.order)
+    return Layout(problem, chosen, chan.size, chan.rank)
 
 
-def shard(x, layout, dim=1):
-    """This rank's shard of the full tensor x (torch or numpy; tokens along `dim`)."""
-    index = layout.tokens()
-    if x.shape[dim] != layout.seq:
+def _as_layout(spec, seq, chan, counts=None):
+    """A Layout from a Layout or a layout name, for `seq` tokens on the channel's ranks."""
+    if isinstance(spec, Layout):
+        return spec
+    if spec not in USER_LAYOUTS:
+        raise Error("layout=%r: choose one of %s, or a Layout from attention2d.layout()"
+                    % (spec, ", ".join(repr(x) for x in USER_LAYOUTS)))
+    return Layout(None, None, chan.size, chan.rank, spec,
+                  _layout_tokens(spec, seq, chan.size, counts))
+
+
+def shard(x, layout, dim=1, comm=None, group=None):
+    """This rank's shard of the full tensor x (torch or numpy; tokens along `dim`). layout: a
+    Layout, or "contiguous" / "zigzag" / "cyclic" over the group's (or communicator's) ranks."""
+    lay = layout if isinstance(layout, Layout) else _as_layout(layout, x.shape[dim],
+                                                               channel(comm, group))
+    index = lay.tokens()
+    if x.shape[dim] != lay.seq:
         raise Error("shard: x has %d tokens along dim %d but the layout has %d"
-                    % (x.shape[dim], dim, layout.seq))
+                    % (x.shape[dim], dim, lay.seq))
     if torch is not None and isinstance(x, torch.Tensor):
-        return x.index_select(dim, torch.from_numpy(index)).contiguous()
+        return x.index_select(dim, torch.from_numpy(index).to(x.device)).contiguous()
     return np.ascontiguousarray(np.take(x, index, axis=dim))
 
 
-def unshard(x_local, layout, dim=1, comm=None):
-    """Collective: the full tensor from every rank's shard (on every rank)."""
-    comm = _comm(comm)
+def unshard(x_local, layout, dim=1, comm=None, group=None):
+    """Collective: the full tensor from every rank's shard (on every rank). layout: a Layout, or
+    "contiguous" (each rank's slice in rank order, any lengths) / "zigzag" / "cyclic"."""
+    chan = channel(comm, group)
     is_torch = torch is not None and isinstance(x_local, torch.Tensor)
     if is_torch:
         local = x_local.detach()
@@ -254,16 +369,21 @@ def unshard(x_local, layout, dim=1, comm=None):
     else:
         local = np.asarray(x_local)
     error = ""
-    if local.shape[dim] != len(layout.tokens()):
+    if isinstance(layout, Layout) and local.shape[dim] != len(layout.tokens()):
         error = "unshard: this rank's tensor has %d tokens along dim %d, the layout gives it %d" % (
             local.shape[dim], dim, len(layout.tokens()))
-    parts = _raise_collectively(comm, error, local)
+    parts = chan.raise_collectively(error, local, phase="unshard")
+    counts = [part.shape[dim] for part in parts]
+    lay = _as_layout(layout, sum(counts), chan, counts)
+    if not isinstance(layout, Layout) and lay.counts() != counts:
+        raise Error("unshard: the shards hold %s tokens by rank, which is not the %s layout of "
+                    "%d tokens (%s)" % (counts, layout, sum(counts), lay.counts()))
     shape = list(local.shape)
-    shape[dim] = layout.seq
+    shape[dim] = lay.seq
     full = np.empty(shape, dtype=local.dtype)
     for rank, part in enumerate(parts):
         index = [slice(None)] * len(shape)
-        index[dim] = layout.tokens(rank)
+        index[dim] = lay.tokens(rank)
         full[tuple(index)] = part
     if is_torch:
         result = torch.from_numpy(full)
@@ -311,7 +431,7 @@ _TORCH_DTYPES = ("float32", "bfloat16", "float16")
 _NUMPY_DTYPES = ("float32", "float16")  # numpy has no bfloat16
 
 
-def _check_inputs(q, k, v):
+def _check_inputs(q, k, v, dims=(4,)):
     """This rank's problem with its inputs, as an error text ("" if they are fine)."""
     tensors = (("q", q), ("k", k), ("v", v))
     kinds = {_is_torch(x) for _, x in tensors}
@@ -321,7 +441,8 @@ def _check_inputs(q, k, v):
         if _is_torch(x):
             if x.device.type != "cpu":
                 return ("%s is on device %s: the Python package runs on CPU tensors; the C++ "
-                        "CUDA backend (--device cuda) is not wired to it yet" % (name, x.device))
+                        "CUDA backend (a2d --device cuda) is not wired to it yet"
+                        % (name, x.device))
             allowed = _TORCH_DTYPES
         else:
             if not isinstance(x, np.ndarray):
@@ -329,12 +450,18 @@ def _check_inputs(q, k, v):
             allowed = _NUMPY_DTYPES
         if _describe_dtype(x) not in allowed:
             return "%s has dtype %s; supported: %s" % (name, _describe_dtype(x), ", ".join(allowed))
-        if len(x.shape) != 4:
-            return ("%s must have 4 dimensions [batch, local tokens, heads, head_dim], got shape %s"
-                    % (name, list(x.shape)))
+        if len(x.shape) not in dims:
+            return ("%s must have 4 dimensions [batch, local tokens, heads, head_dim]%s, got "
+                    "shape %s" % (name, " or 3 [local tokens, heads, head_dim]"
+                                  if 3 in dims else "", list(x.shape)))
+    if len({len(x.shape) for _, x in tensors}) != 1:
+        return "q, k and v must have the same number of dimensions, got %s, %s and %s" % (
+            list(q.shape), list(k.shape), list(v.shape))
     if not (_describe_dtype(q) == _describe_dtype(k) == _describe_dtype(v)):
         return "q, k and v must have one dtype, got %s, %s and %s" % (
             _describe_dtype(q), _describe_dtype(k), _describe_dtype(v))
+    if len(q.shape) == 3:
+        return _check_inputs(q[None], k[None], v[None])
     b, n, h, d = q.shape
     if tuple(k.shape) != tuple(v.shape):
         return "k and v must have the same shape, got %s and %s" % (list(k.shape), list(v.shape))
@@ -348,102 +475,261 @@ def _check_inputs(q, k, v):
 
 
 # ---------------------------------------------------------------------------------------------
-# Engines: one per (problem, plan, communicator), reused across calls
+# Engines: one per (channel, problem, plan, caller's layout), the least recently used dropped
 
-_engines = {}
+ENGINE_CACHE_SIZE = 8
 
 
-def _engine(problem, chosen, comm):
-    key = (problem.describe(), chosen.describe(), chosen.threads, comm.py2f())
-    engine = _engines.get(key)
-    if engine is None:
-        engine = _core.Engine(problem, chosen, comm)
-        _engines[key] = engine
-    return engine
+class _EngineCache:
+    """At most ENGINE_CACHE_SIZE engines, least recently used dropped first. Every rank of a
+    channel makes the same calls in the same order, so every rank keeps and drops the same
+    engines (dropping one is local: its communicators are freed without messages)."""
+
+    def __init__(self):
+        self._engines = collections.OrderedDict()
+        self.made = 0
+
+    def get(self, key, make):
+        engine = self._engines.get(key)
+        if engine is not None:
+            self._engines.move_to_end(key)
+            return engine
+        engine = make()
+        self.made += 1
+        self._engines[key] = engine
+        while len(self._engines) > ENGINE_CACHE_SIZE:
+            self._engines.popitem(last=False)
+        return engine
+
+    def clear(self):
+        self._engines.clear()
+
+    def __len__(self):
+        return len(self._engines)
+
+
+_engines = _EngineCache()
+
+
+def cache_info():
+    """{"engines": engines kept now, "made": engines made so far, "limit": ENGINE_CACHE_SIZE}."""
+    return {"engines": len(_engines), "made": _engines.made, "limit": ENGINE_CACHE_SIZE}
+
+
+def clear_cache():
+    """Drops every cached engine (collective only in that every rank should do it together)."""
+    _engines.clear()
+
+
+def _engine(chan, problem, chosen, shards):
+    """The engine of (problem, plan, the caller's layout `shards`) on the channel: `shards` is
+    ("plan",) for shards in the plan's own layout, else (kind, counts)."""
+    key = (id(chan), _problem_key(problem), chosen.describe(), chosen.threads, shards)
+
+    def make():
+        _channel.start_watchdog_once(chan)
+        with _InPythonWords():
+            if shards[0] == "plan":
+                return _core.Engine(problem, chosen, chan.transport)
+            return _core.Engine(problem, chosen, chan.transport, shards[0], list(shards[1]))
+
+    return _engines.get(key, make)
 
 
 @atexit.register
 def _release():
     # Before mpi4py finalises MPI (its own atexit hook ran earlier, so it runs later).
     _engines.clear()
-    _core.stop_watchdog()
+    _channel.release()
 
 
-def watchdog(timeout, comm=None):
-    """Collective: abort the whole job (exit code 124, naming the phase and the ranks behind)
-    when no rank has made progress for `timeout` seconds; 0 turns it off."""
-    comm = _comm(comm)
-    _core.stop_watchdog()
-    if timeout and timeout > 0:
-        _core.start_watchdog(comm, float(timeout))
+watchdog = _channel.watchdog
+
+
+# ---------------------------------------------------------------------------------------------
+# The autograd function
+
+
+def _run_forward(engine, q, k, v, sinks_address, empty):
+    """O and LSE in the caller's layout; also the plan-layout Q, K, V, O, LSE the backward
+    needs (the same tensors when the layouts agree). `empty(shape, dtype)` makes tensors."""
+    b, n, h, d = q.shape
+    if engine.exchanges:
+        m = engine.plan_tokens
+        qp, kp, vp = (empty((b, m) + tuple(x.shape[2:]), x.dtype) for x in (q, k, v))
+        engine.exchange_in([(_view(x), _view(y)) for x, y in ((q, qp), (k, kp), (v, vp))], [],
+                           False)
+    else:
+        m, qp, kp, vp = n, q, k, v
+    op = empty(qp.shape, q.dtype)
+    lsep = empty((b, h, m), "float32")
+    engine.forward(_view(qp), _view(kp), _view(vp), _view(op), _view(lsep), sinks_address)
+    if not engine.exchanges:
+        return op, lsep, (qp, kp, vp, op, lsep)
+    out = empty(q.shape, q.dtype)
+    lse = empty((b, h, n), "float32")
+    engine.exchange_out([(_view(op), _view(out))], [(_view(lsep), _view(lse))], False)
+    return out, lse, (qp, kp, vp, op, lsep)
+
+
+def _torch_empty(shape, dtype):
+    return torch.empty(tuple(shape), dtype=getattr(torch, dtype) if isinstance(dtype, str)
+                       else dtype)
+
+
+def _numpy_empty(shape, dtype):
+    return np.empty(tuple(shape), dtype=dtype)
 
 
 if torch is not None:
 
     class _AttentionFunction(torch.autograd.Function):
-        """The engine's forward and backward; saves only this rank's shards and LSE."""
+        """The engine's forward and backward; saves only N/P-sized shards (in the plan's layout,
+        so that the backward moves only dO in and dQ, dK, dV out) and the fp32 LSE."""
 
         @staticmethod
         def forward(ctx, q, k, v, sinks, engine):
             q, k, v = _engine_ready(q), _engine_ready(k), _engine_ready(v)
-            out = torch.empty(q.shape, dtype=q.dtype)
-            lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
             sink_values = None
             if sinks is not None:
                 sink_values = sinks.detach().to(torch.float32).contiguous()
-            engine.forward(_view(q), _view(k), _view(v), _view(out), _view(lse),
-                           0 if sink_values is None else sink_values.data_ptr())
+            out, lse, saved = _run_forward(engine, q, k, v, 0 if sink_values is None
+                                           else sink_values.data_ptr(), _torch_empty)
             ctx.engine = engine
             ctx.has_sinks = sinks is not None
-            ctx.save_for_backward(q, k, v, out, lse,
-                                  sink_values if sink_values is not None else torch.empty(0))
+            ctx.user_shapes = (q.shape, k.shape, v.shape)
+            ctx.save_for_backward(*saved, sink_values if sink_values is not None
+                                  else torch.empty(0))
             ctx.mark_non_differentiable(lse)
             return out, lse
 
         @staticmethod
         def backward(ctx, d_out, _d_lse):
-            q, k, v, out, lse, sink_values = ctx.saved_tensors
-            d_out = _engine_ready(d_out.to(q.dtype))
-            dq = torch.empty(q.shape, dtype=q.dtype)
-            dk = torch.empty(k.shape, dtype=k.dtype)
-            dv = torch.empty(v.shape, dtype=v.dtype)
+            if torch.is_grad_enabled():
+                raise Error("attention2d's backward is not differentiable itself: "
+                            "create_graph=True (double backward, gradient penalties through "
+                            "the attention) is not supported")
+            engine = ctx.engine
+            qp, kp, vp, op, lsep, sink_values = ctx.saved_tensors
+            d_out = _engine_ready(d_out.to(qp.dtype))
+            if engine.exchanges:
+                dop = torch.empty(op.shape, dtype=op.dtype)
+                engine.exchange_in([(_view(d_out), _view(dop))], [], True)
+            else:
+                dop = d_out
+            dqp, dkp, dvp = (torch.empty(x.shape, dtype=x.dtype) for x in (qp, kp, vp))
             dsink = torch.zeros(sink_values.shape, dtype=torch.float32)
-            ctx.engine.backward(_view(q), _view(k), _view(v), _view(out), _view(d_out),
-                                _view(lse), _view(dq), _view(dk), _view(dv),
-                                sink_values.data_ptr() if ctx.has_sinks else 0,
-                                dsink.data_ptr() if ctx.has_sinks else 0)
+            engine.backward(_view(qp), _view(kp), _view(vp), _view(op), _view(dop), _view(lsep),
+                            _view(dqp), _view(dkp), _view(dvp),
+                            sink_values.data_ptr() if ctx.has_sinks else 0,
+                            dsink.data_ptr() if ctx.has_sinks else 0)
+            if engine.exchanges:
+                dq, dk, dv = (torch.empty(shape, dtype=qp.dtype) for shape in ctx.user_shapes)
+                engine.exchange_out([(_view(dqp), _view(dq)), (_view(dkp), _view(dk)),
+                                     (_view(dvp), _view(dv))], [], True)
+            else:
+                dq, dk, dv = dqp, dkp, dvp
             # The engine gives every rank the sum over all ranks' rows. The sinks are a replicated
             # parameter, whose gradients a sequence-sharded model sums over the ranks like every
             # other: each rank returns its 1/P of the sum, so that sum is exact.
-            d_sinks = dsink / ctx.engine.size if ctx.has_sinks else None
+            d_sinks = dsink / engine.size if ctx.has_sinks else None
             return dq, dk, dv, d_sinks, None
+
+
+# ---------------------------------------------------------------------------------------------
+# attention()
+
+
+def _window_from(window, window_size, causal):
+    """Our window (0: none; W: q - W < k <= q) and causal flag from window= and flash-attn's
+    window_size=(left, right) (-1: unbounded)."""
+    if window_size is None:
+        return int(window or 0), bool(causal)
+    try:
+        left, right = (int(x) for x in window_size)
+    except (TypeError, ValueError):
+        raise Error("window_size must be (left, right), got %r" % (window_size,)) from None
+    if window:
+        raise Error("pass window= or window_size=, not both")
+    right_side = 0 if causal else right
+    if right_side == -1 and left == -1:
+        return 0, bool(causal)
+    if right_side != 0:
+        raise Error("window_size=(%d, %d): keys to the right of the query are not supported "
+                    "(attention2d masks causal windows, q - W < k <= q): pass (W - 1, 0) or "
+                    "causal=True" % (left, right))
+    if left < -1:
+        raise Error("window_size=(%d, %d): left must be -1 (unbounded) or >= 0" % (left, right))
+    return (0 if left == -1 else left + 1), True
+
+
+def _user_layout(layout, counts, ranks, seq):
+    """The caller's layout as ("plan",) or (kind, counts), or an error text."""
+    if isinstance(layout, Layout):
+        if layout.plan is None:
+            return (layout.kind, tuple(layout.counts())), ""
+        return ("plan",), ""
+    if layout is None:
+        if ranks == 1:
+            return ("plan",), ""
+        return None, ("with %d ranks, say how the sequence is sharded: layout='contiguous' "
+                      "(each rank's slice, in rank order), 'zigzag' (chunks r and 2P-1-r of "
+                      "2P), 'cyclic' (token t on rank t mod P), or a Layout from "
+                      "attention2d.layout() (the plan's own: no exchange)" % ranks)
+    if layout not in USER_LAYOUTS:
+        return None, ("layout=%r: choose one of %s, or a Layout from attention2d.layout()"
+                      % (layout, ", ".join(repr(x) for x in USER_LAYOUTS)))
+    if layout == "contiguous":
+        return ("contiguous", tuple(counts)), ""
+    expected = [len(t) for t in _layout_tokens(layout, seq, ranks)]
+    if expected != list(counts):
+        return None, ("the shards hold %s tokens by rank, which is not the %s layout of %d "
+                      "tokens on %d ranks (%s)" % (list(counts), layout, seq, ranks, expected))
+    return (layout, tuple(counts)), ""
 
 
 def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", grid=None,
               comm=None, return_lse=False, layout=None, threads=1, machine=None,
-              calibration=None, cu_seqlens=None, sinks=None, softcap=0.0, heads_parallel=None):
+              calibration=None, cu_seqlens=None, sinks=None, softcap=0.0, heads_parallel=None,
+              group=None, window_size=None, dropout_p=0.0, deterministic=None,
+              return_attn_probs=False, _refusal=""):
     """This rank's shard of softmax(q k^T * scale) v over the whole distributed sequence.
 
-    q: [batch, local tokens, heads, head_dim]; k, v: [batch, local tokens, kv_heads, head_dim]
-    (GQA/MQA: heads a multiple of kv_heads), this rank's tokens in layout order
-    (attention2d.layout / shard). causal: k <= q; window W > 0 (with causal): q - W < k <= q.
-    softmax_scale: default 1/sqrt(head_dim). algo: attention2d, attention2d-overlap, ring,
-    allgather-kv, ulysses, hybrid or auto (the cost model's choice); grid: (R, C) for ATTENTION2D,
-    or of each heads group for the hybrid; heads_parallel: the hybrid's U (U x R x C = ranks).
-    layout: a Layout from attention2d.layout(), whose plan is then used. Collective over comm
-    (default MPI.COMM_WORLD): every rank calls it with the same arguments.
-    cu_seqlens: packed documents, as flash-attn's varlen [0, l0, l0 + l1, ..., N] of the whole
-    sequence (global positions): a query sees only keys of its own document. sinks: per query
-    head, a logit [heads] (float32) that joins every row's softmax denominator (gpt-oss); the
-    same on every rank; differentiable (each rank's gradient is 1/P of the total, so summing the
-    ranks' gradients, as for any replicated parameter, gives it). softcap: scores become
-    softcap * tanh(score / softcap) before the mask and the softmax (0: off).
+    q: [batch, local tokens, heads, head_dim] (or 3-D [local tokens, heads, head_dim], flash-attn's
+    packed "thd", batch 1); k, v: the same with kv_heads (GQA/MQA: heads a multiple of kv_heads).
+    group: a torch.distributed ProcessGroup (or DeviceMesh); comm: an mpi4py communicator;
+    neither: torch.distributed's default group where initialised, else MPI.COMM_WORLD.
+    layout: how the ranks' shards cut the sequence: "contiguous" (each rank's slice in rank
+    order; any lengths), "zigzag" (chunks r and 2P-1-r of 2P), "cyclic", or a Layout from
+    attention2d.layout() (the plan's own layout, which needs no exchange). With more than one
+    rank it must be given. Shards in another layout than the plan's are exchanged into it
+    inside (one all-to-all each way) and the results come back in the caller's layout.
+    causal: k <= q; window W > 0 (with causal): q - W < k <= q; or flash-attn's
+    window_size=(W - 1, 0). softmax_scale: default 1/sqrt(head_dim). algo: attention2d,
+    attention2d-overlap, ring, allgather-kv, ulysses, hybrid or auto (the cost model's choice);
+    grid: (R, C) for ATTENTION2D, or of each heads group for the hybrid; heads_parallel: the
+    hybrid's U (U x R x C = ranks). cu_seqlens: packed documents, flash-attn's varlen
+    [0, l0, l0 + l1, ..., N] of the whole sequence (global positions). sinks: per query head, a
+    logit [heads] (float32) joining every row's softmax denominator (gpt-oss); differentiable
+    (each rank's gradient is 1/P of the total). softcap: scores become softcap * tanh(s /
+    softcap). dropout_p must be 0 (exact attention); deterministic is accepted: results are
+    always bitwise reproducible for the same inputs, plan, ranks, threads and transport.
 
-    torch tensors (float32, bfloat16, float16, CPU): differentiable; returns out (and the fp32
-    LSE [batch, heads, local tokens] if return_lse). numpy arrays (float32, float16): the
-    forward only, returns numpy arrays."""
-    comm = _comm(comm)
-    error = _check_inputs(q, k, v)
+    torch tensors (float32, bfloat16, float16, CPU): differentiable; returns out, (out, lse) with
+    return_lse, or (out, lse, None) with return_attn_probs (flash-attn's shape; no
+    probabilities). numpy arrays (float32, float16): the forward only."""
+    chan = channel(comm, group)
+    error = _refusal or _check_inputs(q, k, v, dims=(3, 4))
+    thd = not error and len(q.shape) == 3
+    if thd:
+        q, k, v = q[None], k[None], v[None]
+    try:
+        window, causal = _window_from(window, window_size, causal)
+        if dropout_p:
+            raise Error("dropout_p=%s: attention2d computes exact attention without dropout; "
+                        "dropout_p must be 0.0" % dropout_p)
+    except Error as e:
+        error = error or str(e)
     if not error and window and not causal:
         error = "window=%d needs causal=True (the window is q - window < k <= q)" % window
     if not error and sinks is not None:
@@ -455,17 +741,21 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     if sinks is not None and not error:
         sink_list = [float(x) for x in (sinks.detach().tolist() if _is_torch(sinks)
                                         else np.asarray(sinks).tolist())]
-    bounds = None if cu_seqlens is None else tuple(
-        int(x) for x in (cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist") else cu_seqlens))
+    try:
+        bounds = _bounds(cu_seqlens)
+    except Error as e:
+        error, bounds = error or str(e), None
+    layout_spec = (layout.plan.describe() if isinstance(layout, Layout) and layout.plan
+                   else (layout.kind, tuple(layout.counts())) if isinstance(layout, Layout)
+                   else layout)
     signature = (bool(causal), int(window or 0), softmax_scale, _algo_name(algo),
-                 _grid_text(grid), None if layout is None else layout.plan.describe(),
-                 bounds, sink_list, float(softcap or 0.0), heads_parallel)
+                 _grid_text(grid), layout_spec, bounds, sink_list, float(softcap or 0.0),
+                 heads_parallel)
+    local = None
     if not error:
         b, n, h, d = q.shape
         local = (int(b), int(n), int(h), int(k.shape[2]), int(d), _describe_dtype(q))
-    else:
-        local = None
-    gathered = _raise_collectively(comm, error, (local, signature))
+    gathered = chan.raise_collectively(error, (local, signature), phase="attention() arguments")
     # Every rank now holds every rank's shapes and arguments and reaches the same verdict.
     first_local, first_signature = gathered[0]
     names = ("causal", "window", "softmax_scale", "algo", "grid", "layout", "cu_seqlens",
@@ -480,39 +770,55 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
                                        first_local[:1] + first_local[2:],
                                        shapes[:1] + shapes[2:]):
             if mine != theirs:
-                raise Error("the ranks passed different shapes; %s is %r on rank 0 and %r on "
-                            "rank %d" % (field, mine, theirs, rank))
-    seq = sum(shapes[1] for shapes, _ in gathered)
+                what = "dtypes" if field == "dtype" else "shapes"
+                raise Error("the ranks passed different %s; %s is %r on rank 0 and %r on "
+                            "rank %d" % (what, field, mine, theirs, rank))
+    counts = [shapes[1] for shapes, _ in gathered]
+    seq = sum(counts)
+    ranks = chan.size
+    if isinstance(layout, Layout):
+        if layout.ranks != ranks:
+            raise Error("layout= is for %d ranks, but the call runs on %d" % (layout.ranks, ranks))
+        wrong = [r for r in range(ranks) if counts[r] != layout.counts()[r]]
+        if wrong:
+            r = wrong[0]
+            raise Error("rank %d holds %d tokens, but layout= (%d tokens on %d ranks) gives it %d"
+                        "%s (shard the inputs with attention2d.shard(x, layout))"
+                        % (r, counts[r], layout.seq, ranks, layout.counts()[r],
+                           "" if len(wrong) == 1 else "; ranks %s differ too" % wrong[1:]))
+    shards, error = _user_layout(layout, counts, ranks, seq)
+    if error:
+        raise Error(error)
     b, _, h, hk, d, dtype = first_local
-    problem = _problem(seq, h, d, hk, b, causal, window, softmax_scale, dtype, cu_seqlens,
+    problem = _problem(seq, h, d, hk, b, causal, window, softmax_scale, dtype, bounds,
                        sinks is not None, softcap)
-    ranks = comm.Get_size()
-    if layout is not None:
-        if layout.problem.seq != seq or layout.ranks != ranks:
-            raise Error("layout= is for %d tokens on %d ranks, but the shards hold %d tokens on %d "
-                        "ranks" % (layout.problem.seq, layout.ranks, seq, ranks))
+    if isinstance(layout, Layout) and layout.plan is not None:
         chosen = layout.plan
+        pinned = {"algo": (_algo_name(algo), "auto", chosen.algorithm),
+                  "grid": (_grid_text(grid), "", _grid_text(chosen.grid)),
+                  "heads_parallel": (heads_parallel, None, chosen.heads_parallel)}
+        for name, (given, unset, planned) in pinned.items():
+            if given != unset and given != planned:
+                raise Error("layout= was made for the plan %s, but %s=%r: the shards' layout "
+                            "fixes the plan (make the layout with the same %s)"
+                            % (chosen.describe(), name, given, name))
         chosen.threads = int(threads)
     else:
         chosen = _resolve_plan(problem, ranks, algo, grid, machine, calibration, threads,
-                               heads_parallel=heads_parallel)
-    counts = [len(t) for t in _core.layout_tokens(problem, chosen, ranks)]
-    for rank, (shapes, _) in enumerate(gathered):
-        if shapes[1] != counts[rank]:
-            raise Error("rank %d holds %d tokens, but the layout of %s gives it %d (shard the "
-                        "inputs with attention2d.shard(x, attention2d.layout(...)))"
-                        % (rank, shapes[1], chosen.describe(), counts[rank]))
-    engine = _engine(problem, chosen, comm)
+                               heads_parallel=heads_parallel, order=chan.order, shards=shards)
+    engine = _engine(chan, problem, chosen, shards)
 
     if _is_torch(q):
         if sinks is not None and not _is_torch(sinks):
             sinks = torch.as_tensor(np.asarray(sinks, dtype=np.float32))
         out, lse = _AttentionFunction.apply(q, k, v, sinks, engine)
-        return (out, lse) if return_lse else out
-    q, k, v = _engine_ready(q), _engine_ready(k), _engine_ready(v)
-    out = np.empty(q.shape, dtype=q.dtype)
-    lse = np.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=np.float32)
-    sink_values = None if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32)
-    engine.forward(_view(q), _view(k), _view(v), _view(out), _view(lse),
-                   0 if sink_values is None else sink_values.ctypes.data)
+    else:
+        q, k, v = _engine_ready(q), _engine_ready(k), _engine_ready(v)
+        sink_values = None if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32)
+        out, lse, _ = _run_forward(engine, q, k, v, 0 if sink_values is None
+                                   else sink_values.ctypes.data, _numpy_empty)
+    if thd:
+        out, lse = out[0], lse[0]
+    if return_attn_probs:
+        return out, lse, None
     return (out, lse) if return_lse else out

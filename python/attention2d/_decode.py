@@ -3,15 +3,16 @@ decode steps of T new tokens (docs/inference.md, attention2d/inference.hpp)."""
 
 import numpy as np
 
-from . import _core
-from ._api import (Error, Layout, _check_inputs, _comm, _describe_dtype, _engine_ready, _is_torch,
-                   _problem, _raise_collectively, _resolve_plan, _view, torch)
+from . import _channel, _core
+from ._api import (Error, Layout, _check_inputs, _describe_dtype, _engine_ready, _is_torch,
+                   _InPythonWords, _problem, _resolve_plan, _view, torch)
 
 
 class Decoder:
-    """A distributed KV cache and its decode steps. Collective over comm (MPI.COMM_WORLD by
-    default): every rank builds it with the same arguments and calls prefill() once, then
-    step() with the same number of tokens.
+    """A distributed KV cache and its decode steps. Collective over group= (a torch.distributed
+    ProcessGroup) or comm= (an mpi4py communicator), by default the same ranks as attention():
+    every rank builds it with the same arguments and calls prefill() once, then step() with the
+    same number of tokens.
 
         dec = attention2d.Decoder(prompt=n, heads=h, kv_heads=g, head_dim=d)
         out, lse = dec.prefill(q_local, k_local, v_local)    # this rank's prompt tokens:
@@ -26,27 +27,31 @@ class Decoder:
 
     def __init__(self, prompt, heads, head_dim, kv_heads=None, batch=1, window=0,
                  softmax_scale=None, dtype="float32", algo="auto", grid=None, comm=None,
-                 capacity=0, threads=1, machine=None, calibration=None, sinks=None, softcap=0.0):
-        self.comm = _comm(comm)
+                 capacity=0, threads=1, machine=None, calibration=None, sinks=None, softcap=0.0,
+                 group=None):
+        self.channel = _channel.channel(comm, group)
         error, problem, chosen = "", None, None
         try:
             problem = _problem(prompt, heads, head_dim, kv_heads, batch, True, window,
                                softmax_scale, dtype, None, sinks is not None, softcap)
-            chosen = _resolve_plan(problem, self.comm.Get_size(), algo, grid, machine,
-                                   calibration, threads)
+            chosen = _resolve_plan(problem, self.channel.size, algo, grid, machine,
+                                   calibration, threads, order=self.channel.order)
             if int(capacity) < 0:
                 error = "capacity must be >= 0 tokens, got %d" % int(capacity)
         except Error as e:
             error = str(e)
-        _raise_collectively(self.comm, error)
+        self.channel.raise_collectively(error, phase="Decoder arguments")
         self.problem = problem
         self.plan = chosen
-        self.layout = Layout(problem, chosen, self.comm.Get_size(), self.comm.Get_rank())
+        self.layout = Layout(problem, chosen, self.channel.size, self.channel.rank)
         self._sinks = None
         if sinks is not None:
             values = sinks.detach().tolist() if _is_torch(sinks) else np.asarray(sinks).tolist()
             self._sinks = np.ascontiguousarray(values, dtype=np.float32)
-        self._engine = _core.DecoderEngine(problem, chosen, self.comm, int(capacity))
+        _channel.start_watchdog_once(self.channel)
+        with _InPythonWords():
+            self._engine = _core.DecoderEngine(problem, chosen, self.channel.transport,
+                                               int(capacity))
         self._prefilled = False
 
     @property
@@ -91,7 +96,7 @@ class Decoder:
                     "float32", "fp32").replace("float16", "fp16") != p.dtype:
                 error = "%s: the decoder is %s, the tensors %s" % (what, p.dtype,
                                                                   _describe_dtype(q))
-        _raise_collectively(self.comm, error)
+        self.channel.raise_collectively(error, phase="Decoder arguments")
 
     def _call(self, run, q, k, v):
         q, k, v = _engine_ready(q), _engine_ready(k), _engine_ready(v)
@@ -109,7 +114,7 @@ class Decoder:
         """Collective, once: the forward over the prompt (this rank's tokens in layout order,
         self.layout.tokens()); the K and V become the cache. Returns this rank's O and LSE."""
         error = "prefill() runs once per Decoder" if self._prefilled else ""
-        _raise_collectively(self.comm, error)
+        self.channel.raise_collectively(error, phase="Decoder arguments")
         self._check(q, k, v, len(self.layout.tokens()), "prefill")
         result = self._call(self._engine.prefill, q, k, v)
         self._prefilled = True
@@ -121,10 +126,10 @@ class Decoder:
         LSE: attention over the whole cache, causal within the step."""
         error = "" if self._prefilled else "step() needs the cache: call prefill() first"
         mine = int(q.shape[1]) if len(getattr(q, "shape", ())) == 4 else 0
-        counts = _raise_collectively(self.comm, error, mine)
+        counts = self.channel.raise_collectively(error, mine, phase="Decoder arguments")
         total = sum(counts) if tokens is None else int(tokens)
         error = "" if total >= 1 else "a decode step appends at least one token, got %d" % total
-        totals = _raise_collectively(self.comm, error, total)
+        totals = self.channel.raise_collectively(error, total, phase="Decoder arguments")
         if len(set(totals)) > 1:
             raise Error("the ranks passed different step sizes; every rank must pass the same "
                         "tokens=: %s by rank" % totals)

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -22,9 +23,11 @@
 #include "attention2d/collective.hpp"
 #include "attention2d/cost_model.hpp"
 #include "attention2d/error.hpp"
+#include "attention2d/gloo_comm.hpp"
 #include "attention2d/harness.hpp"
 #include "attention2d/inference.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "attention2d/relayout.hpp"
 #include "attention2d/version.hpp"
 #include "attention2d/watchdog.hpp"
 
@@ -32,7 +35,17 @@ namespace py = pybind11;
 
 namespace {
 
+// mpi4py's C API, imported on first use: importing mpi4py.MPI initialises MPI, which a job
+// launched by torchrun (no MPI launcher) must not do.
+void import_mpi4py_once() {
+  static bool imported = false;
+  if (imported) return;
+  if (import_mpi4py() < 0) throw py::error_already_set();
+  imported = true;
+}
+
 MPI_Comm mpi_comm_of(py::object comm) {
+  import_mpi4py_once();
   PyObject* object = comm.ptr();
   MPI_Comm* handle = PyMPIComm_Get(object);
   if (handle == nullptr) throw py::error_already_set();
@@ -116,6 +129,23 @@ void wrap_common(Wrapped& w, Shards& s, const py::tuple& q, const py::tuple& k, 
   s.sinks = reinterpret_cast<const float*>(sinks);
 }
 
+// The caller's layout from its name and (for contiguous) every rank's token count: the shards
+// attention(layout=...) receives.
+a2d::TokenLayout caller_layout(const std::string& kind, const std::vector<int64_t>& counts,
+                               int64_t seq, int ranks) {
+  if (kind == "contiguous" && !counts.empty()) return a2d::TokenLayout::contiguous_counts(counts);
+  return a2d::TokenLayout(a2d::parse_layout(kind), seq, ranks);
+}
+
+// The cost model's view of the caller's shards ("" = in the plan's own layout: none). The Python
+// layer's backward moves only dO in and dQ, dK, dV out (relayout.hpp: saved).
+std::optional<a2d::UserShards> user_shards(const std::string& kind,
+                                           const std::vector<int64_t>& counts, int64_t seq,
+                                           int ranks) {
+  if (kind.empty()) return std::nullopt;
+  return a2d::UserShards{caller_layout(kind, counts, seq, ranks), a2d::RelayoutBackward::saved};
+}
+
 py::dict prediction_dict(const a2d::Prediction& p) {
   py::dict d;
   d["forward_s"] = p.forward_s;
@@ -131,17 +161,131 @@ py::dict prediction_dict(const a2d::Prediction& p) {
   d["words_forward"] = p.words_forward;
   d["words_backward"] = p.words_backward;
   d["memory_bytes"] = p.memory_bytes;
+  d["relayout_forward_bytes"] = p.relayout_forward.bytes;
+  d["relayout_backward_bytes"] = p.relayout_backward.bytes;
+  d["relayout_forward_s"] = p.relayout_forward_s;
+  d["relayout_backward_s"] = p.relayout_backward_s;
   return d;
 }
 
-// One distributed attention of a fixed problem and plan over a communicator, on the CPU backend.
+std::unique_ptr<a2d::Watchdog> g_watchdog;
+
+// Marks this rank as outside the library when a call into it returns (the watchdog then waits for
+// it without suspecting a hang: attention2d/watchdog.hpp).
+struct CallScope {
+  CallScope() = default;
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+  ~CallScope() { a2d::Watchdog::note_idle(); }
+};
+
+// The ranks of a group or communicator and the transport the engines use over them: an MPI
+// communicator (a duplicate of an mpi4py one) or a full mesh of Gloo connections (bootstrapped
+// through a torch process group by the Python layer). Every engine duplicates it.
+class Transport {
+ public:
+  static std::shared_ptr<Transport> mpi(py::object comm) {
+    auto t = std::make_shared<Transport>();
+    const MPI_Comm handle = mpi_comm_of(comm);
+    t->base_ = a2d::make_mpi_communicator(handle);
+    t->mpi_ = handle;
+    t->kind_ = "mpi";
+    return t;
+  }
+
+  // exchange(bytes) -> [bytes of every rank]: an all-gather over the bootstrap channel.
+  static std::shared_ptr<Transport> gloo(int rank, int size, py::function exchange) {
+    auto t = std::make_shared<Transport>();
+    const a2d::AllGatherBytes all_gather = [&exchange](const std::string& mine) {
+      py::list parts = exchange(py::bytes(mine));
+      std::vector<std::string> result;
+      for (const py::handle part : parts)
+        result.push_back(part.cast<std::string>());
+      return result;
+    };
+    t->base_ = a2d::make_gloo_communicator(rank, size, all_gather);
+    t->kind_ = "gloo";
+    return t;
+  }
+
+  // This process alone, without MPI.
+  static std::shared_ptr<Transport> local() {
+    auto t = std::make_shared<Transport>();
+    t->base_ = a2d::make_gloo_communicator(
+        0, 1, [](const std::string& mine) { return std::vector<std::string>{mine}; });
+    t->kind_ = "local";
+    return t;
+  }
+
+  int rank() const { return base_->rank(); }
+  int size() const { return base_->size(); }
+  const std::string& kind() const { return kind_; }
+
+  // Every rank's bytes, in rank order; `phase` names the wait for the watchdog.
+  std::vector<py::bytes> allgather(const py::bytes& mine, const std::string& phase) {
+    const std::string own = mine;
+    std::vector<std::string> parts;
+    {
+      CallScope scope;
+      py::gil_scoped_release release;
+      base_->set_phase(phase);
+      parts = a2d::all_gather_bytes(*base_, own);
+    }
+    std::vector<py::bytes> result;
+    for (const std::string& part : parts)
+      result.emplace_back(part);
+    return result;
+  }
+
+  // A communicator of the same ranks with its own message space (an engine's world).
+  std::unique_ptr<a2d::Communicator> duplicate() { return base_->split(0, base_->rank()); }
+
+  // Collective: (re)starts the process's watchdog over these ranks.
+  void start_watchdog(double timeout) {
+    g_watchdog.reset();
+    if (kind_ == "mpi") {
+      g_watchdog = std::make_unique<a2d::Watchdog>(mpi_, timeout);
+    } else {
+      g_watchdog = std::make_unique<a2d::Watchdog>(*base_, timeout);
+    }
+  }
+
+ private:
+  std::unique_ptr<a2d::Communicator> base_;
+  MPI_Comm mpi_ = MPI_COMM_NULL;  // the caller's communicator (mpi4py keeps it alive)
+  std::string kind_;
+};
+
+// Pairs (from, to) of tensors given as (address, dtype, shape, strides) tuples.
+using TensorPairs = std::vector<std::pair<py::tuple, py::tuple>>;
+
+// One distributed attention of a fixed problem and plan over a transport, on the CPU backend.
+// With the caller's layout (`shards`: contiguous with counts, zigzag, cyclic) different from the
+// plan's, exchange_in() moves tensors from the caller's layout into the plan's and
+// exchange_out() back, each in one all-to-all (relayout.hpp); forward() and backward() take
+// plan-layout shards.
 class Engine {
  public:
-  Engine(const a2d::Problem& problem, const a2d::Plan& plan, py::object comm)
+  Engine(const a2d::Problem& problem, const a2d::Plan& plan, Transport& transport)
       : backend_(a2d::make_backend("cpu")) {
-    world_ = a2d::make_mpi_communicator(mpi_comm_of(comm));
+    CallScope scope;
+    world_ = transport.duplicate();
     a2d::set_error_rank(world_->rank());
     attention_ = a2d::make_attention(problem, plan, *world_, *backend_);
+  }
+
+  Engine(const a2d::Problem& problem, const a2d::Plan& plan, Transport& transport,
+         const std::string& kind, const std::vector<int64_t>& counts)
+      : Engine(problem, plan, transport) {
+    CallScope scope;
+    const a2d::TokenLayout shards = caller_layout(kind, counts, problem.seq, world_->size());
+    const a2d::TokenLayout& planned = attention_->layout();
+    to_plan_ = std::make_unique<a2d::LayoutExchange>(shards, planned, world_->rank(), *backend_);
+    if (to_plan_->moves_nothing()) {
+      to_plan_.reset();
+      return;
+    }
+    to_user_ = std::make_unique<a2d::LayoutExchange>(planned, shards, world_->rank(), *backend_);
   }
 
   const a2d::Problem& problem() const { return attention_->problem(); }
@@ -149,6 +293,20 @@ class Engine {
   int rank() const { return world_->rank(); }
   int size() const { return world_->size(); }
   std::vector<int64_t> tokens(int part) const { return attention_->layout().tokens_of(part); }
+  bool exchanges() const { return to_plan_ != nullptr; }
+  int64_t plan_tokens() const { return attention_->layout().count(world_->rank()); }
+
+  // Token tensors [batch, tokens, heads, width] and fp32 rows [batch, heads, tokens], each pair
+  // (caller's layout, plan's layout) for exchange_in and (plan's, caller's) for exchange_out.
+  // backward: whether the exchange belongs to the backward (the phase it is charged to).
+  void exchange_in(const TensorPairs& tokens, const TensorPairs& rows, bool backward) {
+    exchange(*to_plan_, tokens, rows,
+             backward ? a2d::kRelayoutBackwardIn : a2d::kRelayoutForwardIn);
+  }
+  void exchange_out(const TensorPairs& tokens, const TensorPairs& rows, bool backward) {
+    exchange(*to_user_, tokens, rows,
+             backward ? a2d::kRelayoutBackwardOut : a2d::kRelayoutForwardOut);
+  }
 
   // sinks: the address of the sinks' fp32 logits [heads] (0 without sinks); dsink: where the
   // backward writes their gradient [heads] (the sum over every rank's rows).
@@ -157,6 +315,7 @@ class Engine {
     Wrapped w(*backend_);
     a2d::ForwardShards s;
     wrap_common(w, s, q, k, v, out, lse, sinks);
+    CallScope scope;
     py::gil_scoped_release release;
     attention_->forward(s);
   }
@@ -172,24 +331,58 @@ class Engine {
     s.dk = w.token(host_tensor(dk, 4, "dk"));
     s.dv = w.token(host_tensor(dv, 4, "dv"));
     s.dsink = reinterpret_cast<float*>(dsink);
+    CallScope scope;
     py::gil_scoped_release release;
     attention_->backward(s);
   }
 
  private:
+  void exchange(a2d::LayoutExchange& exchange, const TensorPairs& tokens, const TensorPairs& rows,
+                const std::string& phase) {
+    A2D_REQUIRE(to_plan_ != nullptr, "this engine's shards are in the plan's layout: nothing to "
+                                     "exchange");
+    Wrapped w(*backend_);
+    std::vector<a2d::LayoutExchange::TokenMove> token_moves;
+    for (const auto& [from, to] : tokens) {
+      const HostTensor f = host_tensor(from, 4, "from"), t = host_tensor(to, 4, "to");
+      a2d::LayoutExchange::TokenMove move;
+      move.from = w.token(f);
+      move.to = w.token(t);
+      move.batch = f.shape[0];
+      move.heads = f.shape[2];
+      move.width = f.shape[3];
+      token_moves.push_back(move);
+    }
+    std::vector<a2d::LayoutExchange::RowMove> row_moves;
+    for (const auto& [from, to] : rows) {
+      const HostTensor f = host_tensor(from, 3, "from"), t = host_tensor(to, 3, "to");
+      a2d::LayoutExchange::RowMove move;
+      move.from = w.row(f);
+      move.to = w.row(t);
+      move.batch = f.shape[0];
+      move.heads = f.shape[1];
+      row_moves.push_back(move);
+    }
+    CallScope scope;
+    py::gil_scoped_release release;
+    exchange.exchange(*world_, token_moves, row_moves, phase);
+  }
+
   std::unique_ptr<a2d::Backend> backend_;
   std::unique_ptr<a2d::Communicator> world_;
   std::unique_ptr<a2d::DistributedAttention> attention_;
+  std::unique_ptr<a2d::LayoutExchange> to_plan_, to_user_;
 };
 
-// A prefill and its decode steps (inference.hpp) over a communicator, on the CPU backend: the
-// KV cache lives in the decoder; prefill() and step() read the caller's tensors in place.
+// A prefill and its decode steps (inference.hpp) over a transport, on the CPU backend: the KV
+// cache lives in the decoder; prefill() and step() read the caller's tensors in place.
 class DecoderEngine {
  public:
-  DecoderEngine(const a2d::Problem& problem, const a2d::Plan& plan, py::object comm,
+  DecoderEngine(const a2d::Problem& problem, const a2d::Plan& plan, Transport& transport,
                 int64_t capacity)
       : backend_(a2d::make_backend("cpu")) {
-    world_ = a2d::make_mpi_communicator(mpi_comm_of(comm));
+    CallScope scope;
+    world_ = transport.duplicate();
     a2d::set_error_rank(world_->rank());
     decoder_ = a2d::make_decoder(problem, plan, *world_, *backend_, capacity);
   }
@@ -216,6 +409,7 @@ class DecoderEngine {
     Wrapped w(*backend_);
     a2d::ForwardShards s;
     wrap_common(w, s, q, k, v, out, lse, sinks);
+    CallScope scope;
     py::gil_scoped_release release;
     decoder_->prefill(s);
   }
@@ -229,6 +423,7 @@ class DecoderEngine {
     const HostTensor hq = host_tensor(q, 4, "q");
     if (hq.shape[1] > 0) wrap_common(w, s, q, k, v, out, lse, sinks);
     s.sinks = reinterpret_cast<const float*>(sinks);
+    CallScope scope;
     py::gil_scoped_release release;
     decoder_->step(tokens, s);
   }
@@ -245,12 +440,11 @@ class DecoderEngine {
   std::unique_ptr<a2d::DistributedDecoder> decoder_;
 };
 
-std::unique_ptr<a2d::Watchdog> g_watchdog;
+
 
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
-  if (import_mpi4py() < 0) throw py::error_already_set();
   m.doc() = "attention2d's compiled core (see the attention2d package)";
   m.attr("version") = A2D_VERSION_STRING;
 
@@ -346,23 +540,31 @@ PYBIND11_MODULE(_core, m) {
         [](const std::string& grid, int ranks) { a2d::check_grid(a2d::parse_grid(grid), ranks); });
   m.def("default_calibration_file", &a2d::default_calibration_file);
   // The planner of `a2d plan` / `a2d run`: (plan, prediction, machine description).
+  // shards_kind / shard_counts: the caller's layout ("" = the plan's own), which the model charges
+  // the exchanges to and from.
   m.def("choose_plan",
         [](const a2d::Problem& problem, int ranks, int ranks_per_node, const std::string& machine,
            const std::string& calibration, const std::string& machine_file, const std::string& algo,
-           const std::string& grid, int heads_parallel) {
+           const std::string& grid, int heads_parallel, const std::string& shards_kind,
+           const std::vector<int64_t>& shard_counts) {
           const a2d::commands::MachineChoice choice{machine, calibration, machine_file};
-          const auto planned = a2d::commands::choose_plan(problem, ranks, ranks_per_node, choice,
-                                                          algo, grid, heads_parallel);
+          const auto shards = user_shards(shards_kind, shard_counts, problem.seq, ranks);
+          const auto planned =
+              a2d::commands::choose_plan(problem, ranks, ranks_per_node, choice, algo, grid,
+                                         heads_parallel, shards ? &*shards : nullptr);
           return py::make_tuple(planned.plan, prediction_dict(planned.prediction),
                                 planned.machine_description);
         });
   // Every plan the model ranks, fastest first: [(plan, prediction)], and the skipped ones.
   m.def("search_plans",
         [](const a2d::Problem& problem, int ranks, int ranks_per_node, const std::string& machine,
-           const std::string& calibration, const std::string& machine_file) {
+           const std::string& calibration, const std::string& machine_file,
+           const std::string& shards_kind, const std::vector<int64_t>& shard_counts) {
           const a2d::commands::MachineChoice choice{machine, calibration, machine_file};
           const a2d::Machine chosen = choice.machine(ranks, problem.dtype);
-          const a2d::PlanSearch search = a2d::search_plans(problem, ranks, chosen, ranks_per_node);
+          const auto shards = user_shards(shards_kind, shard_counts, problem.seq, ranks);
+          const a2d::PlanSearch search = a2d::search_plans(
+              problem, ranks, chosen, ranks_per_node, true, false, shards ? &*shards : nullptr);
           py::list ranked;
           for (const a2d::RankedPlan& r : search.ranked) {
             ranked.append(py::make_tuple(r.plan, prediction_dict(r.prediction)));
@@ -395,14 +597,6 @@ PYBIND11_MODULE(_core, m) {
     d["dv"] = b.dv;
     return d;
   });
-  m.def(
-      "start_watchdog",
-      [](py::object comm, double timeout) {
-        g_watchdog.reset();
-        g_watchdog = std::make_unique<a2d::Watchdog>(mpi_comm_of(comm), timeout);
-      },
-      "collective: a watchdog over comm that aborts the job after `timeout` seconds without "
-      "progress on any rank (0 stops it)");
   m.def("stop_watchdog", [] { g_watchdog.reset(); });
 
   // Decode (inference.hpp): the bytes rank `rank` sends in a step whose new tokens are owned
@@ -435,8 +629,31 @@ PYBIND11_MODULE(_core, m) {
           d["cache_bytes"] = p.cache_bytes;
           return d;
         });
+  py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
+      .def_static("mpi", &Transport::mpi, "over an mpi4py communicator (a duplicate of it)")
+      .def_static("gloo", &Transport::gloo,
+                  "collective: a full mesh of Gloo TCP connections among `size` ranks; "
+                  "exchange(bytes) -> [every rank's bytes] carries the addresses once")
+      .def_static("local", &Transport::local, "this process alone")
+      .def_property_readonly("rank", &Transport::rank)
+      .def_property_readonly("size", &Transport::size)
+      .def_property_readonly("kind", &Transport::kind)
+      .def("allgather", &Transport::allgather)
+      .def("start_watchdog", &Transport::start_watchdog,
+           "collective: a watchdog over these ranks that aborts the job when a rank inside the "
+           "library waited `timeout` seconds with no rank progressing");
+  m.def("gloo_built", &a2d::gloo_built);
+  // Every rank's global token indices (increasing) in a layout the caller brings.
+  m.def("user_layout_tokens", [](const std::string& kind, int64_t seq, int ranks) {
+    const a2d::TokenLayout layout(a2d::parse_layout(kind), seq, ranks);
+    std::vector<std::vector<int64_t>> parts;
+    for (int part = 0; part < ranks; ++part)
+      parts.push_back(layout.tokens_of(part));
+    return parts;
+  });
+
   py::class_<DecoderEngine>(m, "DecoderEngine")
-      .def(py::init<const a2d::Problem&, const a2d::Plan&, py::object, int64_t>())
+      .def(py::init<const a2d::Problem&, const a2d::Plan&, Transport&, int64_t>())
       .def_property_readonly("rank", &DecoderEngine::rank)
       .def_property_readonly("size", &DecoderEngine::size)
       .def_property_readonly("sequence", &DecoderEngine::sequence)
@@ -450,7 +667,13 @@ PYBIND11_MODULE(_core, m) {
       .def("step", &DecoderEngine::step);
 
   py::class_<Engine>(m, "Engine")
-      .def(py::init<const a2d::Problem&, const a2d::Plan&, py::object>())
+      .def(py::init<const a2d::Problem&, const a2d::Plan&, Transport&>())
+      .def(py::init<const a2d::Problem&, const a2d::Plan&, Transport&, const std::string&,
+                    const std::vector<int64_t>&>())
+      .def_property_readonly("exchanges", &Engine::exchanges)
+      .def_property_readonly("plan_tokens", &Engine::plan_tokens)
+      .def("exchange_in", &Engine::exchange_in)
+      .def("exchange_out", &Engine::exchange_out)
       .def_property_readonly("problem", &Engine::problem)
       .def_property_readonly("plan", &Engine::plan)
       .def_property_readonly("rank", &Engine::rank)

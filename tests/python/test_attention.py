@@ -10,8 +10,8 @@ import torch
 
 import attention2d
 from attention2d import _core
-from conftest import (COMM, assert_all_ranks, full_inputs, global_max, reference, relative_error,
-                      visible)
+from conftest import (COMM, assert_all_ranks, full_inputs, global_max, masked_reference, reference,
+                      relative_error, visible)
 
 ALGOS = ["attention2d", "attention2d-overlap", "ring", "allgather-kv", "ulysses"]
 MASKS = [(False, 0), (True, 0), (True, 5)]
@@ -90,12 +90,12 @@ def test_16_bit(algo, dtype):
 
 
 def test_auto_plan_and_default_layout():
-    # No algo, no layout: the planner's choice; shard() with the same arguments matches it.
+    # No algo: the planner's choice, whose layout() the shards are cut by.
     seq, heads, d = 40, 4, 16
     q, k, v, _ = full_inputs(3, 1, seq, heads, heads, d)
     lay = attention2d.layout(seq=seq, heads=heads, head_dim=d, causal=True)
     out = attention2d.attention(*[attention2d.shard(x.float(), lay) for x in (q, k, v)],
-                                causal=True)
+                                causal=True, layout=lay)
     error = relative_error(attention2d.unshard(out, lay), reference(q, k, v, q, True)[0])
     assert_all_ranks(global_max(error) <= 1e-5, "auto plan error %.3g" % error)
 
@@ -167,29 +167,6 @@ def test_plan_and_model_are_plain_values():
     best_a2d = min(r["words_forward"] for r in rows if r["algorithm"] == "attention2d")
     ring = min(r["words_forward"] for r in rows if r["algorithm"] == "ring")
     assert_all_ranks(best_a2d < ring, "ATTENTION2D sends fewer words than Ring at P = 16")
-
-
-def masked_reference(q, k, v, causal, window, cu_seqlens, sinks, softcap):
-    """fp64 autograd reference with packed documents, sinks (a logit per head joining each row's
-    denominator, its column dropped) and softcapping (cap * tanh(s / cap) before the mask)."""
-    n, h = q.shape[1], q.shape[2]
-    group = h // k.shape[2]
-    kk = k.repeat_interleave(group, dim=2)
-    vv = v.repeat_interleave(group, dim=2)
-    s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * q.shape[-1] ** -0.5
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    doc = torch.zeros(n, dtype=torch.long)
-    for d, (a, b) in enumerate(zip(cu_seqlens[:-1], cu_seqlens[1:])):
-        doc[a:b] = d
-    mask = visible(n, causal, window) & (doc.view(-1, 1) == doc.view(1, -1))
-    s = s.masked_fill(~mask, float("-inf"))
-    if sinks is not None:
-        column = sinks.view(1, h, 1, 1).expand(s.shape[0], h, n, 1)
-        s = torch.cat([s, column], dim=-1)
-    lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - lse.unsqueeze(-1))[..., :n]
-    return torch.einsum("bhqk,bkhd->bqhd", p, vv), lse
 
 
 @pytest.mark.parametrize("algo", ALGOS)

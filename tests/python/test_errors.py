@@ -89,12 +89,48 @@ def test_token_counts_do_not_match_the_layout():
     raised_everywhere(lambda: attention2d.attention(q, k, k, layout=lay), "rank 0 holds")
 
 
+def test_one_extra_token_blames_its_rank():
+    if COMM.Get_size() == 1:
+        pytest.skip("one rank owns every token")
+    lay, q, k, v = shards()
+    n = q.shape[1] + (1 if COMM.Get_rank() == 1 else 0)
+    q, k = torch.randn(1, n, HEADS, D), torch.randn(1, n, HEADS, D)
+    message = raised_everywhere(lambda: attention2d.attention(q, k, k, layout=lay), "rank 1 holds")
+    assert_all_ranks("rank 0" not in message, "rank 0 blamed: %r" % message)
+
+
 def test_window_needs_causal_and_bad_algorithms():
     lay, q, k, v = shards()
     raised_everywhere(lambda: attention2d.attention(q, k, v, window=4), "needs causal=True")
-    raised_everywhere(lambda: attention2d.attention(q, k, v, algo="flash"), "flash")
-    raised_everywhere(lambda: attention2d.attention(q, k, v, algo="attention2d", grid=(7, 5)),
-                      "7x5")
+    raised_everywhere(lambda: attention2d.attention(q, k, v, algo="flash", layout="cyclic"),
+                      "flash")
+    raised_everywhere(lambda: attention2d.attention(q, k, v, algo="attention2d", grid=(7, 5),
+                                                    layout="cyclic"), "7x5")
+    raised_everywhere(lambda: attention2d.attention(q, k, v, algo="ring", layout=lay),
+                      "layout= was made for")
+
+
+def test_errors_speak_python():
+    """Messages name the arguments (cu_seqlens, heads_parallel), not the command line's flags,
+    and give the reason."""
+    lay, q, k, v = shards()
+    message = raised_everywhere(lambda: attention2d.attention(q, k, v, layout=lay,
+                                                              cu_seqlens=[0, 5, SEQ - 1]),
+                                "cu_seqlens must end at the sequence length, %d" % SEQ)
+    assert_all_ranks("--" not in message, "a flag in %r" % message)
+    message = raised_everywhere(lambda: attention2d.layout(seq=SEQ, heads=12, head_dim=D,
+                                                           algo="hybrid", heads_parallel=5),
+                                "heads_parallel=5")
+    assert_all_ranks("--" not in message, "a flag in %r" % message)
+    message = raised_everywhere(lambda: attention2d.layout(seq=SEQ, heads=HEADS, head_dim=D,
+                                                           algo="ring", heads_parallel=2),
+                                "heads_parallel applies to algo='hybrid' only")
+    if COMM.Get_size() > 1:
+        dtype = torch.float16 if COMM.Get_rank() == 1 else torch.float32
+        raised_everywhere(lambda: attention2d.attention(q.to(dtype), k.to(dtype), v.to(dtype),
+                                                        layout=lay),
+                          "the ranks passed different dtypes; dtype is 'float32' on rank 0 and "
+                          "'float16' on rank 1")
 
 
 def test_engine_refuses_ulysses_heads():

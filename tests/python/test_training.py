@@ -5,10 +5,9 @@ output against autograd through the engine."""
 
 import pytest
 import torch
-from mpi4py import MPI
 
 import attention2d
-from conftest import COMM, assert_all_ranks, full_inputs
+from conftest import COMM, TORCH_LAUNCH, assert_all_ranks, full_inputs
 
 VOCAB, DIM, HEADS, KV_HEADS, HEAD_DIM, SEQ, BATCH = 50, 32, 4, 2, 8, 45, 2
 
@@ -64,7 +63,9 @@ def loss_of(logits, targets, total_tokens):
     return ce / total_tokens
 
 
-def test_training_step_matches_one_process():
+def reference_step():
+    """The inputs, a model, and the same model trained one step in one process with torch's
+    attention over the whole sequence (its loss and gradients)."""
     gen = torch.Generator().manual_seed(1234)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=gen)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -72,13 +73,30 @@ def test_training_step_matches_one_process():
     model = Block()
     reference = Block()
     reference.load_state_dict(model.state_dict())
-
-    # One process, torch's attention, the whole sequence.
     positions = torch.arange(SEQ)
     ref_loss = loss_of(reference(inputs, positions.expand(BATCH, -1), torch_attention), targets,
                        BATCH * SEQ)
     ref_loss.backward()
+    return inputs, targets, model, reference, ref_loss
 
+
+def check_gradients(named_gradients, reference):
+    """Every parameter gradient against the one-process reference. The gradient of the K
+    projection's bias is zero in exact arithmetic (adding one vector to every key shifts a row's
+    scores by a constant, which softmax ignores): each error is taken relative to the larger of
+    the gradient's norm and 1 % of the mean gradient norm."""
+    norms = [float(r.grad.norm()) for r in reference.parameters()]
+    floor = 1e-2 * sum(norms) / len(norms)
+    worst = 0.0
+    for (name, grad), (_, r) in zip(named_gradients, reference.named_parameters()):
+        error = float((grad - r.grad).norm()) / max(float(r.grad.norm()), floor)
+        assert_all_ranks(error <= GRADIENT_BOUND, "gradient of %s: error %.3g" % (name, error))
+        worst = max(worst, error)
+    return worst
+
+
+def test_training_step_matches_one_process():
+    inputs, targets, model, reference, ref_loss = reference_step()
     # Every rank: its tokens (the layout's), attention2d across the ranks; the loss and the
     # parameter gradients are sums over the ranks.
     lay = attention2d.layout(seq=SEQ, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
@@ -91,20 +109,25 @@ def test_training_step_matches_one_process():
     total_loss = COMM.allreduce(float(loss))
     loss_error = abs(total_loss - float(ref_loss)) / abs(float(ref_loss))
     assert_all_ranks(loss_error <= LOSS_BOUND, "loss %.8g vs %.8g" % (total_loss, float(ref_loss)))
-
-    # The gradient of the K projection's bias is zero in exact arithmetic (adding one vector to
-    # every key shifts a row's scores by a constant, which softmax ignores): each error is taken
-    # relative to the larger of the gradient's norm and 1 % of the mean gradient norm.
-    norms = [float(r.grad.norm()) for r in reference.parameters()]
-    floor = 1e-2 * sum(norms) / len(norms)
-    worst = 0.0
-    for (name, p), (_, r) in zip(model.named_parameters(), reference.named_parameters()):
-        grad = p.grad.clone()
-        COMM.Allreduce(MPI.IN_PLACE, grad.numpy(), op=MPI.SUM)
-        error = float((grad - r.grad).norm()) / max(float(r.grad.norm()), floor)
-        assert_all_ranks(error <= GRADIENT_BOUND, "gradient of %s: error %.3g" % (name, error))
-        worst = max(worst, error)
+    worst = check_gradients([(name, COMM.allreduce(p.grad)) for name, p in
+                             model.named_parameters()], reference)
     print("training step: loss error %.3g, worst gradient error %.3g" % (loss_error, worst))
+
+
+@pytest.mark.skipif(not TORCH_LAUNCH, reason="DistributedDataParallel needs torch.distributed")
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
+def test_ddp_training_step_is_exact(layout):
+    """DDP over the same group, with register_ddp_hook: after backward() every rank holds the
+    one-process gradients (DDP alone would hold 1/P of them), with contiguous or zigzag shards."""
+    inputs, targets, model, reference, ref_loss = reference_step()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    attention2d.register_ddp_hook(ddp)
+    mine = attention2d.shard(torch.arange(SEQ).view(1, SEQ), layout)[0]
+    attend = lambda q, k, v: attention2d.attention(q, k, v, causal=True, layout=layout)
+    logits = ddp(inputs[:, mine], mine.expand(BATCH, -1), attend)
+    loss_of(logits, targets[:, mine], BATCH * SEQ).backward()
+    worst = check_gradients([(name, p.grad) for name, p in model.named_parameters()], reference)
+    print("DDP training step (%s): worst gradient error %.3g" % (layout, worst))
 
 
 @pytest.mark.parametrize("algo", ["attention2d", "ring"])

@@ -1,0 +1,250 @@
+"""Who the ranks are and how the engine's messages travel between them.
+
+A Channel is the set of ranks a call is collective over, and the transport the engine's messages
+cross:
+
+  torch   a torch.distributed ProcessGroup (or a DeviceMesh): the engine talks over its own full
+          mesh of Gloo TCP connections (attention2d._core.Transport.gloo), whose addresses are
+          exchanged once through the group (all_gather_object). No mpirun and no mpi4py needed:
+          torchrun, or any launcher that sets the env:// variables.
+  mpi     an mpi4py communicator (MPI.COMM_WORLD by default under mpirun / srun).
+  local   one process and no launcher: a Gloo "mesh" of one rank (no network, no MPI).
+
+Channels are made once per group or communicator and kept; every engine made on a channel
+duplicates its transport (its own message space over the same connections)."""
+
+import os
+import pickle
+
+from . import _core
+from ._core import Error
+
+try:  # torch is optional: numpy arrays and mpi4py work without it
+    import torch
+    import torch.distributed as dist
+except ImportError:  # pragma: no cover - Debian's python3-torch is installed by scripts/setup.sh
+    torch = None
+    dist = None
+
+# Variables an MPI launcher (Open MPI's mpirun, MPICH/Hydra, Slurm's PMI/PMIx) sets in every rank.
+_MPI_LAUNCH_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK",
+                         "MPI_LOCALNRANKS")
+
+# The watchdog's default timeout in seconds (attention2d.watchdog changes it; None turns it off).
+DEFAULT_WATCHDOG_TIMEOUT = 300.0
+
+
+class Channel:
+    """The ranks of one group or communicator and the transport the engine uses over them."""
+
+    def __init__(self, kind, transport, label, handle, order=None):
+        self.kind = kind            # "torch", "mpi" or "local"
+        self.transport = transport  # attention2d._core.Transport
+        self.label = label          # for messages: "the torch process group of 4 ranks"
+        self.handle = handle        # the group / communicator / mesh (kept alive with the channel)
+        self.order = order          # DeviceMesh: (heads_parallel, rows, cols) the mesh fixes
+        self.rank = transport.rank
+        self.size = transport.size
+
+    def allgather(self, value, phase):
+        """Every rank's `value` (any picklable object), in rank order, over the engine's transport;
+        `phase` names the wait for the watchdog."""
+        parts = self.transport.allgather(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL),
+                                         phase)
+        return [pickle.loads(part) for part in parts]
+
+    def raise_collectively(self, local_error, extra=None, phase="argument check"):
+        """Every rank passes its own error text ("" if none); all raise the same Error if any
+        rank has one. One all-gather of (error, extra); returns the gathered extras when nobody
+        failed."""
+        gathered = self.allgather((local_error, extra), phase)
+        failed = [rank for rank, (error, _) in enumerate(gathered) if error]
+        if failed:
+            first = failed[0]
+            message = gathered[first][0]
+            if len(failed) == len(gathered) and len(gathered) > 1:
+                message += " (on every rank)"
+            else:
+                if len(gathered) > 1:
+                    message = "rank %d: %s" % (first, message)
+                if len(failed) > 1:
+                    message += " (and %d more ranks failed)" % (len(failed) - 1)
+            raise Error(message)
+        return [value for _, value in gathered]
+
+
+_channels = {}
+_watchdog = {"timeout": DEFAULT_WATCHDOG_TIMEOUT, "channel": None}
+
+
+def _is_process_group(x):
+    return dist is not None and isinstance(x, dist.ProcessGroup)
+
+
+def _is_device_mesh(x):
+    return type(x).__name__ == "DeviceMesh" and hasattr(x, "mesh") and hasattr(x, "get_group")
+
+
+def _is_mpi_comm(x):
+    return type(x).__module__.startswith("mpi4py") and hasattr(x, "Get_size")
+
+
+def _env_int(name):
+    try:
+        return int(os.environ.get(name, ""))
+    except ValueError:
+        return None
+
+
+def _default_target():
+    """The default group or communicator: torch.distributed's default group where it is
+    initialised, else MPI.COMM_WORLD under an MPI launcher, else this process alone. A
+    torchrun-style launch (WORLD_SIZE > 1) without an initialised process group is refused: the
+    ranks would otherwise each compute alone."""
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.distributed_c10d._get_default_group()
+    world_size = _env_int("WORLD_SIZE")
+    mpi_launch = any(name in os.environ for name in _MPI_LAUNCH_VARIABLES)
+    if world_size is not None and world_size > 1 and not mpi_launch:
+        raise Error("WORLD_SIZE=%d in the environment (a torchrun-style launch), but "
+                    "torch.distributed is not initialised, so attention2d would run this process "
+                    "alone as a world of 1 rank: call torch.distributed.init_process_group() "
+                    "first (attention2d then uses the default group), or pass group=" % world_size)
+    if mpi_launch:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        if world_size is not None and world_size > 1 and comm.Get_size() != world_size:
+            raise Error("WORLD_SIZE=%d in the environment, but MPI.COMM_WORLD has %d rank%s: "
+                        "pass group= (a torch.distributed process group) or comm= to say which "
+                        "ranks attention2d runs over" % (world_size, comm.Get_size(),
+                                                         "" if comm.Get_size() == 1 else "s"))
+        return comm
+    return None  # this process alone
+
+
+def channel(comm=None, group=None):
+    """The Channel of `group` (a torch ProcessGroup or DeviceMesh) or `comm` (an mpi4py
+    communicator; a ProcessGroup is accepted there too), or the default one."""
+    if group is not None and comm is not None:
+        raise Error("pass group= (torch.distributed) or comm= (mpi4py), not both")
+    target = group if group is not None else comm
+    if target is None:
+        target = _default_target()
+    if target is None and not _core.gloo_built():
+        from mpi4py import MPI  # a build without Gloo: this process alone over MPI
+
+        target = MPI.COMM_WORLD
+    key = ("local",) if target is None else id(target)
+    made = _channels.get(key)
+    if made is not None and made.handle is target:
+        return made
+    if target is None:
+        made = Channel("local", _core.Transport.local(), "this process alone (1 rank)", None)
+    elif _is_process_group(target):
+        made = _torch_channel(target)
+    elif _is_device_mesh(target):
+        made = _mesh_channel(target)
+    elif _is_mpi_comm(target):
+        made = _mpi_channel(target)
+    else:
+        raise Error("%s= must be a torch.distributed ProcessGroup%s, got %s"
+                    % ("group" if group is not None else "comm",
+                       " or DeviceMesh" if group is not None else " or an mpi4py communicator",
+                       type(target).__name__))
+    _channels[key] = made
+    return made
+
+
+def _mpi_channel(comm):
+    transport = _core.Transport.mpi(comm)
+    return Channel("mpi", transport, "the MPI communicator of %d rank%s"
+                   % (transport.size, "" if transport.size == 1 else "s"), comm)
+
+
+def _gloo_world(group, my_index, size):
+    """A Gloo mesh over the ranks of `group`, this rank at position `my_index` of `size`: the
+    addresses cross the group once (all_gather_object), ordered by position."""
+    def exchange(mine):
+        gathered = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, (my_index, mine), group=group)
+        by_index = dict(gathered)
+        return [by_index[i] for i in range(size)]
+
+    return _core.Transport.gloo(my_index, size, exchange)
+
+
+def _torch_channel(group):
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise Error("this process (global rank %d) is not a member of the process group passed "
+                    "as group=" % dist.get_rank())
+    size = dist.get_world_size(group)
+    transport = _gloo_world(group, rank, size)
+    return Channel("torch", transport, "the torch process group of %d rank%s"
+                   % (size, "" if size == 1 else "s"), group)
+
+
+def _mesh_channel(mesh):
+    """A DeviceMesh of 1 dimension (ranks: the planner chooses), 2 (rows x columns of the
+    ATTENTION2D grid) or 3 (heads groups x rows x columns of the hybrid). Its ranks take the
+    grid's positions: world rank = u * R * C + row + col * R."""
+    shape = tuple(int(s) for s in mesh.mesh.shape)
+    if len(shape) not in (1, 2, 3):
+        raise Error("group=DeviceMesh must have 1, 2 (rows x columns) or 3 (heads x rows x "
+                    "columns) dimensions, got %d" % len(shape))
+    if len(shape) == 1:
+        group = mesh.get_group()
+        made = _torch_channel(group)
+        made.handle = mesh
+        return made
+    flatten = getattr(mesh, "_flatten", None)
+    if flatten is None:
+        raise Error("group=DeviceMesh of %d dimensions needs DeviceMesh._flatten() (torch >= "
+                    "2.6) for one group over its ranks; pass group=mesh._flatten().get_group() "
+                    "with algo= and grid= instead" % len(shape))
+    group = flatten().get_group()
+    heads, rows, cols = (1,) + shape if len(shape) == 2 else shape
+    me = dist.get_rank()
+    positions = {}
+    for u in range(heads):
+        for r in range(rows):
+            for c in range(cols):
+                index = (r, c) if len(shape) == 2 else (u, r, c)
+                global_rank = int(mesh.mesh[index])
+                positions[global_rank] = u * rows * cols + r + c * rows
+    if me not in positions:
+        raise Error("this process (global rank %d) is not in the DeviceMesh passed as group="
+                    % me)
+    size = heads * rows * cols
+    transport = _gloo_world(group, positions[me], size)
+    return Channel("torch", transport, "the DeviceMesh %s (%d ranks)" % (shape, size), mesh,
+                   order=(heads, rows, cols))
+
+
+def start_watchdog_once(chan):
+    """Collective over `chan`: starts the watchdog (over the first channel used) unless it was
+    turned off or already runs."""
+    timeout = _watchdog["timeout"]
+    if not timeout or _watchdog["channel"] is not None:
+        return
+    chan.transport.start_watchdog(float(timeout))
+    _watchdog["channel"] = chan
+
+
+def watchdog(timeout, comm=None, group=None):
+    """Collective: the watchdog aborts the whole job (exit code 124, naming each rank's phase and
+    the ranks behind) when a rank inside an attention2d call has waited `timeout` seconds with no
+    rank making progress, or at once when a rank it waits for has died. It is on by default
+    (DEFAULT_WATCHDOG_TIMEOUT = 300 s, started at the first call); None or 0 turns it off."""
+    _core.stop_watchdog()
+    _watchdog["channel"] = None
+    _watchdog["timeout"] = float(timeout) if timeout else None
+    if timeout:
+        start_watchdog_once(channel(comm, group))
+
+
+def release():
+    _core.stop_watchdog()
+    _watchdog["channel"] = None
+    _channels.clear()

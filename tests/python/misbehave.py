@@ -1,0 +1,47 @@
+"""A training loop in which rank 1 misbehaves at step 1, run by tests/python/watchdog_torch.sh
+under scripts/launch.py (torch.distributed's env:// variables, gloo):
+
+  skip    rank 1 skips that step's backward and goes on to the next forward
+  raise   rank 1's step raises; it reports the error and waits in a cleanup barrier (a common
+          pattern: dist.barrier() in a finally), outside attention2d, while the others wait in
+          the backward
+  exit    rank 1 leaves the loop and ends its process normally (exit code 0: a data loader that
+          ran out early), so the launcher does not stop the others
+
+    misbehave.py MODE TIMEOUT
+
+The watchdog (on by default; TIMEOUT seconds here) must end the job (exit 124) with a message
+naming the phase the waiting ranks are in now, or the rank that is gone."""
+
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import attention2d
+
+mode, timeout = sys.argv[1], float(sys.argv[2])
+dist.init_process_group("gloo")
+attention2d.watchdog(timeout)
+rank = dist.get_rank()
+torch.manual_seed(rank)
+q = torch.randn(1, 24, 2, 8, requires_grad=True)
+try:
+    for step in range(4):
+        out = attention2d.attention(q, q, q, causal=True, layout="contiguous")
+        if rank == 1 and step == 1:
+            if mode == "skip":
+                continue
+            if mode == "raise":
+                raise RuntimeError("rank 1 fails in its step")
+            if mode == "exit":
+                sys.exit(0)
+        out.sum().backward()
+finally:
+    if mode == "raise" and rank == 1:
+        print("misbehave.py: rank 1 raised; waiting in a cleanup barrier", flush=True)
+        dist.barrier()
+print("misbehave.py: rank %d finished (the watchdog should have ended the job)" % rank,
+      flush=True)
+time.sleep(600)

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The watchdog under a torch.distributed launch (scripts/launch.py, gloo), on by default: rank 1
+# skips a backward, raises (then waits outside attention2d), or exits normally mid-training; each
+# RUNS times (default 10). Every run must end within TIMEOUT + 15 s with exit code 124 and a
+# report naming what the waiting ranks are in, or the rank that is gone.
+#   watchdog_torch.sh PYTHON [RUNS] [TIMEOUT]
+set -uo pipefail
+python=$1
+runs=${2:-10}
+timeout=${3:-3}
+here=$(cd "$(dirname "$0")" && pwd)
+launch="$here/../../scripts/launch.py"
+fail() { echo "watchdog_torch.sh: $*" >&2; exit 1; }
+for mode in skip raise exit; do
+  for run in $(seq 1 "$runs"); do
+    start=$(date +%s%N)
+    out=$("$python" "$launch" --nproc 3 --timeout $(( ${timeout%.*} + 60 )) --grace 2 -- \
+          "$python" "$here/misbehave.py" "$mode" "$timeout" 2>&1)
+    code=$?
+    elapsed=$(( ($(date +%s%N) - start) / 1000000000 ))
+    case $mode in
+      skip)  expected="phase [0-9]* backward\.|phase [0-9]* forward\." ;;
+      raise) expected="outside attention2d" ;;
+      exit)  expected="rank 1 (is gone|left|closed)" ;;
+    esac
+    if [ "$code" -ne 124 ] || ! echo "$out" | grep -Eq "$expected" ||
+       [ "$elapsed" -gt $(( ${timeout%.*} + 15 )) ]; then
+      echo "$out"
+      fail "$mode run $run: exit $code after ${elapsed} s (expected 124 within $timeout + 15 s and /$expected/)"
+    fi
+    echo "watchdog_torch.sh: $mode run $run: exit 124 after ${elapsed} s"
+  done
+done
+echo "watchdog_torch.sh: passed ($runs runs of each)"
