@@ -317,15 +317,18 @@ def test_process_group_arguments():
 
 
 @torch_only
-def test_device_mesh_fixes_the_grid():
-    """A 2-D DeviceMesh (rows x columns) is ATTENTION2D's grid, its ranks at the grid's
-    positions (duck-typed: torch 1.13 has no DeviceMesh; the object has what torch's has)."""
-    if P not in (2, 4):
-        pytest.skip("a 2 x (P/2) mesh")
+@pytest.mark.parametrize("shape", [(2, 2), (1, 4), (2, 2, 1), (2, 1, 2)])
+def test_device_mesh_fixes_the_grid(shape):
+    """A 2-D DeviceMesh (rows x columns) is ATTENTION2D's grid, a 3-D one (heads groups x rows x
+    columns) the hybrid's, its ranks at the grid's positions (duck-typed: torch 1.13 has no
+    DeviceMesh; the object has what torch's has). The mesh's rank order is reversed, so that
+    mesh positions and global ranks differ."""
+    if P != 4:
+        pytest.skip("meshes of 4 ranks")
 
     class DeviceMesh:
         def __init__(self):
-            self.mesh = torch.arange(P).view(2, P // 2)
+            self.mesh = torch.arange(P - 1, -1, -1).view(*shape)
 
         def get_group(self, dim=None):
             return dist.group.WORLD
@@ -334,14 +337,16 @@ def test_device_mesh_fixes_the_grid():
             return self
 
     mesh = DeviceMesh()
-    seq = 19
-    lay = attention2d.layout(seq=seq, heads=2, head_dim=8, causal=True, group=mesh)
-    assert_all_ranks(lay.plan.algorithm == "attention2d" and tuple(lay.plan.grid) == (2, P // 2),
-                     "mesh plan %s" % lay.plan.describe())
-    q, k, v, _ = full_inputs(8, 1, seq, 2, 2, 8)
+    seq, heads = 19, 4
+    lay = attention2d.layout(seq=seq, heads=heads, head_dim=8, causal=True, group=mesh)
+    expected = ("hybrid" if len(shape) == 3 else "attention2d", tuple(shape[-2:]),
+                shape[0] if len(shape) == 3 else 1)
+    got = (lay.plan.algorithm, tuple(lay.plan.grid), lay.plan.heads_parallel)
+    assert_all_ranks(got == expected, "mesh %s: plan %s" % (shape, lay.plan.describe()))
+    q, k, v, _ = full_inputs(8, 1, seq, heads, heads, 8)
     shards = [attention2d.shard(x.float(), lay) for x in (q, k, v)]
     out = attention2d.attention(*shards, causal=True, layout=lay, group=mesh)
     full = attention2d.unshard(out, lay, group=mesh)
     ref_out, _ = masked_reference(q, k, v, True, 0, None, None, 0.0)
     error = float((full.double() - ref_out).norm() / ref_out.norm())
-    assert_all_ranks(error <= FP32, "DeviceMesh: error %.3g" % error)
+    assert_all_ranks(error <= FP32, "DeviceMesh %s: error %.3g" % (shape, error))
