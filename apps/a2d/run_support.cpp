@@ -39,9 +39,13 @@ AlgorithmWorld::AlgorithmWorld(Communicator& world, const std::shared_ptr<Traffi
                                Backend& backend, CommKind kind)
     : world_(world), kind_(kind) {
   if (kind == CommKind::mpi) return;
+  // The phase name is `world`'s, so that the phases set on either communicator (the algorithms'
+  // here, the program's control and io phases on `world`) time one sequence of phases.
+  auto* counting = dynamic_cast<CountingCommunicator*>(&world);
   collective_check(world, [&] {
-    own_ = std::make_unique<CountingCommunicator>(make_communicator(MPI_COMM_WORLD, backend, kind),
-                                                  log);
+    own_ =
+        std::make_unique<CountingCommunicator>(make_communicator(MPI_COMM_WORLD, backend, kind),
+                                               log, counting ? counting->shared_phase() : nullptr);
   });
 }
 

@@ -183,6 +183,9 @@ class CountingCommunicator : public Communicator {
   const TrafficLog& log() const { return *log_; }
   // The communicator this one counts for.
   Communicator& inner() { return *inner_; }
+  // The current phase's name, shared with the splits (and with any other communicator made with
+  // it, so that phases set on either time and charge both).
+  const std::shared_ptr<std::string>& shared_phase() const { return phase_; }
 
  private:
   void charge(int64_t bytes, int64_t messages);
