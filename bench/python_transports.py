@@ -84,3 +84,4 @@ if rank == 0:
               "max %.4f" % (name, medians[name], min(slowest), min(middle),
                             sum(middle) / len(middle), max(middle)))
     print("  gloo / mpi = %.3f" % (medians["gloo"] / medians["mpi"]))
+dist.destroy_process_group()

@@ -73,6 +73,7 @@ for step in range(args.steps):
     losses.append(float(total))
     if dist.get_rank() == 0 and (step % 5 == 0 or step == args.steps - 1):
         print("step %3d  loss %.4f" % (step, float(total)))
+dist.destroy_process_group()  # before the process exits, as torch.distributed asks
 if args.check and not losses[-1] < 0.8 * losses[0]:
     print("train_torchrun: the loss went from %.4f to %.4f" % (losses[0], losses[-1]))
     raise SystemExit(1)

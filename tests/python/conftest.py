@@ -61,6 +61,16 @@ class Ranks:
 COMM = Ranks()
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Under the env:// launcher, the process group is destroyed once every rank is done: a
+    process that exits with torch's Gloo group alive may end in std::terminate from Gloo's
+    threads (torch 1.13; "terminate called without an active exception", exit code 134), which
+    torch's documentation avoids the same way (destroy_process_group at the end of the script)."""
+    if TORCH_LAUNCH and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def full_inputs(seed, batch, seq, heads, kv_heads, head_dim, dtype=torch.float32):
     """q, k, v, d_out of the whole sequence, rounded to `dtype` (returned as float64)."""
     gen = torch.Generator().manual_seed(seed)
