@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs dependencies, builds (warnings are errors),
-# runs every CTest test, then rebuilds with AddressSanitizer + UndefinedBehaviorSanitizer and runs
-# the fast tests again under them, then runs the fuzz targets for a bounded time.
+# runs the unit tests and the tests too slow for the sanitizers, then rebuilds with
+# AddressSanitizer + UndefinedBehaviorSanitizer and runs every other CTest test under them (each
+# test runs in at least one of the two builds; tests/CMakeLists.txt, at its end), then runs the
+# fuzz targets for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -11,7 +13,12 @@ phase() { echo "test.sh: $1 done at $(( $(date +%s) - start )) s"; }
 scripts/setup.sh
 scripts/build.sh build
 phase "setup and build"
-(cd build && ctest --output-on-failure -j "$(nproc)" --timeout 600)
+# Each test runs in one of the two passes, the strictest build that runs it in time
+# (tests/CMakeLists.txt, at its end): here the unit tests (the kernels as released, also run
+# sanitized below), the heavy and uninstrumented ones, and the Python and package tests (which the
+# sanitizer build does not have); every other test runs under the sanitizers below.
+(cd build && ctest --output-on-failure -j "$(nproc)" --timeout 600 \
+  -L '^(unit|heavy|uninstrumented|python|torch|package)$')
 phase "tests"
 
 # The CUDA pieces, where a CUDA toolkit is installed (building them needs no GPU): configure with
@@ -35,7 +42,8 @@ else
   echo "test.sh: no CUDA toolkit (/usr/local/cuda/bin/nvcc): the CUDA pieces are not built"
 fi
 
-# Sanitizers: unit and command tests, and the MPI tests up to 4 ranks (label 'heavy' excluded).
+# Sanitizers: unit and command tests, and the MPI tests up to 4 ranks (labels 'heavy' and
+# 'uninstrumented' excluded).
 # Leak reports from inside Open MPI are suppressed by tests/sanitizers/lsan.supp, nothing else.
 # (The Python package is left out there: an instrumented extension module would need the sanitizer
 # runtime preloaded into the interpreter; the Python tests run in the build above.)
@@ -49,11 +57,13 @@ phase "sanitizer build"
 # (fp32 matrix and element types) are excluded here too: the sanitized fp64 reference makes them
 # the slowest tests, and the uninstrumented run above covers them; smaller cases of the same
 # kernels and paths run here. At 4 ranks the sanitizers see the fp32 MPI cases (the 2 x 2 grids,
-# the hybrid's U = 2) and the hybrid's bf16; the other 16-bit, fenced and fenced-cuda variants they
-# see at 3 ranks (fenced-cuda at 1), and the uninstrumented run has them at every rank count. The
-# planner's largest search (cli.model_largest, 45 s sanitized) runs there only.
-(cd build-asan && ctest --output-on-failure -j "$(nproc)" --timeout 900 -LE heavy \
-  -E 'Nq4096|kernel_memory_65536|Nq1000_Nk1000|KernelDtypes.CrossLengthsNoMaskBatch2|KernelDtypes.ThousandTokens|mpi\.(attention2d|baselines|decode)\.(bf16|fp16|fenced|fenced_bf16|masks_bf16|masks_fp16)\.np4$|mpi\.hybrid\.fenced\.np4$|cli\.mpi\.fenced_cuda_.*_np4$|cli\.model_largest$')
+# the hybrid's U = 2) and the hybrid's bf16; the other 16-bit, fenced and fenced-cuda variants
+# (label uninstrumented) they see at 3 ranks (fenced-cuda at 1), and the uninstrumented run has
+# them at 4 and at the heavy rank counts. The planner's largest search (cli.model_largest, 45 s
+# sanitized) runs there only.
+(cd build-asan && ctest --output-on-failure -j "$(nproc)" --timeout 900 \
+  -LE '^(heavy|uninstrumented)$' \
+  -E 'Nq4096|kernel_memory_65536|Nq1000_Nk1000|KernelDtypes.CrossLengthsNoMaskBatch2|KernelDtypes.ThousandTokens')
 phase "sanitizer tests"
 
 # Fuzz targets (libFuzzer, clang), bounded: 20 s each. scripts/fuzz.sh 3600 runs them longer.
