@@ -38,11 +38,14 @@ PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
   Machine machine = choice.machine(ranks, problem.dtype);
   // A machine file describes nodes, so the placement of ranks on them is the planner's choice too.
   bool choose_placement = machine.ranks_per_node > 0;
-  // Without one, the launcher's nodes (Slurm's or Open MPI's environment) where several hold this
-  // job's ranks evenly: the ranks are already placed, so the placement is the launcher's.
+  // Without one, Slurm's nodes where several hold this job's ranks evenly: the ranks are already
+  // placed, so the placement is the launcher's. Slurm's variables are the step's, the same on
+  // every rank; Open MPI tells each rank only its own node's count, so ranks on a node that mpirun
+  // filled only partly would plan for other nodes than the rest, and plans must agree: mpirun's
+  // layout is printed by a2d info, not planned for.
   if (choice.machine_file.empty()) {
     if (const std::optional<NodeLayout> layout = read_node_layout();
-        layout && layout->nodes() > 1 && layout->ranks() == ranks &&
+        layout && layout->source == "slurm" && layout->nodes() > 1 && layout->ranks() == ranks &&
         layout->uniform_tasks_per_node() > 0) {
       machine.ranks_per_node = layout->uniform_tasks_per_node();
       machine.cyclic_placement = layout->cyclic;

@@ -37,9 +37,9 @@ struct PlannedRun {
 
 // The fastest plan by the model; `algo`, `grid` ("" = free) and `heads_parallel` (0 = free)
 // restrict the search. `ranks_per_node` is the caller's, unless the machine (a machine file) has
-// its own, or, without a machine file, the launcher's environment places `ranks` ranks evenly on
-// nodes (read_node_layout: Slurm's or Open MPI's variables; its placement, block or cyclic, is
-// then the launcher's, not the planner's choice). With `shards` every plan is charged the exchanges
+// its own, or, without a machine file, Slurm's environment places `ranks` ranks evenly on nodes
+// (read_node_layout; its placement, block or cyclic, is then the launcher's, not the planner's
+// choice). With `shards` every plan is charged the exchanges
 // from and to the caller's layout.
 PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
                        const MachineChoice& choice, const std::string& algo,
