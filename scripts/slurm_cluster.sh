@@ -276,11 +276,19 @@ EOF
 
 # ---- exec ------------------------------------------------------------------------------------
 
-in_ctl() {  # in_ctl NAME COMMAND ARGS...: on the controller host, with its SLURM_CONF
-  local name=$1
+# in_ctl NAME COMMAND ARGS...: on the controller host, with its SLURM_CONF, and Open MPI's
+# settings for the cluster's network as scripts/cluster.sh gives mpirun (TCP on the cluster's
+# subnet, shared memory inside a host, yielding when idle: the hosts share 2 cores); srun passes
+# the environment on to the tasks. A variable already set wins.
+in_ctl() {
+  local name=$1 prefix
   shift
-  SLURM_CONF="$state_root/$name/slurm.conf" ip netns exec "$name-ctl" unshare --uts -- \
-    sh -c 'hostname "$0" && exec "$@"' "$name-ctl" "$@"
+  prefix=$(sed -n 's/^prefix=//p' "$state_root/$name/config")
+  SLURM_CONF="$state_root/$name/slurm.conf" \
+    OMPI_MCA_btl=${OMPI_MCA_btl:-self,vader,tcp} \
+    OMPI_MCA_btl_tcp_if_include=${OMPI_MCA_btl_tcp_if_include:-$prefix.0/24} \
+    OMPI_MCA_mpi_yield_when_idle=${OMPI_MCA_mpi_yield_when_idle:-1} \
+    ip netns exec "$name-ctl" unshare --uts -- sh -c 'hostname "$0" && exec "$@"' "$name-ctl" "$@"
 }
 
 # ---- commands ---------------------------------------------------------------------------------
