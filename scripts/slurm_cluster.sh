@@ -95,7 +95,7 @@ teardown() {
   fi
   # The hosts, and what runs in them still (job steps: slurmstepd and its tasks).
   [ ! -f "/run/a2d-cluster/$name/config" ] || "$cluster_sh" down --name "$name"
-  # PMIx's files of the job steps, named after the hostnames.
+  # The run directory: configuration, state, spool (PMIx's per-step files), logs.
   rm -rf "${state_root:?}/$name"
 }
 

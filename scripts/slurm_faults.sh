@@ -88,7 +88,6 @@ for case in $cases; do
     launcher=$!
     wait_ranks || { echo "$case: the ranks did not start"; kill "$launcher"; continue; }
     job=$(on squeue -h -o %A | tail -n 1)
-    mapfile -t pids < <(rank_pids)
     # srun inside the controller's namespace: the launcher's process there.
     srun_pid=""
     for pid in $(ip netns pids "$name-ctl"); do
