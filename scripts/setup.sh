@@ -12,6 +12,7 @@ packages=(
   clang libclang-rt-14-dev            # libFuzzer and sanitizer runtimes for the fuzz targets
   gnuplot-nox                         # plots of `a2d model --plot` and scripts/cluster_report.py
   iproute2 util-linux                 # scripts/cluster.sh: ip netns, tc (tbf), unshare --uts
+  slurm-wlm munge                     # scripts/slurm_cluster.sh: Slurm 22.05 on the emulated hosts
   libopenblas-dev                     # bench/a2d_tile_gemm only: BLAS vs own micro-kernels
   python3-dev pybind11-dev python3-pybind11   # the Python package (python/)
   python3-numpy python3-mpi4py python3-torch python3-pytest python3-pip python3-setuptools

@@ -4,11 +4,13 @@
 #include <climits>
 #include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "attention2d/build_info.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
+#include "attention2d/node_layout.hpp"
 #include "attention2d/version.hpp"
 #include "commands.hpp"
 
@@ -24,10 +26,28 @@ int info(int argc, char** argv, int first) {
   if (argc > first) {
     const bool asked = !std::strcmp(argv[first], "--help");
     (asked ? std::cout : std::cerr)
-        << "usage: a2d info\n\nPrints what this build contains (version, MPI, OpenMP, CUDA).\n";
+        << "usage: a2d info\n\nPrints what this build contains (version, MPI, OpenMP, CUDA)\n"
+           "and the nodes the launcher's environment gives (Slurm's or Open MPI's variables),\n"
+           "which the planner uses where no --machine-file is given.\n";
     return asked ? 0 : 2;
   }
   std::cout << a2d::build_info();
+  std::optional<a2d::NodeLayout> layout;
+  try {
+    layout = a2d::read_node_layout();
+  } catch (const a2d::Error& e) {
+    std::cerr << "a2d info: the launcher's environment: " << e.message() << "\n";
+    return 2;
+  }
+  if (!layout) {
+    std::cout << "nodes: none from a launcher (no Slurm or Open MPI variables): the planner puts "
+                 "every rank on one node unless --machine-file says otherwise\n";
+    return 0;
+  }
+  std::cout << "nodes: " << layout->describe();
+  if (layout->node_id >= 0) std::cout << "; this task: node " << layout->node_id;
+  if (layout->local_id >= 0) std::cout << ", local task " << layout->local_id;
+  std::cout << "\n";
   return 0;
 }
 

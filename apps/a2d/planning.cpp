@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <fstream>
+#include <optional>
 
 #include "attention2d/error.hpp"
+#include "attention2d/node_layout.hpp"
 
 namespace a2d::commands {
 
@@ -33,11 +35,27 @@ int model_ranks_per_node(const Machine& machine, int requested, int ranks) {
 PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
                        const MachineChoice& choice, const std::string& algo,
                        const std::string& grid, int heads_parallel, const UserShards* shards) {
-  const Machine machine = choice.machine(ranks, problem.dtype);
+  Machine machine = choice.machine(ranks, problem.dtype);
   // A machine file describes nodes, so the placement of ranks on them is the planner's choice too.
+  bool choose_placement = machine.ranks_per_node > 0;
+  // Without one, Slurm's nodes where several hold this job's ranks evenly: the ranks are already
+  // placed, so the placement is the launcher's. Slurm's variables are the step's, the same on
+  // every rank; Open MPI tells each rank only its own node's count, so ranks on a node that mpirun
+  // filled only partly would plan for other nodes than the rest, and plans must agree: mpirun's
+  // layout is printed by a2d info, not planned for.
+  if (choice.machine_file.empty()) {
+    if (const std::optional<NodeLayout> layout = read_node_layout();
+        layout && layout->source == "slurm" && layout->nodes() > 1 && layout->ranks() == ranks &&
+        layout->uniform_tasks_per_node() > 0) {
+      machine.ranks_per_node = layout->uniform_tasks_per_node();
+      machine.cyclic_placement = layout->cyclic;
+      choose_placement = false;
+      machine.description += "; nodes: " + layout->describe();
+    }
+  }
   const PlanSearch search =
       search_plans(problem, ranks, machine, model_ranks_per_node(machine, ranks_per_node, ranks),
-                   true, machine.ranks_per_node > 0, shards);
+                   true, choose_placement, shards);
   // The hybrid at U = 1 is ATTENTION2D (the search ranks it as such): its fastest grid.
   const bool hybrid_one = algo == "hybrid" && heads_parallel == 1;
   for (const RankedPlan& r : search.ranked) {

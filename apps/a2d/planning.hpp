@@ -37,7 +37,10 @@ struct PlannedRun {
 
 // The fastest plan by the model; `algo`, `grid` ("" = free) and `heads_parallel` (0 = free)
 // restrict the search. `ranks_per_node` is the caller's, unless the machine (a machine file) has
-// its own. With `shards` every plan is charged the exchanges from and to the caller's layout.
+// its own, or, without a machine file, Slurm's environment places `ranks` ranks evenly on nodes
+// (read_node_layout; its placement, block or cyclic, is then the launcher's, not the planner's
+// choice). With `shards` every plan is charged the exchanges
+// from and to the caller's layout.
 PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
                        const MachineChoice& choice, const std::string& algo,
                        const std::string& grid, int heads_parallel = 0,
