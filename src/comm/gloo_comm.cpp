@@ -1261,7 +1261,12 @@ class GlooLink final : public watchdog_detail::Link {
       if (!watchdog_detail::claim_ending()) watchdog_detail::wait_for_the_end();
       // An abort carries its exit code in `round` (older senders: 0, meaning 124).
       const int code = static_cast<int>(message.round & 0xff);
-      if (message.round & kQuietAbort) std::_Exit(code);
+      if (message.round & kQuietAbort) {
+        // The sender (signalled) exits first, 0.5 s after telling: a launcher that names the
+        // first rank to end (scripts/launch.py, torchrun) then names it, not this one.
+        std::this_thread::sleep_for(Milliseconds(1000));
+        std::_Exit(code);
+      }
       const std::string line = "a2d watchdog: rank " + std::to_string(rank()) +
                                " ends: the job was aborted by rank " +
                                std::to_string(message.from) + " (its report above)\n";
