@@ -9,9 +9,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -576,8 +576,8 @@ const char* signal_name(int signal) {
   // From the launcher (mpirun, orted, torchrun, slurmstepd): it is ending the job, because it was
   // told to or because another rank ended; reporting that is its part, or that rank's.
   if (from_launcher(received) || g_end_announced.load()) std::_Exit(code);
-  const std::string line = "a2d: rank " + std::to_string(rank) +
-                           " received " + signal_name(received.signal) + "; the job stops\n";
+  const std::string line = "a2d: rank " + std::to_string(rank) + " received " +
+                           signal_name(received.signal) + "; the job stops\n";
   const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
   (void)written;
   {
