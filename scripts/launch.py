@@ -53,8 +53,17 @@ def main():
                     pass
 
     received = []
+
+    def on_signal(number, _frame):
+        # One line naming it; the processes, signalled by their launcher, end quietly.
+        if not received:
+            print("launch.py: received %s; the job stops" % signal.Signals(number).name,
+                  file=sys.stderr, flush=True)
+        received.append(number)
+        stop_all(number)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda number, _frame: (received.append(number), stop_all(number)))
+        signal.signal(sig, on_signal)
 
     start = time.monotonic()
     failure = None  # (rank, exit code)
