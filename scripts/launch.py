@@ -70,7 +70,8 @@ def main():
     stopping_since = None
     while True:
         codes = [p.poll() for p in processes]
-        if failure is None:
+        # Once a signal was received, processes ending are its doing: the exit code is its own.
+        if failure is None and not received:
             for rank, code in enumerate(codes):
                 if code not in (None, 0):
                     failure = (rank, 128 - code if code < 0 else code)
