@@ -7,7 +7,8 @@ does not start (Debian's torch 1.13: "AttributeError: 'NoneType' object has no a
 
 As torchrun: when a process fails (non-zero exit or a signal) the others are stopped (SIGTERM,
 then SIGKILL after --grace seconds) and the launcher exits with the first failure's code (128 +
-signal for a signal); SIGINT / SIGTERM to the launcher go to every process. --timeout bounds the
+signal for a signal); SIGINT / SIGTERM to the launcher go to every process, it prints one line naming the
+signal and exits with 128 + that signal. --timeout bounds the
 whole job (exit 124). Output is the processes' own, not prefixed."""
 
 import argparse
