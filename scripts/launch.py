@@ -7,7 +7,8 @@ does not start (Debian's torch 1.13: "AttributeError: 'NoneType' object has no a
 
 As torchrun: when a process fails (non-zero exit or a signal) the others are stopped (SIGTERM,
 then SIGKILL after --grace seconds) and the launcher exits with the first failure's code (128 +
-signal for a signal); SIGINT / SIGTERM to the launcher go to every process. --timeout bounds the
+signal for a signal); SIGINT / SIGTERM to the launcher go to every process, it prints one line naming the
+signal and exits with 128 + that signal. --timeout bounds the
 whole job (exit 124). Output is the processes' own, not prefixed."""
 
 import argparse
@@ -53,15 +54,25 @@ def main():
                     pass
 
     received = []
+
+    def on_signal(number, _frame):
+        # One line naming it; the processes, signalled by their launcher, end quietly.
+        if not received:
+            print("launch.py: received %s; the job stops" % signal.Signals(number).name,
+                  file=sys.stderr, flush=True)
+        received.append(number)
+        stop_all(number)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda number, _frame: (received.append(number), stop_all(number)))
+        signal.signal(sig, on_signal)
 
     start = time.monotonic()
     failure = None  # (rank, exit code)
     stopping_since = None
     while True:
         codes = [p.poll() for p in processes]
-        if failure is None:
+        # Once a signal was received, processes ending are its doing: the exit code is its own.
+        if failure is None and not received:
             for rank, code in enumerate(codes):
                 if code not in (None, 0):
                     failure = (rank, 128 - code if code < 0 else code)

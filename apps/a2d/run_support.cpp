@@ -56,6 +56,9 @@ void AlgorithmWorld::watch(std::unique_ptr<Watchdog>& watchdog, double timeout) 
 }
 
 int run_collectively(Communicator& world, const std::function<int()>& body) {
+  // SIGTERM and SIGINT end the whole job with one line naming the signal, exit 143 or 130, and
+  // outputs complete or absent (docs/reliability.md, "Signals").
+  Watchdog::stop_on_signals(true);
   const std::string who =
       "a2d (rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()) + "): ";
   try {

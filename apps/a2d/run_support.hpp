@@ -20,7 +20,7 @@ namespace a2d::commands {
 
 // Runs `body` on every rank. A CollectiveError (every rank failed together) is printed and gives
 // exit code 2; any other error is printed and aborts the whole MPI job (exit 3), because the other
-// ranks may be waiting for this one.
+// ranks may be waiting for this one. SIGTERM and SIGINT end the job (Watchdog::stop_on_signals).
 int run_collectively(Communicator& world, const std::function<int()>& body);
 
 // The world the algorithms run on (--comm), made collectively over MPI_COMM_WORLD: `world`

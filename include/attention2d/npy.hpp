@@ -74,6 +74,13 @@ struct File {
 };
 void write_all(const std::vector<File>& files, Overwrite overwrite);
 
+// For a process about to end (a signal: watchdog.hpp, Watchdog::stop_on_signals): waits until no
+// write_all or write is linking its files into place, and keeps every later one from starting
+// (it then blocks until the process ends, and its temporaries, unnamed where the file system
+// allows, go with it). A set of outputs is thus complete or absent, never a part of it. Never
+// returns to a caller that is itself inside a commit (the lock is not recursive).
+void hold_commits();
+
 // The bytes write() would put in a file, for tests and fuzzing.
 std::vector<std::byte> encode(const std::vector<int64_t>& shape, DType dtype, const void* data);
 

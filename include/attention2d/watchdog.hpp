@@ -87,6 +87,21 @@ class Watchdog {
   // call does not return; otherwise it returns at once and the caller throws.
   static void transport_failed(const void* mesh, const std::string& message);
 
+  // Ends the job on SIGTERM (and SIGINT when `interrupt` is true) instead of dying at once, so
+  // that every rank stops, one line names the signal and outputs stay complete or absent
+  // (docs/reliability.md, "Signals"). Installs the handlers (they only write to a pipe) and a
+  // thread that, on the first signal: waits for any output being linked into place and holds
+  // back later ones (npy::hold_commits); prints
+  //   a2d: rank 2 received SIGTERM; the job stops
+  // and ends the job with exit code 128 + signal (143, 130): through the active watchdog
+  // (MPI_Abort, or over Gloo every rank told and exiting quietly with that code), else MPI_Abort
+  // while MPI runs, else this process alone. A signal from this process's parent (the launcher:
+  // mpirun ending the job after another rank ended, or stopping it for a signal of its own) only
+  // ends this rank, quietly, with that code: the launcher, or that rank, reports it. Only signals
+  // whose disposition is the default are taken (an ignored SIGINT stays ignored; a handler of the
+  // program's own stays). Once per process; later calls only add SIGINT if asked.
+  static void stop_on_signals(bool interrupt);
+
  private:
   void start(double timeout_seconds);
 

@@ -240,7 +240,9 @@ class Transport {
   // A communicator of the same ranks with its own message space (an engine's world).
   std::unique_ptr<a2d::Communicator> duplicate() { return base_->split(0, base_->rank()); }
 
-  // Collective: (re)starts the process's watchdog over these ranks.
+  // Collective: (re)starts the process's watchdog over these ranks. From then on a SIGTERM (where
+  // its disposition is still the default) ends the job: one line naming it, exit 143 on every
+  // rank (docs/reliability.md, "Signals"). SIGINT stays Python's KeyboardInterrupt.
   void start_watchdog(double timeout) {
     g_watchdog.reset();
     if (kind_ == "mpi") {
@@ -248,6 +250,7 @@ class Transport {
     } else {
       g_watchdog = std::make_unique<a2d::Watchdog>(*base_, timeout);
     }
+    a2d::Watchdog::stop_on_signals(false);
   }
 
  private:

@@ -1060,6 +1060,8 @@ struct Message {
   Status status;
 };
 enum : uint32_t { kRequest = 1, kAnswer = 2, kAbort = 3 };
+// An abort's `round`: its exit code, and this bit when the others end without a line (a signal).
+constexpr uint64_t kQuietAbort = uint64_t{1} << 32;
 // The view's tags: messages (received from any rank), goodbyes (a receive pending from every
 // rank: it fails when that rank's connection closes), probes (which connections are closed).
 constexpr uint32_t kMessageTag = 1;
@@ -1168,16 +1170,17 @@ class GlooLink final : public watchdog_detail::Link {
   int gone() const override { return gone_.load(); }
   bool carries(const void* mesh) const override { return mesh == mesh_.get(); }
 
-  [[noreturn]] void abort_job() override {
+  [[noreturn]] void abort_job(int code, bool quiet) override {
     Message abort;
     abort.kind = kAbort;
     abort.from = rank();
+    abort.round = static_cast<uint64_t>(code) | (quiet ? kQuietAbort : 0);
     for (int peer = 0; peer < size(); ++peer) {
       if (peer != rank()) send(peer, abort);
     }
     // Time for the aborts to reach the others before this rank's connections close.
     std::this_thread::sleep_for(Milliseconds(500));
-    std::_Exit(124);
+    std::_Exit(code);
   }
 
  private:
@@ -1256,12 +1259,20 @@ class GlooLink final : public watchdog_detail::Link {
       answers_[message.from] = {message.round, message.status};
     } else if (message.kind == kAbort) {
       if (!watchdog_detail::claim_ending()) watchdog_detail::wait_for_the_end();
+      // An abort carries its exit code in `round` (older senders: 0, meaning 124).
+      const int code = static_cast<int>(message.round & 0xff);
+      if (message.round & kQuietAbort) {
+        // The sender (signalled) exits first, 0.5 s after telling: a launcher that names the
+        // first rank to end (scripts/launch.py, torchrun) then names it, not this one.
+        std::this_thread::sleep_for(Milliseconds(1000));
+        std::_Exit(code);
+      }
       const std::string line = "a2d watchdog: rank " + std::to_string(rank()) +
                                " ends: the job was aborted by rank " +
                                std::to_string(message.from) + " (its report above)\n";
       std::fputs(line.c_str(), stderr);
       std::fflush(stderr);
-      std::_Exit(124);
+      std::_Exit(code ? code : 124);
     }
   }
 

@@ -2,10 +2,14 @@
 // Gloo's in gloo_comm.cpp.
 #include "attention2d/watchdog.hpp"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +22,7 @@
 
 #include "attention2d/comm.hpp"
 #include "attention2d/error.hpp"
+#include "attention2d/npy.hpp"
 #include "watchdog_link.hpp"
 
 namespace a2d {
@@ -109,6 +114,8 @@ std::string hosts_of(const std::vector<int>& ranks, const std::vector<std::strin
 }
 
 std::atomic<bool> g_ending{false};
+// Another rank told this one that it is ending the job for a signal it received (MPI link).
+std::atomic<bool> g_end_announced{false};
 
 }  // namespace
 
@@ -185,8 +192,23 @@ namespace {
 
 constexpr int kTagRequest = 71;
 constexpr int kTagReply = 72;
+constexpr int kTagEnding = 73;  // "I end the job for a signal": the others stay quiet
 // How long a rank that called MPI_Abort waits for the launcher to end it before it exits itself.
 constexpr double kAbortGraceSeconds = 5.0;
+
+// MPI_Abort asks the launcher to end every rank; it may never return when the launcher waits
+// on a host whose processes are all stopped (its daemon too). This rank then ends itself after
+// kAbortGraceSeconds, so that no live rank outlasts its abort for long (see docs/reliability.md,
+// "Faults across hosts").
+[[noreturn]] void abort_mpi_job(int code) {
+  std::thread([code] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceSeconds));
+    std::fputs("a2d watchdog: MPI_Abort did not end this rank; it exits itself\n", stderr);
+    std::_Exit(code);
+  }).detach();
+  MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
 
 // The MPI link: a duplicate of the communicator, served by the watchdog's thread.
 class MpiLink final : public Link {
@@ -211,6 +233,10 @@ class MpiLink final : public Link {
   const std::vector<std::string>& hosts() const override { return hosts_; }
 
   void serve() override {
+    int ending = 0;
+    MPI_Status ending_probe;
+    MPI_Iprobe(MPI_ANY_SOURCE, kTagEnding, comm_, &ending, &ending_probe);
+    if (ending) g_end_announced.store(true);
     for (;;) {
       int pending = 0;
       MPI_Status probe;
@@ -245,18 +271,22 @@ class MpiLink final : public Link {
     }
   }
 
-  [[noreturn]] void abort_job() override {
-    // MPI_Abort asks the launcher to end every rank; it may never return when the launcher waits
-    // on a host whose processes are all stopped (its daemon too). This rank then ends itself
-    // after kAbortGraceSeconds, so that no live rank outlasts its abort for long (see
-    // docs/reliability.md, "Faults across hosts").
-    std::thread([] {
-      std::this_thread::sleep_for(std::chrono::duration<double>(kAbortGraceSeconds));
-      std::fputs("a2d watchdog: MPI_Abort did not end this rank; it exits itself\n", stderr);
-      std::_Exit(124);
-    }).detach();
-    MPI_Abort(MPI_COMM_WORLD, 124);
-    std::_Exit(124);
+  [[noreturn]] void abort_job(int code, bool quiet) override {
+    if (quiet) {
+      // Tell the others before MPI_Abort, whose teardown reaches them a second or more later: a
+      // rank that received the same signal then stays quiet (Watchdog::stop_on_signals).
+      static const char ending = 1;
+      std::vector<MPI_Request> sent(static_cast<size_t>(size_), MPI_REQUEST_NULL);
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != rank_) MPI_Isend(&ending, 1, MPI_CHAR, peer, kTagEnding, comm_, &sent[peer]);
+      }
+      const double deadline = now() + 0.2;
+      for (int done = 0; !done && now() < deadline;) {
+        MPI_Testall(size_, sent.data(), &done, MPI_STATUSES_IGNORE);
+        if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    }
+    abort_mpi_job(code);
   }
 
  private:
@@ -462,6 +492,119 @@ void Watchdog::transport_failed(const void* mesh, const std::string& message) {
   }
   // The watchdog's thread reports it and ends the process.
   watchdog_detail::wait_for_the_end();
+}
+
+namespace watchdog_detail {
+namespace {
+
+// What a signal handler passes to the thread that acts on it: async-signal-safe, a write().
+struct Received {
+  int32_t signal = 0;
+  int32_t sender = 0;  // the sending process (0: the kernel, e.g. a terminal's Ctrl-C)
+};
+int g_signal_pipe[2] = {-1, -1};
+pid_t g_signal_owner = 0;  // the process whose thread reads the pipe
+
+void on_signal(int signal, siginfo_t* info, void* /*context*/) {
+  // A child forked after the handlers were installed (a data loader's worker) has no reading
+  // thread: it ends as it would have without them.
+  if (::getpid() != g_signal_owner) {
+    ::signal(signal, SIG_DFL);
+    ::raise(signal);
+    return;
+  }
+  const int saved = errno;
+  Received received;
+  received.signal = signal;
+  received.sender = info && info->si_code == SI_USER ? static_cast<int32_t>(info->si_pid) : 0;
+  const ssize_t written = ::write(g_signal_pipe[1], &received, sizeof received);
+  (void)written;
+  errno = saved;
+}
+
+// Only where the disposition is the default: a signal ignored (a background job's SIGINT) stays
+// ignored, and a handler of the program's own (Python's signal.signal) stays in charge.
+void install(int signal) {
+  struct sigaction current = {};
+  if (sigaction(signal, nullptr, &current) != 0 || (current.sa_flags & SA_SIGINFO) ||
+      current.sa_handler != SIG_DFL)
+    return;
+  struct sigaction action = {};
+  action.sa_sigaction = on_signal;
+  action.sa_flags = SA_SIGINFO | SA_RESTART;
+  sigemptyset(&action.sa_mask);
+  sigaction(signal, &action, nullptr);
+}
+
+const char* signal_name(int signal) {
+  return signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "SIGINT" : "a signal";
+}
+
+// Ends the job for the first signal received (Watchdog::stop_on_signals).
+[[noreturn]] void act_on_signals() {
+  Received received;
+  for (;;) {
+    const ssize_t got = ::read(g_signal_pipe[0], &received, sizeof received);
+    if (got == static_cast<ssize_t>(sizeof received)) break;
+  }
+  const int code = 128 + received.signal;
+  const auto from_launcher = [](const Received& r) {
+    return r.sender != 0 && r.sender == ::getppid();
+  };
+  // A signal to every rank at once (scancel, `pkill`, a terminal's Ctrl-C where the ranks share
+  // its process group): rank 0 reports it at once, the others after a wait that grows with their
+  // rank (0.25 s + 0.05 s per rank), in which the lower rank's end reaches them (its note over
+  // the MPI link, its quiet abort over Gloo, or the launcher's signal): one line, not one per
+  // rank. The note needs the watchdog (--timeout > 0, the default).
+  const int rank = std::max(error_rank(), 0);
+  if (!from_launcher(received) && rank > 0) {
+    const double until = now() + 0.25 + 0.05 * std::min(rank, 100);
+    for (double left = until - now(); left > 0 && !g_end_announced.load(); left = until - now()) {
+      pollfd pipe_end = {g_signal_pipe[0], POLLIN, 0};
+      if (::poll(&pipe_end, 1, 10) <= 0) continue;
+      Received next;
+      if (::read(g_signal_pipe[0], &next, sizeof next) == static_cast<ssize_t>(sizeof next) &&
+          from_launcher(next)) {
+        received.sender = next.sender;  // quiet, with the exit code of the first signal
+        break;
+      }
+    }
+  }
+  // Outputs being linked into place are finished; none starts after this.
+  npy::hold_commits();
+  if (!claim_ending()) wait_for_the_end();  // the watchdog is ending the job already
+  // From the launcher (mpirun, orted, torchrun, slurmstepd): it is ending the job, because it was
+  // told to or because another rank ended; reporting that is its part, or that rank's.
+  if (from_launcher(received) || g_end_announced.load()) std::_Exit(code);
+  const std::string line = "a2d: rank " + std::to_string(rank) + " received " +
+                           signal_name(received.signal) + "; the job stops\n";
+  const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
+  (void)written;
+  {
+    std::lock_guard<std::mutex> lock(g_state_mutex);
+    if (g_state && g_state->link && !g_state->stop.load()) g_state->link->abort_job(code, true);
+  }
+#ifdef A2D_WITH_MPI
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) abort_mpi_job(code);
+#endif
+  std::_Exit(code);
+}
+
+}  // namespace
+}  // namespace watchdog_detail
+
+void Watchdog::stop_on_signals(bool interrupt) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (::pipe2(watchdog_detail::g_signal_pipe, O_CLOEXEC) != 0) return;
+    watchdog_detail::g_signal_owner = ::getpid();
+    std::thread(watchdog_detail::act_on_signals).detach();
+    watchdog_detail::install(SIGTERM);
+  });
+  if (interrupt && watchdog_detail::g_signal_pipe[1] >= 0) watchdog_detail::install(SIGINT);
 }
 
 void Watchdog::note_phase(const std::string& phase) {

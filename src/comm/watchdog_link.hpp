@@ -63,8 +63,9 @@ class Link {
   virtual int gone() const { return -1; }
   // Whether a transport error on the communicator state `mesh` is this link's to report.
   virtual bool carries(const void* /*mesh*/) const { return false; }
-  // Ends the whole job with exit code 124 (the caller printed why). Never returns.
-  [[noreturn]] virtual void abort_job() = 0;
+  // Ends the whole job with exit code `code` (the caller printed why). Never returns. `quiet`:
+  // the other ranks end without a line of their own (a signal, named once by the caller).
+  [[noreturn]] virtual void abort_job(int code = 124, bool quiet = false) = 0;
 };
 
 // The link over a Gloo communicator (or a CountingCommunicator around one); throws a2d::Error

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <limits>
 #include <map>
+#include <mutex>
 #include <sstream>
 #include <variant>
 
@@ -477,6 +478,15 @@ void sync_directory(const std::string& path) {
 
 }  // namespace
 
+namespace {
+// Held while files are linked into place; hold_commits() takes it for good.
+std::mutex g_commit_mutex;
+}  // namespace
+
+void hold_commits() {
+  g_commit_mutex.lock();  // never released: the process ends
+}
+
 void write_all(const std::vector<File>& files, Overwrite overwrite) {
   for (const File& f : files) {
     if (overwrite == Overwrite::refuse && access(f.path.c_str(), F_OK) == 0) {
@@ -489,6 +499,7 @@ void write_all(const std::vector<File>& files, Overwrite overwrite) {
   try {
     for (const File& f : files)
       temporaries.push_back(write_temporary(f.path, encode(f.shape, f.dtype, f.data)));
+    std::lock_guard<std::mutex> commits(g_commit_mutex);
     for (; committed < files.size(); ++committed)
       commit_temporary(temporaries[committed], overwrite);
   } catch (const Error&) {
@@ -512,6 +523,7 @@ void write_bytes(const std::string& path, const std::vector<std::byte>& bytes,
   }
   Temporary t = write_temporary(path, bytes);
   try {
+    std::lock_guard<std::mutex> commits(g_commit_mutex);
     commit_temporary(t, overwrite);
   } catch (const Error&) {
     t.discard();

@@ -410,6 +410,27 @@ TEST_F(NpyTest, AKilledWriterLeavesNothingPartial) {
   }
 }
 
+// A process ending for a signal (Watchdog::stop_on_signals) holds the commits: a write_all that
+// reaches its commit afterwards links nothing, however long the process lives on.
+TEST_F(NpyTest, HeldCommitsLinkNothing) {
+  const std::vector<float> x = {1, 2, 3};
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    npy::hold_commits();
+    npy::write_all({{path("a.npy"), {3}, x.data()}, {path("b.npy"), {3}, x.data()}},
+                   npy::Overwrite::refuse);
+    _exit(0);  // not reached: the commit waits for good
+  }
+  usleep(300000);
+  int status = 0;
+  EXPECT_EQ(waitpid(child, &status, WNOHANG), 0) << "the write returned";
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  EXPECT_FALSE(fs::exists(path("a.npy")));
+  EXPECT_FALSE(fs::exists(path("b.npy")));
+}
+
 TEST_F(NpyTest, WriteAllLeavesNoPartialSetBehind) {
   const std::vector<float> x = {1, 2, 3};
   // The third file cannot be written: none of the set may remain.
