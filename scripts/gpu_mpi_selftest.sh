@@ -3,7 +3,8 @@
 # (unshare -rm) the system's Open MPI, PMIx and ssh are hidden (/dev/null or an empty folder
 # bind-mounted over them, so anything that still reaches them fails loudly), a scratch copy of
 # .gpu-deps/debs is unpacked by scripts/gpu_mpi.sh, and mpirun --version, ompi_info and a 2-rank
-# hello built with the unpacked mpicxx must work. Needs scripts/gpu_fetch_mpi.sh first.
+# hello built with the unpacked mpicxx must work, and attention2d's CMake must find that MPI.
+# Needs scripts/gpu_fetch_mpi.sh first.
 #   scripts/gpu_mpi_selftest.sh [SCRATCH_DIR]   (default: a new mktemp -d)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,5 +59,12 @@ mpicxx --showme
 mpicxx -O1 hello.cpp -o hello
 ldd ./hello | grep -E 'mpi|pmix|open-'
 timeout 60 mpirun -np 2 --oversubscribe ./hello </dev/null  # (stdin: this script)
+# attention2d's CMake finds the carried MPI as gpu_common.sh's build will (configure only).
+cmake -S "$repo" -B "$scratch/build" -DA2D_WITH_MPI=ON -DA2D_BUILD_TESTS=OFF \
+  -DA2D_BUILD_BENCH=OFF -DA2D_WITH_PYTHON=OFF >"$scratch/configure.log" 2>&1 ||
+  { tail -20 "$scratch/configure.log"; exit 1; }
+grep -E "Found MPI_CXX|MPI=" "$scratch/configure.log"
+grep -q "Found MPI_CXX: $scratch/gpu-deps/root" "$scratch/configure.log" ||
+  { echo "CMake did not find the carried MPI" >&2; exit 1; }
 echo "gpu_mpi_selftest: PASS"
 INNER
