@@ -9,12 +9,29 @@ gpu_deps=${A2D_GPU_DEPS:-$PWD/.gpu-deps}
 gpu_mpi_source=none
 if command -v mpicxx >/dev/null && command -v mpirun >/dev/null; then
   gpu_mpi_source=system
-elif compgen -G "$gpu_deps/debs/libopenmpi3_*.deb" >/dev/null && command -v dpkg-deb >/dev/null; then
+elif compgen -G "$gpu_deps/debs/libopenmpi3_*.deb" >/dev/null; then
   mpi_root=$gpu_deps/root
   if [[ ! -e $mpi_root/.unpacked ]]; then
     rm -rf "$mpi_root"
     mkdir -p "$mpi_root/bin"
-    for deb in "$gpu_deps"/debs/*.deb; do dpkg-deb -x "$deb" "$mpi_root"; done
+    for deb in "$gpu_deps"/debs/*.deb; do
+      if command -v dpkg-deb >/dev/null; then
+        dpkg-deb -x "$deb" "$mpi_root"
+      else  # no dpkg: a .deb is an ar archive whose data.tar.* holds the files
+        python3 - "$deb" "$mpi_root" <<'PY'
+import io, sys, tarfile
+data = open(sys.argv[1], "rb").read()
+position = 8  # after "!<arch>\n"
+while position < len(data):
+    name = data[position:position + 16].decode().strip().rstrip("/")
+    size = int(data[position + 48:position + 58].decode().strip())
+    body = data[position + 60:position + 60 + size]
+    if name.startswith("data.tar"):
+        tarfile.open(fileobj=io.BytesIO(body)).extractall(sys.argv[2])
+    position += 60 + size + (size % 2)
+PY
+      fi
+    done
     # Debian names its wrappers mpicxx.openmpi etc. and makes the plain names with
     # update-alternatives, which dpkg-deb -x does not run. The links keep the plain name as
     # argv[0], from which opal_wrapper picks its wrapper data (mpicxx-wrapper-data.txt).

@@ -6,6 +6,7 @@
 # hello built with the unpacked mpicxx must work, and attention2d's CMake must find that MPI.
 # Needs scripts/gpu_fetch_mpi.sh first.
 #   scripts/gpu_mpi_selftest.sh [SCRATCH_DIR]   (default: a new mktemp -d)
+#   A2D_SELFTEST_NO_DPKG=1 scripts/gpu_mpi_selftest.sh   the same without dpkg-deb on the PATH
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -18,6 +19,8 @@ cp -r .gpu-deps/debs "$scratch/gpu-deps/"
 for tool in /usr/bin/* /bin/*; do
   name=${tool##*/}
   case $name in mpi* | orte* | ompi* | opal* | osh* | shmem* | ssh* | rsh) continue ;; esac
+  # A2D_SELFTEST_NO_DPKG=1: no dpkg-deb either (gpu_mpi.sh then unpacks with Python).
+  [[ ${A2D_SELFTEST_NO_DPKG:-0} == 1 && $name == dpkg-deb ]] && continue
   [[ -e $scratch/bin/$name ]] || ln -s "$tool" "$scratch/bin/$name"
 done
 unshare -rm bash -s "$repo" "$scratch" <<'INNER'
