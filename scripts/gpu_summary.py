@@ -54,6 +54,10 @@ def main():
         print(f"{head_dim:>3} {heads:>3} {seq:>6} {str(causal):>6} {mode:>8} {cell(a2d)} {cell(flash)}"
               f" {cell(cudnn)} {cell(share * 100 if share else None, '6.1f')}%"
               f" {'met' if ok else 'MISSED':>7}")
+    generate = [r["generate_ms"] for r in read(sys.argv[1]) if "generate_ms" in r]
+    if generate:
+        print(f"input generation (a2d kernel's generate_ms, all cores): up to {max(generate):.0f} ms"
+              " a run")
     if not ours or not torch:
         print("speed targets: no measurements (a2d rows: %d, torch rows: %d)"
               % (len(ours), len(torch)))
