@@ -57,4 +57,5 @@ done
 if ((${#wanted[@]})); then
   apt-get download "${wanted[@]}"
 fi
-echo "gpu_fetch_mpi: $(ls ./*.deb | wc -l) packages, $(du -sh . | cut -f1) in .gpu-deps/debs"
+debs=(./*.deb)
+echo "gpu_fetch_mpi: ${#debs[@]} packages, $(du -sh . | cut -f1) in .gpu-deps/debs"
