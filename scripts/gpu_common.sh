@@ -58,9 +58,10 @@ section() {
 step() {
   local log=$1
   shift
-  local left=$(( section_end - $(date +%s) ))
+  local remaining=$(( section_end - $(date +%s) ))
+  local left=$remaining
   ((left > run_timeout)) && left=$run_timeout
-  if ((section_stopped)) || ((!dry && left < 5)); then
+  if ((section_stopped)) || ((!dry && remaining < 5)); then
     echo "NOT RUN (section $section_name stopped or out of time): $*" >>"$OUT/$log"
     not_run=$((not_run + 1))
     return 125
