@@ -1,30 +1,39 @@
 #!/usr/bin/env bash
-# The CUDA backend's check on one NVIDIA GPU (prepared for an H200; issue 21, docs/gpu.md), in one
-# run of under 8 minutes including the build. Writes every log under $OUT (default
+# The CUDA backend's check on one NVIDIA GPU (prepared for an H200; issues 21 and 37,
+# docs/gpu.md), in under 8 minutes including the build. Writes every log under $OUT (default
 # ./gpu-check-out):
-#   versions.txt     driver, CUDA, cuDNN, NCCL, MPI, torch, GPU
-#   build.log        the build (sm_90 only, Ninja when available)
-#   kernel-check.jsonl / .log
-#                    a2d kernel --device cuda --check, forward and backward, bf16 and fp16, on the
-#                    CPU kernel tests' awkward shapes (odd N, GQA 12:4, MQA, D 80/96, causal window,
-#                    shuffled positions), against the fp64 reference with the tensor-core bounds
-#                    of include/attention2d/check.hpp
-#   algorithms.log   every algorithm at P = 1 on the GPU, a2d run --device cuda --check
+#   versions.txt, mpi.txt, build.log   as scripts/gpu_common.sh
+#   kernel-check.jsonl / .log   section "kernels": a2d kernel --device cuda --check, forward and
+#                    backward, bf16 and fp16, on the CPU kernel tests' awkward shapes (odd N,
+#                    GQA 12:4, MQA, D 80/96, causal window, shuffled positions), against the fp64
+#                    reference with the tensor-core bounds of include/attention2d/check.hpp; the
+#                    first (bf16) pass under CUDA_LAUNCH_BLOCKING=1, so that a fault names its
+#                    kernel
+#   parts.jsonl / .log   section "parts": a2d kernel --parts K (the keys in K parts: forward
+#                    partial + accumulate, merge of records + finalize, backward with accumulate
+#                    and misaligned record inputs) against the same reference; no MPI needed
+#   algorithms.log   section "algorithms": every algorithm at P = 1 on the GPU over --comm mpi
+#                    (the staged communicator), --check; NOT RUN where there is no MPI
+#   sanitizer.log    section "sanitizer": compute-sanitizer --tool memcheck and --tool racecheck
+#                    on one tiny case, forward and backward, and on one --parts case
 #   speed-a2d.jsonl, speed-torch.jsonl, speed.txt
-#                    a2d's kernel beside torch SDPA (flash, cuDNN; bf16), B = 1, H = 16/32,
-#                    D = 128, N = 8192/16384/32768, causal and not, forward and backward,
-#                    TFLOP/s on unmasked FLOPs
+#                    section "speed": a2d's kernel beside torch SDPA (flash, cuDNN; bf16), B = 1,
+#                    H = 16, D = 64 and 128, N = 4096 and 16384, causal and not, forward and
+#                    backward, TFLOP/s on unmasked FLOPs
 #   summary.txt      pass/fail of each part
 #
 #   scripts/gpu_check.sh            on the GPU machine
 #   scripts/gpu_check.sh --dry-run  anywhere: prints every command, runs only what needs no GPU
 #                                   (version probes, the torch script's shape list, the summary)
-# Exit status: 0 when every check passed (the speed targets are reported, not enforced), else 1.
+# Every run is under `timeout` (30 s; scripts/gpu_common.sh), a section stops at its first
+# timeout. A2D_GPU_SECTIONS="kernels parts ..." runs only those sections (scripts/gpu_run.sh).
+# Exit status: 0 when every check that ran passed (the speed targets are reported, not enforced;
+# checks NOT RUN for want of MPI or time are listed, not failures), else 1.
 cd "$(dirname "$0")/.." || exit 1
 # shellcheck source=scripts/gpu_common.sh
 source scripts/gpu_common.sh "$@"
 
-# ---- 1. kernel checks ----
+# ---- kernels ----
 # The awkward shapes of the CPU kernel tests. Bounds: check.hpp's kTensorCore* (O 2u, dV u,
 # dQ/dK u + the delta-gradient bound, LSE 1e-5; u = 2^-8 bf16, 2^-11 fp16).
 cases=(
@@ -37,65 +46,147 @@ cases=(
   "--seq 1 --kv-seq 65 --heads 2 --head-dim 128"
   "--seq 2048 --heads 8 --kv-heads 2 --head-dim 128 --causal"
 )
-kernel_fail=0
-for dtype in bf16 fp16; do
-  for c in "${cases[@]}"; do
-    # shellcheck disable=SC2086 # the case is a list of options
-    if ! run kernel-check.log timeout 120 "$a2d" kernel --device cuda --dtype "$dtype" $c \
-         --backward --check --warmup 0 --repeats 1 --threads 16 --json; then
-      kernel_fail=$((kernel_fail + 1))
-      echo "FAILED: --dtype $dtype $c" >>"$OUT/kernel-check.log"
-    fi
-  done
-done
-grep '^{' "$OUT/kernel-check.log" >"$OUT/kernel-check.jsonl" 2>/dev/null || true
-note "kernel checks: $kernel_fail of $(( ${#cases[@]} * 2 )) failed ($(elapsed))"
-failures=$((failures + kernel_fail))
-
-# ---- 2. every algorithm at P = 1 ----
-if [[ $mpi == ON ]]; then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-  algo_fail=0
-  for algo in attention2d attention2d-overlap ring allgather-kv ulysses; do
-    for dtype in bf16 fp16; do
-      if ! run algorithms.log timeout 120 mpirun -np 1 "$a2d" run --device cuda --algo "$algo" \
-           --dtype "$dtype" --seq 999 --heads 12 --kv-heads 4 --head-dim 80 --causal --backward \
-           --check --warmup 0 --iters 1 --threads 16; then
-        algo_fail=$((algo_fail + 1))
-        echo "FAILED: $algo $dtype" >>"$OUT/algorithms.log"
+if wanted kernels; then
+  section kernels 90
+  kernel_fail=0 kernel_runs=0
+  for dtype in bf16 fp16; do
+    # The first pass synchronises after every launch: a fault is reported at its kernel.
+    blocking=()
+    [[ $dtype == bf16 ]] && blocking=(env CUDA_LAUNCH_BLOCKING=1)
+    for c in "${cases[@]}"; do
+      kernel_runs=$((kernel_runs + 1))
+      # shellcheck disable=SC2086 # the case is a list of options
+      step kernel-check.log "${blocking[@]}" "$a2d" kernel --device cuda --dtype "$dtype" $c \
+        --backward --check --warmup 0 --repeats 1 --threads 16 --json
+      code=$?
+      if ((code != 0 && code != 125)); then
+        kernel_fail=$((kernel_fail + 1))
+        echo "FAILED ($code): --dtype $dtype $c" >>"$OUT/kernel-check.log"
       fi
     done
   done
-  note "algorithms at P = 1: $algo_fail of 10 failed ($(elapsed))"
-  failures=$((failures + algo_fail))
-else
-  note "algorithms at P = 1: NOT RUN (no MPI compiler wrapper: a2d run is not built)"
-  failures=$((failures + 1))
+  grep '^{' "$OUT/kernel-check.log" >"$OUT/kernel-check.jsonl" 2>/dev/null || true
+  note "kernel checks: $kernel_fail of $kernel_runs failed ($(elapsed))"
+  failures=$((failures + kernel_fail))
 fi
 
-# ---- 3. speed beside torch SDPA ----
-: >"$OUT/speed-a2d.log"
-for heads in 16 32; do
-  for seq in 8192 16384 32768; do
-    for causal in "" "--causal"; do
-      # shellcheck disable=SC2086 # $causal is empty or one option
-      run speed-a2d.log timeout 120 "$a2d" kernel --device cuda --dtype bf16 --batch 1 \
-        --heads $heads --head-dim 128 --seq $seq $causal --backward --warmup 2 --repeats 5 \
-        --threads 16 --json || echo "FAILED: H $heads N $seq $causal" >>"$OUT/speed-a2d.log"
+# ---- parts: partial + accumulate, merge + finalize, backward accumulate, misaligned records ----
+parts_cases=(
+  "--parts 3 --seq 333 --kv-seq 501 --heads 12 --kv-heads 4 --head-dim 80 --causal"
+  "--parts 4 --seq 777 --heads 12 --kv-heads 4 --head-dim 96 --causal --shuffle 7"
+  "--parts 2 --seq 257 --heads 8 --kv-heads 1 --head-dim 128 --window 64 --batch 2"
+  "--parts 5 --seq 130 --kv-seq 70 --heads 4 --kv-heads 2 --head-dim 64"
+)
+if wanted parts; then
+  section parts 60
+  parts_fail=0 parts_runs=0
+  for dtype in bf16 fp16; do
+    for c in "${parts_cases[@]}"; do
+      parts_runs=$((parts_runs + 1))
+      # shellcheck disable=SC2086
+      step parts.log "$a2d" kernel --device cuda --dtype "$dtype" $c --backward --check \
+        --warmup 0 --repeats 1 --threads 16 --json
+      code=$?
+      if ((code != 0 && code != 125)); then
+        parts_fail=$((parts_fail + 1))
+        echo "FAILED ($code): --dtype $dtype $c" >>"$OUT/parts.log"
+      fi
     done
   done
-done
-grep '^{' "$OUT/speed-a2d.log" >"$OUT/speed-a2d.jsonl" 2>/dev/null || true
-torch_args=(--seqs "8192,16384,32768" --heads "16,32" --head-dim 128 --warmup 2 --repeats 5)
-if ((dry)); then
-  python3 scripts/gpu_torch_sdpa.py "${torch_args[@]}" --dry-run >"$OUT/speed-torch.jsonl"
-else
-  timeout 240 python3 scripts/gpu_torch_sdpa.py "${torch_args[@]}" >"$OUT/speed-torch.jsonl" \
-    2>"$OUT/speed-torch.log" || note "torch SDPA timing: failed or cut short (speed-torch.log)"
+  grep '^{' "$OUT/parts.log" >"$OUT/parts.jsonl" 2>/dev/null || true
+  note "partial/merge checks (a2d kernel --parts): $parts_fail of $parts_runs failed ($(elapsed))"
+  failures=$((failures + parts_fail))
 fi
-python3 scripts/gpu_summary.py "$OUT/speed-a2d.jsonl" "$OUT/speed-torch.jsonl" >"$OUT/speed.txt"
-cat "$OUT/speed.txt"
-note "speed: speed.txt ($(elapsed))"
 
-note "gpu_check: $failures failed checks in $(elapsed)"
+# ---- sanitizer: memcheck and racecheck on one tiny case ----
+if wanted sanitizer; then
+  section sanitizer 60
+  sanitizer=$(command -v compute-sanitizer || first_file /usr/local/cuda/bin/compute-sanitizer)
+  ((dry)) && [[ -z $sanitizer ]] && sanitizer=compute-sanitizer  # print the commands anyway
+  if [[ -z $sanitizer ]]; then
+    note "sanitizer: NOT RUN (no compute-sanitizer)"
+    not_run=$((not_run + 3))
+  else
+    tiny=(--device cuda --dtype bf16 --seq 70 --heads 2 --kv-heads 1 --head-dim 80 --causal
+          --backward --check --warmup 0 --repeats 1)
+    sanitizer_fail=0
+    for tool in memcheck racecheck; do
+      step sanitizer.log "$sanitizer" --tool "$tool" --error-exitcode 3 "$a2d" kernel "${tiny[@]}"
+      code=$?
+      ((code != 0 && code != 125)) && { sanitizer_fail=$((sanitizer_fail + 1));
+        echo "FAILED ($code): $tool" >>"$OUT/sanitizer.log"; }
+    done
+    # The partial, merge and record-copy kernels too (memcheck).
+    step sanitizer.log "$sanitizer" --tool memcheck --error-exitcode 3 "$a2d" kernel "${tiny[@]}" \
+      --parts 2
+    code=$?
+    ((code != 0 && code != 125)) && { sanitizer_fail=$((sanitizer_fail + 1));
+      echo "FAILED ($code): memcheck --parts 2" >>"$OUT/sanitizer.log"; }
+    note "sanitizer (memcheck, racecheck, memcheck --parts): $sanitizer_fail of 3 failed ($(elapsed))"
+    failures=$((failures + sanitizer_fail))
+  fi
+fi
+
+# ---- algorithms: every algorithm at P = 1 over the staged MPI communicator ----
+if wanted algorithms; then
+  if [[ $mpi == ON ]]; then
+    section algorithms 75
+    algo_fail=0
+    for algo in attention2d attention2d-overlap ring allgather-kv ulysses; do
+      for dtype in bf16 fp16; do
+        step algorithms.log mpirun -np 1 "$a2d" run --device cuda --comm mpi --algo "$algo" \
+          --dtype "$dtype" --seq 999 --heads 12 --kv-heads 4 --head-dim 80 --causal --backward \
+          --check --warmup 0 --iters 1 --threads 16
+        code=$?
+        if ((code != 0 && code != 125)); then
+          algo_fail=$((algo_fail + 1))
+          echo "FAILED ($code): $algo $dtype" >>"$OUT/algorithms.log"
+        fi
+      done
+    done
+    note "algorithms at P = 1 (--comm mpi): $algo_fail of 10 failed ($(elapsed))"
+    failures=$((failures + algo_fail))
+  else
+    note "algorithms at P = 1: NOT RUN (no MPI: a2d run is not built)"
+    not_run=$((not_run + 10))
+  fi
+fi
+
+# ---- speed beside torch SDPA ----
+if wanted speed; then
+  section speed 100
+  : >>"$OUT/speed-a2d.log"
+  for dim in 128 64; do
+    for seq in 4096 16384; do
+      for causal in "" "--causal"; do
+        # shellcheck disable=SC2086 # $causal is empty or one option
+        step speed-a2d.log "$a2d" kernel --device cuda --dtype bf16 --batch 1 --heads 16 \
+          --head-dim $dim --seq $seq $causal --backward --warmup 2 --repeats 5 --threads 16 --json
+        code=$?
+        ((code != 0 && code != 125)) &&
+          echo "FAILED ($code): D $dim N $seq $causal" >>"$OUT/speed-a2d.log"
+      done
+    done
+  done
+  grep '^{' "$OUT/speed-a2d.log" >"$OUT/speed-a2d.jsonl" 2>/dev/null || true
+  torch_args=(--seqs "4096,16384" --heads 16 --head-dims "128,64" --warmup 2 --repeats 5)
+  if ((dry)); then
+    python3 scripts/gpu_torch_sdpa.py "${torch_args[@]}" --dry-run >"$OUT/speed-torch.jsonl"
+  else
+    left=$(( section_end - $(date +%s) ))
+    if ((left >= 20)); then
+      timeout -k 5 "$left" python3 scripts/gpu_torch_sdpa.py "${torch_args[@]}" \
+        >"$OUT/speed-torch.jsonl" 2>"$OUT/speed-torch.log" ||
+        note "torch SDPA timing: failed or cut short (speed-torch.log)"
+    else
+      note "torch SDPA timing: NOT RUN (section out of time)"
+      : >"$OUT/speed-torch.jsonl"
+    fi
+  fi
+  python3 scripts/gpu_summary.py "$OUT/speed-a2d.jsonl" "$OUT/speed-torch.jsonl" >"$OUT/speed.txt"
+  cat "$OUT/speed.txt"
+  note "speed: speed.txt ($(elapsed))"
+fi
+
+note "gpu_check: $failures failed checks, $not_run not run, in $(elapsed)"
 ((failures == 0))

@@ -28,19 +28,19 @@ def main():
         return 2
     ours = {}
     for r in read(sys.argv[1]):
-        key = (r["heads"], r["seq"], bool(r["causal"]), r["mode"])
+        key = (r["head_dim"], r["heads"], r["seq"], bool(r["causal"]), r["mode"])
         ours[key] = r["gflops"] / 1e3
     torch = {}
     for r in read(sys.argv[2]):
         if "tflops" not in r:
             continue
-        key = (r["heads"], r["seq"], bool(r["causal"]), r["mode"])
+        key = (r["head_dim"], r["heads"], r["seq"], bool(r["causal"]), r["mode"])
         torch.setdefault(key, {})[r["impl"]] = r["tflops"]
-    print(f"{'H':>3} {'N':>6} {'causal':>6} {'mode':>8} {'a2d':>8} {'flash':>8} {'cudnn':>8}"
-          f" {'share':>7} {'target':>7}  (TFLOP/s, bf16, D=128, B=1)")
+    print(f"{'D':>3} {'H':>3} {'N':>6} {'causal':>6} {'mode':>8} {'a2d':>8} {'flash':>8} {'cudnn':>8}"
+          f" {'share':>7} {'target':>7}  (TFLOP/s, bf16, B=1)")
     met = True
     for key in sorted(set(ours) | set(torch)):
-        heads, seq, causal, mode = key
+        head_dim, heads, seq, causal, mode = key
         a2d = ours.get(key)
         flash = torch.get(key, {}).get("torch-flash")
         cudnn = torch.get(key, {}).get("torch-cudnn")
@@ -51,9 +51,13 @@ def main():
 
         def cell(x, fmt="8.1f"):
             return format(x, fmt) if x is not None else f"{'-':>8}"
-        print(f"{heads:>3} {seq:>6} {str(causal):>6} {mode:>8} {cell(a2d)} {cell(flash)}"
+        print(f"{head_dim:>3} {heads:>3} {seq:>6} {str(causal):>6} {mode:>8} {cell(a2d)} {cell(flash)}"
               f" {cell(cudnn)} {cell(share * 100 if share else None, '6.1f')}%"
               f" {'met' if ok else 'MISSED':>7}")
+    generate = [r["generate_ms"] for r in read(sys.argv[1]) if "generate_ms" in r]
+    if generate:
+        print(f"input generation (a2d kernel's generate_ms, all cores): up to {max(generate):.0f} ms"
+              " a run")
     if not ours or not torch:
         print("speed targets: no measurements (a2d rows: %d, torch rows: %d)"
               % (len(ours), len(torch)))

@@ -48,6 +48,7 @@ struct KernelOptions {
   int64_t shuffle = 0;  // 0: positions 0, 1, 2, ...; else the seed of shuffled positions
   int64_t warmup = 1;
   int64_t repeats = 5;
+  int64_t parts = 1;  // > 1: the keys in this many parts, through the partial/merge operations
   double scale = 0.0;  // 0: 1/sqrt(head_dim)
   bool causal = false;
   std::string doc_lens;  // "" = one document
@@ -253,6 +254,15 @@ int kernel(int argc, char** argv, int first) {
                   "seed (the order of a gathered or striped layout; 0 = rows in order)");
   options.add_int("--warmup", &o.warmup, "untimed runs before timing");
   options.add_int("--repeats", &o.repeats, "timed runs; the median is reported");
+  options.add_int(
+      "--parts", &o.parts,
+      "split the keys into K contiguous parts (K >= 2; through the backend, also for cpu) and\n"
+      "compute as the distributed algorithms do: forward = partial state of part 0, then\n"
+      "partial with accumulate for each further part, then finalize (timed); once more with\n"
+      "each part's partial state in flat [max, sum, acc] records merged (merge_partials) and\n"
+      "finalized (checked as O(merge), LSE(merge)); backward = delta, then Q, dO, LSE and delta\n"
+      "copied into records [lse, delta, q, dO] (misaligned 16-bit rows), then one call per part\n"
+      "(the first overwriting dQ, the others accumulating). 1 = the plain kernels");
   options.add_flag("--check", &o.check,
                    "compare every output with the fp64 reference; exit 1 over the bound");
   options.add_flag("--json", &o.json, "one JSON object per line instead of the table");
@@ -266,13 +276,18 @@ int kernel(int argc, char** argv, int first) {
   A2D_REQUIRE(o.warmup >= 0 && o.repeats >= 1, "--warmup must be >= 0 and --repeats >= 1");
   A2D_REQUIRE(o.window >= 0, "--window must be >= 1 (or 0 for no window), got ", o.window);
   A2D_REQUIRE(o.threads >= 1, "--threads must be at least 1, got ", o.threads);
+  A2D_REQUIRE(o.parts >= 1 && o.parts <= o.kv_seq, "--parts must be between 1 and the ",
+              o.kv_seq, " keys, got ", o.parts);
+  const bool in_parts = o.parts > 1;
   const DType dtype = parse_dtype(o.dtype);
   if (!o.path.empty()) set_kernel_path(parse_kernel_path(o.path));
   const KernelPath path = kernel_path();
   const std::string device = o.device.empty() ? default_device(dtype) : o.device;
   // Another device than cpu runs the kernels through its backend (buffers uploaded once, each
   // timed call ended by synchronize()).
-  std::unique_ptr<Backend> backend = device == "cpu" ? nullptr : make_backend(device);
+  // --parts goes through the backend's partial and merge operations, so on cpu too.
+  std::unique_ptr<Backend> backend =
+      device == "cpu" && !in_parts ? nullptr : make_backend(device);
   const bool on_cpu = device != "cuda";
   // The peak is measured before and after the kernel timings and the higher value is kept: on a
   // machine shared with other work, a peak measured while something else ran would flatter the
@@ -295,9 +310,12 @@ int kernel(int argc, char** argv, int first) {
   const GlobalTokens q_global{o.batch, o.seq, o.heads, o.head_dim};
   const GlobalTokens kv_global{o.batch, o.kv_seq, o.kv_heads, o.head_dim};
   g_huge_pages = o.huge_pages;
+  // The inputs' generation (all cores, data.hpp) is timed for the GPU runs' time budget.
+  const double generate_start = seconds_now();
   const TypedTensor q(dtype, generate_tokens(seed, TensorTag::q, q_global));
   const TypedTensor k(dtype, generate_tokens(seed, TensorTag::k, kv_global));
   const TypedTensor v(dtype, generate_tokens(seed, TensorTag::v, kv_global));
+  double generate_seconds = seconds_now() - generate_start;
   TypedTensor out(dtype, q.size());
   Tensor lse(static_cast<size_t>(o.batch * o.heads * o.seq));
 
@@ -365,11 +383,77 @@ int kernel(int argc, char** argv, int first) {
       kv_pos_buf = upload_indices(*backend, kv_positions);
       call.q_positions = Place::in(*q_pos_buf);
       call.kv_positions = Place::in(*kv_pos_buf);
+    } else if (in_parts) {
+      // Each part's keys carry their global positions (a part's own 0, 1, 2, ... would be wrong).
+      std::vector<int64_t> in_order(static_cast<size_t>(o.kv_seq));
+      std::iota(in_order.begin(), in_order.end(), int64_t{0});
+      kv_pos_buf = upload_indices(*backend, in_order);
+      call.kv_positions = Place::in(*kv_pos_buf);
     }
     out_tensor = dense_token_tensor(*out_buf, dtype, o.seq, o.heads, o.head_dim);
     lse_tensor = dense_row_tensor(*lse_buf, o.heads, o.seq);
   }
+  // --parts: the keys [first, first + tokens) of each part, and a call on them alone.
+  struct KeyPart {
+    int64_t first = 0;
+    int64_t tokens = 0;
+  };
+  std::vector<KeyPart> key_parts;
+  for (int64_t p = 0; p < o.parts; ++p) {
+    const int64_t first_key = p * o.kv_seq / o.parts;
+    key_parts.push_back({first_key, (p + 1) * o.kv_seq / o.parts - first_key});
+  }
+  auto keys_of = [&](const KeyPart& part, TokenTensor t) {
+    t.offset += part.first * t.token_stride * dtype_bytes(t.dtype);
+    return t;
+  };
+  auto part_call = [&](const KeyPart& part) {
+    ForwardCall c = call;
+    c.shape.kv_tokens = part.tokens;
+    c.k = keys_of(part, call.k);
+    c.v = keys_of(part, call.v);
+    c.kv_positions = call.kv_positions + part.first * static_cast<int64_t>(sizeof(int64_t));
+    return c;
+  };
+  // The partial state: dense (accumulated across parts), and as the algorithms hold it, flat
+  // fp32 records [row max, row sum, acc[D]] per (batch, token, head) (merged across parts).
+  const int64_t record = o.head_dim + 2;
+  const int64_t records = o.batch * o.seq * o.heads;
+  BufferPtr acc_buf, max_buf, sum_buf, merged_buf, part_buf, out2_buf, lse2_buf;
+  PartialTensor dense_state;
+  auto record_state = [&](Buffer& buffer) {
+    PartialTensor state;
+    const int64_t token = o.heads * record;
+    state.acc = {&buffer, 2 * static_cast<int64_t>(sizeof(float)), DType::f32, o.seq * token,
+                 token, record};
+    state.row_max = {&buffer, 0, o.seq * token, record, token};
+    state.row_sum = state.row_max;
+    state.row_sum.offset = static_cast<int64_t>(sizeof(float));
+    return state;
+  };
+  if (in_parts) {
+    const int64_t acc_bytes = static_cast<int64_t>(q.size() * sizeof(float));
+    acc_buf = backend->allocate(acc_bytes);
+    max_buf = backend->allocate(lse_bytes);
+    sum_buf = backend->allocate(lse_bytes);
+    dense_state = {dense_token_tensor(*acc_buf, DType::f32, o.seq, o.heads, o.head_dim),
+                   dense_row_tensor(*max_buf, o.heads, o.seq),
+                   dense_row_tensor(*sum_buf, o.heads, o.seq)};
+    const int64_t record_bytes = records * record * static_cast<int64_t>(sizeof(float));
+    merged_buf = backend->allocate(record_bytes);
+    part_buf = backend->allocate(record_bytes);
+    out2_buf = backend->allocate(q_bytes);
+    lse2_buf = backend->allocate(lse_bytes);
+  }
   const Summary fwd_ms = time_repeats(o, &fwd_rss_growth, [&] {
+    if (in_parts) {
+      for (size_t p = 0; p < key_parts.size(); ++p)
+        backend->attention_forward_partial(part_call(key_parts[p]), dense_state, p > 0);
+      backend->finalize(q_rows, dense_state, out_tensor, lse_tensor);
+      if (o.sinks) backend->add_sinks(q_rows, sinks.data(), 0, out_tensor, lse_tensor);
+      backend->synchronize();
+      return;
+    }
     if (backend) {
       backend->attention_forward(call, out_tensor, lse_tensor);
       if (o.sinks) backend->add_sinks(q_rows, sinks.data(), 0, out_tensor, lse_tensor);
@@ -383,6 +467,25 @@ int kernel(int argc, char** argv, int first) {
     backend->download(Place::in(*out_buf), out.data(), q_bytes);
     backend->download(Place::in(*lse_buf), lse.data(), lse_bytes);
   }
+  // --parts, untimed: each part's partial state in records, merged into part 0's, finalized.
+  TypedTensor out_merged(dtype, in_parts ? q.size() : 0);
+  Tensor lse_merged(in_parts ? lse.size() : 0);
+  if (in_parts) {
+    const PartialTensor merged = record_state(*merged_buf), single = record_state(*part_buf);
+    for (size_t p = 0; p < key_parts.size(); ++p) {
+      backend->attention_forward_partial(part_call(key_parts[p]), p == 0 ? merged : single,
+                                         false);
+      if (p > 0) {
+        backend->merge_partials(Place::in(*merged_buf), Place::in(*part_buf), records, record);
+      }
+    }
+    const TokenTensor out2 = dense_token_tensor(*out2_buf, dtype, o.seq, o.heads, o.head_dim);
+    const RowTensor lse2 = dense_row_tensor(*lse2_buf, o.heads, o.seq);
+    backend->finalize(q_rows, merged, out2, lse2);
+    if (o.sinks) backend->add_sinks(q_rows, sinks.data(), 0, out2, lse2);
+    backend->download(Place::in(*out2_buf), out_merged.data(), q_bytes);
+    backend->download(Place::in(*lse2_buf), lse_merged.data(), lse_bytes);
+  }
 
   std::optional<TypedTensor> d_out;
   Tensor dq, dk, dv;
@@ -391,7 +494,9 @@ int kernel(int argc, char** argv, int first) {
   int64_t bwd_workspace = 0;
   std::optional<int64_t> bwd_rss_growth;
   if (o.backward) {
+    const double d_out_start = seconds_now();
     d_out.emplace(dtype, generate_tokens(seed, TensorTag::d_out, q_global));
+    generate_seconds += seconds_now() - d_out_start;
     dq.resize(q.size());
     dk.resize(k.size());
     dv.resize(v.size());
@@ -440,7 +545,59 @@ int kernel(int argc, char** argv, int first) {
       dk_t = dense_token_tensor(*dk_buf, DType::f32, o.kv_seq, o.kv_heads, o.head_dim);
       dv_t = dense_token_tensor(*dv_buf, DType::f32, o.kv_seq, o.kv_heads, o.head_dim);
     }
+    // --parts: records [lse, delta, q[D], dO[D]] per (batch, token, head), as ATTENTION2D's
+    // backward packs them: the fp32 fields first put the 16-bit rows 8 and 8 + 2D bytes in, not
+    // on the 16 bytes cp.async reads (the CUDA backend copies such inputs to dense scratch).
+    BufferPtr pack_buf;
+    BackwardCall packed = bcall;
+    const int64_t pack_record = 8 + 2 * o.head_dim * dtype_bytes(dtype);  // bytes
+    if (in_parts) {
+      pack_buf = backend->allocate(records * pack_record);
+      const int64_t floats = pack_record / static_cast<int64_t>(sizeof(float));
+      const int64_t elements = pack_record / dtype_bytes(dtype);
+      const RowTensor lse_field{pack_buf.get(), 0, o.seq * o.heads * floats, floats,
+                                o.heads * floats};
+      RowTensor delta_field = lse_field;
+      delta_field.offset = static_cast<int64_t>(sizeof(float));
+      const TokenTensor q_field{pack_buf.get(), 8, dtype, o.seq * o.heads * elements,
+                                o.heads * elements, elements};
+      TokenTensor do_field = q_field;
+      do_field.offset += o.head_dim * dtype_bytes(dtype);
+      packed.q = q_field;
+      packed.d_out = do_field;
+      packed.lse = lse_field;
+      packed.delta = delta_field;
+      packed.out = {};
+    }
+    const TokenBlock q_block{o.batch, o.seq, o.heads, o.head_dim};
     bwd_ms = time_repeats(o, &bwd_rss_growth, [&] {
+      if (in_parts) {
+        backend->copy_tokens(bcall.q, packed.q, q_block);
+        backend->copy_tokens(bcall.d_out, packed.d_out, q_block);
+        backend->copy_rows(lse_tensor, packed.lse, o.batch, o.heads, o.seq);
+        backend->delta(q_rows, out_tensor, packed.d_out, packed.delta);
+        // The parts after the first add into their dK, dV rows: zero first.
+        backend->fill_zero(Place::in(*dk_buf), dkv_bytes);
+        backend->fill_zero(Place::in(*dv_buf), dkv_bytes);
+        for (size_t p = 0; p < key_parts.size(); ++p) {
+          const KeyPart& part = key_parts[p];
+          BackwardCall c = packed;
+          c.shape.kv_tokens = part.tokens;
+          c.k = keys_of(part, bcall.k);
+          c.v = keys_of(part, bcall.v);
+          c.kv_positions = bcall.kv_positions + part.first * static_cast<int64_t>(sizeof(int64_t));
+          c.accumulate = p > 0;
+          backend->attention_backward(c, dq_t, keys_of(part, dk_t), keys_of(part, dv_t));
+        }
+        if (o.sinks) {
+          std::vector<double> sums(static_cast<size_t>(o.heads), 0.0);
+          backend->add_sink_gradient(q_rows, sinks.data(), 0, lse_tensor, packed.delta,
+                                     sums.data());
+          dsink.assign(sums.begin(), sums.end());
+        }
+        backend->synchronize();
+        return;
+      }
       if (backend) {
         backend->attention_backward(bcall, dq_t, dk_t, dv_t);
         if (o.sinks) {
@@ -527,6 +684,17 @@ int kernel(int argc, char** argv, int first) {
          output_bound},
         {"LSE", "lse", relative_error(lse.data(), lse64.data(), static_cast<int64_t>(lse.size())),
          kFp32RelativeBound}};
+    if (in_parts) {
+      const std::vector<float> merged32 = out_merged.floats();
+      fwd_errors.push_back({"O(merge)", "o_merge",
+                            relative_error(merged32.data(), out64.data(),
+                                           static_cast<int64_t>(merged32.size())),
+                            output_bound});
+      fwd_errors.push_back({"LSE(merge)", "lse_merge",
+                            relative_error(lse_merged.data(), lse64.data(),
+                                           static_cast<int64_t>(lse_merged.size())),
+                            kFp32RelativeBound});
+    }
     if (o.backward) {
       const std::vector<double> do64 = widen(d_out->wide);
       std::vector<double> dq64(q.size()), dk64(k.size()), dv64(v.size());
@@ -572,6 +740,7 @@ int kernel(int argc, char** argv, int first) {
           .add("documents", mask.documents())
           .add("window", o.window)
           .add("shuffle", o.shuffle)
+          .add("parts", o.parts)
           .add("ms", ms.median)
           .add("ms_min", ms.min)
           .add("ms_max", ms.max)
@@ -584,7 +753,8 @@ int kernel(int argc, char** argv, int first) {
           .add("peak_gflops_per_thread", peak.gflops_per_thread)
           .add("peak_isa", peak.isa)
           .add("pct_peak", pct_peak)
-          .add("workspace_bytes", workspace);
+          .add("workspace_bytes", workspace)
+          .add("generate_ms", 1e3 * generate_seconds);
       if (rss_growth) line.add("peak_rss_delta_bytes", *rss_growth);
       if (o.check) {
         double bound = 0.0;  // the largest of the mode's bounds

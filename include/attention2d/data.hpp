@@ -27,13 +27,15 @@ struct GlobalTokens {
 
 // Fills `out` ([batch, n, heads, head_dim]) with the rows whose global token indices are
 // token_indices[0..n). nullptr means the rows 0..n-1. `amplitude` multiplies every value.
+// `threads` OpenMP threads fill the rows (0: omp_get_max_threads()); the values are the same,
+// bit for bit, for any number of threads.
 void fill_generated(uint64_t seed, TensorTag tag, const GlobalTokens& global,
                     const int64_t* token_indices, int64_t n, TokenView<float> out,
-                    float amplitude = 1.0f);
+                    float amplitude = 1.0f, int threads = 0);
 
 // The whole global tensor, dense.
 std::vector<float> generate_tokens(uint64_t seed, TensorTag tag, const GlobalTokens& global,
-                                   float amplitude = 1.0f);
+                                   float amplitude = 1.0f, int threads = 0);
 
 // Sink logits [heads] (Problem::sinks): 1.5 + an approximately standard normal value per head,
 // of the order of the LSE of a short document, so that the sinks take a visible share.

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include <omp.h>
+
 #include "attention2d/error.hpp"
 
 namespace a2d {
@@ -35,12 +37,21 @@ float generated_value(uint64_t seed, TensorTag tag, uint64_t global_index) {
 
 void fill_generated(uint64_t seed, TensorTag tag, const GlobalTokens& global,
                     const int64_t* token_indices, int64_t n, TokenView<float> out,
-                    float amplitude) {
+                    float amplitude, int threads) {
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t token = token_indices ? token_indices[i] : i;
+    A2D_REQUIRE(token >= 0 && token < global.tokens, "generated token index ", token,
+                " is outside the global sequence of ", global.tokens, " tokens");
+  }
+  // Each value depends only on (seed, tag, global index), so the rows can be filled in any order
+  // by any number of threads with bit-identical results (test_data.cpp checks it). Below about
+  // 64 Ki values a parallel region costs more than it saves.
+  const int64_t values = global.batch * n * global.heads * global.head_dim;
+  const int team = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel for collapse(2) schedule(static) num_threads(team) if (values >= (1 << 16))
   for (int64_t b = 0; b < global.batch; ++b) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t token = token_indices ? token_indices[i] : i;
-      A2D_REQUIRE(token >= 0 && token < global.tokens, "generated token index ", token,
-                  " is outside the global sequence of ", global.tokens, " tokens");
       for (int64_t h = 0; h < global.heads; ++h) {
         float* row = out.at(b, i, h);
         const uint64_t base = static_cast<uint64_t>(
@@ -54,12 +65,12 @@ void fill_generated(uint64_t seed, TensorTag tag, const GlobalTokens& global,
 }
 
 std::vector<float> generate_tokens(uint64_t seed, TensorTag tag, const GlobalTokens& global,
-                                   float amplitude) {
+                                   float amplitude, int threads) {
   std::vector<float> data(
       static_cast<size_t>(global.batch * global.tokens * global.heads * global.head_dim));
   fill_generated(seed, tag, global, nullptr, global.tokens,
                  dense_tokens(data.data(), global.tokens, global.heads, global.head_dim),
-                 amplitude);
+                 amplitude, threads);
   return data;
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -208,6 +209,34 @@ TEST(Data, GeneratedValuesDependOnlyOnSeedTensorAndGlobalIndex) {
   const double mean = sum / full.size(), var = sq / full.size() - mean * mean;
   EXPECT_NEAR(mean, 0.0, 0.1);
   EXPECT_NEAR(var, 1.0, 0.15);
+}
+
+TEST(Data, ThreadedGenerationIsBitIdenticalToSingleThreaded) {
+  // 2 * 333 * 4 * 64 = 170496 values: above the size from which fill_generated goes parallel.
+  const GlobalTokens global{2, 333, 4, 64};
+  const std::vector<float> single = generate_tokens(5, TensorTag::v, global, 1.0f, 1);
+  // The values themselves: generated_value of each global index, as before threads.
+  for (size_t i = 0; i < single.size(); i += 997) {
+    const float expected = generated_value(5, TensorTag::v, i);
+    ASSERT_EQ(std::memcmp(&single[i], &expected, sizeof(float)), 0) << i;
+  }
+  for (const int threads : {2, 3, 7, 0}) {
+    const std::vector<float> threaded = generate_tokens(5, TensorTag::v, global, 1.0f, threads);
+    ASSERT_EQ(threaded.size(), single.size());
+    EXPECT_EQ(std::memcmp(threaded.data(), single.data(), single.size() * sizeof(float)), 0)
+        << threads << " threads";
+  }
+  // A shard of rows in another order, with an amplitude, from 4 threads.
+  std::vector<int64_t> tokens;
+  for (int64_t t = 332; t >= 0; t -= 2)
+    tokens.push_back(t);
+  const auto n = static_cast<int64_t>(tokens.size());
+  std::vector<float> one(static_cast<size_t>(2 * n * 4 * 64)), four(one.size());
+  fill_generated(5, TensorTag::v, global, tokens.data(), n, dense_tokens(one.data(), n, 4, 64),
+                 0.5f, 1);
+  fill_generated(5, TensorTag::v, global, tokens.data(), n, dense_tokens(four.data(), n, 4, 64),
+                 0.5f, 4);
+  EXPECT_EQ(std::memcmp(one.data(), four.data(), one.size() * sizeof(float)), 0);
 }
 
 TEST(Error, CarriesRankLocationAndMessage) {
