@@ -17,7 +17,7 @@
 #include "attention2d/kernel.hpp"
 #include "attention2d/peak.hpp"
 #include "attention2d/timing.hpp"
-#include "cli.hpp"
+#include "attention2d/tools/cli.hpp"
 #include "kernels/cpu/paths.hpp"
 
 namespace a2d {

@@ -19,8 +19,8 @@
 #include "attention2d/layout.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/timing.hpp"
+#include "attention2d/tools/cli.hpp"
 #include "calibration.hpp"
-#include "cli.hpp"
 #include "commands.hpp"
 #include "run_support.hpp"
 

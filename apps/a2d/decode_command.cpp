@@ -20,8 +20,8 @@
 #include "attention2d/harness.hpp"
 #include "attention2d/inference.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "attention2d/planner.hpp"
 #include "commands.hpp"
-#include "planning.hpp"
 #include "problem_options.hpp"
 #include "run_support.hpp"
 

@@ -29,7 +29,7 @@
 #include "attention2d/peak.hpp"
 #include "attention2d/reference.hpp"
 #include "attention2d/timing.hpp"
-#include "cli.hpp"
+#include "attention2d/tools/cli.hpp"
 #include "commands.hpp"
 
 namespace a2d::commands {

@@ -20,8 +20,8 @@
 #include "attention2d/error.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/timing.hpp"
+#include "attention2d/tools/cli.hpp"
 #include "attention2d/watchdog.hpp"
-#include "cli.hpp"
 #include "commands.hpp"
 
 namespace a2d::commands {

@@ -1,11 +1,11 @@
-#include "planning.hpp"
+#include "attention2d/planner.hpp"
 
 #include <algorithm>
 #include <fstream>
 
 #include "attention2d/error.hpp"
 
-namespace a2d::commands {
+namespace a2d {
 
 Machine MachineChoice::machine(int ranks, DType dtype) const {
   if (!machine_file.empty()) return load_machine_file(machine_file);
@@ -67,4 +67,4 @@ PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
            reasons);
 }
 
-}  // namespace a2d::commands
+}  // namespace a2d
