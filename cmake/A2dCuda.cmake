@@ -61,6 +61,7 @@ function(a2d_add_cuda_sources target)
   set_target_properties(a2d_cuda PROPERTIES CUDA_ARCHITECTURES "${A2D_CUDA_ARCHITECTURES}"
                                             POSITION_INDEPENDENT_CODE ON)
   target_include_directories(a2d_cuda PRIVATE ${PROJECT_SOURCE_DIR}/include
+                                              ${PROJECT_SOURCE_DIR}/src
                                               ${PROJECT_BINARY_DIR}/generated
                                               ${A2D_NCCL_INCLUDE})
   target_link_libraries(a2d_cuda PRIVATE CUDA::cudart)

@@ -37,9 +37,9 @@
 #include <numeric>
 #include <vector>
 
-#include "../backends/cuda/cuda_internals.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "backends/cuda/cuda_backend.hpp"
 #include "host_forwarding.hpp"
 
 namespace a2d::nccl {

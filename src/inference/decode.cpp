@@ -4,8 +4,8 @@
 #include <queue>
 #include <utility>
 
-#include "../algorithms/algorithms.hpp"
-#include "../algorithms/records.hpp"
+#include "algorithms/algorithms.hpp"
+#include "algorithms/records.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/inference.hpp"

@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "../unit/make_problem.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/decode_harness.hpp"
 #include "attention2d/error.hpp"
@@ -23,6 +22,7 @@
 #include "attention2d/inference.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "mpi_checks.hpp"
+#include "unit/make_problem.hpp"
 
 namespace a2d {
 namespace {

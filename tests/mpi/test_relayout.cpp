@@ -19,7 +19,6 @@
 #include <memory>
 #include <vector>
 
-#include "../unit/make_problem.hpp"
 #include "attention2d/check.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/data.hpp"
@@ -28,6 +27,7 @@
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/relayout.hpp"
 #include "mpi_checks.hpp"
+#include "unit/make_problem.hpp"
 
 namespace a2d {
 namespace {

@@ -4,8 +4,8 @@
 // without AVX2.
 #include "simd_avx2_probe.hpp"
 
-#include "../../src/kernels/cpu/avx2/convert.hpp"
-#include "../../src/kernels/cpu/avx2/simd.hpp"
+#include "kernels/cpu/avx2/convert.hpp"
+#include "kernels/cpu/avx2/simd.hpp"
 
 namespace a2d::test {
 

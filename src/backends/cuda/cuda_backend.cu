@@ -17,10 +17,10 @@
 #include <memory>
 #include <vector>
 
-#include "../backends.hpp"
 #include "attention2d/error.hpp"
 #include "attention_kernels.hpp"
-#include "cuda_internals.hpp"
+#include "backends/backends.hpp"
+#include "cuda_backend.hpp"
 #include "cuda_plan.hpp"
 
 namespace a2d::backends {
@@ -369,7 +369,7 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { check_cuda(cudaStreamSynchronize(stream_), "synchronize"); }
 
-  // For the NCCL communicator (cuda_internals.hpp).
+  // For the NCCL communicator (cuda_backend.hpp).
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
   std::byte* address_of(const Place& place) const { return address(place); }

@@ -33,9 +33,9 @@
 #include <cstdint>
 #include <limits>
 
-#include "../paths.hpp"
-#include "../tiles.hpp"
 #include "convert.hpp"
+#include "kernels/cpu/paths.hpp"
+#include "kernels/cpu/tiles.hpp"
 #include "simd.hpp"
 
 namespace a2d::cpu::avx2 {
