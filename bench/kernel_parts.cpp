@@ -18,7 +18,7 @@
 #include "attention2d/peak.hpp"
 #include "attention2d/timing.hpp"
 #include "attention2d/tools/cli.hpp"
-#include "kernels/cpu/paths.hpp"
+#include "backends/cpu/kernels/paths.hpp"
 
 namespace a2d {
 namespace {

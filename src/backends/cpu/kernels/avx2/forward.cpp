@@ -34,8 +34,8 @@
 #include <limits>
 
 #include "convert.hpp"
-#include "kernels/cpu/paths.hpp"
-#include "kernels/cpu/tiles.hpp"
+#include "backends/cpu/kernels/paths.hpp"
+#include "backends/cpu/kernels/tiles.hpp"
 #include "simd.hpp"
 
 namespace a2d::cpu::avx2 {

@@ -33,8 +33,8 @@
 #include <limits>
 
 #include "convert.hpp"
-#include "kernels/cpu/paths.hpp"
-#include "kernels/cpu/tiles.hpp"
+#include "backends/cpu/kernels/paths.hpp"
+#include "backends/cpu/kernels/tiles.hpp"
 #include "simd.hpp"
 
 #ifdef _OPENMP
