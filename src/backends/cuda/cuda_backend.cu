@@ -493,6 +493,14 @@ class CudaBackend final : public Backend {
         count, record);
     check_launch("merge_partials");
   }
+  void copy_bytes(Place from, Place to, int64_t bytes) override {
+    cuda_plan::check_place(from, bytes, "copy_bytes from");
+    cuda_plan::check_place(to, bytes, "copy_bytes to");
+    if (bytes == 0) return;
+    check_cuda(cudaMemcpyAsync(address(to), address(from), static_cast<size_t>(bytes),
+                               cudaMemcpyDefault, stream_),
+               "copy_bytes");
+  }
   void finalize(const RowsShape& r, const PartialTensor& state, const TokenTensor& out,
                 const RowTensor& lse) override {
     const TokenBlock block{r.batch, r.tokens, r.heads, r.head_dim};
