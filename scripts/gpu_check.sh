@@ -8,7 +8,7 @@
 #                    a2d kernel --device cuda --check, forward and backward, bf16 and fp16, on the
 #                    CPU kernel tests' awkward shapes (odd N, GQA 12:4, MQA, D 80/96, causal window,
 #                    shuffled positions), against the fp64 reference with the tensor-core bounds
-#                    of include/attention2d/check.hpp
+#                    of include/attention2d/tools/check.hpp
 #   algorithms.log   every algorithm at P = 1 on the GPU, a2d run --device cuda --check
 #   speed-a2d.jsonl, speed-torch.jsonl, speed.txt
 #                    a2d's kernel beside torch SDPA (flash, cuDNN; bf16), B = 1, H = 16/32,

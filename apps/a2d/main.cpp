@@ -6,7 +6,7 @@
 #include <iostream>
 #include <string>
 
-#include "attention2d/build_info.hpp"
+#include "attention2d/tools/build_info.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/version.hpp"

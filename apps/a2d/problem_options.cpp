@@ -4,9 +4,9 @@
 #include <cstdlib>
 
 #include "attention2d/collective.hpp"
-#include "attention2d/data.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/npy.hpp"
+#include "attention2d/tools/npy.hpp"
 #include "attention2d/planner.hpp"
 
 namespace a2d::cli {

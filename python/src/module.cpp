@@ -23,7 +23,7 @@
 #include "attention2d/cost_model.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/gloo_comm.hpp"
-#include "attention2d/harness.hpp"
+#include "attention2d/tools/harness.hpp"
 #include "attention2d/inference.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/planner.hpp"

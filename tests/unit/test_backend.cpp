@@ -13,7 +13,7 @@
 
 #include "algorithms/records.hpp"
 #include "attention2d/backend.hpp"
-#include "attention2d/data.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "backends/backends.hpp"
 
