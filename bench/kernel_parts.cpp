@@ -12,13 +12,13 @@
 #include <string>
 #include <vector>
 
-#include "attention2d/data.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
-#include "attention2d/peak.hpp"
-#include "attention2d/timing.hpp"
-#include "cli.hpp"
-#include "kernels/cpu/paths.hpp"
+#include "attention2d/tools/peak.hpp"
+#include "attention2d/tools/timing.hpp"
+#include "attention2d/tools/cli.hpp"
+#include "backends/cpu/kernels/paths.hpp"
 
 namespace a2d {
 namespace {

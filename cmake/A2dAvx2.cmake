@@ -1,7 +1,7 @@
 # The AVX2/FMA kernel path: its sources are compiled with -mavx2 -mfma -mf16c (and only they; F16C
 # converts fp16 inputs and outputs, and the run-time check requires it with AVX2 and FMA) into the
 # object library attention2d_avx2, and the library picks the path at run time
-# (src/kernels/cpu/dispatch.cpp), so one binary runs on CPUs with and without AVX2. Only for
+# (src/backends/cpu/kernels/dispatch.cpp), so one binary runs on CPUs with and without AVX2. Only for
 # x86-64 with GCC or Clang; elsewhere the portable path is all there is.
 set(A2D_HAVE_AVX2_PATH OFF)
 if(A2D_WITH_AVX2 AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$"

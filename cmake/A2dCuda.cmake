@@ -44,7 +44,7 @@ function(a2d_add_cuda_sources target)
   # sm_80 and sm_90. A2D_CUDA_PTXAS_VERBOSE=ON adds -Xptxas -v (registers and spills per kernel;
   # scripts/test.sh checks that the attention kernels spill nothing).
   add_library(a2d_cuda OBJECT
-    ${PROJECT_SOURCE_DIR}/src/kernels/cuda/device_info.cu
+    ${PROJECT_SOURCE_DIR}/src/backends/cuda/device_info.cu
     ${PROJECT_SOURCE_DIR}/src/backends/cuda/backward.cu
     ${PROJECT_SOURCE_DIR}/src/backends/cuda/cuda_backend.cu
     ${PROJECT_SOURCE_DIR}/src/backends/cuda/forward.cu)
@@ -61,6 +61,7 @@ function(a2d_add_cuda_sources target)
   set_target_properties(a2d_cuda PROPERTIES CUDA_ARCHITECTURES "${A2D_CUDA_ARCHITECTURES}"
                                             POSITION_INDEPENDENT_CODE ON)
   target_include_directories(a2d_cuda PRIVATE ${PROJECT_SOURCE_DIR}/include
+                                              ${PROJECT_SOURCE_DIR}/src
                                               ${PROJECT_BINARY_DIR}/generated
                                               ${A2D_NCCL_INCLUDE})
   target_link_libraries(a2d_cuda PRIVATE CUDA::cudart)

@@ -9,7 +9,7 @@
 #include "attention2d/error.hpp"
 #include "attention2d/grid.hpp"
 #include "attention2d/layout.hpp"
-#include "attention2d/npy.hpp"
+#include "attention2d/tools/npy.hpp"
 
 namespace a2d::fuzz {
 namespace {

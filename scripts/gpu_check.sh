@@ -6,7 +6,7 @@
 #   kernel-check.jsonl / .log   section "kernels": a2d kernel --device cuda --check, forward and
 #                    backward, bf16 and fp16, on the CPU kernel tests' awkward shapes (odd N,
 #                    GQA 12:4, MQA, D 80/96, causal window, shuffled positions), against the fp64
-#                    reference with the tensor-core bounds of include/attention2d/check.hpp; the
+#                    reference with the tensor-core bounds of include/attention2d/tools/check.hpp; the
 #                    first (bf16) pass under CUDA_LAUNCH_BLOCKING=1, so that a fault names its
 #                    kernel
 #   parts.jsonl / .log   section "parts": a2d kernel --parts K (the keys in K parts: forward

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The AVX2 object files must define no weak (inline, shared) function: the linker keeps one copy
 # of each inline function for the whole program, and a copy compiled with -mavx2 would crash the
-# portable path on a CPU without AVX2 (see src/kernels/cpu/avx2/simd.hpp).
+# portable path on a CPU without AVX2 (see src/backends/cpu/kernels/avx2/simd.hpp).
 #   check_avx2_objects.sh OBJECT...   (an argument may also be a ;-separated list, as CMake passes)
 set -euo pipefail
 IFS=';' read -ra objects <<<"$*"

@@ -10,16 +10,16 @@
 #include <sstream>
 #include <vector>
 
-#include "attention2d/check.hpp"
+#include "attention2d/tools/check.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/cost_model.hpp"
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/harness.hpp"
+#include "attention2d/tools/harness.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/watchdog.hpp"
+#include "attention2d/tools/cli.hpp"
 #include "calibration.hpp"
-#include "cli.hpp"
 #include "commands.hpp"
 #include "problem_options.hpp"
 #include "run_support.hpp"

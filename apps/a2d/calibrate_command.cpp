@@ -13,14 +13,14 @@
 
 #include "attention2d/collective.hpp"
 #include "attention2d/cost_model.hpp"
-#include "attention2d/data.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/layout.hpp"
 #include "attention2d/mpi_comm.hpp"
-#include "attention2d/timing.hpp"
+#include "attention2d/tools/timing.hpp"
+#include "attention2d/tools/cli.hpp"
 #include "calibration.hpp"
-#include "cli.hpp"
 #include "commands.hpp"
 #include "run_support.hpp"
 

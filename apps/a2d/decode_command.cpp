@@ -13,15 +13,15 @@
 #include <sstream>
 #include <vector>
 
-#include "attention2d/check.hpp"
+#include "attention2d/tools/check.hpp"
 #include "attention2d/collective.hpp"
-#include "attention2d/decode_harness.hpp"
+#include "attention2d/tools/decode_harness.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/harness.hpp"
+#include "attention2d/tools/harness.hpp"
 #include "attention2d/inference.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "attention2d/planner.hpp"
 #include "commands.hpp"
-#include "planning.hpp"
 #include "problem_options.hpp"
 #include "run_support.hpp"
 

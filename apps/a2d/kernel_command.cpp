@@ -21,15 +21,15 @@
 #endif
 
 #include "attention2d/backend.hpp"
-#include "attention2d/check.hpp"
-#include "attention2d/data.hpp"
+#include "attention2d/tools/check.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/dtype.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
-#include "attention2d/peak.hpp"
+#include "attention2d/tools/peak.hpp"
 #include "attention2d/reference.hpp"
-#include "attention2d/timing.hpp"
-#include "cli.hpp"
+#include "attention2d/tools/timing.hpp"
+#include "attention2d/tools/cli.hpp"
 #include "commands.hpp"
 
 namespace a2d::commands {

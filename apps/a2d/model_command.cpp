@@ -12,9 +12,9 @@
 #include "attention2d/cost_model.hpp"
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
-#include "cli.hpp"
+#include "attention2d/planner.hpp"
+#include "attention2d/tools/cli.hpp"
 #include "commands.hpp"
-#include "planning.hpp"
 #include "problem_options.hpp"
 
 namespace a2d::commands {

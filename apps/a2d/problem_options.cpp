@@ -4,10 +4,10 @@
 #include <cstdlib>
 
 #include "attention2d/collective.hpp"
-#include "attention2d/data.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/npy.hpp"
-#include "planning.hpp"
+#include "attention2d/tools/npy.hpp"
+#include "attention2d/planner.hpp"
 
 namespace a2d::cli {
 
@@ -228,11 +228,10 @@ Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen,
   const bool grid_matters =
       algo.empty() || algo == "attention2d" || algo == "attention2d-overlap" || hybrid;
   if (algo.empty() || (grid.empty() && grid_matters)) {
-    const commands::MachineChoice machine{
-        "", calibration.empty() ? default_calibration_file() : calibration, machine_file};
-    const commands::PlannedRun planned =
-        commands::choose_plan(problem, ranks, ranks, machine, algo, grid_matters ? grid : "",
-                              static_cast<int>(u), shards);
+    const MachineChoice machine{"", calibration.empty() ? default_calibration_file() : calibration,
+                                machine_file};
+    const PlannedRun planned = choose_plan(problem, ranks, ranks, machine, algo,
+                                           grid_matters ? grid : "", static_cast<int>(u), shards);
     p = planned.plan;
     if (chosen) *chosen = "plan chosen by the cost model (" + planned.machine_description + ")";
   } else {

@@ -10,7 +10,7 @@
 #include "attention2d/attention.hpp"
 #include "attention2d/backend.hpp"
 #include "attention2d/relayout.hpp"
-#include "cli.hpp"
+#include "attention2d/tools/cli.hpp"
 
 namespace a2d::cli {
 

@@ -14,14 +14,14 @@
 #include <vector>
 
 #include "attention2d/attention.hpp"
-#include "attention2d/check.hpp"
+#include "attention2d/tools/check.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/harness.hpp"
+#include "attention2d/tools/harness.hpp"
 #include "attention2d/mpi_comm.hpp"
-#include "attention2d/npy.hpp"
+#include "attention2d/tools/npy.hpp"
 #include "attention2d/relayout.hpp"
-#include "attention2d/timing.hpp"
+#include "attention2d/tools/timing.hpp"
 #include "attention2d/watchdog.hpp"
 #include "commands.hpp"
 #include "problem_options.hpp"

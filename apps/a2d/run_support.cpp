@@ -15,13 +15,14 @@
 #include <thread>
 #include <vector>
 
-#include "attention2d/check.hpp"
+#include "attention2d/tools/check.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/mpi_comm.hpp"
-#include "attention2d/timing.hpp"
+#include "attention2d/tools/timing.hpp"
+#include "attention2d/tools/npy.hpp"
+#include "attention2d/tools/cli.hpp"
 #include "attention2d/watchdog.hpp"
-#include "cli.hpp"
 #include "commands.hpp"
 
 namespace a2d::commands {
@@ -58,7 +59,7 @@ void AlgorithmWorld::watch(std::unique_ptr<Watchdog>& watchdog, double timeout) 
 int run_collectively(Communicator& world, const std::function<int()>& body) {
   // SIGTERM and SIGINT end the whole job with one line naming the signal, exit 143 or 130, and
   // outputs complete or absent (docs/reliability.md, "Signals").
-  Watchdog::stop_on_signals(true);
+  Watchdog::stop_on_signals(true, npy::hold_commits);
   const std::string who =
       "a2d (rank " + std::to_string(world.rank()) + " of " + std::to_string(world.size()) + "): ";
   try {

@@ -10,7 +10,7 @@
 
 #include "attention2d/attention.hpp"
 #include "attention2d/comm.hpp"
-#include "attention2d/harness.hpp"
+#include "attention2d/tools/harness.hpp"
 
 namespace a2d {
 class Watchdog;

@@ -229,8 +229,12 @@ class Backend {
                                          bool accumulate) = 0;
   virtual void attention_backward(const BackwardCall& call, const TokenTensor& dq,
                                   const TokenTensor& dk, const TokenTensor& dv) = 0;
-  // into <- merge(into, from) on `count` flat fp32 records [row max, row sum, acc(record - 2)].
+  // into <- merge(into, from) on `count` flat fp32 records [row max, row sum, acc(record - 2)]:
+  // the attention merge of partial results, for every communicator (Communicator::merge_scatter)
+  // and the overlapped algorithm's own merges.
   virtual void merge_partials(Place into, Place from, int64_t count, int64_t record) = 0;
+  // to = from, `bytes` bytes (the two must not overlap).
+  virtual void copy_bytes(Place from, Place to, int64_t bytes) = 0;
   // O (its dtype) and LSE of the partial state.
   virtual void finalize(const RowsShape& rows, const PartialTensor& state, const TokenTensor& out,
                         const RowTensor& lse) = 0;

@@ -33,11 +33,9 @@
 
 namespace a2d {
 
-// How reduce_scatter and all_reduce combine contributions (always fp32).
-//   sum, max:         element-wise
-//   attention_merge:  records of `record` floats [row max, row sum, acc(record - 2)], merged as
-//                     partial attention results (merge_partial in kernel.hpp)
-enum class Reduction { sum, max, attention_merge };
+// How reduce_scatter and all_reduce combine contributions: element-wise, fp32 (the attention
+// merge of partial records is not a reduction of the communicator's: see merge_scatter).
+enum class Reduction { sum, max };
 
 // A posted non-blocking operation. wait() completes it; destroying a Request that was not
 // waited for waits for it.
@@ -118,6 +116,16 @@ class Communicator {
                           std::span<const int64_t> recv_bytes) {
     all_to_all_async(send, send_bytes, recv, recv_bytes)->wait();
   }
+
+  // The attention merge of partial records along this communicator (ATTENTION2D's row merge, the
+  // decoder's split-KV merge), blocking: send holds sum(counts) fp32 records of `record` floats
+  // [row max, row sum, acc(record - 2)], block i for rank i; recv (not overlapping send) receives
+  // counts[rank()] records, every rank's block merged. The communicator only moves the records,
+  // in the ring schedule of the reduce-scatter (P - 1 send_recv steps, so charged as the ring
+  // reduce-scatter is); `backend` merges them (Backend::merge_partials) where they live, so a
+  // GPU's records are merged on the GPU whatever carries them. src/comm/merge_scatter.cpp.
+  void merge_scatter(Place send, Place recv, std::span<const int64_t> counts, int64_t record,
+                     Backend& backend);
 };
 
 // Bytes and messages this rank sent, by phase name.
@@ -230,7 +238,8 @@ CommKind default_comm_kind(const Backend& backend);
 // `inner` with staging: data in buffers whose host_data() is null (a device's, the fenced
 // backend's) is copied by `backend` into host staging memory before it is sent and out of it
 // once it has arrived (at wait() for a posted operation); host-accessible places pass straight
-// through. Reductions run on the staged host copies. Splits are staged as well.
+// through. Sums and maxima run on the staged host copies; merge_scatter merges on `backend`.
+// Splits are staged as well.
 std::unique_ptr<Communicator> make_staged_communicator(std::unique_ptr<Communicator> inner,
                                                        Backend& backend);
 

@@ -90,8 +90,8 @@ class Watchdog {
   // Ends the job on SIGTERM (and SIGINT when `interrupt` is true) instead of dying at once, so
   // that every rank stops, one line names the signal and outputs stay complete or absent
   // (docs/reliability.md, "Signals"). Installs the handlers (they only write to a pipe) and a
-  // thread that, on the first signal: waits for any output being linked into place and holds
-  // back later ones (npy::hold_commits); prints
+  // thread that, on the first signal: runs `before_stop` (the programs pass npy::hold_commits:
+  // waits for any output being linked into place and holds back later ones); prints
   //   a2d: rank 2 received SIGTERM; the job stops
   // and ends the job with exit code 128 + signal (143, 130): through the active watchdog
   // (MPI_Abort, or over Gloo every rank told and exiting quietly with that code), else MPI_Abort
@@ -100,7 +100,7 @@ class Watchdog {
   // ends this rank, quietly, with that code: the launcher, or that rank, reports it. Only signals
   // whose disposition is the default are taken (an ignored SIGINT stays ignored; a handler of the
   // program's own stays). Once per process; later calls only add SIGINT if asked.
-  static void stop_on_signals(bool interrupt);
+  static void stop_on_signals(bool interrupt, void (*before_stop)() = nullptr);
 
  private:
   void start(double timeout_seconds);

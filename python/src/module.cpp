@@ -17,16 +17,16 @@
 #include <string>
 #include <vector>
 
-#include "../../apps/a2d/planning.hpp"
 #include "attention2d/attention.hpp"
 #include "attention2d/backend.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/cost_model.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/gloo_comm.hpp"
-#include "attention2d/harness.hpp"
+#include "attention2d/tools/harness.hpp"
 #include "attention2d/inference.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "attention2d/planner.hpp"
 #include "attention2d/relayout.hpp"
 #include "attention2d/version.hpp"
 #include "attention2d/watchdog.hpp"
@@ -550,11 +550,11 @@ PYBIND11_MODULE(_core, m) {
            const std::string& calibration, const std::string& machine_file, const std::string& algo,
            const std::string& grid, int heads_parallel, const std::string& shards_kind,
            const std::vector<int64_t>& shard_counts) {
-          const a2d::commands::MachineChoice choice{machine, calibration, machine_file};
+          const a2d::MachineChoice choice{machine, calibration, machine_file};
           const auto shards = user_shards(shards_kind, shard_counts, problem.seq, ranks);
           const auto planned =
-              a2d::commands::choose_plan(problem, ranks, ranks_per_node, choice, algo, grid,
-                                         heads_parallel, shards ? &*shards : nullptr);
+              a2d::choose_plan(problem, ranks, ranks_per_node, choice, algo, grid,
+                               heads_parallel, shards ? &*shards : nullptr);
           return py::make_tuple(planned.plan, prediction_dict(planned.prediction),
                                 planned.machine_description);
         });
@@ -563,7 +563,7 @@ PYBIND11_MODULE(_core, m) {
         [](const a2d::Problem& problem, int ranks, int ranks_per_node, const std::string& machine,
            const std::string& calibration, const std::string& machine_file,
            const std::string& shards_kind, const std::vector<int64_t>& shard_counts) {
-          const a2d::commands::MachineChoice choice{machine, calibration, machine_file};
+          const a2d::MachineChoice choice{machine, calibration, machine_file};
           const a2d::Machine chosen = choice.machine(ranks, problem.dtype);
           const auto shards = user_shards(shards_kind, shard_counts, problem.seq, ranks);
           const a2d::PlanSearch search = a2d::search_plans(
@@ -577,7 +577,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("predict", [](const a2d::Problem& problem, const a2d::Plan& plan, int ranks_per_node,
                       const std::string& machine, const std::string& calibration,
                       const std::string& machine_file) {
-    const a2d::commands::MachineChoice choice{machine, calibration, machine_file};
+    const a2d::MachineChoice choice{machine, calibration, machine_file};
     const a2d::Machine chosen = choice.machine(plan.ranks(), problem.dtype);
     return prediction_dict(a2d::predict(problem, plan, chosen, ranks_per_node));
   });
@@ -618,7 +618,7 @@ PYBIND11_MODULE(_core, m) {
         [](const a2d::Problem& problem, const a2d::Plan& plan, int ranks_per_node,
            const std::string& machine, const std::string& calibration,
            const std::string& machine_file, int64_t cached_tokens, int64_t tokens_per_step) {
-          const a2d::commands::MachineChoice choice{machine, calibration, machine_file};
+          const a2d::MachineChoice choice{machine, calibration, machine_file};
           const a2d::Machine chosen = choice.machine(plan.grid.size(), problem.dtype);
           const a2d::DecodePrediction p = a2d::predict_decode_step(
               problem, plan, chosen, ranks_per_node, cached_tokens, tokens_per_step);

@@ -273,9 +273,9 @@ class Attention2D final : public Attention2DWithDelta {
     // 5. Merge along the row; each rank keeps its own tokens. 6. Normalise.
     BufferPtr own = backend_.allocate(partial_rec_.bytes(own_tokens_));
     row_comm.set_phase("forward.merge_reduce_scatter");
-    row_comm.reduce_scatter(Place::in(*partial), Place::in(*own),
-                            scaled(row_counts_, problem_.batch * problem_.heads),
-                            partial_rec_.record / kFloatBytes, Reduction::attention_merge);
+    row_comm.merge_scatter(Place::in(*partial), Place::in(*own),
+                           scaled(row_counts_, problem_.batch * problem_.heads),
+                           partial_rec_.record / kFloatBytes, backend_);
     finalize(*own, s.out, s.lse);
   }
 

@@ -2,7 +2,7 @@
 
 #include "attention2d/comm.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/timing.hpp"
+#include "attention2d/tools/timing.hpp"
 
 namespace a2d {
 namespace {

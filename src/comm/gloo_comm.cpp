@@ -44,7 +44,6 @@
 #include <vector>
 
 #include "attention2d/error.hpp"
-#include "attention2d/kernel.hpp"
 #include "attention2d/watchdog.hpp"
 #include "watchdog_link.hpp"
 
@@ -645,9 +644,6 @@ class GlooCommunicator final : public Communicator {
                                   int64_t record, Reduction reduction) override {
     check_counts(counts);
     A2D_REQUIRE(record >= 1, "reduce_scatter needs a record size of at least 1");
-    A2D_REQUIRE(reduction != Reduction::attention_merge || record >= 3,
-                "attention_merge records hold a row max, a row sum and the accumulator: at least "
-                "3 floats");
     std::vector<int64_t> floats(counts.begin(), counts.end());
     for (int64_t& f : floats)
       f *= record;
@@ -684,7 +680,6 @@ class GlooCommunicator final : public Communicator {
     }
     if (own > 0) {
       const float* mine = send + offsets[static_cast<size_t>(rank_)];
-      const int64_t rows = counts[static_cast<size_t>(rank_)];
       const int ranks = size(), rank = rank_;
       request->on_complete = [=] {
         // In rank order, whatever order the blocks arrived in: the same bits every run.
@@ -696,13 +691,8 @@ class GlooCommunicator final : public Communicator {
           out = scratch.data();
         }
         std::copy_n(block(0), own, out);
-        for (int r = 1; r < ranks; ++r) {
-          if (reduction == Reduction::attention_merge) {
-            merge_partial_records(out, block(r), rows, record);
-          } else {
-            combine(out, block(r), own, reduction);
-          }
-        }
+        for (int r = 1; r < ranks; ++r)
+          combine(out, block(r), own, reduction);
         if (out != recv) std::copy_n(out, own, recv);
       };
     }
@@ -843,8 +833,6 @@ class GlooCommunicator final : public Communicator {
   // (each part reduced by its rank, in rank order), then an all-gather of the reduced parts.
   template <typename T>
   void reduce_all(T* data, int64_t count, Reduction reduction) {
-    A2D_REQUIRE(reduction != Reduction::attention_merge,
-                "all_reduce supports sum and max, not attention_merge");
     A2D_REQUIRE(count >= 0, "all_reduce count must not be negative");
     if (size() == 1 || count == 0) return;
     const int ranks = size();

@@ -1,6 +1,5 @@
 // The communicator interface over MPI: collectives map to MPI's blocking or non-blocking
-// collectives, shifts to Isend/Irecv, and the attention merge to a user-defined MPI operation on
-// records.
+// collectives, shifts to Isend/Irecv (the attention merge is the backend's: merge_scatter.cpp).
 #include "attention2d/mpi_comm.hpp"
 
 #include <algorithm>
@@ -13,7 +12,6 @@
 #include <vector>
 
 #include "attention2d/error.hpp"
-#include "attention2d/kernel.hpp"
 #include "attention2d/watchdog.hpp"
 
 namespace a2d {
@@ -81,14 +79,6 @@ int64_t address_bits(const void* p) {
   return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) & 0x7);
 }
 
-// inout[i] <- merge(in[i], inout[i]) for records [row max, row sum, acc...].
-void merge_records(void* in, void* inout, int* len, MPI_Datatype* type) {
-  int bytes = 0;
-  MPI_Type_size(*type, &bytes);
-  const int64_t record = bytes / static_cast<int>(sizeof(float));
-  merge_partial_records(static_cast<float*>(inout), static_cast<const float*>(in), *len, record);
-}
-
 class MpiRequest;
 
 // The posted operations of this process that may still move data (the kernel's progress calls
@@ -146,12 +136,8 @@ class MpiCommunicator final : public Communicator {
     A2D_MPI(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     A2D_MPI(MPI_Comm_rank(comm_, &rank_));
     A2D_MPI(MPI_Comm_size(comm_, &size_));
-    A2D_MPI(MPI_Op_create(merge_records, /*commute=*/1, &merge_op_));
   }
   ~MpiCommunicator() override {
-    for (auto& [record, type] : record_types_)
-      MPI_Type_free(&type);
-    MPI_Op_free(&merge_op_);
     MPI_Comm_free(&comm_);
   }
 
@@ -299,29 +285,17 @@ class MpiCommunicator final : public Communicator {
         std::memmove(recv, send, sizeof(float) * static_cast<size_t>(counts[0] * record));
       return request;
     }
-    MPI_Datatype type = MPI_FLOAT;
-    MPI_Op op = MPI_SUM;
-    int64_t unit = record;  // floats per MPI element
-    if (reduction == Reduction::attention_merge) {
-      A2D_REQUIRE(record >= 3,
-                  "attention_merge records hold a row max, a row sum and the "
-                  "accumulator: at least 3 floats");
-      type = record_type(record);
-      op = merge_op_;
-      unit = 1;
-    } else if (reduction == Reduction::max) {
-      op = MPI_MAX;
-    }
+    const MPI_Op op = plain_op(reduction);
     std::vector<int64_t> scaled(counts.begin(), counts.end());
     for (auto& c : scaled)
-      c *= unit;
+      c *= record;
     fill_counts(scaled, 1, request->counts, request->displacements);
     if (blocking) {
       ring_reduce_scatter(send, recv, counts, record, reduction);
       return request;
     }
     request->requests.resize(1);
-    A2D_MPI(MPI_Ireduce_scatter(send, recv, request->counts.data(), type, op, comm_,
+    A2D_MPI(MPI_Ireduce_scatter(send, recv, request->counts.data(), MPI_FLOAT, op, comm_,
                                 &request->requests[0]));
     return request;
   }
@@ -372,9 +346,7 @@ class MpiCommunicator final : public Communicator {
     const auto block = [&](int b) { return static_cast<size_t>((b % size_ + size_) % size_); };
     const auto combine = [&](float* into, const float* from, int b) {
       const int64_t n = counts[block(b)];
-      if (reduction == Reduction::attention_merge) {
-        merge_partial_records(into, from, n, record);
-      } else if (reduction == Reduction::max) {
+      if (reduction == Reduction::max) {
         for (int64_t i = 0; i < n * record; ++i)
           into[i] = std::max(into[i], from[i]);
       } else {
@@ -417,25 +389,12 @@ class MpiCommunicator final : public Communicator {
     }
   }
   static MPI_Op plain_op(Reduction reduction) {
-    A2D_REQUIRE(reduction != Reduction::attention_merge,
-                "all_reduce supports sum and max, not attention_merge");
     return reduction == Reduction::sum ? MPI_SUM : MPI_MAX;
-  }
-  MPI_Datatype record_type(int64_t record) {
-    auto it = record_types_.find(record);
-    if (it != record_types_.end()) return it->second;
-    MPI_Datatype type;
-    A2D_MPI(MPI_Type_contiguous(mpi_count(record), MPI_FLOAT, &type));
-    A2D_MPI(MPI_Type_commit(&type));
-    record_types_[record] = type;
-    return type;
   }
 
   MPI_Comm comm_;
   int rank_ = 0;
   int size_ = 1;
-  MPI_Op merge_op_;
-  std::map<int64_t, MPI_Datatype> record_types_;
 };
 
 }  // namespace

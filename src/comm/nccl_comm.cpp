@@ -20,9 +20,10 @@
 // issued before the kernel that overlaps it finishes.
 //
 // Collectives: all-gather of equal blocks is ncclAllGather, a reduce-scatter sum or max of equal
-// blocks is ncclReduceScatter; unequal blocks and the attention merge (NCCL has no user-defined
-// reductions) are an exchange of grouped sends and receives into scratch memory followed by the
-// backend's add or merge_partials kernels on its own stream. Host memory (places outside the
+// blocks is ncclReduceScatter; a sum of unequal blocks is an exchange of grouped sends and
+// receives into scratch memory followed by the backend's add kernel on its own stream. The
+// attention merge is the backend's (Communicator::merge_scatter: an all-to-all, then
+// Backend::merge_partials). Host memory (places outside the
 // backend's device buffers: the programs' host arrays, the agreement checks) moves over the host
 // communicator the NCCL communicator was made with (a duplicate of an MPI communicator, or a Gloo
 // mesh), as do broadcast, all_reduce and barrier.
@@ -37,9 +38,9 @@
 #include <numeric>
 #include <vector>
 
-#include "../backends/cuda/cuda_internals.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "backends/cuda/cuda_backend.hpp"
 #include "host_forwarding.hpp"
 
 namespace a2d::nccl {
@@ -267,7 +268,7 @@ class NcclCommunicator final : public comm_detail::HostForwarding {
     const int64_t own = counts[static_cast<size_t>(rank())];
     const bool equal =
         std::all_of(counts.begin(), counts.end(), [&](int64_t c) { return c == own; });
-    if (equal && reduction != Reduction::attention_merge) {
+    if (equal) {
       if (own == 0) return completed_request();
       return collective([&] {
         check_nccl(
@@ -278,10 +279,10 @@ class NcclCommunicator final : public comm_detail::HostForwarding {
       });
     }
     A2D_REQUIRE(reduction != Reduction::max,
-                "the NCCL communicator reduces unequal blocks by sum or attention merge only");
+                "the NCCL communicator reduces unequal blocks by sum only");
     // Exchange: block `peer` goes to `peer`; the blocks for this rank arrive in scratch, slot by
-    // slot, and are added or merged into the own block (copied to recv first) on the backend's
-    // stream when the exchange completes.
+    // slot, and are added into the own block (copied to recv first) on the backend's stream when
+    // the exchange completes.
     const int64_t own_bytes = own * unit;
     BufferPtr arrived = backend_.allocate(own_bytes * std::max(size() - 1, 0));
     std::vector<Transfer> transfers;
@@ -306,14 +307,9 @@ class NcclCommunicator final : public comm_detail::HostForwarding {
     Buffer* scratch = arrived.get();
     Backend* backend = &backend_;
     auto operation =
-        exchange(std::move(transfers), [backend, recv, scratch, slots, own, record, reduction] {
-          for (int64_t slot : slots) {
-            if (reduction == Reduction::sum) {
-              backend->add(recv, Place::in(*scratch, slot), own * record);
-            } else {
-              backend->merge_partials(recv, Place::in(*scratch, slot), own, record);
-            }
-          }
+        exchange(std::move(transfers), [backend, recv, scratch, slots, own, record] {
+          for (int64_t slot : slots)
+            backend->add(recv, Place::in(*scratch, slot), own * record);
         });
     operation->keep(std::move(arrived));
     return operation;

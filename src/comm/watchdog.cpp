@@ -22,7 +22,6 @@
 
 #include "attention2d/comm.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/npy.hpp"
 #include "watchdog_link.hpp"
 
 namespace a2d {
@@ -504,6 +503,7 @@ struct Received {
 };
 int g_signal_pipe[2] = {-1, -1};
 pid_t g_signal_owner = 0;  // the process whose thread reads the pipe
+std::atomic<void (*)()> g_before_stop{nullptr};  // Watchdog::stop_on_signals's before_stop
 
 void on_signal(int signal, siginfo_t* info, void* /*context*/) {
   // A child forked after the handlers were installed (a data loader's worker) has no reading
@@ -570,8 +570,9 @@ const char* signal_name(int signal) {
       }
     }
   }
-  // Outputs being linked into place are finished; none starts after this.
-  npy::hold_commits();
+  // The program's last step before the end (outputs being linked into place finished; none
+  // starts after this).
+  if (void (*before_stop)() = g_before_stop.load()) before_stop();
   if (!claim_ending()) wait_for_the_end();  // the watchdog is ending the job already
   // From the launcher (mpirun, orted, torchrun, slurmstepd): it is ending the job, because it was
   // told to or because another rank ended; reporting that is its part, or that rank's.
@@ -596,7 +597,8 @@ const char* signal_name(int signal) {
 }  // namespace
 }  // namespace watchdog_detail
 
-void Watchdog::stop_on_signals(bool interrupt) {
+void Watchdog::stop_on_signals(bool interrupt, void (*before_stop)()) {
+  if (before_stop) watchdog_detail::g_before_stop.store(before_stop);
   static std::once_flag once;
   std::call_once(once, [] {
     if (::pipe2(watchdog_detail::g_signal_pipe, O_CLOEXEC) != 0) return;

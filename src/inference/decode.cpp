@@ -4,8 +4,8 @@
 #include <queue>
 #include <utility>
 
-#include "../algorithms/algorithms.hpp"
-#include "../algorithms/records.hpp"
+#include "algorithms/algorithms.hpp"
+#include "algorithms/records.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/inference.hpp"
@@ -180,9 +180,9 @@ class Decoder final : public DistributedDecoder {
     Buffer* merged = state_.get();
     int64_t merged_at = state_rec_.bytes(own_at);
     if (ranks_ > 1) {
-      comm_->reduce_scatter(Place::in(*state_), Place::in(*own_state_),
-                            algorithms::scaled(st.counts, b * h), state_rec_.record / kFloatBytes,
-                            Reduction::attention_merge);
+      comm_->merge_scatter(Place::in(*state_), Place::in(*own_state_),
+                           algorithms::scaled(st.counts, b * h), state_rec_.record / kFloatBytes,
+                           backend_);
       merged = own_state_.get();
       merged_at = 0;
     }

@@ -15,6 +15,7 @@
 
 #include "attention2d/backend.hpp"
 #include "attention2d/error.hpp"
+#include "attention2d/kernel.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "mpi_checks.hpp"
 
@@ -104,7 +105,9 @@ TEST(Communicator, RingReduceScatterSumsAndMaximaAreExact) {
   }
 }
 
-TEST(Communicator, RingReduceScatterMergesAttentionRecordsAsMpiDoes) {
+// The attention merge of partial records is the backend's (Communicator::merge_scatter): the
+// same bits as merging every rank's block here, in the ring's order.
+TEST(Communicator, MergeScatterMergesAttentionRecordsInTheRingsOrder) {
   auto world = make_test_world();
   const int ranks = world->size(), rank = world->rank();
   const std::vector<int64_t> counts = uneven_counts(ranks);
@@ -118,17 +121,33 @@ TEST(Communicator, RingReduceScatterMergesAttentionRecordsAsMpiDoes) {
       r[2 + d] = 0.5f * contribution(rank, row * 4 + d);
   }
   const size_t own = static_cast<size_t>(counts[static_cast<size_t>(rank)] * record);
-  std::vector<float> blocking(own, NAN), posted(own, NAN);
-  world->reduce_scatter(Place::at_host(send.data()), Place::at_host(blocking.data()), counts,
-                        record, Reduction::attention_merge);
-  world
-      ->reduce_scatter_async(Place::at_host(send.data()), Place::at_host(posted.data()), counts,
-                             record, Reduction::attention_merge)
-      ->wait();
-  // The two merge the records in different orders: equal up to fp32 rounding.
-  for (size_t i = 0; i < own; ++i) {
-    EXPECT_NEAR(blocking[i], posted[i], 1e-5f * (1 + std::abs(posted[i]))) << i;
+  const std::unique_ptr<Backend> cpu = make_backend("cpu");
+  std::vector<float> merged(own, NAN);
+  world->merge_scatter(Place::at_host(send.data()), Place::at_host(merged.data()), counts, record,
+                       *cpu);
+  // The ring's order, merged here: rank + 1's contribution first, each next rank's own
+  // contribution merged with the partial that arrives (into = own), this rank's last.
+  int64_t first = 0;
+  for (int r = 0; r < rank; ++r)
+    first += counts[static_cast<size_t>(r)];
+  const auto contributed = [&](int from) {
+    std::vector<float> block(own);
+    for (size_t i = 0; i < own; ++i) {
+      const int64_t row = first + static_cast<int64_t>(i) / record;
+      const int64_t at = static_cast<int64_t>(i) % record;
+      block[i] = at == 0   ? 0.25f * contribution(from, row)
+                 : at == 1 ? 1.0f + 0.125f * std::abs(contribution(from, row + 1))
+                           : 0.5f * contribution(from, row * 4 + (at - 2));
+    }
+    return block;
+  };
+  std::vector<float> partial = contributed((rank + 1) % ranks);
+  for (int k = 2; k <= ranks; ++k) {
+    std::vector<float> into = contributed((rank + k) % ranks);
+    merge_partial_records(into.data(), partial.data(), counts[static_cast<size_t>(rank)], record);
+    partial = into;
   }
+  EXPECT_EQ(merged, partial);
 }
 
 // The byte rank `rank` contributes at index i.
@@ -225,7 +244,7 @@ TEST(Communicator, StagedCommunicatorMovesFencedBuffersAsMpiMovesHostMemory) {
     EXPECT_EQ(got, expected) << (posted ? "posted" : "blocking");
   }
 
-  // Reduce-scatter (sum and merge), from and into fenced buffers.
+  // Reduce-scatter (a sum) and the merge, from and into fenced buffers.
   const int64_t record = 6;
   std::vector<float> send(static_cast<size_t>(total(counts) * record));
   for (int64_t row = 0; row < total(counts); ++row) {
@@ -238,12 +257,20 @@ TEST(Communicator, StagedCommunicatorMovesFencedBuffersAsMpiMovesHostMemory) {
   const int64_t own = counts[static_cast<size_t>(rank)] * record;
   BufferPtr send_buffer = fenced->allocate(static_cast<int64_t>(send.size() * sizeof(float)));
   fenced->upload(send.data(), Place::in(*send_buffer), send_buffer->bytes());
-  for (const Reduction reduction : {Reduction::sum, Reduction::attention_merge}) {
+  const std::unique_ptr<Backend> cpu = make_backend("cpu");
+  for (const bool merge : {false, true}) {  // a sum, then the attention merge (merge_scatter)
     std::vector<float> want(static_cast<size_t>(own), NAN), got(want.size(), NAN);
-    direct->reduce_scatter(Place::at_host(send.data()), Place::at_host(want.data()), counts, record,
-                           reduction);
     BufferPtr recv = fenced->allocate(own * static_cast<int64_t>(sizeof(float)));
-    staged->reduce_scatter(Place::in(*send_buffer), Place::in(*recv), counts, record, reduction);
+    if (merge) {
+      direct->merge_scatter(Place::at_host(send.data()), Place::at_host(want.data()), counts,
+                            record, *cpu);
+      staged->merge_scatter(Place::in(*send_buffer), Place::in(*recv), counts, record, *fenced);
+    } else {
+      direct->reduce_scatter(Place::at_host(send.data()), Place::at_host(want.data()), counts,
+                             record, Reduction::sum);
+      staged->reduce_scatter(Place::in(*send_buffer), Place::in(*recv), counts, record,
+                             Reduction::sum);
+    }
     fenced->download(Place::in(*recv), got.data(), recv->bytes());
     EXPECT_EQ(got, want);
   }

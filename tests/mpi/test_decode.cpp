@@ -15,14 +15,14 @@
 #include <string>
 #include <vector>
 
-#include "../unit/make_problem.hpp"
 #include "attention2d/collective.hpp"
-#include "attention2d/decode_harness.hpp"
+#include "attention2d/tools/decode_harness.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/harness.hpp"
+#include "attention2d/tools/harness.hpp"
 #include "attention2d/inference.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "mpi_checks.hpp"
+#include "unit/make_problem.hpp"
 
 namespace a2d {
 namespace {

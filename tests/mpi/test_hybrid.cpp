@@ -15,14 +15,14 @@
 #include <memory>
 #include <vector>
 
-#include "../unit/make_problem.hpp"
 #include "attention2d/attention.hpp"
-#include "attention2d/check.hpp"
+#include "attention2d/tools/check.hpp"
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/harness.hpp"
+#include "attention2d/tools/harness.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "mpi_checks.hpp"
+#include "unit/make_problem.hpp"
 
 namespace a2d {
 namespace {

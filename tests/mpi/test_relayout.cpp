@@ -19,15 +19,15 @@
 #include <memory>
 #include <vector>
 
-#include "../unit/make_problem.hpp"
-#include "attention2d/check.hpp"
+#include "attention2d/tools/check.hpp"
 #include "attention2d/collective.hpp"
-#include "attention2d/data.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/harness.hpp"
+#include "attention2d/tools/harness.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/relayout.hpp"
 #include "mpi_checks.hpp"
+#include "unit/make_problem.hpp"
 
 namespace a2d {
 namespace {

@@ -95,7 +95,7 @@ def visible(seq, causal, window):
 def reference(q, k, v, d_out, causal=False, window=0, scale=None, out_dtype=None):
     """fp64 attention of the full sequence: out, lse [B, H, N], dq, dk, dv. The backward's
     delta = rowsum(dO * O) takes O rounded to out_dtype (the O a 16-bit backward receives, as
-    the engine's reference does: attention2d/harness.hpp)."""
+    the engine's reference does: attention2d/tools/harness.hpp)."""
     b, n, h, d = q.shape
     group = h // k.shape[2]
     scale = d ** -0.5 if scale is None else scale

@@ -5,8 +5,8 @@
 #include <random>
 #include <sstream>
 
-#include "attention2d/check.hpp"
-#include "attention2d/data.hpp"
+#include "attention2d/tools/check.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/reference.hpp"
 
 namespace a2d::test {

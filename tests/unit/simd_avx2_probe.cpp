@@ -1,11 +1,11 @@
-// Test access to the AVX2 building blocks of src/kernels/cpu/avx2/simd.hpp and convert.hpp.
+// Test access to the AVX2 building blocks of src/backends/cpu/kernels/avx2/simd.hpp and convert.hpp.
 // Compiled with -mavx2 -mfma -mf16c, like the kernels; the functions below take and return plain
 // arrays, so the test translation units that call them (only on CPUs with AVX2) are compiled
 // without AVX2.
 #include "simd_avx2_probe.hpp"
 
-#include "../../src/kernels/cpu/avx2/convert.hpp"
-#include "../../src/kernels/cpu/avx2/simd.hpp"
+#include "backends/cpu/kernels/avx2/convert.hpp"
+#include "backends/cpu/kernels/avx2/simd.hpp"
 
 namespace a2d::test {
 

@@ -8,7 +8,7 @@
 
 namespace a2d::test {
 
-// The AVX2 kernels' conversions (src/kernels/cpu/avx2/convert.hpp) of count 16-bit values of
+// The AVX2 kernels' conversions (src/backends/cpu/kernels/avx2/convert.hpp) of count 16-bit values of
 // `dtype` (bf16 or f16) to fp32 and back: 8 lanes at a time, the last count % 8 one at a time,
 // as the kernels' row copies and O stores do.
 void widen_avx2(DType dtype, const uint16_t* from, float* to, int64_t count);

@@ -11,11 +11,11 @@
 #include <numeric>
 #include <vector>
 
-#include "../../src/algorithms/records.hpp"
-#include "../../src/backends/backends.hpp"
+#include "algorithms/records.hpp"
 #include "attention2d/backend.hpp"
-#include "attention2d/data.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
+#include "backends/backends.hpp"
 
 namespace a2d {
 namespace {

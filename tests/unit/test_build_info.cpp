@@ -5,7 +5,7 @@
 #include <sstream>
 #include <string>
 
-#include "attention2d/build_info.hpp"
+#include "attention2d/tools/build_info.hpp"
 
 TEST(BuildInfo, LinesArePrintableWithoutTrailingBlanks) {
   const std::string info = a2d::build_info();

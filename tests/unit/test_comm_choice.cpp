@@ -2,9 +2,9 @@
 // backend's messages, and when NCCL refuses ranks that share a GPU.
 #include <gtest/gtest.h>
 
-#include "../../src/comm/comm_choice.hpp"
 #include "attention2d/backend.hpp"
 #include "attention2d/error.hpp"
+#include "comm/comm_choice.hpp"
 
 namespace a2d {
 namespace {

@@ -8,9 +8,9 @@
 #include <random>
 #include <vector>
 
-#include "../../src/backends/cuda/cuda_plan.hpp"
 #include "attention2d/backend.hpp"
 #include "attention2d/error.hpp"
+#include "backends/cuda/cuda_plan.hpp"
 
 namespace a2d {
 namespace {

@@ -8,7 +8,7 @@
 #include <iterator>
 #include <vector>
 
-#include "../../fuzz/targets.hpp"
+#include "targets.hpp"
 
 namespace a2d {
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "attention2d/data.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/reference.hpp"
 #include "attention_case.hpp"

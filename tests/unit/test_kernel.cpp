@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "attention2d/check.hpp"
+#include "attention2d/tools/check.hpp"
 #include "attention_case.hpp"
 
 namespace a2d::test {

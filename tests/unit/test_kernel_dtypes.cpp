@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "attention2d/check.hpp"
+#include "attention2d/tools/check.hpp"
 #include "attention2d/dtype.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/reference.hpp"

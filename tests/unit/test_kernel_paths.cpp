@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "attention2d/check.hpp"
-#include "attention2d/data.hpp"
+#include "attention2d/tools/check.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention_case.hpp"

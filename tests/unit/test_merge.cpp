@@ -12,8 +12,8 @@
 #include <tuple>
 #include <vector>
 
-#include "attention2d/check.hpp"
-#include "attention2d/data.hpp"
+#include "attention2d/tools/check.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/reference.hpp"
 #include "attention_case.hpp"

@@ -19,7 +19,7 @@
 
 #include "attention2d/dtype.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/npy.hpp"
+#include "attention2d/tools/npy.hpp"
 
 namespace a2d {
 namespace {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "attention2d/data.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
 

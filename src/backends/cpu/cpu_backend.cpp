@@ -3,9 +3,9 @@
 #include <cstring>
 #include <new>
 
-#include "../backends.hpp"
-#include "../host/host_backend.hpp"
 #include "attention2d/error.hpp"
+#include "backends/backends.hpp"
+#include "backends/host/host_backend.hpp"
 
 namespace a2d::backends {
 namespace {

@@ -17,10 +17,10 @@
 #include <memory>
 #include <vector>
 
-#include "../backends.hpp"
 #include "attention2d/error.hpp"
 #include "attention_kernels.hpp"
-#include "cuda_internals.hpp"
+#include "backends/backends.hpp"
+#include "cuda_backend.hpp"
 #include "cuda_plan.hpp"
 
 namespace a2d::backends {
@@ -369,7 +369,7 @@ class CudaBackend final : public Backend {
   }
   void synchronize() override { check_cuda(cudaStreamSynchronize(stream_), "synchronize"); }
 
-  // For the NCCL communicator (cuda_internals.hpp).
+  // For the NCCL communicator (cuda_backend.hpp).
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
   std::byte* address_of(const Place& place) const { return address(place); }
@@ -492,6 +492,14 @@ class CudaBackend final : public Backend {
         reinterpret_cast<float*>(address(into)), reinterpret_cast<const float*>(address(from)),
         count, record);
     check_launch("merge_partials");
+  }
+  void copy_bytes(Place from, Place to, int64_t bytes) override {
+    cuda_plan::check_place(from, bytes, "copy_bytes from");
+    cuda_plan::check_place(to, bytes, "copy_bytes to");
+    if (bytes == 0) return;
+    check_cuda(cudaMemcpyAsync(address(to), address(from), static_cast<size_t>(bytes),
+                               cudaMemcpyDefault, stream_),
+               "copy_bytes");
   }
   void finalize(const RowsShape& r, const PartialTensor& state, const TokenTensor& out,
                 const RowTensor& lse) override {

@@ -23,10 +23,10 @@
 #include <map>
 #include <vector>
 
-#include "../backends.hpp"
-#include "../cuda/cuda_plan.hpp"
-#include "../host/host_backend.hpp"
 #include "attention2d/error.hpp"
+#include "backends/backends.hpp"
+#include "backends/cuda/cuda_plan.hpp"
+#include "backends/host/host_backend.hpp"
 
 namespace a2d::backends {
 namespace {

@@ -275,6 +275,13 @@ void HostBackend::merge_partials(Place into, Place from, int64_t count, int64_t 
   if (count > 0) merge_partial_records(a, b, count, record);
 }
 
+void HostBackend::copy_bytes(Place from, Place to, int64_t bytes) {
+  Access access(*this, {from.buffer, to.buffer});
+  const std::byte* source = address(from, bytes, "copy_bytes from");
+  std::byte* target = address(to, bytes, "copy_bytes to");
+  if (bytes > 0) std::memmove(target, source, static_cast<size_t>(bytes));
+}
+
 void HostBackend::finalize(const RowsShape& r, const PartialTensor& state, const TokenTensor& out,
                            const RowTensor& lse) {
   Access access(*this, {state.acc.buffer, state.row_max.buffer, state.row_sum.buffer, out.buffer,

@@ -32,6 +32,7 @@ class HostBackend : public Backend {
   void attention_backward(const BackwardCall& call, const TokenTensor& dq, const TokenTensor& dk,
                           const TokenTensor& dv) override;
   void merge_partials(Place into, Place from, int64_t count, int64_t record) override;
+  void copy_bytes(Place from, Place to, int64_t bytes) override;
   void finalize(const RowsShape& rows, const PartialTensor& state, const TokenTensor& out,
                 const RowTensor& lse) override;
   void delta(const RowsShape& rows, const TokenTensor& out, const TokenTensor& d_out,

@@ -1,9 +1,6 @@
 // Uses the installed library: one causal attention over MPI on the CPU backend, checked. With
 // q = k = 0 every visible key gets the same weight, so out[t] is the mean of v[0..t].
-#include <attention2d/attention.hpp>
-#include <attention2d/backend.hpp>
-#include <attention2d/mpi_comm.hpp>
-#include <attention2d/version.hpp>
+#include <attention2d/attention2d.hpp>
 
 #include <cmath>
 #include <cstdio>

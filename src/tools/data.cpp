@@ -1,6 +1,6 @@
 // Counter-based generation: a value is a hash of (seed, tensor, global index), so no state is
 // carried between elements and any rank can produce any element.
-#include "attention2d/data.hpp"
+#include "attention2d/tools/data.hpp"
 
 #include <cmath>
 

@@ -1,4 +1,4 @@
-#include "attention2d/build_info.hpp"
+#include "attention2d/tools/build_info.hpp"
 
 #include <sstream>
 

@@ -2,7 +2,7 @@
 // major and minor version bytes, a little-endian header length (2 bytes in 1.0, 4 bytes in 2.0
 // and 3.0), then a Python dict literal with 'descr', 'fortran_order' and 'shape', padded with
 // spaces and a newline so the data starts on a 64-byte boundary.
-#include "attention2d/npy.hpp"
+#include "attention2d/tools/npy.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,7 +1,7 @@
-// The AVX2/FMA loop of measure_fma_peak (src/kernels/cpu/peak.cpp).
+// The AVX2/FMA loop of measure_fma_peak (src/backends/cpu/kernels/peak.cpp).
 #include <cstdint>
 
-#include "../paths.hpp"
+#include "backends/cpu/kernels/paths.hpp"
 #include "simd.hpp"
 
 namespace a2d::cpu::avx2 {

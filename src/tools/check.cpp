@@ -1,4 +1,4 @@
-#include "attention2d/check.hpp"
+#include "attention2d/tools/check.hpp"
 
 #include <cmath>
 #include <limits>

@@ -1,4 +1,4 @@
-#include "cli.hpp"
+#include "attention2d/tools/cli.hpp"
 
 #include <cmath>
 #include <cstdio>

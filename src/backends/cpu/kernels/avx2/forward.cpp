@@ -33,9 +33,9 @@
 #include <cstdint>
 #include <limits>
 
-#include "../paths.hpp"
-#include "../tiles.hpp"
 #include "convert.hpp"
+#include "backends/cpu/kernels/paths.hpp"
+#include "backends/cpu/kernels/tiles.hpp"
 #include "simd.hpp"
 
 namespace a2d::cpu::avx2 {

@@ -1,10 +1,10 @@
-#include "attention2d/decode_harness.hpp"
+#include "attention2d/tools/decode_harness.hpp"
 
 #include <cmath>
 #include <cstddef>
 #include <limits>
 
-#include "attention2d/data.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/reference.hpp"
 

@@ -1,4 +1,4 @@
-// The a2d program's small option parser and output helpers.
+// The tools' small option parser and output helpers (the a2d program and bench/ use them).
 #pragma once
 
 #include <cstdint>

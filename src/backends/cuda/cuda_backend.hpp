@@ -1,6 +1,7 @@
-// Internal: what the NCCL communicator (src/comm/nccl_comm.cpp) needs of the CUDA backend, in
-// plain C++ types (a cudaStream_t is a pointer). Each throws a2d::Error for a backend, or a
-// place's buffer, that is not the CUDA backend's.
+// The CUDA backend's surface for the rest of the library ("backends/cuda/cuda_backend.hpp"):
+// what the NCCL communicator (src/comm/nccl_comm.cpp) needs of it, in plain C++ types (a
+// cudaStream_t is a pointer), and nothing of the backend's CUDA internals. Each throws a2d::Error
+// for a backend, or a place's buffer, that is not the CUDA backend's.
 #pragma once
 
 #include <cstddef>

@@ -32,9 +32,9 @@
 #include <cstdint>
 #include <limits>
 
-#include "../paths.hpp"
-#include "../tiles.hpp"
 #include "convert.hpp"
+#include "backends/cpu/kernels/paths.hpp"
+#include "backends/cpu/kernels/tiles.hpp"
 #include "simd.hpp"
 
 #ifdef _OPENMP

@@ -1,12 +1,12 @@
-#include "attention2d/harness.hpp"
+#include "attention2d/tools/harness.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <sstream>
 
-#include "attention2d/check.hpp"
-#include "attention2d/data.hpp"
+#include "attention2d/tools/check.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/reference.hpp"
 

@@ -1,4 +1,4 @@
-#include "planning.hpp"
+#include "attention2d/planner.hpp"
 
 #include <algorithm>
 #include <fstream>
@@ -7,7 +7,7 @@
 #include "attention2d/error.hpp"
 #include "attention2d/node_layout.hpp"
 
-namespace a2d::commands {
+namespace a2d {
 
 Machine MachineChoice::machine(int ranks, DType dtype) const {
   if (!machine_file.empty()) return load_machine_file(machine_file);
@@ -85,4 +85,4 @@ PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
            reasons);
 }
 
-}  // namespace a2d::commands
+}  // namespace a2d
