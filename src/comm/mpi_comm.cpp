@@ -137,9 +137,7 @@ class MpiCommunicator final : public Communicator {
     A2D_MPI(MPI_Comm_rank(comm_, &rank_));
     A2D_MPI(MPI_Comm_size(comm_, &size_));
   }
-  ~MpiCommunicator() override {
-    MPI_Comm_free(&comm_);
-  }
+  ~MpiCommunicator() override { MPI_Comm_free(&comm_); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }

@@ -306,11 +306,10 @@ class NcclCommunicator final : public comm_detail::HostForwarding {
     // backend, not `this`.
     Buffer* scratch = arrived.get();
     Backend* backend = &backend_;
-    auto operation =
-        exchange(std::move(transfers), [backend, recv, scratch, slots, own, record] {
-          for (int64_t slot : slots)
-            backend->add(recv, Place::in(*scratch, slot), own * record);
-        });
+    auto operation = exchange(std::move(transfers), [backend, recv, scratch, slots, own, record] {
+      for (int64_t slot : slots)
+        backend->add(recv, Place::in(*scratch, slot), own * record);
+    });
     operation->keep(std::move(arrived));
     return operation;
   }
