@@ -1,6 +1,7 @@
 #include "mpi_checks.hpp"
 
 #include <algorithm>
+#include <iostream>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -136,6 +137,20 @@ std::string traffic_mismatches(const TrafficLog& log, const Problem& problem, co
 }  // namespace a2d
 
 namespace a2d {
+
+void expect_traffic_equals_model(Communicator& world, const TrafficLog& log,
+                                 const Problem& problem, const Plan& plan, const std::string& what,
+                                 const UserShards* shards) {
+  const std::string mismatch = traffic_mismatches(log, problem, plan, world.rank(), shards);
+  if (!mismatch.empty())
+    std::cerr << "rank " << world.rank() << " " << what << ":" << mismatch << "\n";
+  world.set_phase("control");  // the checks' own messages are not the algorithm's
+  int64_t bad = mismatch.empty() ? 0 : 1;
+  world.all_reduce(&bad, 1, Reduction::sum);
+  EXPECT_EQ(bad, 0) << what << ": counted traffic differs from the model on " << bad
+                    << " ranks (details on stderr)";
+  expect_model_totals(world, log, problem, plan, what, shards);
+}
 
 void expect_model_totals(Communicator& world, const TrafficLog& log, const Problem& problem,
                          const Plan& plan, const std::string& what, const UserShards* shards) {

@@ -61,4 +61,11 @@ void expect_model_totals(Communicator& world, const TrafficLog& log, const Probl
                          const Plan& plan, const std::string& what,
                          const UserShards* shards = nullptr);
 
+// Both of the above: every rank's counted traffic against the model phase by phase (a mismatch
+// printed on stderr by its rank fails the test on every rank), then the model's totals. The
+// checks' own messages are counted under the phase "control". Collective.
+void expect_traffic_equals_model(Communicator& world, const TrafficLog& log,
+                                 const Problem& problem, const Plan& plan, const std::string& what,
+                                 const UserShards* shards = nullptr);
+
 }  // namespace a2d

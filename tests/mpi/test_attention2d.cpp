@@ -97,16 +97,7 @@ TEST(Attention2DMpi, EveryGridAndVariantMatchesTheReferenceAndTheTrafficModel) {
           attention->backward(shards.backward(problem));
 
           // Traffic: every rank against the model; any mismatch fails on every rank.
-          const std::string mismatch = traffic_mismatches(*log, problem, plan, rank);
-          if (!mismatch.empty())
-            std::cerr << "rank " << rank << " " << what << ":" << mismatch << "\n";
-          world.set_phase("control");  // the checks' own messages are not the algorithm's
-          int64_t bad = mismatch.empty() ? 0 : 1;
-          world.all_reduce(&bad, 1, Reduction::sum);
-          EXPECT_EQ(bad, 0) << what << ": counted traffic differs from the model on " << bad
-                            << " ranks (details on stderr)";
-
-          expect_model_totals(world, *log, problem, plan, what);
+          expect_traffic_equals_model(world, *log, problem, plan, what);
 
           // Outputs: gathered on rank 0, compared there, verdict shared.
           world.set_phase("io");

@@ -111,15 +111,7 @@ TEST(HybridMpi, EveryFactorisationMatchesTheReferenceAndTheTrafficModel) {
       attention->forward(shards.forward(problem));
       attention->backward(shards.backward(problem));
 
-      const std::string mismatch = traffic_mismatches(*log, problem, plan, world.rank());
-      if (!mismatch.empty())
-        std::cerr << "rank " << world.rank() << " " << what << ":" << mismatch << "\n";
-      world.set_phase("control");
-      int64_t bad = mismatch.empty() ? 0 : 1;
-      world.all_reduce(&bad, 1, Reduction::sum);
-      EXPECT_EQ(bad, 0) << what << ": counted traffic differs from the model on " << bad
-                        << " ranks (details on stderr)";
-      expect_model_totals(world, *log, problem, plan, what);
+      expect_traffic_equals_model(world, *log, problem, plan, what);
 
       world.set_phase("io");
       const GlobalOutputs outputs =
