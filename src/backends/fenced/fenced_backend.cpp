@@ -18,8 +18,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <vector>
 
@@ -36,6 +38,119 @@ int64_t page_bytes() {
   return bytes;
 }
 
+void protect(std::byte* memory, int64_t bytes, int access) {
+  if (bytes > 0 && mprotect(memory, static_cast<size_t>(bytes), access) != 0) {
+    A2D_FAIL("mprotect of fenced memory failed: ", std::strerror(errno));
+  }
+}
+
+// The memory of one backend's buffers: page-aligned blocks carved out of large reserved regions,
+// all of it PROT_NONE except while an operation runs, when all of it is open. One mprotect per
+// region as an operation starts and one as it ends, whatever the number of buffers it touches:
+// on the VMs we test on an mprotect costs 10-100 us (a TLB flush per page, or a full flush past
+// 33 pages), and one per buffer per operation made the fenced MPI tests 2x slower than the CPU
+// backend's. Opening every buffer, not only the operation's own, changes nothing for what the
+// backend proves: between operations (where algorithms and communicators run) nothing is open.
+class Arena {
+ public:
+  Arena() = default;
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  ~Arena() {
+    for (const Region& region : regions_)
+      munmap(region.base, static_cast<size_t>(region.reserved));
+  }
+
+  // `bytes` (a multiple of the page size) of all-ones bytes, open or fenced as the arena is.
+  std::byte* allocate(int64_t bytes) {
+    std::byte* block = nullptr;
+    for (Region& region : regions_) {
+      if ((block = region.take(bytes)) != nullptr) break;
+    }
+    if (block == nullptr) {
+      const int64_t reserve = std::max<int64_t>(kRegionBytes, bytes);
+      void* base = mmap(nullptr, static_cast<size_t>(reserve), PROT_NONE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      if (base == MAP_FAILED) {
+        A2D_FAIL("cannot reserve ", reserve, " bytes for fenced buffers: ", std::strerror(errno));
+      }
+      regions_.push_back({static_cast<std::byte*>(base), reserve, 0, {}});
+      block = regions_.back().take(bytes);
+    }
+    protect(block, bytes, PROT_READ | PROT_WRITE);  // also above the mark an open covered
+    // All-ones bytes (NaN in every float type), as uninitialised memory of the sanitizer build.
+    std::memset(block, 0xff, static_cast<size_t>(bytes));
+    if (open_depth_ == 0) protect(block, bytes, PROT_NONE);
+    return block;
+  }
+
+  void release(std::byte* block, int64_t bytes) {
+    for (Region& region : regions_) {
+      if (block >= region.base && block < region.base + region.reserved) {
+        region.give_back(block - region.base, bytes);
+        return;
+      }
+    }
+  }
+
+  // Nested: only the outermost open and close change the protection.
+  void open() {
+    if (open_depth_++ == 0) {
+      for (const Region& region : regions_)
+        protect(region.base, region.high_water, PROT_READ | PROT_WRITE);
+    }
+  }
+  void close() {
+    if (--open_depth_ == 0) {
+      for (const Region& region : regions_)
+        protect(region.base, region.high_water, PROT_NONE);
+    }
+  }
+
+ private:
+  static constexpr int64_t kRegionBytes = int64_t{1} << 30;  // address space, not memory
+
+  struct Region {
+    std::byte* base;
+    int64_t reserved;
+    int64_t high_water = 0;           // every block lies below it; the protection covers it
+    std::map<int64_t, int64_t> free;  // offset -> bytes of the free blocks below high_water
+
+    // First fit among the free blocks, else from above the high-water mark; null if full.
+    std::byte* take(int64_t bytes) {
+      for (auto it = free.begin(); it != free.end(); ++it) {
+        if (it->second < bytes) continue;
+        const int64_t offset = it->first, left = it->second - bytes;
+        free.erase(it);
+        if (left > 0) free.emplace(offset + bytes, left);
+        return base + offset;
+      }
+      if (reserved - high_water < bytes) return nullptr;
+      high_water += bytes;
+      return base + high_water - bytes;
+    }
+    // Back to the free blocks, merged with its free neighbours.
+    void give_back(int64_t offset, int64_t bytes) {
+      auto next = free.lower_bound(offset);
+      if (next != free.end() && next->first == offset + bytes) {
+        bytes += next->second;
+        next = free.erase(next);
+      }
+      if (next != free.begin()) {
+        auto previous = std::prev(next);
+        if (previous->first + previous->second == offset) {
+          previous->second += bytes;
+          return;
+        }
+      }
+      free.emplace(offset, bytes);
+    }
+  };
+
+  std::vector<Region> regions_;
+  int open_depth_ = 0;
+};
+
 class FencedBuffer final : public Buffer {
  public:
   FencedBuffer(Backend& backend, int64_t bytes, std::byte* memory, int64_t mapped)
@@ -44,18 +159,11 @@ class FencedBuffer final : public Buffer {
 
   std::byte* memory() const { return memory_; }
   int64_t mapped() const { return mapped_; }
-  int opened = 0;  // nesting depth of the operations that hold it open
 
  private:
   std::byte* memory_;
   int64_t mapped_;
 };
-
-void protect(const FencedBuffer& buffer, int access) {
-  if (mprotect(buffer.memory(), static_cast<size_t>(buffer.mapped()), access) != 0) {
-    A2D_FAIL("mprotect of a fenced buffer failed: ", std::strerror(errno));
-  }
-}
 
 class FencedBackend final : public HostBackend {
  public:
@@ -97,17 +205,7 @@ class FencedBackend final : public HostBackend {
     A2D_REQUIRE(bytes >= 0, "cannot allocate ", bytes, " bytes");
     const int64_t page = page_bytes();
     const int64_t mapped = std::max<int64_t>(page, (bytes + page - 1) / page * page);
-    void* memory = mmap(nullptr, static_cast<size_t>(mapped), PROT_READ | PROT_WRITE,
-                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (memory == MAP_FAILED) {
-      A2D_FAIL("cannot map ", mapped, " bytes for a fenced buffer: ", std::strerror(errno));
-    }
-    auto buffer =
-        std::make_unique<FencedBuffer>(*this, bytes, static_cast<std::byte*>(memory), mapped);
-    // All-ones bytes (NaN in every float type), as uninitialised memory of the sanitizer build.
-    std::memset(memory, 0xff, static_cast<size_t>(mapped));
-    protect(*buffer, PROT_NONE);
-    return buffer;
+    return std::make_unique<FencedBuffer>(*this, bytes, arena_.allocate(mapped), mapped);
   }
 
   void upload_async(const void* host, Place to, int64_t bytes, const Fence* /*after*/) override {
@@ -128,18 +226,8 @@ class FencedBackend final : public HostBackend {
     return static_cast<const FencedBuffer&>(buffer).memory();
   }
   void before_operation() override { make_deferred(); }
-  void open(std::initializer_list<const Buffer*> buffers) override {
-    for (const Buffer* b : buffers) {
-      auto* buffer = const_cast<FencedBuffer*>(static_cast<const FencedBuffer*>(b));
-      if (buffer->opened++ == 0) protect(*buffer, PROT_READ | PROT_WRITE);
-    }
-  }
-  void close(std::initializer_list<const Buffer*> buffers) override {
-    for (const Buffer* b : buffers) {
-      auto* buffer = const_cast<FencedBuffer*>(static_cast<const FencedBuffer*>(b));
-      if (--buffer->opened == 0) protect(*buffer, PROT_NONE);
-    }
-  }
+  void open(std::initializer_list<const Buffer*> /*buffers*/) override { arena_.open(); }
+  void close(std::initializer_list<const Buffer*> /*buffers*/) override { arena_.close(); }
 
  private:
   struct Deferred {
@@ -159,13 +247,18 @@ class FencedBackend final : public HostBackend {
 
   bool cuda_rules_;
   std::vector<Deferred> deferred_;
+  Arena arena_;  // unmapped with the backend, which its buffers do not outlive
+
+ public:
+  void release(std::byte* memory, int64_t mapped) { arena_.release(memory, mapped); }
 };
 
 // A buffer freed with uploads into it still deferred receives them first (a GPU's frees are
 // ordered after the copies on its stream).
 FencedBuffer::~FencedBuffer() {
-  static_cast<FencedBackend&>(backend()).make_deferred();
-  munmap(memory_, static_cast<size_t>(mapped_));
+  auto& backend = static_cast<FencedBackend&>(this->backend());
+  backend.make_deferred();
+  backend.release(memory_, mapped_);
 }
 
 }  // namespace
