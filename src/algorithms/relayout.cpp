@@ -227,16 +227,8 @@ void LayoutExchange::exchange(Communicator& world, std::span<const TokenMove> to
 // ---- Plans and records ------------------------------------------------------------------------
 
 TokenLayout plan_layout(const Problem& problem, const Plan& plan) {
-  switch (plan.algorithm) {
-    case Algorithm::attention2d:
-    case Algorithm::attention2d_overlap:
-    case Algorithm::hybrid:
-      return TokenLayout(LayoutKind::cyclic, problem.seq, plan.ranks());
-    case Algorithm::ring:
-    case Algorithm::allgather_kv:
-    case Algorithm::ulysses:
-      break;
-  }
+  if (algorithm_traits(plan.algorithm).cyclic_only)
+    return TokenLayout(LayoutKind::cyclic, problem.seq, plan.ranks());
   return TokenLayout(plan.layout, problem.seq, plan.ranks(), plan.stripe);
 }
 
