@@ -620,16 +620,9 @@ Prediction predict_algorithm(const Problem& problem, const Plan& plan, const Mac
       const double square = static_cast<double>(machine.tile_block * machine.tile_block);
       const double per_entry = 4.0 * static_cast<double>(problem.head_dim);
       const double batch = static_cast<double>(problem.batch);
-      const double block_s = per_entry * square / machine.kernel_forward_flops;  // one head
-      const double block_panels =
-          static_cast<double>((machine.tile_block + kCpuForwardPanel - 1) / kCpuForwardPanel);
-      const double block_keys = static_cast<double>(machine.tile_block);
-      double panel_s = machine.kernel_forward_panel_s, key_s = machine.kernel_forward_key_s;
-      if (block_panels * panel_s + block_keys * key_s >= block_s) panel_s = key_s = 0;
-      const double entry_s = (block_s - block_panels * panel_s - block_keys * key_s) /
-                             forward_tile_entries(Mask::none(), block, block);
-      cf = batch * (entry_s * entries.forward + panel_s * entries.forward_panels +
-                    key_s * entries.forward_keys);
+      const ForwardCallCosts call = forward_call_costs(machine, problem.head_dim);
+      cf = batch * (call.entry_s * entries.forward + call.panel_s * entries.forward_panels +
+                    call.key_s * entries.forward_keys);
       cb = 2.5 * batch * per_entry * entries.backward /
            (machine.kernel_backward_flops * backward_tile_entries(Mask::none(), block, block) /
             square);

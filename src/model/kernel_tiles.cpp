@@ -183,6 +183,23 @@ ForwardCallCosts fit_forward_call_costs(const std::vector<std::pair<int64_t, int
   return {x[0], used[1] ? x[1] : 0.0, used[2] ? x[2] : 0.0};
 }
 
+ForwardCallCosts forward_call_costs(const Machine& machine, int64_t head_dim) {
+  if (machine.tile_block <= 0) return {};
+  std::vector<int64_t> block(static_cast<size_t>(machine.tile_block));
+  std::iota(block.begin(), block.end(), int64_t{0});
+  const double square = static_cast<double>(machine.tile_block * machine.tile_block);
+  const double per_entry = 4.0 * static_cast<double>(head_dim);
+  const double block_s = per_entry * square / machine.kernel_forward_flops;  // one head
+  const double block_panels =
+      static_cast<double>((machine.tile_block + kCpuForwardPanel - 1) / kCpuForwardPanel);
+  const double block_keys = static_cast<double>(machine.tile_block);
+  double panel_s = machine.kernel_forward_panel_s, key_s = machine.kernel_forward_key_s;
+  if (block_panels * panel_s + block_keys * key_s >= block_s) panel_s = key_s = 0;
+  const double entry_s = (block_s - block_panels * panel_s - block_keys * key_s) /
+                         forward_tile_entries(Mask::none(), block, block);
+  return {entry_s, panel_s, key_s};
+}
+
 namespace {
 // Tile pairs of every call a rank makes (heads included).
 TileEntries rank_tile_entries(const Problem& problem, const Plan& plan, const SequenceParts& parts,
