@@ -7,6 +7,7 @@
 #include "algorithms.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
+#include "core/enum_names.hpp"
 
 namespace a2d {
 namespace {
@@ -232,14 +233,15 @@ TokenLayout plan_layout(const Problem& problem, const Plan& plan) {
   return TokenLayout(plan.layout, problem.seq, plan.ranks(), plan.stripe);
 }
 
+constexpr EnumName<RelayoutBackward> kRelayoutBackwardNames[] = {
+    {RelayoutBackward::saved, "saved"}, {RelayoutBackward::stateless, "stateless"}};
+
 RelayoutBackward parse_relayout_backward(const std::string& name) {
-  if (name == "saved") return RelayoutBackward::saved;
-  if (name == "stateless") return RelayoutBackward::stateless;
-  A2D_FAIL("unknown relayout backward '", name, "'; choose saved or stateless");
+  return parse_enum(kRelayoutBackwardNames, name, "relayout backward");
 }
 
 std::string relayout_backward_name(RelayoutBackward backward) {
-  return backward == RelayoutBackward::saved ? "saved" : "stateless";
+  return enum_name(kRelayoutBackwardNames, backward);
 }
 
 RelayoutRecords relayout_records(const Problem& p, RelayoutBackward backward) {
