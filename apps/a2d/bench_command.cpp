@@ -113,40 +113,17 @@ double ratio(double measured, double predicted) {
 
 cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool backward, bool check) {
   cli::JsonLine line;
-  line.add("algo", algorithm_name(r.plan.algorithm))
-      .add("grid", r.plan.grid.describe())
-      .add("layout", layout_name(r.plan.layout))
-      .add("kv_transpose", r.plan.kv_transpose)
-      .add("heads_parallel", r.plan.heads_parallel)
-      .add("ranks", ranks)
-      .add("batch", problem.batch)
-      .add("seq", problem.seq)
-      .add("heads", problem.heads)
-      .add("kv_heads", problem.kv_heads)
-      .add("head_dim", problem.head_dim)
-      .add("causal", problem.mask.is_causal())
-      .add("documents", problem.mask.documents())
-      .add("window", problem.mask.window)
-      .add("dtype", dtype_name(problem.dtype));
+  cli::add_plan_fields(line, r.plan);
+  line.add("ranks", ranks);
+  cli::add_problem_fields(line, problem);
+  line.add("dtype", dtype_name(problem.dtype));
   if (!r.skipped.empty()) return line.add("skipped", r.skipped);
   const double flops = forward_flops(problem);
   const PhaseTiming& f = r.timings.forward;
   const PhaseTiming& b = r.timings.backward;
-  line.add("fwd_ms", f.median_ms)
-      .add("fwd_ms_rank_min", f.rank_min_ms)
-      .add("fwd_ms_rank_avg", f.rank_avg_ms)
-      .add("fwd_ms_rank_max", f.rank_max_ms)
-      .add("fwd_gflops_per_rank", flops / (f.median_ms * 1e-3) / 1e9 / ranks)
-      .add("bytes_sent_fwd", f.bytes)
-      .add("messages_fwd", f.messages);
+  add_timing_fields(line, "fwd", f, flops, ranks);
   if (backward) {
-    line.add("bwd_ms", b.median_ms)
-        .add("bwd_ms_rank_min", b.rank_min_ms)
-        .add("bwd_ms_rank_avg", b.rank_avg_ms)
-        .add("bwd_ms_rank_max", b.rank_max_ms)
-        .add("bwd_gflops_per_rank", 2.5 * flops / (b.median_ms * 1e-3) / 1e9 / ranks)
-        .add("bytes_sent_bwd", b.bytes)
-        .add("messages_bwd", b.messages);
+    add_timing_fields(line, "bwd", b, 2.5 * flops, ranks);
   } else {
     line.add("bwd_ms", NAN).add("bytes_sent_bwd", int64_t{0}).add("messages_bwd", int64_t{0});
   }

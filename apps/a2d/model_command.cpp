@@ -104,13 +104,9 @@ void print_table(const PlanSearch& search, const Problem& problem, const Machine
 std::string json_row(const RankedPlan& r, int rank_in_list, int ranks) {
   const Prediction& p = r.prediction;
   cli::JsonLine line;
-  line.add("rank", rank_in_list)
-      .add("algo", algorithm_name(r.plan.algorithm))
-      .add("grid", r.plan.grid.describe())
-      .add("layout", layout_name(r.plan.layout))
-      .add("kv_transpose", r.plan.kv_transpose)
-      .add("heads_parallel", r.plan.heads_parallel)
-      .add("placement", r.cyclic_placement ? "cyclic" : "block")
+  line.add("rank", rank_in_list);
+  cli::add_plan_fields(line, r.plan);
+  line.add("placement", r.cyclic_placement ? "cyclic" : "block")
       .add("ranks", ranks)
       .add("fwd_ms", 1e3 * p.forward_s)
       .add("bwd_ms", 1e3 * p.backward_s)

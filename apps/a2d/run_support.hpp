@@ -10,6 +10,7 @@
 
 #include "attention2d/attention.hpp"
 #include "attention2d/comm.hpp"
+#include "attention2d/tools/cli.hpp"
 #include "attention2d/tools/harness.hpp"
 
 namespace a2d {
@@ -60,6 +61,12 @@ struct PhaseTiming {
   int64_t relayout_bytes = 0;
   int64_t relayout_messages = 0;
 };
+
+// One direction's JSON fields ("fwd" or "bwd"), as a2d run and a2d bench write them: <d>_ms,
+// <d>_ms_rank_min, _avg, _max, <d>_gflops_per_rank (`flops` over the median time and the ranks),
+// bytes_sent_<d>, messages_<d>.
+void add_timing_fields(cli::JsonLine& line, const std::string& direction, const PhaseTiming& t,
+                       double flops, int ranks);
 
 struct Timings {
   PhaseTiming forward, backward;
