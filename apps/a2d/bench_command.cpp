@@ -234,10 +234,7 @@ void print_csv(const std::vector<Row>& rows, const Problem& problem, int ranks, 
 
 int bench(int argc, char** argv, int first) {
   if (has_flag(argc, argv, first, "--decode")) return decode_main(argc, argv, first, true);
-  MpiSession mpi(&argc, &argv);
-  auto log = std::make_shared<TrafficLog>();
-  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
-  return run_collectively(world, [&]() -> int {
+  return run_counted(&argc, &argv, [&](auto& world, const auto& log) -> int {
     BenchOptions o;
     cli::Options options(
         "a2d bench [options]",

@@ -57,6 +57,13 @@ void AlgorithmWorld::watch(std::unique_ptr<Watchdog>& watchdog, double timeout) 
   watchdog = std::make_unique<Watchdog>(get(), timeout);
 }
 
+int run_counted(int* argc, char*** argv, const CountedBody& body) {
+  MpiSession mpi(argc, argv);
+  auto log = std::make_shared<TrafficLog>();
+  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  return run_collectively(world, [&]() -> int { return body(world, log); });
+}
+
 int run_collectively(Communicator& world, const std::function<int()>& body) {
   // SIGTERM and SIGINT end the whole job with one line naming the signal, exit 143 or 130, and
   // outputs complete or absent (docs/reliability.md, "Signals").

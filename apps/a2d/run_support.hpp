@@ -24,6 +24,13 @@ namespace a2d::commands {
 // ranks may be waiting for this one. SIGTERM and SIGINT end the job (Watchdog::stop_on_signals).
 int run_collectively(Communicator& world, const std::function<int()>& body);
 
+// What a2d run, bench and decode start with: MPI for the command's lifetime, the world's traffic
+// counted into one log (AlgorithmWorld charges the algorithms' communicator to it too), and
+// `body` run collectively on it (run_collectively).
+using CountedBody =
+    std::function<int(CountingCommunicator& world, const std::shared_ptr<TrafficLog>& log)>;
+int run_counted(int* argc, char*** argv, const CountedBody& body);
+
 // The world the algorithms run on (--comm), made collectively over MPI_COMM_WORLD: `world`
 // itself for mpi (the algorithms stage a GPU's buffers through host memory); for nccl an NCCL
 // communicator, for gloo a Gloo mesh bootstrapped over MPI, whose traffic is charged to `log`, as
