@@ -10,15 +10,15 @@
 #include <sstream>
 #include <vector>
 
-#include "attention2d/tools/check.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/cost_model.hpp"
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/tools/harness.hpp"
 #include "attention2d/mpi_comm.hpp"
-#include "attention2d/watchdog.hpp"
+#include "attention2d/tools/check.hpp"
 #include "attention2d/tools/cli.hpp"
+#include "attention2d/tools/harness.hpp"
+#include "attention2d/watchdog.hpp"
 #include "calibration.hpp"
 #include "commands.hpp"
 #include "problem_options.hpp"
@@ -51,7 +51,7 @@ struct Row {
   Plan plan;
   double flops_balance = -1;  // --balance: busiest / mean rank, forward FLOPs
   TileBalance tiles;          // --balance: the tile replay's
-  std::string skipped;  // reason, if the plan cannot run
+  std::string skipped;        // reason, if the plan cannot run
   Timings timings;
   int64_t peak_bytes = -1;
   bool predicted = false;
@@ -64,44 +64,27 @@ std::vector<Row> candidate_rows(const BenchOptions& o, const Problem& problem, i
   std::vector<Row> rows;
   for (const std::string& name : split_list(o.algos)) {
     const Algorithm algorithm = parse_algorithm(name);
-    std::vector<Plan> plans;
-    if (algorithm == Algorithm::hybrid) {
-      // Every U > 1 and grid of P / U (U = 1 is the attention2d rows), or those of
-      // --heads-parallel and --grid.
+    const AlgorithmTraits& traits = algorithm_traits(algorithm);
+    // Grid algorithms: every grid of P, or --grid; the hybrid: every U > 1 and grid of P / U
+    // (U = 1 is the attention2d rows), or those of --heads-parallel and --grid; the others:
+    // their default layout, or a row per --layout (zigzag,contiguous,...).
+    if (traits.heads_parallel)
       A2D_REQUIRE(o.heads_parallel >= 0, "--heads-parallel must be at least 1");
-      for (const Plan& plan : hybrid_plans(problem, ranks)) {
-        if (o.heads_parallel > 0 && plan.heads_parallel != o.heads_parallel) continue;
-        if (!o.grid.empty() && plan.grid.describe() != parse_grid(o.grid).describe()) continue;
-        plans.push_back(plan);
-      }
-      if (o.heads_parallel == 1) {
-        Plan plan = default_plan(algorithm, problem, ranks);
-        plan.heads_parallel = 1;
-        plan.grid = o.grid.empty() ? default_grid(ranks) : parse_grid(o.grid);
-        plans.push_back(plan);
-      }
-      A2D_REQUIRE(!plans.empty(), "--algo hybrid: no U x R x C = ", ranks, " with",
-                  o.heads_parallel > 0 ? " --heads-parallel " + std::to_string(o.heads_parallel)
-                                       : std::string(),
-                  o.grid.empty() ? std::string() : " --grid " + o.grid);
-    } else if (algorithm == Algorithm::attention2d || algorithm == Algorithm::attention2d_overlap) {
-      const std::vector<GridShape> shapes =
-          o.grid.empty() ? grid_shapes(ranks) : std::vector<GridShape>{parse_grid(o.grid)};
-      for (const GridShape& shape : shapes) {
-        Plan plan = default_plan(algorithm, problem, ranks);
-        plan.grid = shape;
-        plans.push_back(plan);
-      }
-    } else if (o.layout.empty()) {
-      plans.push_back(default_plan(algorithm, problem, ranks));
-    } else {
-      // --layout zigzag,contiguous,...: one row per layout.
-      for (const std::string& layout : split_list(o.layout)) {
-        Plan plan = default_plan(algorithm, problem, ranks);
-        plan.layout = parse_layout(layout);
-        plans.push_back(plan);
-      }
+    const bool one_grid = traits.grid && !o.grid.empty();
+    const GridShape grid = one_grid ? parse_grid(o.grid) : GridShape{};
+    PlanChoices choices;
+    choices.grid = one_grid ? &grid : nullptr;
+    choices.heads_parallel = static_cast<int>(o.heads_parallel);
+    if (!traits.grid) {
+      for (const std::string& layout : split_list(o.layout))
+        choices.layouts.push_back(parse_layout(layout));
     }
+    std::vector<Plan> plans = algorithm_plans(algorithm, problem, ranks, choices);
+    A2D_REQUIRE(!traits.heads_parallel || !plans.empty(), "--algo ", traits.name,
+                ": no U x R x C = ", ranks, " with",
+                o.heads_parallel > 0 ? " --heads-parallel " + std::to_string(o.heads_parallel)
+                                     : std::string(),
+                o.grid.empty() ? std::string() : " --grid " + o.grid);
     for (Plan& plan : plans) {
       plan.stripe = o.stripe;
       plan.threads = static_cast<int>(o.threads);
@@ -119,17 +102,9 @@ std::vector<Row> candidate_rows(const BenchOptions& o, const Problem& problem, i
   return rows;
 }
 
+// The hybrid: U, then the grid of each heads group ("U2 1x2").
 std::string grid_column(const Plan& plan) {
-  // The hybrid: U, then the grid of each heads group ("U2 1x2").
-  if (plan.algorithm == Algorithm::hybrid) {
-    return "U" + std::to_string(plan.heads_parallel) + " " + plan.grid.describe() +
-           (plan.kv_transpose ? "" : "-nt");
-  }
-  if (plan.algorithm == Algorithm::attention2d ||
-      plan.algorithm == Algorithm::attention2d_overlap) {
-    return plan.grid.describe() + (plan.kv_transpose ? "" : "-nt");
-  }
-  return layout_name(plan.layout);
+  return plan_shape(plan, "-nt");
 }
 
 double ratio(double measured, double predicted) {
@@ -138,40 +113,17 @@ double ratio(double measured, double predicted) {
 
 cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool backward, bool check) {
   cli::JsonLine line;
-  line.add("algo", algorithm_name(r.plan.algorithm))
-      .add("grid", r.plan.grid.describe())
-      .add("layout", layout_name(r.plan.layout))
-      .add("kv_transpose", r.plan.kv_transpose)
-      .add("heads_parallel", r.plan.heads_parallel)
-      .add("ranks", ranks)
-      .add("batch", problem.batch)
-      .add("seq", problem.seq)
-      .add("heads", problem.heads)
-      .add("kv_heads", problem.kv_heads)
-      .add("head_dim", problem.head_dim)
-      .add("causal", problem.mask.is_causal())
-      .add("documents", problem.mask.documents())
-      .add("window", problem.mask.window)
-      .add("dtype", dtype_name(problem.dtype));
+  cli::add_plan_fields(line, r.plan);
+  line.add("ranks", ranks);
+  cli::add_problem_fields(line, problem);
+  line.add("dtype", dtype_name(problem.dtype));
   if (!r.skipped.empty()) return line.add("skipped", r.skipped);
   const double flops = forward_flops(problem);
   const PhaseTiming& f = r.timings.forward;
   const PhaseTiming& b = r.timings.backward;
-  line.add("fwd_ms", f.median_ms)
-      .add("fwd_ms_rank_min", f.rank_min_ms)
-      .add("fwd_ms_rank_avg", f.rank_avg_ms)
-      .add("fwd_ms_rank_max", f.rank_max_ms)
-      .add("fwd_gflops_per_rank", flops / (f.median_ms * 1e-3) / 1e9 / ranks)
-      .add("bytes_sent_fwd", f.bytes)
-      .add("messages_fwd", f.messages);
+  add_timing_fields(line, "fwd", f, flops, ranks);
   if (backward) {
-    line.add("bwd_ms", b.median_ms)
-        .add("bwd_ms_rank_min", b.rank_min_ms)
-        .add("bwd_ms_rank_avg", b.rank_avg_ms)
-        .add("bwd_ms_rank_max", b.rank_max_ms)
-        .add("bwd_gflops_per_rank", 2.5 * flops / (b.median_ms * 1e-3) / 1e9 / ranks)
-        .add("bytes_sent_bwd", b.bytes)
-        .add("messages_bwd", b.messages);
+    add_timing_fields(line, "bwd", b, 2.5 * flops, ranks);
   } else {
     line.add("bwd_ms", NAN).add("bytes_sent_bwd", int64_t{0}).add("messages_bwd", int64_t{0});
   }
@@ -282,10 +234,7 @@ void print_csv(const std::vector<Row>& rows, const Problem& problem, int ranks, 
 
 int bench(int argc, char** argv, int first) {
   if (has_flag(argc, argv, first, "--decode")) return decode_main(argc, argv, first, true);
-  MpiSession mpi(&argc, &argv);
-  auto log = std::make_shared<TrafficLog>();
-  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
-  return run_collectively(world, [&]() -> int {
+  return run_counted(&argc, &argv, [&](auto& world, const auto& log) -> int {
     BenchOptions o;
     cli::Options options(
         "a2d bench [options]",

@@ -13,14 +13,14 @@
 #include <sstream>
 #include <vector>
 
-#include "attention2d/tools/check.hpp"
 #include "attention2d/collective.hpp"
-#include "attention2d/tools/decode_harness.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/tools/harness.hpp"
 #include "attention2d/inference.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/planner.hpp"
+#include "attention2d/tools/check.hpp"
+#include "attention2d/tools/decode_harness.hpp"
+#include "attention2d/tools/harness.hpp"
 #include "commands.hpp"
 #include "problem_options.hpp"
 #include "run_support.hpp"
@@ -52,10 +52,7 @@ double median(std::vector<double> values) {
 }  // namespace
 
 int decode_main(int argc, char** argv, int first, bool bench) {
-  MpiSession mpi(&argc, &argv);
-  auto log = std::make_shared<TrafficLog>();
-  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
-  return run_collectively(world, [&]() -> int {
+  return run_counted(&argc, &argv, [&](auto& world, const auto& log) -> int {
     DecodeOptions o;
     o.problem.causal = true;  // decoding is causal; --window narrows it
     cli::Options options(

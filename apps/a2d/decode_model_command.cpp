@@ -80,11 +80,10 @@ int model_decode(int argc, char** argv, int first) {
         predict_decode_step(problem, r.plan, machine, per_node, last, tokens_per_step);
     // Step time is linear in the cache length: the mean of the first and last step.
     const double steps_per_s = 2.0 / (a.step_s + b.step_s);
-    const std::string grid =
-        (r.plan.algorithm == Algorithm::attention2d ||
-         r.plan.algorithm == Algorithm::attention2d_overlap)
-            ? r.plan.grid.describe() + (r.plan.kv_transpose ? "" : " no-transpose")
-            : layout_name(r.plan.layout);
+    const AlgorithmTraits& traits = algorithm_traits(r.plan.algorithm);
+    const std::string grid = traits.grid && !traits.heads_parallel
+                                 ? plan_shape(r.plan, " no-transpose")
+                                 : layout_name(r.plan.layout);
     const double cache_mib = static_cast<double>(b.cache_bytes) / (1 << 20);
     if (json) {
       cli::JsonLine j;

@@ -64,16 +64,7 @@ struct ModelOptions {
 };
 
 std::string grid_text(const Plan& plan, bool cyclic_placement) {
-  const std::string placement = cyclic_placement ? " cyclic" : "";
-  if (plan.algorithm == Algorithm::hybrid) {
-    return "U" + std::to_string(plan.heads_parallel) + " " + plan.grid.describe() +
-           (plan.kv_transpose ? "" : " no-transpose") + placement;
-  }
-  if (plan.algorithm == Algorithm::attention2d ||
-      plan.algorithm == Algorithm::attention2d_overlap) {
-    return plan.grid.describe() + (plan.kv_transpose ? "" : " no-transpose") + placement;
-  }
-  return layout_name(plan.layout) + placement;
+  return plan_shape(plan, " no-transpose") + (cyclic_placement ? " cyclic" : "");
 }
 
 void print_table(const PlanSearch& search, const Problem& problem, const Machine& machine,
@@ -113,13 +104,9 @@ void print_table(const PlanSearch& search, const Problem& problem, const Machine
 std::string json_row(const RankedPlan& r, int rank_in_list, int ranks) {
   const Prediction& p = r.prediction;
   cli::JsonLine line;
-  line.add("rank", rank_in_list)
-      .add("algo", algorithm_name(r.plan.algorithm))
-      .add("grid", r.plan.grid.describe())
-      .add("layout", layout_name(r.plan.layout))
-      .add("kv_transpose", r.plan.kv_transpose)
-      .add("heads_parallel", r.plan.heads_parallel)
-      .add("placement", r.cyclic_placement ? "cyclic" : "block")
+  line.add("rank", rank_in_list);
+  cli::add_plan_fields(line, r.plan);
+  line.add("placement", r.cyclic_placement ? "cyclic" : "block")
       .add("ranks", ranks)
       .add("fwd_ms", 1e3 * p.forward_s)
       .add("bwd_ms", 1e3 * p.backward_s)
@@ -217,24 +204,14 @@ void plot(const ModelOptions& o, const Problem& base) {
 
 // Every algorithm, ATTENTION2D grid and baseline layout that can run the problem on `ranks`.
 std::vector<Plan> balance_plans(const Problem& problem, int ranks) {
+  PlanChoices choices;
+  choices.layouts = {LayoutKind::contiguous, LayoutKind::zigzag, LayoutKind::striped,
+                     LayoutKind::cyclic};
   std::vector<Plan> plans;
-  for (const Algorithm algorithm : {Algorithm::attention2d, Algorithm::attention2d_overlap}) {
-    for (const GridShape& shape : grid_shapes(ranks)) {
-      Plan plan = default_plan(algorithm, problem, ranks);
-      plan.grid = shape;
+  for (const Algorithm algorithm : all_algorithms()) {
+    for (const Plan& plan : algorithm_plans(algorithm, problem, ranks, choices))
       plans.push_back(plan);
-    }
   }
-  for (const Algorithm algorithm : {Algorithm::ring, Algorithm::allgather_kv, Algorithm::ulysses}) {
-    for (const LayoutKind layout :
-         {LayoutKind::contiguous, LayoutKind::zigzag, LayoutKind::striped, LayoutKind::cyclic}) {
-      Plan plan = default_plan(algorithm, problem, ranks);
-      plan.layout = layout;
-      plans.push_back(plan);
-    }
-  }
-  for (const Plan& plan : hybrid_plans(problem, ranks))
-    plans.push_back(plan);
   std::vector<Plan> allowed;
   for (const Plan& plan : plans) {
     try {
@@ -376,19 +353,7 @@ int plan(int argc, char** argv, int first) {
   std::printf("run it: mpirun -np %d%s a2d run --algo %s", ranks,
               planned.cyclic_placement ? " --map-by node" : "",
               algorithm_name(planned.plan.algorithm).c_str());
-  if (planned.plan.algorithm == Algorithm::hybrid) {
-    std::printf(" --heads-parallel %d --grid %s%s", planned.plan.heads_parallel,
-                planned.plan.grid.describe().c_str(),
-                planned.plan.kv_transpose ? "" : " --no-kv-transpose");
-  } else if (planned.plan.algorithm == Algorithm::attention2d ||
-             planned.plan.algorithm == Algorithm::attention2d_overlap) {
-    std::printf(" --grid %s%s", planned.plan.grid.describe().c_str(),
-                planned.plan.kv_transpose ? "" : " --no-kv-transpose");
-  } else {
-    std::printf(" --layout %s", layout_name(planned.plan.layout).c_str());
-    if (planned.plan.layout == LayoutKind::striped)
-      std::printf(" --stripe %lld", static_cast<long long>(planned.plan.stripe));
-  }
+  std::printf("%s", plan_options(planned.plan).c_str());
   if (!o.shards.kind.empty()) std::printf(" --shards %s", o.shards.kind.c_str());
   if (!o.shards.counts.empty()) std::printf(" --shard-counts %s", o.shards.counts.c_str());
   if (o.shards.stripe != 1)

@@ -4,10 +4,10 @@
 #include <cstdlib>
 
 #include "attention2d/collective.hpp"
-#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/tools/npy.hpp"
 #include "attention2d/planner.hpp"
+#include "attention2d/tools/data.hpp"
+#include "attention2d/tools/npy.hpp"
 
 namespace a2d::cli {
 
@@ -247,6 +247,25 @@ Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen,
   p.threads = static_cast<int>(threads);
   check_plan(p, problem, ranks);
   return p;
+}
+
+void add_plan_fields(JsonLine& line, const Plan& plan) {
+  line.add("algo", algorithm_name(plan.algorithm))
+      .add("grid", plan.grid.describe())
+      .add("layout", layout_name(plan.layout))
+      .add("kv_transpose", plan.kv_transpose)
+      .add("heads_parallel", plan.heads_parallel);
+}
+
+void add_problem_fields(JsonLine& line, const Problem& problem) {
+  line.add("batch", problem.batch)
+      .add("seq", problem.seq)
+      .add("heads", problem.heads)
+      .add("kv_heads", problem.kv_heads)
+      .add("head_dim", problem.head_dim)
+      .add("causal", problem.mask.is_causal())
+      .add("documents", problem.mask.documents())
+      .add("window", problem.mask.window);
 }
 
 }  // namespace a2d::cli

@@ -92,4 +92,10 @@ struct PlanOptions {
             const UserShards* shards = nullptr) const;
 };
 
+// The JSON row fields every a2d table writes alike, in this order. A plan's: algo, grid, layout,
+// kv_transpose, heads_parallel; a problem's shape and mask: batch, seq, heads, kv_heads,
+// head_dim, causal, documents, window.
+void add_plan_fields(JsonLine& line, const Plan& plan);
+void add_problem_fields(JsonLine& line, const Problem& problem);
+
 }  // namespace a2d::cli

@@ -14,13 +14,13 @@
 #include <vector>
 
 #include "attention2d/attention.hpp"
-#include "attention2d/tools/check.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/tools/harness.hpp"
 #include "attention2d/mpi_comm.hpp"
-#include "attention2d/tools/npy.hpp"
 #include "attention2d/relayout.hpp"
+#include "attention2d/tools/check.hpp"
+#include "attention2d/tools/harness.hpp"
+#include "attention2d/tools/npy.hpp"
 #include "attention2d/tools/timing.hpp"
 #include "attention2d/watchdog.hpp"
 #include "commands.hpp"
@@ -154,10 +154,7 @@ void write_outputs(const RunOptions& o, const Problem& p, const GlobalOutputs& g
 }  // namespace
 
 int run(int argc, char** argv, int first) {
-  MpiSession mpi(&argc, &argv);
-  auto log = std::make_shared<TrafficLog>();
-  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
-  return run_collectively(world, [&]() -> int {
+  return run_counted(&argc, &argv, [&](auto& world, const auto& log) -> int {
     RunOptions o;
     cli::Options options(
         "a2d run [options]",

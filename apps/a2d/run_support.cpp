@@ -15,15 +15,16 @@
 #include <thread>
 #include <vector>
 
-#include "attention2d/tools/check.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/mpi_comm.hpp"
-#include "attention2d/tools/timing.hpp"
-#include "attention2d/tools/npy.hpp"
+#include "attention2d/tools/check.hpp"
 #include "attention2d/tools/cli.hpp"
+#include "attention2d/tools/npy.hpp"
+#include "attention2d/tools/timing.hpp"
 #include "attention2d/watchdog.hpp"
 #include "commands.hpp"
+#include "problem_options.hpp"
 
 namespace a2d::commands {
 
@@ -54,6 +55,13 @@ void AlgorithmWorld::watch(std::unique_ptr<Watchdog>& watchdog, double timeout) 
   if (kind_ != CommKind::gloo || timeout <= 0) return;
   watchdog.reset();  // one watchdog per process
   watchdog = std::make_unique<Watchdog>(get(), timeout);
+}
+
+int run_counted(int* argc, char*** argv, const CountedBody& body) {
+  MpiSession mpi(argc, argv);
+  auto log = std::make_shared<TrafficLog>();
+  CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
+  return run_collectively(world, [&]() -> int { return body(world, log); });
 }
 
 int run_collectively(Communicator& world, const std::function<int()>& body) {
@@ -296,6 +304,18 @@ std::string RunReport::text() const {
   return out.str();
 }
 
+void add_timing_fields(cli::JsonLine& line, const std::string& direction, const PhaseTiming& t,
+                       double flops, int ranks) {
+  const std::string& d = direction;
+  line.add(d + "_ms", t.median_ms)
+      .add(d + "_ms_rank_min", t.rank_min_ms)
+      .add(d + "_ms_rank_avg", t.rank_avg_ms)
+      .add(d + "_ms_rank_max", t.rank_max_ms)
+      .add(d + "_gflops_per_rank", flops / (t.median_ms * 1e-3) / 1e9 / ranks)
+      .add("bytes_sent_" + d, t.bytes)
+      .add("messages_" + d, t.messages);
+}
+
 std::string RunReport::json() const {
   cli::JsonLine line;
   const double flops = forward_flops(problem);
@@ -304,39 +324,20 @@ std::string RunReport::json() const {
       .add("ranks", ranks)
       .add("layout", layout_name(plan.layout))
       .add("kv_transpose", plan.kv_transpose)
-      .add("heads_parallel", plan.heads_parallel)
-      .add("batch", problem.batch)
-      .add("seq", problem.seq)
-      .add("heads", problem.heads)
-      .add("kv_heads", problem.kv_heads)
-      .add("head_dim", problem.head_dim)
-      .add("causal", problem.mask.is_causal())
-      .add("documents", problem.mask.documents())
-      .add("window", problem.mask.window)
-      .add("sinks", problem.sinks)
+      .add("heads_parallel", plan.heads_parallel);
+  cli::add_problem_fields(line, problem);
+  line.add("sinks", problem.sinks)
       .add("softcap", static_cast<double>(problem.softcap))
       .add("threads", plan.threads)
       .add("dtype", dtype_name(problem.dtype))
       .add("device", device)
-      .add("comm", comm)
-      .add("fwd_ms", timings.forward.median_ms)
-      .add("fwd_ms_rank_min", timings.forward.rank_min_ms)
-      .add("fwd_ms_rank_avg", timings.forward.rank_avg_ms)
-      .add("fwd_ms_rank_max", timings.forward.rank_max_ms)
-      .add("fwd_gflops_per_rank", flops / (timings.forward.median_ms * 1e-3) / 1e9 / ranks)
-      .add("bytes_sent_fwd", timings.forward.bytes)
-      .add("messages_fwd", timings.forward.messages)
-      .add("relayout_bytes_fwd", timings.forward.relayout_bytes)
+      .add("comm", comm);
+  add_timing_fields(line, "fwd", timings.forward, flops, ranks);
+  line.add("relayout_bytes_fwd", timings.forward.relayout_bytes)
       .add("relayout_messages_fwd", timings.forward.relayout_messages);
   if (backward) {
-    line.add("bwd_ms", timings.backward.median_ms)
-        .add("bwd_ms_rank_min", timings.backward.rank_min_ms)
-        .add("bwd_ms_rank_avg", timings.backward.rank_avg_ms)
-        .add("bwd_ms_rank_max", timings.backward.rank_max_ms)
-        .add("bwd_gflops_per_rank", 2.5 * flops / (timings.backward.median_ms * 1e-3) / 1e9 / ranks)
-        .add("bytes_sent_bwd", timings.backward.bytes)
-        .add("messages_bwd", timings.backward.messages)
-        .add("relayout_bytes_bwd", timings.backward.relayout_bytes)
+    add_timing_fields(line, "bwd", timings.backward, 2.5 * flops, ranks);
+    line.add("relayout_bytes_bwd", timings.backward.relayout_bytes)
         .add("relayout_messages_bwd", timings.backward.relayout_messages);
   }
   if (!shards.empty()) line.add("shards", shards).add("plan_layout", plan_layout);

@@ -10,6 +10,7 @@
 
 #include "attention2d/attention.hpp"
 #include "attention2d/comm.hpp"
+#include "attention2d/tools/cli.hpp"
 #include "attention2d/tools/harness.hpp"
 
 namespace a2d {
@@ -22,6 +23,13 @@ namespace a2d::commands {
 // exit code 2; any other error is printed and aborts the whole MPI job (exit 3), because the other
 // ranks may be waiting for this one. SIGTERM and SIGINT end the job (Watchdog::stop_on_signals).
 int run_collectively(Communicator& world, const std::function<int()>& body);
+
+// What a2d run, bench and decode start with: MPI for the command's lifetime, the world's traffic
+// counted into one log (AlgorithmWorld charges the algorithms' communicator to it too), and
+// `body` run collectively on it (run_collectively).
+using CountedBody =
+    std::function<int(CountingCommunicator& world, const std::shared_ptr<TrafficLog>& log)>;
+int run_counted(int* argc, char*** argv, const CountedBody& body);
 
 // The world the algorithms run on (--comm), made collectively over MPI_COMM_WORLD: `world`
 // itself for mpi (the algorithms stage a GPU's buffers through host memory); for nccl an NCCL
@@ -60,6 +68,12 @@ struct PhaseTiming {
   int64_t relayout_bytes = 0;
   int64_t relayout_messages = 0;
 };
+
+// One direction's JSON fields ("fwd" or "bwd"), as a2d run and a2d bench write them: <d>_ms,
+// <d>_ms_rank_min, _avg, _max, <d>_gflops_per_rank (`flops` over the median time and the ranks),
+// bytes_sent_<d>, messages_<d>.
+void add_timing_fields(cli::JsonLine& line, const std::string& direction, const PhaseTiming& t,
+                       double flops, int ranks);
 
 struct Timings {
   PhaseTiming forward, backward;

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "attention2d/backend.hpp"
 #include "attention2d/comm.hpp"
@@ -26,6 +27,8 @@
 #include "attention2d/layout.hpp"
 
 namespace a2d {
+
+struct UserShards;  // relayout.hpp
 
 enum class Algorithm { attention2d, attention2d_overlap, ring, allgather_kv, ulysses, hybrid };
 
@@ -75,6 +78,47 @@ struct Plan {
   int ranks() const { return heads_parallel * grid.size(); }
   std::string describe() const;
 };
+
+// The table of algorithms (src/table/, one file per algorithm): what a plan of each chooses.
+struct AlgorithmTraits {
+  Algorithm algorithm = Algorithm::attention2d;
+  const char* name = "";  // as --algo spells it
+  // The plan's grid is R x C of its choosing, and the K/V transpose applies (else: 1 x P).
+  bool grid = false;
+  // The plan's heads_parallel U applies (P = U x R x C; else 1).
+  bool heads_parallel = false;
+  // The shards are cyclic whatever Plan::layout says (else: the plan's layout, any of them).
+  bool cyclic_only = false;
+};
+const AlgorithmTraits& algorithm_traits(Algorithm algorithm);
+// Every algorithm, in the table's order (the order of the enum).
+std::vector<Algorithm> all_algorithms();
+
+// The plan's shape as the programs' tables print it: "U2 1x2", "2x2" (each followed by
+// `no_transpose` without the K/V transpose) or the layout's name, per what the algorithm uses.
+std::string plan_shape(const Plan& plan, const std::string& no_transpose);
+// The options of a2d run that give the plan's shape: " --grid 2x2 --no-kv-transpose",
+// " --layout striped --stripe 4", " --heads-parallel 2 --grid 1x2".
+std::string plan_options(const Plan& plan);
+
+// Which plans of an algorithm a search, a benchmark or a balance report tries.
+struct PlanChoices {
+  // Grid algorithms: this grid only (else every grid of P), and each grid also without the K/V
+  // transpose.
+  const GridShape* grid = nullptr;
+  bool both_kv_transposes = false;
+  // 1 x P algorithms: one plan per layout (none: the default layout), and with `shards` (an even
+  // cut) also the caller's layout.
+  std::vector<LayoutKind> layouts;
+  const UserShards* shards = nullptr;
+  // Heads-parallel algorithms: this U only (0: every U > 1 dividing P; 1: U = 1 on `grid` or the
+  // default grid).
+  int heads_parallel = 0;
+};
+// Default plans of `algorithm` varied as `choices` say, in a fixed order; check_plan is not
+// applied (a plan may still be one the problem does not allow).
+std::vector<Plan> algorithm_plans(Algorithm algorithm, const Problem& problem, int ranks,
+                                  const PlanChoices& choices);
 
 // The plan an algorithm uses when only the algorithm is chosen: ATTENTION2D on the most square
 // grid with the cyclic layout; Ring with zigzag (causal) or contiguous; and so on.

@@ -265,5 +265,11 @@ struct ForwardCallCosts {
 };
 ForwardCallCosts fit_forward_call_costs(const std::vector<std::pair<int64_t, int64_t>>& shapes,
                                         const std::vector<double>& seconds);
+// The same costs as a machine calibrated on CPUs (Machine::tile_block > 0) gives them, for heads
+// of `head_dim`: its per-panel and per-key costs, and per tile entry the calibration block's time
+// at the forward rate less their share, over the block's entries (the per-call costs are dropped
+// when they would take the whole block). All 0 without tile_block. The one formula of predict()
+// and the decode model.
+ForwardCallCosts forward_call_costs(const Machine& machine, int64_t head_dim);
 
 }  // namespace a2d

@@ -1,4 +1,5 @@
-// Problems, plans and the algorithm factory.
+// Problems, plans (each algorithm's rules are its entry in the table, src/table/) and the
+// factory.
 #include <cmath>
 #include <memory>
 #include <sstream>
@@ -8,37 +9,9 @@
 #include "attention2d/attention.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
+#include "table/table.hpp"
 
 namespace a2d {
-
-Algorithm parse_algorithm(const std::string& name) {
-  if (name == "attention2d") return Algorithm::attention2d;
-  if (name == "attention2d-overlap") return Algorithm::attention2d_overlap;
-  if (name == "ring") return Algorithm::ring;
-  if (name == "allgather-kv") return Algorithm::allgather_kv;
-  if (name == "ulysses") return Algorithm::ulysses;
-  if (name == "hybrid") return Algorithm::hybrid;
-  A2D_FAIL("unknown algorithm '", name,
-           "'; choose attention2d, attention2d-overlap, ring, allgather-kv, ulysses or hybrid");
-}
-
-std::string algorithm_name(Algorithm algorithm) {
-  switch (algorithm) {
-    case Algorithm::attention2d:
-      return "attention2d";
-    case Algorithm::attention2d_overlap:
-      return "attention2d-overlap";
-    case Algorithm::ring:
-      return "ring";
-    case Algorithm::allgather_kv:
-      return "allgather-kv";
-    case Algorithm::ulysses:
-      return "ulysses";
-    case Algorithm::hybrid:
-      return "hybrid";
-  }
-  return "?";
-}
 
 float Problem::softmax_scale() const {
   return scale > 0 ? scale : default_scale(head_dim);
@@ -78,16 +51,15 @@ AttentionShape Problem::local_shape(int64_t q_tokens, int64_t kv_tokens) const {
   return {batch, heads, kv_heads, q_tokens, kv_tokens, head_dim};
 }
 
+// Generated from the table: the plan's fields that its algorithm uses.
 std::string Plan::describe() const {
+  const AlgorithmTraits& traits = algorithm_traits(algorithm);
   std::ostringstream out;
-  out << algorithm_name(algorithm);
-  if (algorithm == Algorithm::hybrid) out << " heads_parallel=" << heads_parallel;
+  out << traits.name;
+  if (traits.heads_parallel) out << " heads_parallel=" << heads_parallel;
   out << " grid=" << grid.describe() << " layout=" << layout_name(layout);
   if (layout == LayoutKind::striped) out << "(" << stripe << ")";
-  if (algorithm == Algorithm::attention2d || algorithm == Algorithm::attention2d_overlap ||
-      algorithm == Algorithm::hybrid) {
-    out << " kv_transpose=" << (kv_transpose ? "yes" : "no");
-  }
+  if (traits.grid) out << " kv_transpose=" << (kv_transpose ? "yes" : "no");
   out << " threads=" << threads;
   return out.str();
 }
@@ -95,36 +67,7 @@ std::string Plan::describe() const {
 Plan default_plan(Algorithm algorithm, const Problem& problem, int ranks) {
   Plan plan;
   plan.algorithm = algorithm;
-  switch (algorithm) {
-    case Algorithm::attention2d:
-    case Algorithm::attention2d_overlap:
-      plan.grid = default_grid(ranks);
-      plan.layout = LayoutKind::cyclic;
-      break;
-    case Algorithm::ring:
-      plan.grid = {1, ranks};
-      plan.layout = problem.mask.is_causal() ? LayoutKind::zigzag : LayoutKind::contiguous;
-      break;
-    case Algorithm::allgather_kv:
-      plan.grid = {1, ranks};
-      plan.layout = problem.mask.is_causal() ? LayoutKind::zigzag : LayoutKind::contiguous;
-      break;
-    case Algorithm::ulysses:
-      plan.grid = {1, ranks};
-      plan.layout = LayoutKind::contiguous;
-      break;
-    case Algorithm::hybrid: {
-      // The most heads parallelism without replicating K/V: the largest U dividing P, H and Hkv.
-      int u = 1;
-      for (int d = 1; d <= ranks; ++d) {
-        if (ranks % d == 0 && problem.heads % d == 0 && problem.kv_heads % d == 0) u = d;
-      }
-      plan.heads_parallel = u;
-      plan.grid = default_grid(ranks / u);
-      plan.layout = LayoutKind::cyclic;
-      break;
-    }
-  }
+  algorithm_entry(algorithm).default_plan(plan, problem, ranks);
   return plan;
 }
 
@@ -132,74 +75,14 @@ void check_plan(const Plan& plan, const Problem& problem, int ranks) {
   A2D_REQUIRE(plan.threads >= 1, "the kernel thread count must be at least 1 (got ", plan.threads,
               ")");
   A2D_REQUIRE(plan.stripe >= 1, "the stripe width must be at least 1 (got ", plan.stripe, ")");
-  const std::string algo = algorithm_name(plan.algorithm);
-  A2D_REQUIRE(plan.algorithm == Algorithm::hybrid || plan.heads_parallel == 1,
+  const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  A2D_REQUIRE(entry.traits.heads_parallel || plan.heads_parallel == 1,
               "--heads-parallel applies to --algo hybrid only (got ", plan.heads_parallel, " for ",
-              algo, ")");
-  switch (plan.algorithm) {
-    case Algorithm::attention2d:
-    case Algorithm::attention2d_overlap:
-      check_grid(plan.grid, ranks);
-      A2D_REQUIRE(plan.layout == LayoutKind::cyclic, algo,
-                  " shards the sequence cyclically (token t "
-                  "on rank t mod P); --layout ",
-                  layout_name(plan.layout), " is not supported");
-      break;
-    case Algorithm::ring:
-    case Algorithm::allgather_kv:
-    case Algorithm::ulysses:
-      // Any layout is exact for these (the kernel masks by global position); zigzag or striped
-      // balances causal work for ring and allgather-kv, contiguous does not (docs/baselines.md).
-      A2D_REQUIRE(plan.grid.rows == 1 && plan.grid.cols == ranks, algo,
-                  " runs on all ranks as one group; --grid applies to attention2d only (got ",
-                  plan.grid.describe(), " for ", ranks, " ranks)");
-      break;
-    case Algorithm::hybrid: {
-      const int64_t u = plan.heads_parallel;
-      A2D_REQUIRE(u >= 1, "--heads-parallel must be at least 1 (got ", u, ")");
-      A2D_REQUIRE(plan.grid.rows >= 1 && plan.grid.cols >= 1 && u * plan.grid.size() == ranks,
-                  "hybrid: --heads-parallel ", u, " times the grid ", plan.grid.describe(),
-                  " makes ", u * plan.grid.size(), " ranks, but the job has ", ranks,
-                  "; choose U x R x C = ", ranks);
-      A2D_REQUIRE(problem.heads % u == 0, "hybrid: --heads-parallel ", u,
-                  " must divide the number of query heads (", problem.heads, ")");
-      A2D_REQUIRE(problem.kv_heads % u == 0 || u % problem.kv_heads == 0,
-                  "hybrid: --heads-parallel ", u, " must divide the number of K/V heads (",
-                  problem.kv_heads, "), or be a multiple of it (K/V heads are then replicated)");
-      A2D_REQUIRE(plan.layout == LayoutKind::cyclic, algo,
-                  " shards the sequence cyclically (token t on rank t mod P); --layout ",
-                  layout_name(plan.layout), " is not supported");
-      break;
-    }
-  }
-  if (plan.algorithm == Algorithm::ulysses) {
-    // Ulysses gives every rank whole K/V heads, each to one rank only.
-    A2D_REQUIRE(problem.kv_heads % ranks == 0, "ulysses shards the heads: the number of ranks (",
-                ranks, ") must divide the number of K/V heads (", problem.kv_heads,
-                "); use a number of ranks that divides ", problem.kv_heads,
-                ", or --algo ring, allgather-kv or attention2d");
-  }
+              entry.traits.name, ")");
+  entry.check(plan, problem, ranks);
 }
 
 namespace {
-
-std::unique_ptr<DistributedAttention> make_algorithm(const Problem& problem, const Plan& plan,
-                                                     Communicator& world, Backend& backend) {
-  switch (plan.algorithm) {
-    case Algorithm::attention2d:
-    case Algorithm::attention2d_overlap:
-      return algorithms::make_attention2d(problem, plan, world, backend);
-    case Algorithm::ring:
-      return algorithms::make_ring(problem, plan, world, backend);
-    case Algorithm::allgather_kv:
-      return algorithms::make_allgather_kv(problem, plan, world, backend);
-    case Algorithm::ulysses:
-      return algorithms::make_ulysses(problem, plan, world, backend);
-    case Algorithm::hybrid:
-      return algorithms::make_hybrid(problem, plan, world, backend);
-  }
-  A2D_FAIL("unknown algorithm ", static_cast<int>(plan.algorithm));
-}
 
 // Attention sinks on top of any algorithm. The algorithms compute O and LSE of the scores alone
 // (the sink is not a key, so no partial result carries it); once every row's final O and LSE are
@@ -258,7 +141,8 @@ namespace algorithms {
 std::unique_ptr<DistributedAttention> make_checked_attention(const Problem& problem,
                                                              const Plan& plan, Communicator& world,
                                                              Backend& backend) {
-  std::unique_ptr<DistributedAttention> attention = make_algorithm(problem, plan, world, backend);
+  std::unique_ptr<DistributedAttention> attention =
+      algorithm_entry(plan.algorithm).make(problem, plan, world, backend);
   if (problem.sinks) return std::make_unique<WithSinks>(std::move(attention), world);
   return attention;
 }

@@ -7,6 +7,7 @@
 #include "algorithms.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
+#include "core/enum_names.hpp"
 
 namespace a2d {
 namespace {
@@ -227,27 +228,20 @@ void LayoutExchange::exchange(Communicator& world, std::span<const TokenMove> to
 // ---- Plans and records ------------------------------------------------------------------------
 
 TokenLayout plan_layout(const Problem& problem, const Plan& plan) {
-  switch (plan.algorithm) {
-    case Algorithm::attention2d:
-    case Algorithm::attention2d_overlap:
-    case Algorithm::hybrid:
-      return TokenLayout(LayoutKind::cyclic, problem.seq, plan.ranks());
-    case Algorithm::ring:
-    case Algorithm::allgather_kv:
-    case Algorithm::ulysses:
-      break;
-  }
+  if (algorithm_traits(plan.algorithm).cyclic_only)
+    return TokenLayout(LayoutKind::cyclic, problem.seq, plan.ranks());
   return TokenLayout(plan.layout, problem.seq, plan.ranks(), plan.stripe);
 }
 
+constexpr EnumName<RelayoutBackward> kRelayoutBackwardNames[] = {
+    {RelayoutBackward::saved, "saved"}, {RelayoutBackward::stateless, "stateless"}};
+
 RelayoutBackward parse_relayout_backward(const std::string& name) {
-  if (name == "saved") return RelayoutBackward::saved;
-  if (name == "stateless") return RelayoutBackward::stateless;
-  A2D_FAIL("unknown relayout backward '", name, "'; choose saved or stateless");
+  return parse_enum(kRelayoutBackwardNames, name, "relayout backward");
 }
 
 std::string relayout_backward_name(RelayoutBackward backward) {
-  return backward == RelayoutBackward::saved ? "saved" : "stateless";
+  return enum_name(kRelayoutBackwardNames, backward);
 }
 
 RelayoutRecords relayout_records(const Problem& p, RelayoutBackward backward) {

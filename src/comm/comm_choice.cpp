@@ -6,26 +6,19 @@
 
 #include "attention2d/backend.hpp"
 #include "attention2d/error.hpp"
+#include "core/enum_names.hpp"
 
 namespace a2d {
 
+constexpr EnumName<CommKind> kCommNames[] = {
+    {CommKind::mpi, "mpi"}, {CommKind::nccl, "nccl"}, {CommKind::gloo, "gloo"}};
+
 CommKind parse_comm_kind(const std::string& name) {
-  if (name == "mpi") return CommKind::mpi;
-  if (name == "nccl") return CommKind::nccl;
-  if (name == "gloo") return CommKind::gloo;
-  A2D_FAIL("unknown communicator '", name, "'; choose mpi, nccl or gloo");
+  return parse_enum(kCommNames, name, "communicator");
 }
 
 std::string comm_kind_name(CommKind kind) {
-  switch (kind) {
-    case CommKind::nccl:
-      return "nccl";
-    case CommKind::gloo:
-      return "gloo";
-    case CommKind::mpi:
-      break;
-  }
-  return "mpi";
+  return enum_name(kCommNames, kind, "mpi");
 }
 
 CommKind default_comm_kind(const Backend& backend) {

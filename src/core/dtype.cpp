@@ -7,26 +7,21 @@
 #include <cstring>
 
 #include "attention2d/error.hpp"
+#include "core/enum_names.hpp"
 
 namespace a2d {
 
+// The names, then the aliases parse_dtype also takes.
+constexpr EnumName<DType> kDTypeNames[] = {{DType::f32, "fp32"},      {DType::bf16, "bf16"},
+                                           {DType::f16, "fp16"},      {DType::f32, "float32"},
+                                           {DType::bf16, "bfloat16"}, {DType::f16, "float16"}};
+
 DType parse_dtype(const std::string& name) {
-  if (name == "fp32" || name == "float32") return DType::f32;
-  if (name == "bf16" || name == "bfloat16") return DType::bf16;
-  if (name == "fp16" || name == "float16") return DType::f16;
-  A2D_FAIL("unknown dtype '", name, "'; choose fp32, bf16 or fp16");
+  return parse_enum(kDTypeNames, name, "dtype");
 }
 
 const char* dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::f32:
-      return "fp32";
-    case DType::bf16:
-      return "bf16";
-    case DType::f16:
-      return "fp16";
-  }
-  return "?";
+  return enum_name(kDTypeNames, dtype);
 }
 
 float f16_to_float(uint16_t bits) {

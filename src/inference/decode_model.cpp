@@ -45,22 +45,12 @@ double kernel_seconds(const Problem& problem, const Machine& machine, const std:
   const double batch = static_cast<double>(problem.batch);
   const double per_entry = 4.0 * static_cast<double>(problem.head_dim);
   if (machine.tile_block > 0) {
-    std::vector<int64_t> block(static_cast<size_t>(machine.tile_block));
-    std::iota(block.begin(), block.end(), int64_t{0});
-    const double square = static_cast<double>(machine.tile_block * machine.tile_block);
-    const double block_s = per_entry * square / machine.kernel_forward_flops;
-    const double block_panels =
-        static_cast<double>((machine.tile_block + kCpuForwardPanel - 1) / kCpuForwardPanel);
-    const double block_keys = static_cast<double>(machine.tile_block);
-    double panel_s = machine.kernel_forward_panel_s, key_s = machine.kernel_forward_key_s;
-    if (block_panels * panel_s + block_keys * key_s >= block_s) panel_s = key_s = 0;
-    const double entry_s = (block_s - block_panels * panel_s - block_keys * key_s) /
-                           forward_tile_entries(Mask::none(), block, block);
+    const ForwardCallCosts call = forward_call_costs(machine, problem.head_dim);
     const double panels = static_cast<double>(
         (static_cast<int64_t>(q.size()) + kCpuForwardPanel - 1) / kCpuForwardPanel);
     return batch * heads *
-           (entry_s * forward_tile_entries(problem.mask, q, k) + panel_s * panels +
-            key_s * static_cast<double>(k.size()));
+           (call.entry_s * forward_tile_entries(problem.mask, q, k) + call.panel_s * panels +
+            call.key_s * static_cast<double>(k.size()));
   }
   const double rate = problem.mask.is_causal() && machine.kernel_forward_causal_flops > 0
                           ? machine.kernel_forward_causal_flops

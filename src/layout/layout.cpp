@@ -6,29 +6,21 @@
 #include <numeric>
 
 #include "attention2d/error.hpp"
+#include "core/enum_names.hpp"
 
 namespace a2d {
 
+constexpr EnumName<LayoutKind> kLayoutNames[] = {{LayoutKind::cyclic, "cyclic"},
+                                                 {LayoutKind::striped, "striped"},
+                                                 {LayoutKind::contiguous, "contiguous"},
+                                                 {LayoutKind::zigzag, "zigzag"}};
+
 LayoutKind parse_layout(const std::string& name) {
-  if (name == "cyclic") return LayoutKind::cyclic;
-  if (name == "striped") return LayoutKind::striped;
-  if (name == "contiguous") return LayoutKind::contiguous;
-  if (name == "zigzag") return LayoutKind::zigzag;
-  A2D_FAIL("unknown layout '", name, "'; choose cyclic, striped, contiguous or zigzag");
+  return parse_enum(kLayoutNames, name, "layout");
 }
 
 std::string layout_name(LayoutKind kind) {
-  switch (kind) {
-    case LayoutKind::cyclic:
-      return "cyclic";
-    case LayoutKind::striped:
-      return "striped";
-    case LayoutKind::contiguous:
-      return "contiguous";
-    case LayoutKind::zigzag:
-      return "zigzag";
-  }
-  return "?";
+  return enum_name(kLayoutNames, kind);
 }
 
 TokenLayout::TokenLayout(LayoutKind kind, int64_t tokens, int64_t parts, int64_t stripe)

@@ -16,7 +16,8 @@
 #include "attention2d/grid.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/layout.hpp"
-#include "hybrid_model.hpp"
+#include "model/model_internal.hpp"
+#include "table/table.hpp"
 
 namespace a2d {
 
@@ -346,40 +347,20 @@ Machine with_kernel_rates(const Machine& links, const Machine& kernel) {
 
 namespace {
 
-enum class Group { pair, row, column, world };
+using model::Group;
 
 // Which communicator a phase uses, from its name (the algorithms' phase names).
 Group group_of(const Plan& plan, const std::string& phase) {
-  const std::string step = phase.substr(phase.find('.') + 1);
-  if (plan.algorithm != Algorithm::attention2d &&
-      plan.algorithm != Algorithm::attention2d_overlap) {
-    return Group::world;
-  }
-  if (step == "kv_transpose" || step == "dkv_transpose") return Group::pair;
-  if (step == "kv_allgather" || step == "kv_ring" || step == "dkv_reduce_scatter" ||
-      step == "dkv_ring") {
-    return Group::column;
-  }
-  return Group::row;
+  const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  return entry.phase_group ? entry.phase_group(phase.substr(phase.find('.') + 1)) : Group::world;
 }
 
 // Whether the phase is a blocking operation (a collective, or an exchange the rank waits for
 // with nothing to compute meanwhile), which costs the machine's synchronisation once; the ring
 // phases of Ring Attention and ATTENTION2D-O move while the ranks compute.
 bool blocking_phase(const Plan& plan, const std::string& phase) {
-  const std::string step = phase.substr(phase.find('.') + 1);
-  switch (plan.algorithm) {
-    case Algorithm::ring:
-      return false;
-    case Algorithm::attention2d_overlap:
-      return step == "kv_transpose" || step == "dkv_transpose";
-    case Algorithm::attention2d:
-    case Algorithm::allgather_kv:
-    case Algorithm::ulysses:
-    case Algorithm::hybrid:
-      return true;
-  }
-  return true;
+  const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  return entry.blocking ? entry.blocking(phase.substr(phase.find('.') + 1)) : true;
 }
 
 // The rate at which a phase reduces what it receives (0: it reduces nothing, or the machine does
@@ -510,67 +491,29 @@ std::vector<int> sample_ranks(const Plan& plan) {
 // wire_records). Index arrays (positions, permutations: 8 bytes per gathered row) are left out.
 
 double memory_bytes(const Problem& p, const Plan& plan) {
-  const double b = static_cast<double>(p.batch), h = static_cast<double>(p.heads);
-  const double hkv = static_cast<double>(p.kv_heads), d = static_cast<double>(p.head_dim);
-  const double e = static_cast<double>(dtype_bytes(p.dtype)), f = 4;
-  const bool narrow = p.dtype != DType::f32;  // fp32 sums go through a rounded copy
-  const int ranks = plan.grid.size();
-  const TokenLayout layout(
-      plan.algorithm == Algorithm::attention2d || plan.algorithm == Algorithm::attention2d_overlap
-          ? LayoutKind::cyclic
-          : plan.layout,
-      p.seq, ranks, plan.stripe);
-  const double n = static_cast<double>(layout.max_count());
-  const double big_n = static_cast<double>(p.seq);
+  const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  A2D_REQUIRE(entry.memory, "no memory model for ", algorithm_name(plan.algorithm));
+  model::MemoryTerms terms;
+  terms.b = static_cast<double>(p.batch);
+  terms.h = static_cast<double>(p.heads);
+  terms.hkv = static_cast<double>(p.kv_heads);
+  terms.d = static_cast<double>(p.head_dim);
+  terms.e = static_cast<double>(dtype_bytes(p.dtype));
+  terms.f = 4;
+  terms.narrow = p.dtype != DType::f32;  // fp32 sums go through a rounded copy
+  terms.ranks = plan.grid.size();
+  const TokenLayout layout(entry.traits.cyclic_only ? LayoutKind::cyclic : plan.layout, p.seq,
+                           terms.ranks, plan.stripe);
+  terms.n = static_cast<double>(layout.max_count());
+  terms.big_n = static_cast<double>(p.seq);
+  terms.kv_row = terms.b * terms.hkv * 2 * terms.d;  // elements of one [k v] record row
+  terms.q_row = terms.b * terms.h * terms.d;         // elements of one query row over the heads
   // Shards the caller keeps: Q, O, dO, dQ; K, V, dK, dV (dtype); LSE (fp32).
-  const double shards = b * n * (e * (4 * h * d + 4 * hkv * d) + f * h);
-  const double kv_row = b * hkv * 2 * d;  // elements of one [k v] record row
-  const double q_row = b * h * d;         // elements of one query row over the heads
-  double forward = 0, backward = 0;
-  switch (plan.algorithm) {
-    case Algorithm::attention2d:
-    case Algorithm::attention2d_overlap: {
-      const double q_rows = std::ceil(big_n / plan.grid.rows),
-                   kv_rows = std::ceil(big_n / plan.grid.cols);
-      const double q_back = b * h * (2 * f + 2 * d * e);  // bytes of one Q-side backward row
-      const double dkv_return = (narrow ? 2 : 1) * e * n * kv_row;  // rounded part, own part
-      if (plan.algorithm == Algorithm::attention2d) {
-        forward = e * (n * kv_row + kv_rows * kv_row + q_rows * q_row) +
-                  f * (q_rows * b * h * (d + 2) + n * b * h * (d + 2));
-        backward = q_rows * q_back + e * (n * kv_row + kv_rows * kv_row) +
-                   f * (q_rows * q_row + kv_rows * kv_row + n * q_row + n * kv_row) + dkv_return;
-      } else {
-        forward = e * (n * kv_row + kv_rows * kv_row + 3 * n * q_row) + f * 4 * n * b * h * (d + 2);
-        backward = e * (n * kv_row + kv_rows * kv_row) + 3 * n * q_back +
-                   f * (4 * n * q_row + kv_rows * kv_row + n * kv_row) + dkv_return;
-      }
-      break;
-    }
-    case Algorithm::ring:
-      forward = e * 2 * n * kv_row + f * n * b * h * (d + 2);
-      backward = e * 2 * n * kv_row + f * (n * b * h + 4 * n * kv_row + (narrow ? n * q_row : 0));
-      break;
-    case Algorithm::allgather_kv:
-      forward = e * big_n * kv_row;
-      backward = e * big_n * kv_row + f * (big_n * kv_row + n * kv_row + (narrow ? n * q_row : 0));
-      break;
-    case Algorithm::hybrid:
-      A2D_FAIL("the hybrid's memory is predict_hybrid's");
-    case Algorithm::ulysses: {
-      const double hq = h / ranks, hk = hkv / ranks;
-      const WireRecords wire = wire_records(p, ranks);
-      forward = e * n * b * (h + 2 * hkv) * d + big_n * b * static_cast<double>(wire.ulysses_in) +
-                big_n * b * static_cast<double>(wire.ulysses_out) +
-                n * b * ranks * static_cast<double>(wire.ulysses_out);
-      backward = f * n * b * h + n * b * ranks * static_cast<double>(wire.ulysses_backward_in) +
-                 big_n * b * static_cast<double>(wire.ulysses_backward_in) +
-                 f * big_n * b * (hq + 2 * hk) * d +
-                 (narrow ? big_n * b * static_cast<double>(wire.ulysses_backward_out) : 0) +
-                 n * b * ranks * static_cast<double>(wire.ulysses_backward_out);
-      break;
-    }
-  }
-  return shards + std::max(forward, backward);
+  const double shards =
+      terms.b * terms.n *
+      (terms.e * (4 * terms.h * terms.d + 4 * terms.hkv * terms.d) + terms.f * terms.h);
+  const model::Transient transient = entry.memory(p, plan, terms);
+  return shards + std::max(transient.forward, transient.backward);
 }
 
 struct Step {
@@ -584,44 +527,12 @@ struct Step {
 }  // namespace
 
 double permuted_bytes(const Problem& p, const Plan& plan, bool forward) {
-  if (plan.algorithm == Algorithm::hybrid) {
-    return permuted_bytes(hybrid_group_problem(p, plan), hybrid_group_plan(plan), forward);
+  const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  if (entry.group_plan) {
+    return permuted_bytes(entry.group_problem(p, plan), entry.group_plan(plan), forward);
   }
   if (!(p.mask.is_causal() || p.mask.has_documents()) || plan.grid.size() == 1) return 0;
-  const double b = static_cast<double>(p.batch), h = static_cast<double>(p.heads);
-  const double hkv = static_cast<double>(p.kv_heads);
-  const double big_n = static_cast<double>(p.seq);
-  const WireRecords wire = wire_records(p);
-  const double kv_row = b * hkv * static_cast<double>(wire.kv);    // one [k v] record row
-  const double dkv_row = b * hkv * static_cast<double>(wire.dkv);  // one fp32 [dk dv] row
-  // A gather over more than one rank interleaves positions (cyclic shards, zigzag chunks).
-  const bool q_sorted = plan.grid.cols > 1, kv_sorted = plan.grid.rows > 1;
-  const double q_rows = std::ceil(big_n / plan.grid.rows),
-               kv_rows = std::ceil(big_n / plan.grid.cols);
-  switch (plan.algorithm) {
-    case Algorithm::attention2d:
-      // Forward: Q and K/V sorted, the partial results (acc, max, sum) put back. Backward: the
-      // Q-side records (q, dO, LSE, delta) and K/V sorted, dQ and dK/dV put back.
-      if (forward) {
-        return (q_sorted ? q_rows * b * h * static_cast<double>(wire.q + wire.partial) : 0) +
-               (kv_sorted ? kv_rows * kv_row : 0);
-      }
-      return (q_sorted ? q_rows * b * h * static_cast<double>(wire.q_backward + wire.dq) : 0) +
-             (kv_sorted ? kv_rows * (kv_row + dkv_row) : 0);
-    case Algorithm::attention2d_overlap:
-      // The gathered K/V is sorted before phase B (none with one column); the backward sorts
-      // dK/dV with it and puts both back before phase B's last step.
-      if (!kv_sorted || plan.grid.cols == 1) return 0;
-      return forward ? kv_rows * kv_row : 2 * kv_rows * (kv_row + dkv_row);
-    case Algorithm::allgather_kv:
-      // Gathered K/V sorted; in the backward also dK/dV put back.
-      return forward ? big_n * kv_row : big_n * (kv_row + dkv_row);
-    case Algorithm::ring:
-    case Algorithm::ulysses:
-    case Algorithm::hybrid:
-      return 0;
-  }
-  return 0;
+  return entry.permuted_bytes ? entry.permuted_bytes(p, plan, forward) : 0;
 }
 
 // ---- Prediction ------------------------------------------------------------------------------
@@ -686,25 +597,6 @@ Prediction predict_algorithm(const Problem& problem, const Plan& plan, const Mac
     seconds[name] = cost.seconds;
     out.phases.push_back(cost);
   }
-  // A phase's seconds (t) and the part of them its reductions take (reduced); 0 for a phase
-  // the plan does not have.
-  const auto lookup = [](const std::map<std::string, double>& of, const std::string& name) {
-    const auto it = of.find(name);
-    return it == of.end() ? 0.0 : it->second;
-  };
-  const auto t = [&](const std::string& name) { return lookup(seconds, name); };
-  const auto reduced = [&](const std::string& name) { return lookup(reducing, name); };
-  const auto messages = [&](const std::string& name) {
-    const auto it = phases.find(name);
-    return it == phases.end() ? int64_t{0} : it->second.messages;
-  };
-  // Per message of a ring phase: its transfer time divided over its messages (the formulas below
-  // charge a ring's reductions once, as they happen: one per received block).
-  const auto per_step = [&](const std::string& name) {
-    const int64_t m = messages(name);
-    return m > 0 ? (t(name) - reduced(name)) / static_cast<double>(m) : 0.0;
-  };
-
   out.forward_flops = busiest_forward_flops(problem, plan);
   out.backward_flops = 2.5 * out.forward_flops;
   const bool causal = problem.mask.is_causal();
@@ -728,16 +620,9 @@ Prediction predict_algorithm(const Problem& problem, const Plan& plan, const Mac
       const double square = static_cast<double>(machine.tile_block * machine.tile_block);
       const double per_entry = 4.0 * static_cast<double>(problem.head_dim);
       const double batch = static_cast<double>(problem.batch);
-      const double block_s = per_entry * square / machine.kernel_forward_flops;  // one head
-      const double block_panels =
-          static_cast<double>((machine.tile_block + kCpuForwardPanel - 1) / kCpuForwardPanel);
-      const double block_keys = static_cast<double>(machine.tile_block);
-      double panel_s = machine.kernel_forward_panel_s, key_s = machine.kernel_forward_key_s;
-      if (block_panels * panel_s + block_keys * key_s >= block_s) panel_s = key_s = 0;
-      const double entry_s = (block_s - block_panels * panel_s - block_keys * key_s) /
-                             forward_tile_entries(Mask::none(), block, block);
-      cf = batch * (entry_s * entries.forward + panel_s * entries.forward_panels +
-                    key_s * entries.forward_keys);
+      const ForwardCallCosts call = forward_call_costs(machine, problem.head_dim);
+      cf = batch * (call.entry_s * entries.forward + call.panel_s * entries.forward_panels +
+                    call.key_s * entries.forward_keys);
       cb = 2.5 * batch * per_entry * entries.backward /
            (machine.kernel_backward_flops * backward_tile_entries(Mask::none(), block, block) /
             square);
@@ -751,92 +636,19 @@ Prediction predict_algorithm(const Problem& problem, const Plan& plan, const Mac
   out.backward_compute_s = cb;
   // Overlap hides the shorter of computation and communication, unless the ranks share cores
   // that are all busy (then the CPU does both, one after the other).
-  const bool can_overlap = machine.shared_cores == 0 || ranks < machine.shared_cores;
-  const auto overlapped = [&](double compute, double comm) {
-    if (can_overlap) return std::max(compute, comm);
-    return compute + comm + (comm > 0 ? machine.step_sync_s : 0.0);
-  };
-
-  const int rows = plan.grid.rows, cols = plan.grid.cols;
-  switch (plan.algorithm) {
-    case Algorithm::attention2d:
-      out.forward_s = t("forward.kv_transpose") + t("forward.kv_allgather") +
-                      t("forward.q_allgather") + cf + t("forward.merge_reduce_scatter");
-      out.backward_s = t("backward.kv_transpose") + t("backward.q_allgather") +
-                       t("backward.kv_allgather") + cb + t("backward.dq_reduce_scatter") +
-                       t("backward.dkv_reduce_scatter") + t("backward.dkv_transpose");
-      break;
-    case Algorithm::attention2d_overlap: {
-      // Phase A: R steps of (own queries x one K/V part) hiding the next part's transfer.
-      // Phase B: C - 1 steps of (one visiting Q part x all gathered K/V) hiding the Q and
-      // partial transfers; the last partial arrives after the last step.
-      double forward = 0;
-      for (int s = 0; s < rows; ++s)
-        forward += overlapped(cf / (rows * cols), s + 1 < rows ? per_step("forward.kv_ring") : 0.0);
-      for (int s = 1; s < cols; ++s) {
-        forward +=
-            overlapped(cf / cols, per_step("forward.q_ring") + per_step("forward.partial_ring"));
-      }
-      if (cols > 1) forward += per_step("forward.partial_ring");
-      out.forward_s = t("forward.kv_transpose") + forward + reduced("forward.partial_ring");
-      // The backward's dK/dV column sum is a ring of R - 1 steps beside the last pass over the
-      // K/V parts: with C = 1, phase A (step s sends the part computed at step s, so the last
-      // send is exposed); with C > 1, the last step of phase B, which attends its Q part to the
-      // K/V parts one at a time (R calls, each but the first hiding a step of the sum).
-      const double dkv = per_step("backward.dkv_ring");
-      const double q = per_step("backward.q_ring"), dq = per_step("backward.dq_ring");
-      double backward = 0;
-      for (int s = 0; s < rows; ++s) {
-        backward +=
-            overlapped(cb / (rows * cols), (s + 1 < rows ? per_step("backward.kv_ring") : 0.0) +
-                                               (cols == 1 && s >= 2 ? dkv : 0.0));
-      }
-      if (cols == 1 && rows > 1) backward += dkv;
-      for (int s = 1; s + 1 < cols; ++s)
-        backward += overlapped(cb / cols, q + dq);
-      if (cols > 1) {
-        // The last step: R calls of c = C_b/(CR). Its Q and dQ transfers are in flight during
-        // all of them; step k of the sum starts when call k is done and step k - 1 has arrived,
-        // so the sum ends at c + (R - 1)·step(dkv_ring) when its steps outlast the calls.
-        const double call = cb / (cols * rows);
-        if (can_overlap) {
-          backward += std::max({cb / cols, q + dq, call + (rows - 1) * dkv});
-        } else {
-          backward += overlapped(call, q + dq);
-          for (int k = 2; k <= rows; ++k)
-            backward += overlapped(call, dkv);
-        }
-        backward += dq;
-      }
-      out.backward_s = t("backward.kv_transpose") + backward + reduced("backward.dq_ring") +
-                       reduced("backward.dkv_ring") + t("backward.dkv_transpose");
-      break;
-    }
-    case Algorithm::ring: {
-      double forward = 0, backward = 0;
-      for (int s = 0; s < ranks; ++s) {
-        const bool shift = s + 1 < ranks;
-        forward += overlapped(cf / ranks, shift ? per_step("forward.kv_ring") : 0.0);
-        backward += overlapped(cb / ranks, (shift ? per_step("backward.kv_ring") : 0.0) +
-                                               (s >= 1 ? per_step("backward.dkv_ring") : 0.0));
-      }
-      out.forward_s = forward;
-      out.backward_s = backward + (ranks > 1 ? per_step("backward.dkv_ring") : 0.0) +
-                       reduced("backward.dkv_ring");
-      break;
-    }
-    case Algorithm::allgather_kv:
-      out.forward_s = t("forward.kv_allgather") + cf;
-      out.backward_s = t("backward.kv_allgather") + cb + t("backward.dkv_reduce_scatter");
-      break;
-    case Algorithm::ulysses:
-      out.forward_s = t("forward.to_heads_all_to_all") + cf + t("forward.to_sequence_all_to_all");
-      out.backward_s =
-          t("backward.to_heads_all_to_all") + cb + t("backward.to_sequence_all_to_all");
-      break;
-    case Algorithm::hybrid:
-      A2D_FAIL("hybrid plans are predicted by predict_hybrid");
-  }
+  model::PhaseTimes times{seconds, reducing, phases};
+  times.forward_compute = cf;
+  times.backward_compute = cb;
+  times.can_overlap = machine.shared_cores == 0 || ranks < machine.shared_cores;
+  times.step_sync_s = machine.step_sync_s;
+  times.rows = plan.grid.rows;
+  times.cols = plan.grid.cols;
+  times.ranks = ranks;
+  const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  A2D_REQUIRE(entry.critical_path, "no critical path for ", algorithm_name(plan.algorithm));
+  const model::CriticalPath path = entry.critical_path(times);
+  out.forward_s = path.forward_s;
+  out.backward_s = path.backward_s;
   out.memory_bytes = static_cast<int64_t>(memory_bytes(problem, plan));
   return out;
 }
@@ -978,9 +790,9 @@ void add_relayout(Prediction& out, const Problem& problem, const Plan& plan, con
 Prediction predict_with(const Problem& problem, const Plan& plan, const Machine& machine,
                         int ranks_per_node, const UserShards* shards,
                         const RelayoutCounts* counts) {
-  Prediction out = plan.algorithm == Algorithm::hybrid
-                       ? model::predict_hybrid(problem, plan, machine, ranks_per_node)
-                       : predict_algorithm(problem, plan, machine, ranks_per_node);
+  const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  Prediction out = entry.predict ? entry.predict(problem, plan, machine, ranks_per_node)
+                                 : predict_algorithm(problem, plan, machine, ranks_per_node);
   if (shards) add_relayout(out, problem, plan, machine, ranks_per_node, *shards, *counts);
   return out;
 }
@@ -999,33 +811,18 @@ PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machin
                         int ranks_per_node, bool include_backward, bool choose_placement,
                         const UserShards* shards) {
   PlanSearch search;
+  // Every algorithm's plans: ATTENTION2D's on every grid of P, with and without the K/V
+  // transpose; the baselines' in their default layout and the caller's; the hybrid at every
+  // U > 1 dividing P and every grid of P / U (U = 1 is ATTENTION2D). Those the problem does not
+  // allow are skipped with check_plan's reason.
   std::vector<Plan> candidates;
-  for (const Algorithm algorithm : {Algorithm::attention2d, Algorithm::attention2d_overlap}) {
-    for (const GridShape& shape : grid_shapes(ranks)) {
-      for (const bool transpose : {true, false}) {
-        Plan plan = default_plan(algorithm, problem, ranks);
-        plan.grid = shape;
-        plan.kv_transpose = transpose;
-        candidates.push_back(plan);
-      }
-    }
+  PlanChoices choices;
+  choices.both_kv_transposes = true;
+  choices.shards = shards;
+  for (const Algorithm algorithm : all_algorithms()) {
+    for (Plan& plan : algorithm_plans(algorithm, problem, ranks, choices))
+      candidates.push_back(std::move(plan));
   }
-  for (const Algorithm algorithm : {Algorithm::ring, Algorithm::allgather_kv, Algorithm::ulysses}) {
-    candidates.push_back(default_plan(algorithm, problem, ranks));
-    // In the caller's layout too, where it is one a plan can have (an uneven cut is not).
-    if (shards && !shards->layout.uneven()) {
-      Plan plan = default_plan(algorithm, problem, ranks);
-      if (plan.layout != shards->layout.kind() || plan.stripe != shards->layout.stripe()) {
-        plan.layout = shards->layout.kind();
-        plan.stripe = shards->layout.stripe();
-        candidates.push_back(plan);
-      }
-    }
-  }
-  // The hybrid at every U > 1 dividing P and every grid of P / U (U = 1 is ATTENTION2D above);
-  // those the heads do not allow are skipped with check_plan's reason.
-  for (const Plan& plan : hybrid_plans(problem, ranks))
-    candidates.push_back(plan);
   // Both placements of the ranks on nodes, where there is a choice (several nodes of several
   // ranks) and the caller lets the search choose.
   std::vector<bool> placements = {machine.cyclic_placement};

@@ -11,12 +11,15 @@
 #include "attention2d/error.hpp"
 #include "attention2d/grid.hpp"
 #include "attention2d/layout.hpp"
+#include "model/model_internal.hpp"
+#include "table/table.hpp"
 
 namespace a2d {
+using model::flops;
+using model::total_pairs;
+using model::Wide;
 namespace {
-
-// 128-bit sums: pair counts reach N^2 ~ 2^80 before the division by P.
-__extension__ typedef __int128 Wide;
+using model::ceil_div;
 
 // sum_{i=0}^{n-1} floor((a i + b) / m) for n >= 0, m >= 1, a >= 0, b >= 0 (the classic
 // Euclid-like recursion; O(log) steps).
@@ -38,10 +41,6 @@ Wide floor_sum(Wide n, Wide m, Wide a, Wide b) {
     std::swap(m, a);
   }
   return total;
-}
-
-Wide ceil_div(Wide a, Wide b) {
-  return a <= 0 ? 0 : (a + b - 1) / b;
 }
 
 // Keys t = key_class (mod modulus) with 0 <= t <= x, for x >= -1.
@@ -96,10 +95,10 @@ Wide documents_vs_class(const Mask& mask, Wide first, Wide step, Wide count, Wid
   return total;
 }
 
-// Queries q = first + i * step (i < count), keys t = key_class (mod modulus), 0 <= t < n_tokens:
-// the visible (q, k) pairs.
-Wide progression_vs_class(const Mask& mask, Wide n_tokens, Wide first, Wide step, Wide count,
-                          Wide key_class, Wide modulus) {
+}  // namespace
+
+Wide model::progression_vs_class(const Mask& mask, Wide n_tokens, Wide first, Wide step, Wide count,
+                                 Wide key_class, Wide modulus) {
   if (count <= 0 || key_class >= n_tokens) return 0;
   if (mask.has_documents()) return documents_vs_class(mask, first, step, count, key_class, modulus);
   if (mask.kind == MaskKind::none) return count * ceil_div(n_tokens - key_class, modulus);
@@ -117,8 +116,7 @@ Wide progression_vs_class(const Mask& mask, Wide n_tokens, Wide first, Wide step
   return visible;
 }
 
-// Queries q = first + i * step (i < count) against all keys 0 .. n_tokens - 1.
-Wide progression_vs_all(const Mask& mask, Wide n_tokens, Wide first, Wide step, Wide count) {
+Wide model::progression_vs_all(const Mask& mask, Wide n_tokens, Wide first, Wide step, Wide count) {
   if (count <= 0) return 0;
   if (mask.has_documents()) return documents_vs_class(mask, first, step, count, 0, 1);
   const auto linear = [&](Wide k) { return k * (first + 1) + step * k * (k - 1) / 2; };  // sum q+1
@@ -137,12 +135,7 @@ Wide progression_vs_all(const Mask& mask, Wide n_tokens, Wide first, Wide step, 
   return 0;
 }
 
-// A layout part as arithmetic progressions of positions (first, step, count).
-struct Progression {
-  Wide first, step, count;
-};
-
-std::vector<Progression> part_progressions(const TokenLayout& layout, int64_t part) {
+std::vector<model::Progression> model::part_progressions(const TokenLayout& layout, int64_t part) {
   std::vector<Progression> runs;
   const int64_t n = layout.count(part);
   if (n == 0) return runs;
@@ -175,58 +168,36 @@ std::vector<Progression> part_progressions(const TokenLayout& layout, int64_t pa
   return runs;
 }
 
-double flops(const Problem& p, Wide pairs_all_heads) {
+double model::flops(const Problem& p, Wide pairs_all_heads) {
   return 4.0 * static_cast<double>(pairs_all_heads) * static_cast<double>(p.head_dim * p.batch);
 }
 
-Wide total_pairs(const Problem& p) {
+Wide model::total_pairs(const Problem& p) {
   return progression_vs_all(p.mask, p.seq, 0, 1, p.seq);
 }
 
-}  // namespace
+double model::sequence_rank_flops(const Problem& p, const Plan& plan, int rank) {
+  const TokenLayout layout(plan.layout, p.seq, plan.grid.size(), plan.stripe);
+  Wide pairs = 0;
+  for (const Progression& run : part_progressions(layout, rank)) {
+    pairs += progression_vs_all(p.mask, p.seq, run.first, run.step, run.count);
+  }
+  return flops(p, pairs * p.heads);
+}
 
 double rank_forward_flops(const Problem& p, const Plan& plan, int rank) {
-  switch (plan.algorithm) {
-    case Algorithm::hybrid:
-      return rank_forward_flops(hybrid_group_problem(p, plan), hybrid_group_plan(plan),
-                                hybrid_rank(plan, rank).sequence_group);
-    case Algorithm::attention2d:
-    case Algorithm::attention2d_overlap: {
-      const GridCoords at{plan.grid, rank};
-      const Wide rows = plan.grid.rows, cols = plan.grid.cols, ranks = plan.grid.size();
-      const Wide r = at.row(), c = at.col();
-      const Wide queries = ceil_div(p.seq - r, rows);  // t = r (mod R)
-      Wide pairs = 0;
-      if (plan.kv_transpose) {
-        pairs =
-            progression_vs_class(p.mask, p.seq, r, rows, queries, c, cols);  // keys t = c (mod C)
-      } else {
-        for (Wide k = 0; k < rows; ++k) {  // keys t mod P in [c R, c R + R)
-          pairs += progression_vs_class(p.mask, p.seq, r, rows, queries, c * rows + k, ranks);
-        }
-      }
-      return flops(p, pairs * p.heads);
-    }
-    case Algorithm::ring:
-    case Algorithm::allgather_kv: {
-      const TokenLayout layout(plan.layout, p.seq, plan.grid.size(), plan.stripe);
-      Wide pairs = 0;
-      for (const Progression& run : part_progressions(layout, rank)) {
-        pairs += progression_vs_all(p.mask, p.seq, run.first, run.step, run.count);
-      }
-      return flops(p, pairs * p.heads);
-    }
-    case Algorithm::ulysses: {
-      const UlyssesHeads group = ulysses_heads(p, plan.grid.size(), rank);
-      return flops(p, total_pairs(p) * group.heads);
-    }
+  const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  if (entry.group_plan) {
+    return rank_forward_flops(entry.group_problem(p, plan), entry.group_plan(plan),
+                              entry.group_rank(plan, rank));
   }
-  return 0;
+  return entry.rank_flops(p, plan, rank);
 }
 
 double busiest_forward_flops(const Problem& p, const Plan& plan) {
-  if (plan.algorithm == Algorithm::hybrid) {
-    return busiest_forward_flops(hybrid_group_problem(p, plan), hybrid_group_plan(plan));
+  const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  if (entry.group_plan) {
+    return busiest_forward_flops(entry.group_problem(p, plan), entry.group_plan(plan));
   }
   const int ranks = plan.grid.size();
   std::vector<int> sample;
@@ -234,22 +205,8 @@ double busiest_forward_flops(const Problem& p, const Plan& plan) {
     // Documents place work anywhere: every rank is evaluated (each in O(documents) steps).
     for (int rank = 0; rank < ranks; ++rank)
       sample.push_back(rank);
-  } else if (plan.algorithm == Algorithm::attention2d ||
-             plan.algorithm == Algorithm::attention2d_overlap) {
-    // The first, middle and last of every row and column index: the causal work of a rank grows
-    // with its row and shrinks with its column, so the extremes lie on these lines.
-    const int rows = plan.grid.rows, cols = plan.grid.cols;
-    const int pick_rows[] = {0, rows / 2, rows - 1};
-    const int pick_cols[] = {0, cols / 2, cols - 1};
-    for (const int r : pick_rows)
-      for (int c = 0; c < cols; c += std::max(1, cols / 64))
-        sample.push_back(GridCoords::rank_of(plan.grid, r, c));
-    for (const int c : pick_cols)
-      for (int r = 0; r < rows; r += std::max(1, rows / 64))
-        sample.push_back(GridCoords::rank_of(plan.grid, r, c));
-    for (const int r : pick_rows)
-      for (const int c : pick_cols)
-        sample.push_back(GridCoords::rank_of(plan.grid, r, c));
+  } else if (entry.flops_sample) {
+    sample = entry.flops_sample(plan);
   } else {
     for (int rank = 0; rank < ranks; rank += std::max(1, ranks / 128))
       sample.push_back(rank);
@@ -257,16 +214,8 @@ double busiest_forward_flops(const Problem& p, const Plan& plan) {
   }
   double busiest = 0;
   for (const int rank : sample)
-    busiest = std::max(busiest, rank_forward_flops(p, plan, rank));
-  if (plan.algorithm == Algorithm::ring && plan.layout == LayoutKind::contiguous &&
-      p.mask.kind == MaskKind::causal && !p.mask.has_documents() && ranks > 1) {
-    // Step-synchronous critical path of the contiguous ring: at step 0 the busiest rank does its
-    // diagonal block, at every later step some rank has a full block of an earlier chunk.
-    const TokenLayout layout(plan.layout, p.seq, ranks, plan.stripe);
-    const Wide n = layout.max_count();
-    const Wide critical = n * (n + 1) / 2 + static_cast<Wide>(ranks - 1) * n * n;
-    busiest = std::max(busiest, flops(p, critical * p.heads));
-  }
+    busiest = std::max(busiest, entry.rank_flops(p, plan, rank));
+  if (entry.critical_flops) busiest = std::max(busiest, entry.critical_flops(p, plan));
   return busiest;
 }
 

@@ -19,8 +19,22 @@
 #include "attention2d/error.hpp"
 #include "attention2d/grid.hpp"
 #include "attention2d/kernel.hpp"
+#include "model/model_internal.hpp"
+#include "table/table.hpp"
 
 namespace a2d {
+using model::Calls;
+
+std::vector<int64_t> model::sorted(std::vector<int64_t> positions) {
+  std::sort(positions.begin(), positions.end());
+  return positions;
+}
+
+std::vector<int64_t> model::slice(const std::vector<int64_t>& positions, int64_t begin,
+                                  int64_t count) {
+  return {positions.begin() + begin, positions.begin() + begin + count};
+}
+
 namespace {
 
 struct Span {
@@ -38,94 +52,6 @@ std::vector<Span> tile_spans(const std::vector<int64_t>& positions, int64_t tile
     spans.push_back({*lo, *hi});
   }
   return spans;
-}
-
-std::vector<int64_t> sorted(std::vector<int64_t> positions) {
-  std::sort(positions.begin(), positions.end());
-  return positions;
-}
-
-std::vector<int64_t> slice(const std::vector<int64_t>& positions, int64_t begin, int64_t count) {
-  return {positions.begin() + begin, positions.begin() + begin + count};
-}
-
-// The kernel calls of `rank` in one direction (query positions, key positions, in the order the
-// algorithm passes them), per batch and query head; `heads` = the query heads the rank attends.
-// Forward and backward make the same calls but in ATTENTION2D-O's backward, whose last phase-B
-// step attends its Q part to the K/V parts one at a time.
-struct Calls {
-  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> calls;
-  int64_t heads = 0;
-};
-
-Calls kernel_calls(const Problem& problem, const Plan& plan, const SequenceParts& parts, int rank,
-                   bool backward) {
-  Calls out;
-  out.heads = problem.heads;
-  // Under a causal or document mask the algorithms sort gathered rows by position (records.hpp).
-  const bool causal = problem.mask.is_causal() || problem.mask.has_documents();
-  switch (plan.algorithm) {
-    case Algorithm::attention2d:
-    case Algorithm::attention2d_overlap: {
-      const Attention2DRank at = attention2d_rank(problem, plan, rank);
-      // Under a causal mask ATTENTION2D sorts the gathered rows by position.
-      const std::vector<int64_t> kv = causal ? sorted(at.kv_positions) : at.kv_positions;
-      if (plan.algorithm == Algorithm::attention2d) {
-        out.calls.push_back({causal ? sorted(at.q_positions) : at.q_positions, kv});
-        break;
-      }
-      // Phase A: own queries against each K/V part; phase B: every other Q part against all K/V.
-      std::vector<int64_t> q_offsets(at.row_counts.size() + 1, 0),
-          kv_offsets(at.col_counts.size() + 1, 0);
-      std::partial_sum(at.row_counts.begin(), at.row_counts.end(), q_offsets.begin() + 1);
-      std::partial_sum(at.col_counts.begin(), at.col_counts.end(), kv_offsets.begin() + 1);
-      const std::vector<int64_t> own =
-          slice(at.q_positions, q_offsets[static_cast<size_t>(at.col)], at.own_tokens);
-      for (size_t part = 0; part < at.col_counts.size(); ++part)
-        out.calls.push_back({own, slice(at.kv_positions, kv_offsets[part], at.col_counts[part])});
-      const int rows = plan.grid.rows, cols = plan.grid.cols;
-      const size_t last = static_cast<size_t>((at.col + 1) % cols);  // phase B's last Q part
-      for (size_t part = 0; part < at.row_counts.size(); ++part) {
-        if (static_cast<int>(part) == at.col) continue;
-        const std::vector<int64_t> q = slice(at.q_positions, q_offsets[part], at.row_counts[part]);
-        if (backward && part == last && rows > 1) {
-          for (size_t kv_part = 0; kv_part < at.col_counts.size(); ++kv_part)
-            out.calls.push_back(
-                {q, slice(at.kv_positions, kv_offsets[kv_part], at.col_counts[kv_part])});
-        } else {
-          out.calls.push_back({q, kv});
-        }
-      }
-      break;
-    }
-    case Algorithm::ring: {
-      const std::vector<int64_t> own =
-          slice(parts.positions, parts.offsets[static_cast<size_t>(rank)],
-                parts.counts[static_cast<size_t>(rank)]);
-      for (int part = 0; part < parts.parts(); ++part)
-        out.calls.push_back({own, slice(parts.positions, parts.offsets[static_cast<size_t>(part)],
-                                        parts.counts[static_cast<size_t>(part)])});
-      break;
-    }
-    case Algorithm::allgather_kv: {
-      const std::vector<int64_t> own =
-          slice(parts.positions, parts.offsets[static_cast<size_t>(rank)],
-                parts.counts[static_cast<size_t>(rank)]);
-      // Under a causal mask the gathered keys are sorted by position.
-      out.calls.push_back({own, causal ? sorted(parts.positions) : parts.positions});
-      break;
-    }
-    case Algorithm::ulysses: {
-      std::vector<int64_t> all(static_cast<size_t>(problem.seq));
-      std::iota(all.begin(), all.end(), int64_t{0});
-      out.calls.push_back({all, all});
-      out.heads = ulysses_heads(problem, plan.grid.size(), rank).heads;
-      break;
-    }
-    case Algorithm::hybrid:
-      A2D_FAIL("the hybrid's kernel calls are its heads groups' ATTENTION2D calls");
-  }
-  return out;
 }
 
 // Ranks whose calls are replayed: the corners and middles of the grid (ATTENTION2D) or of the
@@ -257,15 +183,33 @@ ForwardCallCosts fit_forward_call_costs(const std::vector<std::pair<int64_t, int
   return {x[0], used[1] ? x[1] : 0.0, used[2] ? x[2] : 0.0};
 }
 
+ForwardCallCosts forward_call_costs(const Machine& machine, int64_t head_dim) {
+  if (machine.tile_block <= 0) return {};
+  std::vector<int64_t> block(static_cast<size_t>(machine.tile_block));
+  std::iota(block.begin(), block.end(), int64_t{0});
+  const double square = static_cast<double>(machine.tile_block * machine.tile_block);
+  const double per_entry = 4.0 * static_cast<double>(head_dim);
+  const double block_s = per_entry * square / machine.kernel_forward_flops;  // one head
+  const double block_panels =
+      static_cast<double>((machine.tile_block + kCpuForwardPanel - 1) / kCpuForwardPanel);
+  const double block_keys = static_cast<double>(machine.tile_block);
+  double panel_s = machine.kernel_forward_panel_s, key_s = machine.kernel_forward_key_s;
+  if (block_panels * panel_s + block_keys * key_s >= block_s) panel_s = key_s = 0;
+  const double entry_s = (block_s - block_panels * panel_s - block_keys * key_s) /
+                         forward_tile_entries(Mask::none(), block, block);
+  return {entry_s, panel_s, key_s};
+}
+
 namespace {
 // Tile pairs of every call a rank makes (heads included).
 TileEntries rank_tile_entries(const Problem& problem, const Plan& plan, const SequenceParts& parts,
                               int rank) {
-  const Calls calls = kernel_calls(problem, plan, parts, rank, false);
+  const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  A2D_REQUIRE(entry.kernel_calls, "no kernel calls for ", algorithm_name(plan.algorithm));
+  const Calls calls = entry.kernel_calls(problem, plan, parts, rank, false);
   double forward = 0, backward = 0, panels = 0, keys = 0;
-  // Only ATTENTION2D-O's backward makes other calls than its forward.
-  const bool own_backward = plan.algorithm == Algorithm::attention2d_overlap;
-  const Calls split = own_backward ? kernel_calls(problem, plan, parts, rank, true) : Calls{};
+  const bool own_backward = entry.backward_calls_differ;
+  const Calls split = own_backward ? entry.kernel_calls(problem, plan, parts, rank, true) : Calls{};
   for (const auto& [q, k] : (own_backward ? split : calls).calls)
     backward += backward_tile_entries(problem.mask, q, k);
   for (const auto& [q, k] : calls.calls) {
@@ -281,20 +225,21 @@ TileEntries rank_tile_entries(const Problem& problem, const Plan& plan, const Se
 // Tile pairs of the busiest call pattern, estimated before any position is generated.
 double tile_estimate(const Problem& problem, const Plan& plan) {
   const double n = static_cast<double>(problem.seq);
-  const double per_rank = plan.algorithm == Algorithm::ulysses ? 1.0 : plan.grid.size();
+  const double per_rank =
+      algorithm_entry(plan.algorithm).whole_sequence_calls ? 1.0 : plan.grid.size();
   return (n / kCpuBackwardTileQ + 1) * (n / kCpuBackwardTileK + 1) / per_rank + n;
 }
 
 SequenceParts parts_of(const Problem& problem, const Plan& plan) {
-  const bool sequence =
-      plan.algorithm == Algorithm::ring || plan.algorithm == Algorithm::allgather_kv;
-  return sequence ? sequence_parts(problem, plan) : SequenceParts{};
+  return algorithm_entry(plan.algorithm).calls_need_parts ? sequence_parts(problem, plan)
+                                                          : SequenceParts{};
 }
 }  // namespace
 
 TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan) {
-  if (plan.algorithm == Algorithm::hybrid) {
-    return busiest_tile_entries(hybrid_group_problem(problem, plan), hybrid_group_plan(plan));
+  const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  if (entry.group_plan) {
+    return busiest_tile_entries(entry.group_problem(problem, plan), entry.group_plan(plan));
   }
   const std::vector<int> sample = tile_sample(problem, plan);
   if (tile_estimate(problem, plan) * static_cast<double>(sample.size()) > 5e6) return {-1, -1};
@@ -311,9 +256,10 @@ TileEntries busiest_tile_entries(const Problem& problem, const Plan& plan) {
 }
 
 TileBalance tile_balance(const Problem& problem, const Plan& plan) {
-  // Every heads group computes the same tiles (on its own heads).
-  if (plan.algorithm == Algorithm::hybrid) {
-    return tile_balance(hybrid_group_problem(problem, plan), hybrid_group_plan(plan));
+  // Every group computes the same tiles (the hybrid's heads groups, on their own heads).
+  const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  if (entry.group_plan) {
+    return tile_balance(entry.group_problem(problem, plan), entry.group_plan(plan));
   }
   const int ranks = plan.grid.size();
   if (tile_estimate(problem, plan) * ranks > 5e7) return {};

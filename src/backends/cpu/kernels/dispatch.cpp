@@ -10,6 +10,7 @@
 
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "core/enum_names.hpp"
 #include "paths.hpp"
 #include "tiles.hpp"
 
@@ -139,21 +140,18 @@ KernelPath best_kernel_path() {
   return kernel_path_supported(KernelPath::avx2) ? KernelPath::avx2 : KernelPath::portable;
 }
 
+constexpr EnumName<KernelPath> kKernelPathNames[] = {{KernelPath::portable, "portable"},
+                                                     {KernelPath::avx2, "avx2"}};
+
 const char* kernel_path_name(KernelPath path) {
-  switch (path) {
-    case KernelPath::portable:
-      return "portable";
-    case KernelPath::avx2:
-      return "avx2";
-  }
-  return "?";
+  return enum_name(kKernelPathNames, path);
 }
 
 KernelPath parse_kernel_path(const std::string& name) {
   if (name == "auto") return best_kernel_path();
-  if (name == "portable") return KernelPath::portable;
-  if (name == "avx2") return KernelPath::avx2;
-  A2D_FAIL("unknown kernel path '", name, "'; use auto, portable or avx2");
+  for (const EnumName<KernelPath>& entry : kKernelPathNames)
+    if (name == entry.name) return entry.value;
+  A2D_FAIL("unknown kernel path '", name, "'; use auto, ", enum_choices(kKernelPathNames));
 }
 
 void set_kernel_path(KernelPath path) {
