@@ -7,7 +7,8 @@
 # says 2 threads (CPUs 0-1). Rows:
 #   sgemm            build/bench/a2d_tile_gemm --shapes: 2048^3, and attention's two products at
 #                    N = 4096, D = 128: S = Q K^T (4096 x 4096 x 128, B transposed) and O = P V
-#                    (4096 x 128 x 4096); best of 5 tries per invocation
+#                    (4096 x 128 x 4096); best of 5 tries per invocation; OpenBLAS's own choice
+#                    of kernels and, on an AVX-512 CPU, also its Haswell (AVX2) kernels
 #   kernels          a2d kernel --seq 4096 --heads 8 --backward --warmup 1 --repeats 3 --json
 #                    (forward and backward, each the median of 3 runs): fp32 D = 128 without
 #                    mask and causal, D = 64, bf16 and fp16 inputs at D = 128, 2 threads
@@ -32,19 +33,29 @@ if [ -z "$paths" ]; then
 fi
 export OMP_PROC_BIND=close OMP_PLACES=cores OPENBLAS_NUM_THREADS=1
 
+# OpenBLAS picks its kernels by CPU model (0.3.21: Cooperlake, AVX-512, on Zen 5) unless
+# OPENBLAS_CORETYPE says otherwise; the script times its own choice and, on an AVX-512 CPU, also
+# its Haswell (AVX2) kernels, the sgemm of the AVX2 path's vector width. The faster square sgemm
+# is the reference of the ratios.
+coretypes=auto
+grep -qw avx512f /proc/cpuinfo && coretypes="auto Haswell"
+
 rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT
+# Rounds: each times every row once, so that interference from other work spreads over all rows.
 for ((i = 0; i < invocations; ++i)); do
-  taskset -c 1 "$gemm" --seconds 2 --shapes 2048x2048x2048,4096x4096x128t,4096x128x4096 |
-    tee -a "$rows" >&2
-done
-for path in $paths; do
-  # dim dtype mask threads
-  for config in "128 fp32 none 1" "128 fp32 causal 1" "64 fp32 none 1" "128 bf16 none 1" \
-    "128 fp16 none 1" "128 fp32 none 2"; do
-    read -r dim dtype mask threads <<<"$config"
-    cpus=$([ "$threads" = 1 ] && echo 1 || echo 0-1)
-    for ((i = 0; i < invocations; ++i)); do
+  for coretype in $coretypes; do
+    if [ "$coretype" = auto ]; then unset OPENBLAS_CORETYPE; else export OPENBLAS_CORETYPE=$coretype; fi
+    taskset -c 1 "$gemm" --seconds 2 --shapes 2048x2048x2048,4096x4096x128t,4096x128x4096 |
+      tee -a "$rows" >&2
+  done
+  unset OPENBLAS_CORETYPE
+  for path in $paths; do
+    # dim dtype mask threads
+    for config in "128 fp32 none 1" "128 fp32 causal 1" "64 fp32 none 1" "128 bf16 none 1" \
+      "128 fp16 none 1" "128 fp32 none 2"; do
+      read -r dim dtype mask threads <<<"$config"
+      cpus=$([ "$threads" = 1 ] && echo 1 || echo 0-1)
       taskset -c "$cpus" "$a2d" kernel --path "$path" --seq 4096 --heads 8 --head-dim "$dim" \
         --dtype "$dtype" $([ "$mask" = causal ] && echo --causal) --backward \
         --threads "$threads" --warmup 1 --repeats 3 --json | tee -a "$rows" >&2
@@ -66,7 +77,7 @@ gemm, kern = {}, {}
 for line in open(rows_file):
     row = json.loads(line)
     if "product" in row:
-        key = row["product"]
+        key = (row["blas"], row["product"])
         if key not in gemm or row["gflops"] > gemm[key]["gflops"]:
             gemm[key] = row
         continue
@@ -74,47 +85,57 @@ for line in open(rows_file):
     if key not in kern or row["gflops"] > kern[key]["gflops"]:
         kern[key] = row
 
-square = gemm["2048x2048x2048"]["gflops"]
+blases = sorted({k[0] for k in gemm})
+square_blas = max(blases, key=lambda b: gemm[(b, "2048x2048x2048")]["gflops"])
+square = gemm[(square_blas, "2048x2048x2048")]["gflops"]
 paths = sorted({k[0] for k in kern}, key=lambda p: ["portable", "avx2", "avx512"].index(p))
 print(f"CPU: {cpu}; flags: {flags.strip()}")
-print(f"BLAS: {gemm['2048x2048x2048']['blas']} kernels, 1 thread; "
-      f"best of {invocations} invocations per row")
+print(f"BLAS: {', '.join(blases)} kernels, 1 thread; best of {invocations} invocations per row; "
+      f"ratios to the square sgemm of {square_blas} ({square:.1f} GFLOP/s)")
 print()
-header = "| | " + " | ".join(f"{p} GFLOP/s | {p} ratio" for p in paths) + " |"
-print(header)
-print("|---|" + "---|---|" * len(paths))
-
-def gemm_row(name, key):
-    g = gemm[key]["gflops"]
-    cells = " | ".join(f"{g:.1f} | {g / square:.2f}" for _ in paths)
-    print(f"| {name} | {cells} |")
-
-gemm_row("OpenBLAS sgemm 2048³ (ratio: × square sgemm)", "2048x2048x2048")
-gemm_row("OpenBLAS sgemm 4096×4096×128, Bᵀ (S = Q Kᵀ)", "4096x4096x128t")
-gemm_row("OpenBLAS sgemm 4096×128×4096 (O = P V)", "4096x128x4096")
+print("| | GFLOP/s | ratio |")
+print("|---|---|---|")
+for product, name in (("2048x2048x2048", "2048³ (ratio: × square sgemm)"),
+                      ("4096x4096x128t", "4096×4096×128, Bᵀ (S = Q Kᵀ)"),
+                      ("4096x128x4096", "4096×128×4096 (O = P V)")):
+    for blas in blases:
+        g = gemm[(blas, product)]["gflops"]
+        print(f"| {blas} sgemm {name} | {g:.1f} | {g / square:.2f} |")
 
 def get(path, mode, dim=128, dtype="fp32", causal=False, threads=1):
     return kern.get((path, mode, dim, dtype, causal, threads))
 
-def kernel_row(name, mode, **kw):
-    cells = []
-    for p in paths:
-        r = get(p, mode, **kw)
-        cells.append(f"{r['gflops']:.1f} | {r['gflops'] / square:.2f}" if r else " | ")
-    print(f"| a2d {name} (ratio: × square sgemm) | " + " | ".join(cells) + " |")
-
-def ratio_row(name, mode, over, **kw):
-    cells = []
-    for p in paths:
-        r, base = get(p, mode, **kw), get(p, mode, **over)
-        cells.append(f" | {r['gflops'] / base['gflops']:.2f}" if r and base else " | ")
-    print(f"| a2d {name} | " + " | ".join(cells) + " |")
-
-for mode in ("forward", "backward"):
-    kernel_row(f"{mode}, D = 128", mode)
-    ratio_row(f"{mode}, causal, D = 128 (ratio: × non-causal)", mode, {}, causal=True)
-    kernel_row(f"{mode}, D = 64", mode, dim=64)
-    for dtype in ("bf16", "fp16"):
-        ratio_row(f"{mode}, {dtype} inputs, D = 128 (ratio: × fp32)", mode, {}, dtype=dtype)
-    ratio_row(f"{mode}, 2 threads, D = 128 (ratio: × 1 thread)", mode, {}, threads=2)
+for path in paths:
+    for mode in ("forward", "backward"):
+        base = get(path, mode)
+        rows = [(f"{mode}, D = 128 (ratio: × square sgemm)", base, square),
+                (f"{mode}, causal, D = 128 (ratio: × non-causal)", get(path, mode, causal=True),
+                 base and base["gflops"]),
+                (f"{mode}, D = 64 (ratio: × square sgemm)", get(path, mode, dim=64), square)]
+        for dtype in ("bf16", "fp16"):
+            rows.append((f"{mode}, {dtype} inputs, D = 128 (ratio: × fp32)",
+                         get(path, mode, dtype=dtype), base and base["gflops"]))
+        rows.append((f"{mode}, 2 threads, D = 128 (ratio: × 1 thread)",
+                     get(path, mode, threads=2), base and base["gflops"]))
+        # Beside the ratio to the fastest square sgemm, the ratio to the square sgemm of the
+        # kernel's own vector width where both widths were timed (avx2: OpenBLAS's AVX2 kernels).
+        avx512_cores = ("SkylakeX", "Cooperlake", "SapphireRapids")
+        wide_blas = [b for b in blases if b.split()[-1] in avx512_cores]
+        narrow_blas = [b for b in blases if b.split()[-1] not in avx512_cores]
+        width = ((wide_blas if path == "avx512" else narrow_blas) or [None])[0]
+        own = gemm.get((width, "2048x2048x2048")) if len(blases) > 1 else None
+        for name, row, over in rows:
+            if row and over:
+                extra = ""
+                if own and over is square:
+                    extra = f" ({row['gflops'] / own['gflops']:.2f} × {width} square)"
+                print(f"| a2d {path} {name} | {row['gflops']:.1f} | "
+                      f"{row['gflops'] / over:.2f}{extra} |")
+if "avx2" in paths and "avx512" in paths:
+    for mode in ("forward", "backward"):
+        for dim in (128, 64):
+            wide, narrow = get("avx512", mode, dim=dim), get("avx2", mode, dim=dim)
+            if wide and narrow:
+                print(f"| a2d avx512 {mode}, D = {dim} (ratio: × avx2) | {wide['gflops']:.1f} | "
+                      f"{wide['gflops'] / narrow['gflops']:.2f} |")
 PYEOF
