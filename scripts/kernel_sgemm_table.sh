@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The table of issue 38 (docs/performance.md): the CPU kernels beside OpenBLAS cblas_sgemm on the
 # same core in the same run, as ratios to a square sgemm, for every fast kernel path the CPU has.
-#   scripts/kernel_sgemm_table.sh [BUILD_DIR] [INVOCATIONS] [PATHS]
+#   scripts/kernel_sgemm_table.sh [BUILD_DIR] [INVOCATIONS] [PATHS] [CLOCK]
 # BUILD_DIR defaults to build/, INVOCATIONS to 3, PATHS to the fast paths this CPU supports
-# (a space-separated list of avx2, avx512, portable). One thread on CPU 1 (taskset) unless a row
+# (a space-separated list of avx2, avx512, portable), CLOCK to wall: the rates are FLOPs over
+# wall-clock time. CLOCK=cpu divides by the CPU time the process was given instead (per thread),
+# for a machine so busy with other work that wall-clock rates measure the load (the table then
+# says so; the load average is printed either way). One thread on CPU 1 (taskset) unless a row
 # says 2 threads (CPUs 0-1). Rows:
 #   sgemm            build/bench/a2d_tile_gemm --shapes: 2048^3, and attention's two products at
 #                    N = 4096, D = 128: S = Q K^T (4096 x 4096 x 128, B transposed) and O = P V
@@ -11,7 +14,8 @@
 #                    of kernels and, on an AVX-512 CPU, also its Haswell (AVX2) kernels
 #   kernels          a2d kernel --seq 4096 --heads 8 --backward --warmup 1 --repeats 3 --json
 #                    (forward and backward, each the median of 3 runs): fp32 D = 128 without
-#                    mask and causal, D = 64, bf16 and fp16 inputs at D = 128, 2 threads
+#                    mask and causal, D = 64, bf16 and fp16 inputs at D = 128, 2 threads (wall
+#                    clock only); the environment variable HEADS changes --heads
 # Every row is the best of INVOCATIONS invocations (other work on a shared machine only ever
 # slows a run down); every invocation is printed to stderr as JSON. Needs the a2d_tile_gemm
 # benchmark, which CMake builds where it finds OpenBLAS (scripts/setup.sh installs it).
@@ -20,6 +24,13 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 invocations=${2:-3}
 paths=${3:-}
+clock=${4:-wall}
+[ "$clock" = wall ] || [ "$clock" = cpu ] || { echo "kernel_sgemm_table: CLOCK is wall or cpu" >&2; exit 2; }
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+heads=${HEADS:-8}  # HEADS=2 shortens a run 4x (the kernels work head by head)
+configs=("128 fp32 none 1" "128 fp32 causal 1" "64 fp32 none 1" "128 bf16 none 1" "128 fp16 none 1")
+# Two threads only on the wall clock: under CPU time, OpenMP's spinning threads would count too.
+[ "$clock" = wall ] && configs+=("128 fp32 none 2")
 a2d="$build/a2d"
 gemm="$build/bench/a2d_tile_gemm"
 [ -x "$gemm" ] || { echo "kernel_sgemm_table: $gemm is missing (OpenBLAS not found at configure)" >&2; exit 1; }
@@ -52,11 +63,10 @@ for ((i = 0; i < invocations; ++i)); do
   unset OPENBLAS_CORETYPE
   for path in $paths; do
     # dim dtype mask threads
-    for config in "128 fp32 none 1" "128 fp32 causal 1" "64 fp32 none 1" "128 bf16 none 1" \
-      "128 fp16 none 1" "128 fp32 none 2"; do
+    for config in "${configs[@]}"; do
       read -r dim dtype mask threads <<<"$config"
       cpus=$([ "$threads" = 1 ] && echo 1 || echo 0-1)
-      taskset -c "$cpus" "$a2d" kernel --path "$path" --seq 4096 --heads 8 --head-dim "$dim" \
+      taskset -c "$cpus" "$a2d" kernel --path "$path" --seq 4096 --heads "$heads" --head-dim "$dim" \
         --dtype "$dtype" $([ "$mask" = causal ] && echo --causal) --backward \
         --threads "$threads" --warmup 1 --repeats 3 --json | tee -a "$rows" >&2
     done
@@ -68,20 +78,25 @@ family=$(lscpu | sed -n 's/^CPU family: *//p' | head -1)
 cpu_model=$(lscpu | sed -n 's/^Model: *//p' | head -1)
 l2=$(lscpu | sed -n 's/^L2 cache: *//p' | head -1)
 flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|avx512f|avx512bw|avx512dq|avx512vl|avx512_bf16)$' | tr '\n' ' ')
-python3 - "$rows" "$model (family $family, model $cpu_model), L2 $l2" "$flags" "$invocations" <<'PYEOF'
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+python3 - "$rows" "$model (family $family, model $cpu_model), L2 $l2" "$flags" "$invocations" \
+  "$clock" "$load_before" "$load_after" "$(nproc)" <<'PYEOF'
 import json
 import sys
 
-rows_file, cpu, flags, invocations = sys.argv[1:5]
+rows_file, cpu, flags, invocations, clock, load_before, load_after, cpus = sys.argv[1:9]
+rate = "gflops" if clock == "wall" else "cpu_gflops"
 gemm, kern = {}, {}
 for line in open(rows_file):
     row = json.loads(line)
     if "product" in row:
         key = (row["blas"], row["product"])
+        row["gflops"] = row[rate]
         if key not in gemm or row["gflops"] > gemm[key]["gflops"]:
             gemm[key] = row
         continue
     key = (row["path"], row["mode"], row["head_dim"], row["dtype"], row["causal"], row["threads"])
+    row["gflops"] = row[rate]
     if key not in kern or row["gflops"] > kern[key]["gflops"]:
         kern[key] = row
 
@@ -90,8 +105,12 @@ square_blas = max(blases, key=lambda b: gemm[(b, "2048x2048x2048")]["gflops"])
 square = gemm[(square_blas, "2048x2048x2048")]["gflops"]
 paths = sorted({k[0] for k in kern}, key=lambda p: ["portable", "avx2", "avx512"].index(p))
 print(f"CPU: {cpu}; flags: {flags.strip()}")
+heads = {r["heads"] for r in kern.values()}
+print(f"a2d kernel: N = 4096, H = {', '.join(map(str, sorted(heads)))}, B = 1")
 print(f"BLAS: {', '.join(blases)} kernels, 1 thread; best of {invocations} invocations per row; "
       f"ratios to the square sgemm of {square_blas} ({square:.1f} GFLOP/s)")
+print(f"Clock: {'wall-clock time' if clock == 'wall' else 'CPU time given to the process (per thread)'}"
+      f"; load average {load_before} before, {load_after} after, on {cpus} CPUs")
 print()
 print("| | GFLOP/s | ratio |")
 print("|---|---|---|")

@@ -191,17 +191,24 @@ std::vector<double> widen(const Tensor& x) {
 // Times `body` (warm-up runs, then the median of the timed ones). `rss` measures the growth of
 // the peak resident set over the first call only: the memory one call needs. (Later calls can
 // only look larger, by what the allocator keeps from earlier calls without returning it.)
+// `cpu_ms` receives the same summary of the process's CPU time per run (all threads together).
 template <typename F>
-Summary time_repeats(const KernelOptions& o, std::optional<int64_t>* rss_growth, F&& body) {
+Summary time_repeats(const KernelOptions& o, std::optional<int64_t>* rss_growth, Summary* cpu_ms,
+                     F&& body) {
   RssProbe probe;
   probe.start();
-  std::vector<double> ms;
+  std::vector<double> ms, cpu;
   for (int64_t i = 0; i < o.warmup + o.repeats; ++i) {
     const double start = seconds_now();
+    const double cpu_start = cpu_seconds_now();
     body();
-    if (i >= o.warmup) ms.push_back(1e3 * (seconds_now() - start));
+    if (i >= o.warmup) {
+      ms.push_back(1e3 * (seconds_now() - start));
+      cpu.push_back(1e3 * (cpu_seconds_now() - cpu_start));
+    }
     if (i == 0) *rss_growth = probe.growth_bytes();
   }
+  *cpu_ms = summarize(cpu);
   return summarize(ms);
 }
 
@@ -444,7 +451,8 @@ int kernel(int argc, char** argv, int first) {
     out2_buf = backend->allocate(q_bytes);
     lse2_buf = backend->allocate(lse_bytes);
   }
-  const Summary fwd_ms = time_repeats(o, &fwd_rss_growth, [&] {
+  Summary fwd_cpu_ms, bwd_cpu_ms;
+  const Summary fwd_ms = time_repeats(o, &fwd_rss_growth, &fwd_cpu_ms, [&] {
     if (in_parts) {
       for (size_t p = 0; p < key_parts.size(); ++p)
         backend->attention_forward_partial(part_call(key_parts[p]), dense_state, p > 0);
@@ -568,7 +576,7 @@ int kernel(int argc, char** argv, int first) {
       packed.out = {};
     }
     const TokenBlock q_block{o.batch, o.seq, o.heads, o.head_dim};
-    bwd_ms = time_repeats(o, &bwd_rss_growth, [&] {
+    bwd_ms = time_repeats(o, &bwd_rss_growth, &bwd_cpu_ms, [&] {
       if (in_parts) {
         backend->copy_tokens(bcall.q, packed.q, q_block);
         backend->copy_tokens(bcall.d_out, packed.d_out, q_block);
@@ -719,10 +727,12 @@ int kernel(int argc, char** argv, int first) {
     }
   }
 
-  auto report = [&](const char* mode, const Summary& ms, double flops,
+  auto report = [&](const char* mode, const Summary& ms, const Summary& cpu_ms, double flops,
                     const std::vector<Error>& errors, int64_t workspace,
                     const std::optional<int64_t>& rss_growth) {
     const double gflops = flops / (ms.median * 1e-3) / 1e9;
+    // The same rate over the CPU time each thread was given (process CPU time / threads).
+    const double cpu_gflops = flops / (cpu_ms.median * 1e-3 / static_cast<double>(o.threads)) / 1e9;
     const double pct_peak = on_cpu ? 100.0 * gflops / peak.gflops : 0.0;
     if (o.json) {
       cli::JsonLine line;
@@ -744,6 +754,8 @@ int kernel(int argc, char** argv, int first) {
           .add("ms_max", ms.max)
           .add("repeats", o.repeats)
           .add("gflops", gflops)
+          .add("cpu_ms", cpu_ms.median)
+          .add("cpu_gflops", cpu_gflops)
           .add("path", kernel_path_name(path))
           .add("device", device)
           .add("dtype", dtype_name(dtype))
@@ -794,9 +806,10 @@ int kernel(int argc, char** argv, int first) {
                 "GFLOP/s", "%peak", "work MiB", "RSS+ MiB",
                 o.check ? "   relative error vs fp64 reference" : "");
   }
-  report("forward", fwd_ms, fwd_flops, fwd_errors, fwd_workspace, fwd_rss_growth);
+  report("forward", fwd_ms, fwd_cpu_ms, fwd_flops, fwd_errors, fwd_workspace, fwd_rss_growth);
   if (o.backward) {
-    report("backward", bwd_ms, 2.5 * fwd_flops, bwd_errors, bwd_workspace, bwd_rss_growth);
+    report("backward", bwd_ms, bwd_cpu_ms, 2.5 * fwd_flops, bwd_errors, bwd_workspace,
+           bwd_rss_growth);
   }
   if (o.check && !o.json) {
     if (dtype == DType::f32) {
