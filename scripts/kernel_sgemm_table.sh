@@ -76,7 +76,7 @@ done
 model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
 family=$(lscpu | sed -n 's/^CPU family: *//p' | head -1)
 cpu_model=$(lscpu | sed -n 's/^Model: *//p' | head -1)
-l2=$(lscpu | sed -n 's/^L2 cache: *//p' | head -1)
+l2="$(($(getconf LEVEL2_CACHE_SIZE 2>/dev/null || echo 0) / 1024)) KiB"  # per core (CPUID)
 flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|fma|avx512f|avx512bw|avx512dq|avx512vl|avx512_bf16)$' | tr '\n' ' ')
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 python3 - "$rows" "$model (family $family, model $cpu_model), L2 $l2" "$flags" "$invocations" \
