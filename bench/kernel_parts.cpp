@@ -2,7 +2,7 @@
 // parts off (cpu::Skip) and timing what is left, in one run next to the machine's FMA peak.
 //
 //   build/bench/a2d_kernel_parts --seq 4096 --heads 8 --head-dim 128 [--causal] [--backward]
-//                                [--path avx2|avx512]
+//                                [--path avx2|avx512] [--cpu-time]
 //
 // Each row is one variant of the real kernel on the same inputs: the best of --repeats rounds,
 // each round timing every variant once, after one warm-up round. "share" is (full - variant) /
@@ -34,7 +34,7 @@ struct Variant {
 
 int run(int argc, char** argv) {
   int64_t seq = 4096, heads = 8, head_dim = 128, threads = 1, repeats = 3;
-  bool causal = false, backward = false;
+  bool causal = false, backward = false, cpu_clock = false;
   std::string path_name = "avx2";
   cli::Options options("a2d_kernel_parts [options]",
                        "Times the AVX2 or AVX-512 kernel with parts switched off, to show what "
@@ -44,6 +44,8 @@ int run(int argc, char** argv) {
   options.add_int("--head-dim", &head_dim, "head dimension D");
   options.add_flag("--causal", &causal, "causal mask");
   options.add_flag("--backward", &backward, "the backward kernel instead of the forward");
+  options.add_flag("--cpu-time", &cpu_clock,
+                   "time by the CPU time the process was given (a machine busy with other work)");
   options.add_int("--threads", &threads, "threads");
   options.add_int("--repeats", &repeats, "rounds; each times every variant once (best kept)");
   options.add_string("--path", &path_name, "kernel path: avx2 or avx512");
@@ -161,9 +163,9 @@ int run(int argc, char** argv) {
     run_variant(variant);  // warm-up
   for (int64_t round = 0; round < repeats; ++round) {
     for (size_t which = 0; which < variants.size(); ++which) {
-      const double start = seconds_now();
+      const double start = cpu_clock ? cpu_seconds_now() : seconds_now();
       run_variant(variants[which]);
-      ms[which].push_back(1e3 * (seconds_now() - start));
+      ms[which].push_back(1e3 * ((cpu_clock ? cpu_seconds_now() : seconds_now()) - start));
     }
   }
   const double full_ms = summarize(ms[0]).min;
