@@ -1,7 +1,8 @@
-// a2d_kernel_parts: what each part of the AVX2 kernels costs, measured by switching parts off
-// (cpu::avx2::Skip) and timing what is left, in one run next to the machine's FMA peak.
+// a2d_kernel_parts: what each part of the AVX2 or AVX-512 kernels costs, measured by switching
+// parts off (cpu::Skip) and timing what is left, in one run next to the machine's FMA peak.
 //
 //   build/bench/a2d_kernel_parts --seq 4096 --heads 8 --head-dim 128 [--causal] [--backward]
+//                                [--path avx2|avx512] [--cpu-time]
 //
 // Each row is one variant of the real kernel on the same inputs: the best of --repeats rounds,
 // each round timing every variant once, after one warm-up round. "share" is (full - variant) /
@@ -12,18 +13,18 @@
 #include <string>
 #include <vector>
 
-#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "attention2d/tools/cli.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/tools/peak.hpp"
 #include "attention2d/tools/timing.hpp"
-#include "attention2d/tools/cli.hpp"
 #include "backends/cpu/kernels/paths.hpp"
 
 namespace a2d {
 namespace {
 
-using namespace cpu::avx2;
+using namespace cpu;
 
 struct Variant {
   const char* name;
@@ -33,18 +34,42 @@ struct Variant {
 
 int run(int argc, char** argv) {
   int64_t seq = 4096, heads = 8, head_dim = 128, threads = 1, repeats = 3;
-  bool causal = false, backward = false;
+  bool causal = false, backward = false, cpu_clock = false;
+  std::string path_name = "avx2";
   cli::Options options("a2d_kernel_parts [options]",
-                       "Times the AVX2 kernel with parts switched off, to show what each costs.");
+                       "Times the AVX2 or AVX-512 kernel with parts switched off, to show what "
+                       "each costs.");
   options.add_int("--seq", &seq, "sequence length N (queries and keys)");
   options.add_int("--heads", &heads, "heads H (K/V heads = H)");
   options.add_int("--head-dim", &head_dim, "head dimension D");
   options.add_flag("--causal", &causal, "causal mask");
   options.add_flag("--backward", &backward, "the backward kernel instead of the forward");
+  options.add_flag("--cpu-time", &cpu_clock,
+                   "time by the CPU time the process was given (a machine busy with other work)");
   options.add_int("--threads", &threads, "threads");
   options.add_int("--repeats", &repeats, "rounds; each times every variant once (best kept)");
+  options.add_string("--path", &path_name, "kernel path: avx2 or avx512");
   if (!options.parse(argc, argv, 1)) return 0;
-  A2D_REQUIRE(kernel_path_supported(KernelPath::avx2), "this CPU has no AVX2/FMA");
+  const KernelPath path = parse_kernel_path(path_name);
+  A2D_REQUIRE(path != KernelPath::portable, "--path must be avx2 or avx512");
+  A2D_REQUIRE(kernel_path_supported(path), "this CPU or build has no ", path_name, " path");
+  const bool wide = path == KernelPath::avx512;
+#if !A2D_HAVE_AVX512_PATH
+  A2D_REQUIRE(!wide, "this build has no AVX-512 path");
+#endif
+  const auto forward = [&](const ForwardArgs& args, const cpu::ForwardResult& out, unsigned skip) {
+#if A2D_HAVE_AVX512_PATH
+    if (wide) return cpu::avx512::forward(args, out, skip);
+#endif
+    cpu::avx2::forward(args, out, skip);
+  };
+  const auto backward_kernel = [&](const cpu::BackwardInputs& in, TokenView<float> dq,
+                                   TokenView<float> dk, TokenView<float> dv, unsigned skip) {
+#if A2D_HAVE_AVX512_PATH
+    if (wide) return cpu::avx512::backward(in, dq, dk, dv, skip);
+#endif
+    cpu::avx2::backward(in, dq, dk, dv, skip);
+  };
 
   const AttentionShape shape{1, heads, heads, seq, seq, head_dim};
   const Mask mask = causal ? Mask::causal() : Mask::none();
@@ -72,7 +97,7 @@ int run(int argc, char** argv) {
   fwd.threads = static_cast<int>(threads);
   const cpu::ForwardResult result{tokens_out(out), dense_rows(lse.data(), heads, seq), nullptr,
                                   false};
-  cpu::avx2::forward(fwd, result);  // the real LSE, for the backward
+  forward(fwd, result, kSkipNothing);  // the real LSE, for the backward
   BackwardArgs bwd;
   bwd.shape = shape;
   bwd.mask = mask;
@@ -117,9 +142,10 @@ int run(int argc, char** argv) {
   const FmaPeak peak = measure_fma_peak(static_cast<int>(threads));
   const double pairs = static_cast<double>(count_visible_pairs(mask, nullptr, seq, nullptr, seq));
   const double flops = (backward ? 2.5 : 1.0) * 4.0 * pairs * static_cast<double>(head_dim * heads);
-  std::printf("a2d_kernel_parts: %s %s mask=%s threads=%lld; FMA peak %.1f GFLOP/s (%s)\n",
-              backward ? "backward" : "forward", shape.describe().c_str(), mask.describe().c_str(),
-              static_cast<long long>(threads), peak.gflops, peak.isa.c_str());
+  std::printf("a2d_kernel_parts: %s %s %s mask=%s threads=%lld; FMA peak %.1f GFLOP/s (%s)\n",
+              path_name.c_str(), backward ? "backward" : "forward", shape.describe().c_str(),
+              mask.describe().c_str(), static_cast<long long>(threads), peak.gflops,
+              peak.isa.c_str());
   std::printf("%-42s %10s %9s %8s %10s %7s\n", "variant", "ms(best)", "GFLOP/s", "share",
               "part GF/s", "%peak");
   // Rounds: every round times every variant once, so that interference from other work on the
@@ -127,9 +153,9 @@ int run(int argc, char** argv) {
   // is reported (interference only ever adds time).
   auto run_variant = [&](const Variant& variant) {
     if (backward) {
-      cpu::avx2::backward(in, tokens_out(dq), tokens_out(dk), tokens_out(dv), variant.skip);
+      backward_kernel(in, tokens_out(dq), tokens_out(dk), tokens_out(dv), variant.skip);
     } else {
-      cpu::avx2::forward(fwd, result, variant.skip);
+      forward(fwd, result, variant.skip);
     }
   };
   std::vector<std::vector<double>> ms(variants.size());
@@ -137,9 +163,9 @@ int run(int argc, char** argv) {
     run_variant(variant);  // warm-up
   for (int64_t round = 0; round < repeats; ++round) {
     for (size_t which = 0; which < variants.size(); ++which) {
-      const double start = seconds_now();
+      const double start = cpu_clock ? cpu_seconds_now() : seconds_now();
       run_variant(variants[which]);
-      ms[which].push_back(1e3 * (seconds_now() - start));
+      ms[which].push_back(1e3 * ((cpu_clock ? cpu_seconds_now() : seconds_now()) - start));
     }
   }
   const double full_ms = summarize(ms[0]).min;

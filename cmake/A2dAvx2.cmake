@@ -19,10 +19,42 @@ function(a2d_add_avx2_sources target)
   endif()
   add_library(attention2d_avx2 OBJECT ${ARGN})
   target_compile_options(attention2d_avx2 PRIVATE -mavx2 -mfma -mf16c)
-  target_compile_definitions(attention2d_avx2 PRIVATE A2D_HAVE_AVX2_PATH=1)
+  target_compile_definitions(attention2d_avx2 PRIVATE A2D_HAVE_AVX2_PATH=1
+                                                      A2D_HAVE_AVX512_PATH=$<BOOL:${A2D_HAVE_AVX512_PATH}>)
   target_include_directories(attention2d_avx2 PRIVATE
     $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)
   target_link_libraries(attention2d_avx2 PRIVATE OpenMP::OpenMP_CXX a2d_warnings)
   target_sources(${target} PRIVATE $<TARGET_OBJECTS:attention2d_avx2>)
   target_compile_definitions(${target} PRIVATE A2D_HAVE_AVX2_PATH=1)
+endfunction()
+
+# The AVX-512 kernel path (Zen 4/5, Intel since Skylake-SP): the same kernels on 16-lane vectors,
+# compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c into the object library
+# attention2d_avx512 wherever the AVX2 path is built (and the compiler takes the flags), and chosen
+# at run time on CPUs that have those features (dispatch.cpp).
+include(CheckCXXCompilerFlag)
+set(A2D_AVX512_FLAGS -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c)
+set(A2D_HAVE_AVX512_PATH OFF)
+if(A2D_HAVE_AVX2_PATH)
+  check_cxx_compiler_flag("-mavx512f -mavx512bw -mavx512dq -mavx512vl" A2D_COMPILER_TAKES_AVX512)
+  if(A2D_COMPILER_TAKES_AVX512)
+    set(A2D_HAVE_AVX512_PATH ON)
+  endif()
+endif()
+
+# a2d_add_avx512_sources(target files...): as a2d_add_avx2_sources, for the AVX-512 files.
+function(a2d_add_avx512_sources target)
+  if(NOT A2D_HAVE_AVX512_PATH)
+    target_compile_definitions(${target} PRIVATE A2D_HAVE_AVX512_PATH=0)
+    return()
+  endif()
+  add_library(attention2d_avx512 OBJECT ${ARGN})
+  target_compile_options(attention2d_avx512 PRIVATE ${A2D_AVX512_FLAGS})
+  target_compile_definitions(attention2d_avx512 PRIVATE A2D_HAVE_AVX2_PATH=1
+                                                        A2D_HAVE_AVX512_PATH=1)
+  target_include_directories(attention2d_avx512 PRIVATE
+    $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)
+  target_link_libraries(attention2d_avx512 PRIVATE OpenMP::OpenMP_CXX a2d_warnings)
+  target_sources(${target} PRIVATE $<TARGET_OBJECTS:attention2d_avx512>)
+  target_compile_definitions(${target} PRIVATE A2D_HAVE_AVX512_PATH=1)
 endfunction()

@@ -2,7 +2,7 @@
 # The kernel performance table of docs/performance.md: forward and backward, D = 64 and 128,
 # without mask and causal, on 1 and 2 threads, fp32, B = 1, H = 8, N = 4096.
 #   scripts/kernel_table.sh [BUILD_DIR] [INVOCATIONS] [PATH]
-# BUILD_DIR defaults to build/, PATH (auto, portable, avx2) to auto. Each configuration runs
+# BUILD_DIR defaults to build/, PATH (auto, portable, avx2, avx512) to auto. Each configuration runs
 # INVOCATIONS (default 3) times as `a2d kernel ... --warmup 1 --repeats 5 --json`, pinned with
 # taskset (1 thread: CPU 1; 2 threads: CPUs 0-1, OpenMP threads bound to cores); the table shows
 # the invocation with the highest GFLOP/s (each a median of 5 runs), next to the FMA peak that

@@ -21,15 +21,15 @@
 #endif
 
 #include "attention2d/backend.hpp"
-#include "attention2d/tools/check.hpp"
-#include "attention2d/tools/data.hpp"
 #include "attention2d/dtype.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
-#include "attention2d/tools/peak.hpp"
 #include "attention2d/reference.hpp"
-#include "attention2d/tools/timing.hpp"
+#include "attention2d/tools/check.hpp"
 #include "attention2d/tools/cli.hpp"
+#include "attention2d/tools/data.hpp"
+#include "attention2d/tools/peak.hpp"
+#include "attention2d/tools/timing.hpp"
 #include "commands.hpp"
 
 namespace a2d::commands {
@@ -48,7 +48,7 @@ struct KernelOptions {
   int64_t shuffle = 0;  // 0: positions 0, 1, 2, ...; else the seed of shuffled positions
   int64_t warmup = 1;
   int64_t repeats = 5;
-  int64_t parts = 1;  // > 1: the keys in this many parts, through the partial/merge operations
+  int64_t parts = 1;   // > 1: the keys in this many parts, through the partial/merge operations
   double scale = 0.0;  // 0: 1/sqrt(head_dim)
   bool causal = false;
   std::string doc_lens;  // "" = one document
@@ -58,7 +58,7 @@ struct KernelOptions {
   bool check = false;
   bool json = false;
   bool huge_pages = false;
-  std::string path;  // empty: A2D_KERNEL_PATH, else auto
+  std::string path;    // empty: A2D_KERNEL_PATH, else auto
   std::string device;  // empty: default_device(dtype)
   std::string dtype = "fp32";
 };
@@ -191,17 +191,24 @@ std::vector<double> widen(const Tensor& x) {
 // Times `body` (warm-up runs, then the median of the timed ones). `rss` measures the growth of
 // the peak resident set over the first call only: the memory one call needs. (Later calls can
 // only look larger, by what the allocator keeps from earlier calls without returning it.)
+// `cpu_ms` receives the same summary of the process's CPU time per run (all threads together).
 template <typename F>
-Summary time_repeats(const KernelOptions& o, std::optional<int64_t>* rss_growth, F&& body) {
+Summary time_repeats(const KernelOptions& o, std::optional<int64_t>* rss_growth, Summary* cpu_ms,
+                     F&& body) {
   RssProbe probe;
   probe.start();
-  std::vector<double> ms;
+  std::vector<double> ms, cpu;
   for (int64_t i = 0; i < o.warmup + o.repeats; ++i) {
     const double start = seconds_now();
+    const double cpu_start = cpu_seconds_now();
     body();
-    if (i >= o.warmup) ms.push_back(1e3 * (seconds_now() - start));
+    if (i >= o.warmup) {
+      ms.push_back(1e3 * (seconds_now() - start));
+      cpu.push_back(1e3 * (cpu_seconds_now() - cpu_start));
+    }
     if (i == 0) *rss_growth = probe.growth_bytes();
   }
+  *cpu_ms = summarize(cpu);
   return summarize(ms);
 }
 
@@ -237,8 +244,8 @@ int kernel(int argc, char** argv, int first) {
   options.add_int("--threads", &o.threads,
                   "threads of the kernel (and of the FMA peak measurement)");
   options.add_string("--path", &o.path,
-                     "kernel implementation: auto (fastest this CPU supports), portable or avx2\n"
-                     "(default: the environment variable A2D_KERNEL_PATH, else auto)");
+                     "kernel implementation: auto (fastest this CPU supports), portable, avx2 or\n"
+                     "avx512 (default: the environment variable A2D_KERNEL_PATH, else auto)");
   options.add_string(
       "--device", &o.device,
       "where the kernel runs: cpu (the CPU kernels called directly), cuda (the CUDA\n"
@@ -276,8 +283,8 @@ int kernel(int argc, char** argv, int first) {
   A2D_REQUIRE(o.warmup >= 0 && o.repeats >= 1, "--warmup must be >= 0 and --repeats >= 1");
   A2D_REQUIRE(o.window >= 0, "--window must be >= 1 (or 0 for no window), got ", o.window);
   A2D_REQUIRE(o.threads >= 1, "--threads must be at least 1, got ", o.threads);
-  A2D_REQUIRE(o.parts >= 1 && o.parts <= o.kv_seq, "--parts must be between 1 and the ",
-              o.kv_seq, " keys, got ", o.parts);
+  A2D_REQUIRE(o.parts >= 1 && o.parts <= o.kv_seq, "--parts must be between 1 and the ", o.kv_seq,
+              " keys, got ", o.parts);
   const bool in_parts = o.parts > 1;
   const DType dtype = parse_dtype(o.dtype);
   if (!o.path.empty()) set_kernel_path(parse_kernel_path(o.path));
@@ -286,8 +293,7 @@ int kernel(int argc, char** argv, int first) {
   // Another device than cpu runs the kernels through its backend (buffers uploaded once, each
   // timed call ended by synchronize()).
   // --parts goes through the backend's partial and merge operations, so on cpu too.
-  std::unique_ptr<Backend> backend =
-      device == "cpu" && !in_parts ? nullptr : make_backend(device);
+  std::unique_ptr<Backend> backend = device == "cpu" && !in_parts ? nullptr : make_backend(device);
   const bool on_cpu = device != "cuda";
   // The peak is measured before and after the kernel timings and the higher value is kept: on a
   // machine shared with other work, a peak measured while something else ran would flatter the
@@ -424,8 +430,8 @@ int kernel(int argc, char** argv, int first) {
   auto record_state = [&](Buffer& buffer) {
     PartialTensor state;
     const int64_t token = o.heads * record;
-    state.acc = {&buffer, 2 * static_cast<int64_t>(sizeof(float)), DType::f32, o.seq * token,
-                 token, record};
+    state.acc = {&buffer, 2 * static_cast<int64_t>(sizeof(float)), DType::f32, o.seq * token, token,
+                 record};
     state.row_max = {&buffer, 0, o.seq * token, record, token};
     state.row_sum = state.row_max;
     state.row_sum.offset = static_cast<int64_t>(sizeof(float));
@@ -445,7 +451,8 @@ int kernel(int argc, char** argv, int first) {
     out2_buf = backend->allocate(q_bytes);
     lse2_buf = backend->allocate(lse_bytes);
   }
-  const Summary fwd_ms = time_repeats(o, &fwd_rss_growth, [&] {
+  Summary fwd_cpu_ms, bwd_cpu_ms;
+  const Summary fwd_ms = time_repeats(o, &fwd_rss_growth, &fwd_cpu_ms, [&] {
     if (in_parts) {
       for (size_t p = 0; p < key_parts.size(); ++p)
         backend->attention_forward_partial(part_call(key_parts[p]), dense_state, p > 0);
@@ -473,8 +480,7 @@ int kernel(int argc, char** argv, int first) {
   if (in_parts) {
     const PartialTensor merged = record_state(*merged_buf), single = record_state(*part_buf);
     for (size_t p = 0; p < key_parts.size(); ++p) {
-      backend->attention_forward_partial(part_call(key_parts[p]), p == 0 ? merged : single,
-                                         false);
+      backend->attention_forward_partial(part_call(key_parts[p]), p == 0 ? merged : single, false);
       if (p > 0) {
         backend->merge_partials(Place::in(*merged_buf), Place::in(*part_buf), records, record);
       }
@@ -559,7 +565,7 @@ int kernel(int argc, char** argv, int first) {
                                 o.heads * floats};
       RowTensor delta_field = lse_field;
       delta_field.offset = static_cast<int64_t>(sizeof(float));
-      const TokenTensor q_field{pack_buf.get(), 8, dtype, o.seq * o.heads * elements,
+      const TokenTensor q_field{pack_buf.get(),     8,       dtype, o.seq * o.heads * elements,
                                 o.heads * elements, elements};
       TokenTensor do_field = q_field;
       do_field.offset += o.head_dim * dtype_bytes(dtype);
@@ -570,7 +576,7 @@ int kernel(int argc, char** argv, int first) {
       packed.out = {};
     }
     const TokenBlock q_block{o.batch, o.seq, o.heads, o.head_dim};
-    bwd_ms = time_repeats(o, &bwd_rss_growth, [&] {
+    bwd_ms = time_repeats(o, &bwd_rss_growth, &bwd_cpu_ms, [&] {
       if (in_parts) {
         backend->copy_tokens(bcall.q, packed.q, q_block);
         backend->copy_tokens(bcall.d_out, packed.d_out, q_block);
@@ -686,14 +692,14 @@ int kernel(int argc, char** argv, int first) {
          kFp32RelativeBound}};
     if (in_parts) {
       const std::vector<float> merged32 = out_merged.floats();
-      fwd_errors.push_back({"O(merge)", "o_merge",
-                            relative_error(merged32.data(), out64.data(),
-                                           static_cast<int64_t>(merged32.size())),
-                            output_bound});
-      fwd_errors.push_back({"LSE(merge)", "lse_merge",
-                            relative_error(lse_merged.data(), lse64.data(),
-                                           static_cast<int64_t>(lse_merged.size())),
-                            kFp32RelativeBound});
+      fwd_errors.push_back(
+          {"O(merge)", "o_merge",
+           relative_error(merged32.data(), out64.data(), static_cast<int64_t>(merged32.size())),
+           output_bound});
+      fwd_errors.push_back(
+          {"LSE(merge)", "lse_merge",
+           relative_error(lse_merged.data(), lse64.data(), static_cast<int64_t>(lse_merged.size())),
+           kFp32RelativeBound});
     }
     if (o.backward) {
       const std::vector<double> do64 = widen(d_out->wide);
@@ -721,10 +727,12 @@ int kernel(int argc, char** argv, int first) {
     }
   }
 
-  auto report = [&](const char* mode, const Summary& ms, double flops,
+  auto report = [&](const char* mode, const Summary& ms, const Summary& cpu_ms, double flops,
                     const std::vector<Error>& errors, int64_t workspace,
                     const std::optional<int64_t>& rss_growth) {
     const double gflops = flops / (ms.median * 1e-3) / 1e9;
+    // The same rate over the CPU time each thread was given (process CPU time / threads).
+    const double cpu_gflops = flops / (cpu_ms.median * 1e-3 / static_cast<double>(o.threads)) / 1e9;
     const double pct_peak = on_cpu ? 100.0 * gflops / peak.gflops : 0.0;
     if (o.json) {
       cli::JsonLine line;
@@ -746,6 +754,8 @@ int kernel(int argc, char** argv, int first) {
           .add("ms_max", ms.max)
           .add("repeats", o.repeats)
           .add("gflops", gflops)
+          .add("cpu_ms", cpu_ms.median)
+          .add("cpu_gflops", cpu_gflops)
           .add("path", kernel_path_name(path))
           .add("device", device)
           .add("dtype", dtype_name(dtype))
@@ -796,9 +806,10 @@ int kernel(int argc, char** argv, int first) {
                 "GFLOP/s", "%peak", "work MiB", "RSS+ MiB",
                 o.check ? "   relative error vs fp64 reference" : "");
   }
-  report("forward", fwd_ms, fwd_flops, fwd_errors, fwd_workspace, fwd_rss_growth);
+  report("forward", fwd_ms, fwd_cpu_ms, fwd_flops, fwd_errors, fwd_workspace, fwd_rss_growth);
   if (o.backward) {
-    report("backward", bwd_ms, 2.5 * fwd_flops, bwd_errors, bwd_workspace, bwd_rss_growth);
+    report("backward", bwd_ms, bwd_cpu_ms, 2.5 * fwd_flops, bwd_errors, bwd_workspace,
+           bwd_rss_growth);
   }
   if (o.check && !o.json) {
     if (dtype == DType::f32) {

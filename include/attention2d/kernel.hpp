@@ -178,12 +178,13 @@ struct TypedTokens {
         token_stride(token_stride_),
         head_stride(head_stride_) {}
   template <typename T>
-    requires(std::is_same_v<std::remove_const_t<T>, float> && (Const || !std::is_const_v<T>))
-  TypedTokens(TokenView<T> view)  // NOLINT(google-explicit-constructor): fp32 views pass as before
-      : TypedTokens(view.data, DType::f32, view.batch_stride, view.token_stride, view.head_stride) {}
+  requires(std::is_same_v<std::remove_const_t<T>, float> && (Const || !std::is_const_v<T>))
+      TypedTokens(
+          TokenView<T> view)  // NOLINT(google-explicit-constructor): fp32 views pass as before
+      : TypedTokens(view.data, DType::f32, view.batch_stride, view.token_stride, view.head_stride) {
+  }
   operator TypedTokens<true>() const  // NOLINT(google-explicit-constructor)
-    requires(!Const)
-  {
+      requires(!Const) {
     return {data, dtype, batch_stride, token_stride, head_stride};
   }
 
@@ -234,7 +235,7 @@ struct ForwardArgs {
   // Logit softcapping (Gemma 2): each scaled score s becomes softcap * tanh(s / softcap) before
   // the mask and the softmax. 0 = off; otherwise finite and positive.
   float softcap = 0.0f;
-  InTokens q, k, v;    // any DType (converted to fp32 as the kernel loads them)
+  InTokens q, k, v;  // any DType (converted to fp32 as the kernel loads them)
   // Global positions of the q_tokens query rows and kv_tokens key rows; nullptr = 0, 1, 2, ...
   // Any order is allowed; increasing positions let more blocks be skipped.
   const int64_t* q_positions = nullptr;
@@ -315,7 +316,7 @@ struct BackwardArgs {
   Mask mask;
   float scale = 0.0f;
   float softcap = 0.0f;  // as in ForwardArgs (the backward multiplies dS by 1 - tanh^2)
-  InTokens q, k, v;  // any DType, as d_out and out
+  InTokens q, k, v;      // any DType, as d_out and out
   InTokens d_out;
   RowView<const float> lse;  // from the forward over *all* keys of these rows
   // Either delta = rowsum(dO * O) (distributed callers pass the global one) or out, from which
@@ -345,18 +346,21 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
 //   avx2      register-blocked AVX2/FMA micro-kernels and a vectorised exp; needs a CPU with
 //             AVX2, FMA and F16C (checked at run time; F16C converts fp16 inputs) and an x86-64
 //             build
+//   avx512    the same kernels on 16-lane AVX-512 vectors with larger register blocks; needs
+//             AVX-512 F, BW, DQ and VL besides what avx2 needs, and an x86-64 build
 // The process starts on the path named by the environment variable A2D_KERNEL_PATH (auto,
-// portable or avx2; auto = unset = the fastest path this CPU supports) and set_kernel_path
+// portable, avx2 or avx512; auto = unset = the fastest path this CPU supports: avx512, then
+// avx2, then portable) and set_kernel_path
 // changes it. The choice applies to attention_forward, attention_forward_partial and
 // attention_backward; the merge functions have one implementation.
-enum class KernelPath { portable, avx2 };
+enum class KernelPath { portable, avx2, avx512 };
 
 KernelPath kernel_path();                       // the path the kernels use now
 void set_kernel_path(KernelPath path);          // throws a2d::Error if the path is unsupported
 bool kernel_path_supported(KernelPath path);    // built in and runnable on this CPU
 KernelPath best_kernel_path();                  // the fastest supported path
-const char* kernel_path_name(KernelPath path);  // "portable", "avx2"
-// "portable", "avx2" or "auto" (= best_kernel_path()); anything else throws a2d::Error.
+const char* kernel_path_name(KernelPath path);  // "portable", "avx2", "avx512"
+// "portable", "avx2", "avx512" or "auto" (= best_kernel_path()); anything else throws a2d::Error.
 KernelPath parse_kernel_path(const std::string& name);
 
 // Bytes the forward kernel allocates besides its inputs and outputs, on the current path, for

@@ -1,5 +1,7 @@
 #include "attention2d/tools/timing.hpp"
 
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <numeric>
@@ -8,6 +10,12 @@ namespace a2d {
 
 double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double cpu_seconds_now() {
+  timespec now{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
 }
 
 Summary summarize(std::vector<double> samples) {

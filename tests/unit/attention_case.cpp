@@ -5,9 +5,9 @@
 #include <random>
 #include <sstream>
 
+#include "attention2d/reference.hpp"
 #include "attention2d/tools/check.hpp"
 #include "attention2d/tools/data.hpp"
-#include "attention2d/reference.hpp"
 
 namespace a2d::test {
 namespace {
@@ -226,7 +226,7 @@ std::vector<PathErrors> run_case_on_paths(const Case& c, bool backward) {
 
 std::vector<KernelPath> supported_paths() {
   std::vector<KernelPath> paths;
-  for (const KernelPath path : {KernelPath::portable, KernelPath::avx2}) {
+  for (const KernelPath path : {KernelPath::portable, KernelPath::avx2, KernelPath::avx512}) {
     if (kernel_path_supported(path)) paths.push_back(path);
   }
   return paths;

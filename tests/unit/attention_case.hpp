@@ -71,7 +71,7 @@ struct PathErrors {
 };
 std::vector<PathErrors> run_case_on_paths(const Case& c, bool backward);
 
-// Every kernel path this build and CPU can run: portable, and avx2 where available.
+// Every kernel path this build and CPU can run: portable, and avx2 and avx512 where available.
 std::vector<KernelPath> supported_paths();
 
 // Selects a kernel path for the lifetime of the object and restores the previous one after.

@@ -10,12 +10,13 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "attention2d/dtype.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
-#include "simd_avx2_probe.hpp"
+#include "simd_probe.hpp"
 
 namespace a2d::test {
 namespace {
@@ -316,15 +317,17 @@ TEST(DType, LoadRowAndStoreRow) {
   }
 }
 
-bool have_avx2() {
-  return kernel_path_supported(KernelPath::avx2);  // AVX2, FMA and F16C
-}
+class VectorConversions : public ::testing::TestWithParam<const SimdProbe*> {};
 
-// The AVX2 kernels convert with F16C and integer shifts; they must give the scalar functions'
-// bits on every 16-bit pattern (widening) and on every boundary value and random fp32 patterns
-// (narrowing). The counts are not multiples of 8, so the one-at-a-time tails run too.
-TEST(DType, Avx2ConversionsEqualTheScalarOnes) {
-  if (!have_avx2()) GTEST_SKIP() << "no AVX2/F16C path on this CPU or build";
+// The AVX2 and AVX-512 kernels convert with F16C (AVX-512: vcvtph2ps/vcvtps2ph on zmm) and
+// integer shifts; they must give the scalar functions' bits on every 16-bit pattern (widening)
+// and on every boundary value and random fp32 patterns (narrowing). The counts are not multiples
+// of 8 or 16, so the one-at-a-time tails run too.
+TEST_P(VectorConversions, EqualTheScalarOnes) {
+  const SimdProbe& probe = *GetParam();
+  if (!kernel_path_supported(probe.path)) {
+    GTEST_SKIP() << "no " << probe.name << " path on this CPU or build";
+  }
   std::vector<uint16_t> patterns(65536 + 5);
   for (size_t i = 0; i < patterns.size(); ++i)
     patterns[i] = static_cast<uint16_t>(i * 40503u);  // odd multiplier: every pattern once
@@ -332,7 +335,7 @@ TEST(DType, Avx2ConversionsEqualTheScalarOnes) {
   std::vector<float> widened(patterns.size());
   for (const DType dtype : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(dtype));
-    widen_avx2(dtype, patterns.data(), widened.data(), count);
+    probe.widen(dtype, patterns.data(), widened.data(), count);
     for (size_t i = 0; i < patterns.size(); ++i) {
       const uint16_t h = patterns[i];
       const float expected = dtype == DType::bf16 ? bf16_to_float(h) : f16_to_float(h);
@@ -362,7 +365,7 @@ TEST(DType, Avx2ConversionsEqualTheScalarOnes) {
   std::vector<uint16_t> narrowed(values.size());
   for (const DType dtype : {DType::bf16, DType::f16}) {
     SCOPED_TRACE(dtype_name(dtype));
-    narrow_avx2(dtype, values.data(), narrowed.data(), static_cast<int64_t>(values.size()));
+    probe.narrow(dtype, values.data(), narrowed.data(), static_cast<int64_t>(values.size()));
     int failures = 0;
     for (size_t i = 0; i < values.size(); ++i) {
       const uint16_t expected =
@@ -375,6 +378,9 @@ TEST(DType, Avx2ConversionsEqualTheScalarOnes) {
     EXPECT_EQ(failures, 0) << "of " << values.size();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Layers, VectorConversions, ::testing::Values(&kAvx2Probe, &kAvx512Probe),
+                         [](const auto& p) { return std::string(p.param->name); });
 
 }  // namespace
 }  // namespace a2d::test

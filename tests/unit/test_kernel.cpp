@@ -128,7 +128,7 @@ std::vector<Case> nonfinite_cases() {
 
 class KernelTest : public ::testing::TestWithParam<Case> {};
 
-// Every case runs on every kernel path the CPU supports (portable, avx2), against one fp64
+// Every case runs on every kernel path the CPU supports (portable, avx2, avx512), against one fp64
 // reference; the XML properties are named err_o_portable, err_o_avx2, ...
 TEST_P(KernelTest, ForwardAndBackwardMatchFp64Reference) {
   for (const auto& [path, e] : run_case_on_paths(GetParam(), /*backward=*/true)) {

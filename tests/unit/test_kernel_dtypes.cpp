@@ -25,10 +25,10 @@
 #include <string>
 #include <vector>
 
-#include "attention2d/tools/check.hpp"
 #include "attention2d/dtype.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/reference.hpp"
+#include "attention2d/tools/check.hpp"
 #include "attention_case.hpp"
 
 namespace a2d::test {
@@ -241,13 +241,14 @@ double delta_gradient_bound(DType dtype) {
   return dtype == DType::bf16 ? kBf16DeltaGradientBound : kF16DeltaGradientBound;
 }
 
-void check_case(const Case& c) {
+// On every supported path, or on `paths` only where given.
+void check_case(const Case& c, const std::vector<KernelPath>& paths = supported_paths()) {
   for (const DType dtype : {DType::bf16, DType::f16}) {
     const Rounded r = make_rounded(c, dtype);
     const AttentionShape& s = r.p.shape;
     const Reference ref = reference_of(r, c);
     const RunInputs fp32_in = inputs_of(r, false), typed_in = inputs_of(r, true);
-    for (const KernelPath path : supported_paths()) {
+    for (const KernelPath path : paths) {
       const PathScope scope(path);
       const std::string tag = std::string(dtype_name(dtype)) + "_" + kernel_path_name(path);
       SCOPED_TRACE(tag + " " + c.name());
@@ -362,6 +363,20 @@ TEST(KernelDtypes, NonFiniteInputs) {
 
 TEST(KernelDtypes, HeadDim128Causal) {
   check_case(make_case(1, 2, 2, 300, 300, 128, Mask::causal(), Positions::contiguous, 2));
+}
+
+// The AVX-512 path on its own (the tests above include it wherever it is supported), so that a
+// CPU or build without it reports this test as skipped: head dims its 32-dim value blocks pad (80)
+// and fill (128), GQA 12:4, an odd query count, a causal window and arbitrary positions.
+TEST(KernelDtypes, Avx512GqaWindowHeadDims80And128) {
+  if (!kernel_path_supported(KernelPath::avx512)) {
+    GTEST_SKIP() << "no AVX-512 path: this CPU lacks AVX-512 F/BW/DQ/VL (or the build has no "
+                    "AVX-512 code)";
+  }
+  for (const int64_t dim : {80, 128}) {
+    check_case(make_case(1, 12, 4, 61, 130, dim, Mask::causal_window(40), Positions::arbitrary, 1),
+               {KernelPath::avx512});
+  }
 }
 
 }  // namespace

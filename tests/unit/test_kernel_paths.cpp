@@ -1,6 +1,6 @@
-// The kernel paths (portable, AVX2/FMA): selection, and the cases the fast path's tiling makes
-// special, each on every supported path against the fp64 reference: sizes at and around its tile
-// and micro-kernel edges (24-row query panels, 4-key blocks, 96/256-key tiles, 48-row query
+// The kernel paths (portable, AVX2/FMA, AVX-512): selection, and the cases the fast path's tiling
+// makes special, each on every supported path against the fp64 reference: sizes at and around its
+// tile and micro-kernel edges (24-row query panels, 4-key blocks, 96/256-key tiles, 48-row query
 // tiles), odd head dims, masks whose borders cut tiles and blocks, memory strides, rows that see
 // no key, determinism and the forward's memory bound.
 #include <gtest/gtest.h>
@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "attention2d/tools/check.hpp"
-#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "attention2d/tools/check.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention_case.hpp"
 
 namespace a2d::test {
@@ -26,18 +26,27 @@ TEST(KernelPath, NamesParseAndSelection) {
   EXPECT_STREQ(kernel_path_name(KernelPath::portable), "portable");
   EXPECT_STREQ(kernel_path_name(KernelPath::avx2), "avx2");
   EXPECT_EQ(parse_kernel_path("portable"), KernelPath::portable);
+  EXPECT_STREQ(kernel_path_name(KernelPath::avx512), "avx512");
   EXPECT_EQ(parse_kernel_path("avx2"), KernelPath::avx2);
+  EXPECT_EQ(parse_kernel_path("avx512"), KernelPath::avx512);
   EXPECT_EQ(parse_kernel_path("auto"), best_kernel_path());
-  EXPECT_THROW(parse_kernel_path("avx512"), Error);
+  EXPECT_THROW(parse_kernel_path("avx1024"), Error);
   EXPECT_TRUE(kernel_path_supported(KernelPath::portable));
   EXPECT_TRUE(kernel_path_supported(best_kernel_path()));
   for (const KernelPath path : supported_paths()) {
     const PathScope scope(path);
     EXPECT_EQ(kernel_path(), path);
   }
-  if (!kernel_path_supported(KernelPath::avx2)) {
-    EXPECT_THROW(set_kernel_path(KernelPath::avx2), Error);
+  for (const KernelPath path : {KernelPath::avx2, KernelPath::avx512}) {
+    if (!kernel_path_supported(path)) {
+      EXPECT_THROW(set_kernel_path(path), Error);
+    }
   }
+  // auto is the widest path the CPU has.
+  const KernelPath best = kernel_path_supported(KernelPath::avx512) ? KernelPath::avx512
+                          : kernel_path_supported(KernelPath::avx2) ? KernelPath::avx2
+                                                                    : KernelPath::portable;
+  EXPECT_EQ(best_kernel_path(), best);
 }
 
 void expect_all_paths_within_bound(const Case& c) {
@@ -433,9 +442,10 @@ TEST(KernelPaths, DeterministicForAThreadCount) {
     EXPECT_EQ(first.dq, second.dq);
     EXPECT_EQ(first.dk, second.dk);
     EXPECT_EQ(first.dv, second.dv);
-    if (path == KernelPath::avx2) {
-      // The AVX2 forward computes every query tile the same way whichever thread runs it, so its
-      // result does not even depend on the thread count (the backward's dQ sums do).
+    if (path != KernelPath::portable) {
+      // The AVX2 and AVX-512 forwards compute every query tile the same way whichever thread
+      // runs it, so their result does not even depend on the thread count (the backward's dQ
+      // sums do).
       c.threads = 1;
       const StridedRun one = run_layout(c, false);
       EXPECT_EQ(one.out, first.out);
@@ -455,6 +465,45 @@ TEST(KernelPaths, ForwardWorkspaceStaysSmallAtLongSequences) {
       EXPECT_LT(forward_workspace_bytes(shape, threads), int64_t{64} << 20) << threads;
     }
     EXPECT_GT(forward_workspace_bytes(shape, 1), 0);
+  }
+}
+
+// The AVX-512 path on its own, so that a CPU or build without it reports this test as skipped
+// instead of passing it silently (every test above also runs it wherever it is supported): O,
+// LSE, dQ, dK and dV, each against the fp64 reference, at the head dims its 32-dim value blocks
+// pad (80, 96) or fill (64, 128), an odd query count (61: a 48-row panel and a partial one), GQA
+// 12:4 and the masks whose borders cut its tiles (causal, a window, packed documents with a
+// window), each mask at two head dims.
+TEST(KernelPathAvx512, MatchesFp64Reference) {
+  if (!kernel_path_supported(KernelPath::avx512)) {
+    GTEST_SKIP() << "no AVX-512 path: this CPU lacks AVX-512 F/BW/DQ/VL (or the build has no "
+                    "AVX-512 code)";
+  }
+  const std::vector<int64_t> documents = {1, 40, 3, 90, 60, 806};  // positions 0 .. 999
+  const Mask masks[] = {Mask::none(), Mask::causal(), Mask::causal_window(37),
+                        Mask::causal_window(50).with_documents(documents)};
+  const PathScope scope(KernelPath::avx512);
+  int index = 0;
+  for (const int64_t dim : {64, 80, 96, 128}) {
+    for (int twice = 0; twice < 2; ++twice) {  // two of the four masks per head dim, in turn
+      Case c;
+      c.heads = 12;
+      c.kv_heads = 4;
+      c.q_tokens = 61;
+      c.kv_tokens = 130;
+      c.head_dim = dim;
+      c.mask = masks[index % 4];
+      c.positions = index % 2 ? Positions::arbitrary : Positions::contiguous;
+      c.threads = index % 3 == 2 ? 2 : 1;
+      ++index;
+      SCOPED_TRACE(c.name());
+      const Errors e = run_case(c, /*backward=*/true);
+      EXPECT_LE(e.out, kFp32RelativeBound) << "O";
+      EXPECT_LE(e.lse, kFp32RelativeBound) << "LSE";
+      EXPECT_LE(e.dq, kFp32RelativeBound) << "dQ";
+      EXPECT_LE(e.dk, kFp32RelativeBound) << "dK";
+      EXPECT_LE(e.dv, kFp32RelativeBound) << "dV";
+    }
   }
 }
 

@@ -12,10 +12,10 @@
 #include <tuple>
 #include <vector>
 
-#include "attention2d/tools/check.hpp"
-#include "attention2d/tools/data.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/reference.hpp"
+#include "attention2d/tools/check.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention_case.hpp"
 
 namespace a2d {
@@ -227,7 +227,8 @@ TEST_P(MergeTest, AccumulatingKernelEqualsUnsplit) {
 INSTANTIATE_TEST_SUITE_P(
     Masks, MergeTest,
     ::testing::Combine(::testing::Values(Mask::none(), Mask::causal(), Mask::causal_window(20)),
-                       ::testing::Values(KernelPath::portable, KernelPath::avx2)),
+                       ::testing::Values(KernelPath::portable, KernelPath::avx2,
+                                         KernelPath::avx512)),
     [](const auto& p) {
       const Mask& m = std::get<0>(p.param);
       return (m.kind == MaskKind::causal_window ? std::string("window") : m.describe()) + "_" +

@@ -9,7 +9,7 @@ struct FmaPeak {
   double gflops = 0.0;             // all threads together
   double gflops_per_thread = 0.0;  // gflops / threads
   int threads = 0;
-  std::string isa;  // what the loop ran: "avx2-fma" (8-lane FMA) or "portable" (baseline ISA)
+  std::string isa;  // what the loop ran: "avx512-fma" (16-lane), "avx2-fma" (8-lane) or "portable"
 };
 
 // Runs `threads` threads at once, each timing 12 independent chains of fp32 fused multiply-adds

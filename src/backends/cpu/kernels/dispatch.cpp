@@ -1,5 +1,5 @@
-// The public kernel functions: argument checks shared by every path, the choice of path (portable
-// or AVX2/FMA, see KernelPath in kernel.hpp) and the hand-over to it.
+// The public kernel functions: argument checks shared by every path, the choice of path (portable,
+// AVX2/FMA or AVX-512, see KernelPath in kernel.hpp) and the hand-over to it.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -29,6 +29,19 @@ bool cpu_has_avx2_fma_f16c() {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
+#else
+  return false;
+#endif
+}
+
+// AVX-512 F, BW, DQ and VL (the kernels' flags), besides what the AVX2 path needs (FMA, F16C).
+// __builtin_cpu_supports also checks that the operating system saves the zmm registers.
+bool cpu_has_avx512() {
+#if A2D_HAVE_AVX512_PATH
+  __builtin_cpu_init();
+  return cpu_has_avx2_fma_f16c() && __builtin_cpu_supports("avx512f") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vl");
 #else
   return false;
 #endif
@@ -114,11 +127,15 @@ bool finite_forward_inputs(const ForwardArgs& a) {
 
 void run_forward(const ForwardArgs& args, const cpu::ForwardResult& result) {
   check_forward(args);
-#if A2D_HAVE_AVX2_PATH
-  if (kernel_path() == KernelPath::avx2 && finite_forward_inputs(args)) {
-    return cpu::avx2::forward(args, result);
-  }
+  const KernelPath path = kernel_path();
+  if (path != KernelPath::portable && finite_forward_inputs(args)) {
+#if A2D_HAVE_AVX512_PATH
+    if (path == KernelPath::avx512) return cpu::avx512::forward(args, result);
 #endif
+#if A2D_HAVE_AVX2_PATH
+    if (path == KernelPath::avx2) return cpu::avx2::forward(args, result);
+#endif
+  }
   cpu::portable::forward(args, result);
 }
 
@@ -132,16 +149,23 @@ bool kernel_path_supported(KernelPath path) {
       static const bool supported = cpu_has_avx2_fma_f16c();
       return supported;
     }
+    case KernelPath::avx512: {
+      static const bool supported = cpu_has_avx512();
+      return supported;
+    }
   }
   return false;
 }
 
 KernelPath best_kernel_path() {
-  return kernel_path_supported(KernelPath::avx2) ? KernelPath::avx2 : KernelPath::portable;
+  for (const KernelPath path : {KernelPath::avx512, KernelPath::avx2}) {
+    if (kernel_path_supported(path)) return path;
+  }
+  return KernelPath::portable;
 }
 
-constexpr EnumName<KernelPath> kKernelPathNames[] = {{KernelPath::portable, "portable"},
-                                                     {KernelPath::avx2, "avx2"}};
+constexpr EnumName<KernelPath> kKernelPathNames[] = {
+    {KernelPath::portable, "portable"}, {KernelPath::avx2, "avx2"}, {KernelPath::avx512, "avx512"}};
 
 const char* kernel_path_name(KernelPath path) {
   return enum_name(kKernelPathNames, path);
@@ -155,9 +179,11 @@ KernelPath parse_kernel_path(const std::string& name) {
 }
 
 void set_kernel_path(KernelPath path) {
-  const char* reason = A2D_HAVE_AVX2_PATH
-                           ? "this CPU lacks AVX2, FMA or F16C"
-                           : "this build has no AVX2 code (it needs an x86-64 GCC or Clang build)";
+  const bool built = path == KernelPath::avx512 ? A2D_HAVE_AVX512_PATH : A2D_HAVE_AVX2_PATH;
+  const char* reason =
+      !built ? "this build has no code for it (it needs an x86-64 GCC or Clang build)"
+      : path == KernelPath::avx512 ? "this CPU lacks AVX-512 F/BW/DQ/VL, FMA or F16C"
+                                   : "this CPU lacks AVX2, FMA or F16C";
   A2D_REQUIRE(kernel_path_supported(path), "the ", kernel_path_name(path),
               " kernel path is not available: ", reason, "; use auto or portable");
   g_path.store(static_cast<int>(path));
@@ -178,6 +204,11 @@ KernelPath kernel_path() {
 }
 
 int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
+#if A2D_HAVE_AVX512_PATH
+  if (kernel_path() == KernelPath::avx512) {
+    return cpu::avx512::forward_workspace_bytes(shape, threads);
+  }
+#endif
 #if A2D_HAVE_AVX2_PATH
   if (kernel_path() == KernelPath::avx2) return cpu::avx2::forward_workspace_bytes(shape, threads);
 #endif
@@ -188,6 +219,11 @@ int64_t backward_workspace_bytes(const AttentionShape& shape, int threads, bool 
   const int64_t delta_bytes = delta_from_out ? shape.batch * shape.heads * shape.q_tokens *
                                                    static_cast<int64_t>(sizeof(float))
                                              : 0;
+#if A2D_HAVE_AVX512_PATH
+  if (kernel_path() == KernelPath::avx512) {
+    return delta_bytes + cpu::avx512::backward_workspace_bytes(shape, threads);
+  }
+#endif
 #if A2D_HAVE_AVX2_PATH
   if (kernel_path() == KernelPath::avx2) {
     return delta_bytes + cpu::avx2::backward_workspace_bytes(shape, threads);
@@ -235,13 +271,17 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
   const cpu::BackwardInputs in{&args, delta};
 #if A2D_HAVE_AVX2_PATH
   // As in the forward: inputs holding NaN or Inf take the portable path.
-  if (kernel_path() == KernelPath::avx2 &&
+  const KernelPath path = kernel_path();
+  if (path != KernelPath::portable &&
       (!has_work || (finite_tokens(args.q, shape.batch, shape.q_tokens, shape.heads, dim) &&
                      finite_tokens(args.k, shape.batch, shape.kv_tokens, shape.kv_heads, dim) &&
                      finite_tokens(args.v, shape.batch, shape.kv_tokens, shape.kv_heads, dim) &&
                      finite_tokens(args.d_out, shape.batch, shape.q_tokens, shape.heads, dim) &&
                      usable_rows(args.lse, shape.batch, shape.heads, shape.q_tokens) &&
                      usable_rows(delta, shape.batch, shape.heads, shape.q_tokens)))) {
+#if A2D_HAVE_AVX512_PATH
+    if (path == KernelPath::avx512) return cpu::avx512::backward(in, dq, dk, dv);
+#endif
     return cpu::avx2::backward(in, dq, dk, dv);
   }
 #endif

@@ -31,11 +31,10 @@ int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
 int64_t backward_workspace_bytes(const AttentionShape& shape, int threads);
 }  // namespace portable
 
-#if A2D_HAVE_AVX2_PATH
-namespace avx2 {
-// Parts of the AVX2 kernels that a timing experiment can switch off (bench/kernel_parts.cpp
-// measures what each part costs); the results are then wrong. The kernels test the flags once per
-// tile, outside every inner loop.
+#if A2D_HAVE_AVX2_PATH || A2D_HAVE_AVX512_PATH
+// Parts of the fast (AVX2, AVX-512) kernels that a timing experiment can switch off
+// (bench/kernel_parts.cpp measures what each part costs); the results are then wrong. The kernels
+// test the flags once per tile, outside every inner loop.
 enum Skip : unsigned {
   kSkipNothing = 0,
   kSkipExp = 1u << 0,                // P = S instead of exp(S - max); max and sums still run
@@ -47,6 +46,11 @@ enum Skip : unsigned {
   kSkipKeyValueGradients = 1u << 6,  // backward: dV += P^T dO and dK += dS^T Q
   kSkipQueryGradients = 1u << 7,     // backward: dQ += dS K
 };
+#endif
+
+// The fast paths: simd/forward.inc and simd/backward.inc compiled once per vector layer.
+#if A2D_HAVE_AVX2_PATH
+namespace avx2 {
 void forward(const ForwardArgs& args, const ForwardResult& result, unsigned skip = kSkipNothing);
 void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk,
               TokenView<float> dv, unsigned skip = kSkipNothing);
@@ -54,6 +58,17 @@ int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
 int64_t backward_workspace_bytes(const AttentionShape& shape, int threads);
 float fma_chains(int64_t iterations);  // the AVX2 loop of measure_fma_peak
 }  // namespace avx2
+#endif
+
+#if A2D_HAVE_AVX512_PATH
+namespace avx512 {
+void forward(const ForwardArgs& args, const ForwardResult& result, unsigned skip = kSkipNothing);
+void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk,
+              TokenView<float> dv, unsigned skip = kSkipNothing);
+int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
+int64_t backward_workspace_bytes(const AttentionShape& shape, int threads);
+float fma_chains(int64_t iterations);  // the AVX-512 loop of measure_fma_peak (12 zmm chains)
+}  // namespace avx512
 #endif
 
 }  // namespace a2d::cpu

@@ -30,7 +30,9 @@ float portable_chains(int64_t iterations) {
   return sum;
 }
 
-constexpr double kFlopsPerIteration = 12 * 8 * 2;  // chains x lanes x (multiply + add)
+// chains x lanes x (multiply + add): 8 lanes for AVX2 and portable (96 lanes), 16 for AVX-512.
+constexpr double kFlopsPerIteration = 12 * 8 * 2;
+constexpr double kFlopsPerAvx512Iteration = 12 * 16 * 2;
 
 }  // namespace
 
@@ -38,7 +40,13 @@ FmaPeak measure_fma_peak(int threads, int tries, double seconds_per_try) {
   A2D_REQUIRE(threads >= 1 && tries >= 1 && seconds_per_try > 0,
               "measure_fma_peak: threads and tries must be >= 1 and the time positive");
   const bool avx2 = kernel_path_supported(KernelPath::avx2);
+  // The peak of the widest vectors this CPU has (the peak the fastest path can reach).
+  const bool avx512 = kernel_path_supported(KernelPath::avx512);
+  const double flops_per_iteration = avx512 ? kFlopsPerAvx512Iteration : kFlopsPerIteration;
   auto chains = [&](int64_t iterations) {
+#if A2D_HAVE_AVX512_PATH
+    if (avx512) return cpu::avx512::fma_chains(iterations);
+#endif
 #if A2D_HAVE_AVX2_PATH
     if (avx2) return cpu::avx2::fma_chains(iterations);
 #endif
@@ -70,7 +78,7 @@ FmaPeak measure_fma_peak(int threads, int tries, double seconds_per_try) {
         volatile float sink = chains(iterations);
         (void)sink;
         const double rate =
-            kFlopsPerIteration * static_cast<double>(iterations) / (seconds_now() - start) / 1e9;
+            flops_per_iteration * static_cast<double>(iterations) / (seconds_now() - start) / 1e9;
         if (rate > best[t]) best[t] = rate;
       }
     }
@@ -80,7 +88,7 @@ FmaPeak measure_fma_peak(int threads, int tries, double seconds_per_try) {
   for (double rate : best)
     peak.gflops += rate;
   peak.gflops_per_thread = peak.gflops / threads;
-  peak.isa = avx2 ? "avx2-fma" : "portable";
+  peak.isa = avx512 ? "avx512-fma" : avx2 ? "avx2-fma" : "portable";
   return peak;
 }
 

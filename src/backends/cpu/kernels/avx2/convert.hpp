@@ -1,5 +1,6 @@
 // Internal: the element-type conversions of the AVX2 kernels, fp32 <-> bf16 and fp16, 8 lanes at
-// a time (and one at a time for the tails), giving the bits of the scalar functions of dtype.hpp:
+// a time (and one at a time for the tails, simd/convert.inc), giving the bits of the scalar
+// functions of dtype.hpp:
 //
 //   bf16 -> fp32   the 16 bits become the upper half of a binary32 (zero-extend, shift left 16)
 //   fp16 -> fp32   F16C vcvtph2ps (exact, subnormals included, NaN stays NaN)
@@ -32,7 +33,7 @@ constexpr int64_t kElementBytes = kType == DType::f32 ? 4 : 2;
 
 // 8 elements of kType at `from` (unaligned) -> 8 fp32 lanes.
 template <DType kType>
-A2D_INLINE __m256 widen8(const std::byte* from) {
+A2D_INLINE Vec widen_lanes(const std::byte* from) {
   if constexpr (kType == DType::f32) {
     return _mm256_loadu_ps(reinterpret_cast<const float*>(from));
   } else {
@@ -45,29 +46,8 @@ A2D_INLINE __m256 widen8(const std::byte* from) {
   }
 }
 
-// One element of kType at `from` -> fp32.
-template <DType kType>
-A2D_INLINE float widen1(const std::byte* from) {
-  if constexpr (kType == DType::f32) {
-    float value;
-    std::memcpy(&value, from, sizeof value);
-    return value;
-  } else {
-    uint16_t bits;
-    std::memcpy(&bits, from, sizeof bits);
-    if constexpr (kType == DType::bf16) {
-      const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-      float value;
-      std::memcpy(&value, &wide, sizeof value);
-      return value;
-    } else {
-      return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits)));
-    }
-  }
-}
-
 // 8 fp32 lanes -> 8 bf16 values: round to nearest even, NaN quiet.
-A2D_INLINE __m128i narrow8_bf16(__m256 x) {
+A2D_INLINE __m128i narrow_lanes_bf16(Vec x) {
   const __m256i bits = _mm256_castps_si256(x);
   const __m256i lowest_kept = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
   const __m256i rounded = _mm256_srli_epi32(
@@ -82,80 +62,20 @@ A2D_INLINE __m128i narrow8_bf16(__m256 x) {
 
 // 8 fp32 lanes -> 8 elements of kType at `to` (unaligned).
 template <DType kType>
-A2D_INLINE void narrow8(__m256 x, std::byte* to) {
+A2D_INLINE void narrow_lanes(Vec x, std::byte* to) {
   if constexpr (kType == DType::f32) {
     _mm256_storeu_ps(reinterpret_cast<float*>(to), x);
   } else if constexpr (kType == DType::bf16) {
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(to), narrow8_bf16(x));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(to), narrow_lanes_bf16(x));
   } else {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(to),
                      _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 }
 
-// One fp32 value -> kType at `to`.
-template <DType kType>
-A2D_INLINE void narrow1(float x, std::byte* to) {
-  if constexpr (kType == DType::f32) {
-    std::memcpy(to, &x, sizeof x);
-  } else {
-    uint16_t bits;
-    if constexpr (kType == DType::bf16) {
-      alignas(16) uint16_t lanes[8];
-      _mm_store_si128(reinterpret_cast<__m128i*>(lanes), narrow8_bf16(_mm256_set1_ps(x)));
-      bits = lanes[0];
-    } else {
-      // vcvtps2ph on one lane (not _cvtss_sh: Clang's macro for it is a C99 compound literal).
-      const __m128i half =
-          _mm_cvtps_ph(_mm_set_ss(x), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      bits = static_cast<uint16_t>(_mm_cvtsi128_si32(half) & 0xffff);
-    }
-    std::memcpy(to, &bits, sizeof bits);
-  }
-}
-
-// to[0, count) = the count elements of kType at `from`, in fp32.
-template <DType kType>
-A2D_INLINE void widen_row(const std::byte* from, float* to, int64_t count) {
-  int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes)
-    _mm256_storeu_ps(to + i, widen8<kType>(from + i * kElementBytes<kType>));
-  for (; i < count; ++i)
-    to[i] = widen1<kType>(from + i * kElementBytes<kType>);
-}
-
-// The count elements of kType at `to` = from[0, count) * scale (rounded once, to kType).
-template <DType kType>
-A2D_INLINE void narrow_row(const float* from, float scale, std::byte* to, int64_t count) {
-  const __m256 factor = _mm256_set1_ps(scale);
-  int64_t i = 0;
-  for (; i + kLanes <= count; i += kLanes)
-    narrow8<kType>(_mm256_mul_ps(_mm256_loadu_ps(from + i), factor), to + i * kElementBytes<kType>);
-  for (; i < count; ++i)
-    narrow1<kType>(from[i] * scale, to + i * kElementBytes<kType>);
-}
-
-// Runs `body.template operator()<kType>()` with kType = dtype (a compile-time element type), so
-// that a kernel picks its conversion once per tile or row, never per element.
-template <typename Body>
-A2D_INLINE void with_dtype(DType dtype, Body&& body) {
-  switch (dtype) {
-    case DType::f32:
-      body.template operator()<DType::f32>();
-      return;
-    case DType::bf16:
-      body.template operator()<DType::bf16>();
-      return;
-    case DType::f16:
-      body.template operator()<DType::f16>();
-      return;
-  }
-}
-
-// widen_row with the element type chosen at run time (one switch per row).
-A2D_INLINE void widen_row(DType dtype, const std::byte* from, float* to, int64_t count) {
-  with_dtype(dtype, [&]<DType kType>() { widen_row<kType>(from, to, count); });
-}
-
 }  // namespace
 }  // namespace a2d::cpu::avx2
+
+#define A2D_SIMD_NAMESPACE avx2
+#include "backends/cpu/kernels/simd/convert.inc"
+#undef A2D_SIMD_NAMESPACE

@@ -1,5 +1,7 @@
-// Internal: AVX2/FMA building blocks of the fast CPU kernels: a vectorised exp and the
-// register-blocked micro-kernel every tile product is made of.
+// Internal: the AVX2/FMA vector layer of the fast CPU kernels (8 fp32 lanes in a ymm register),
+// and through simd/math.inc the building blocks written on it: a vectorised exp and the
+// register-blocked micro-kernel every tile product is made of. avx512/simd.hpp is the same layer
+// for 16 lanes; the kernels (simd/forward.inc, simd/backward.inc) are written once against it.
 //
 // Include this only from translation units compiled with -mavx2 -mfma -mf16c (CMake does that for
 // the files in this directory). Everything here has internal linkage: an inline function compiled
@@ -11,131 +13,100 @@
 
 #include <cstdint>
 
-namespace a2d::cpu::avx2 {
-namespace {
-
-constexpr int kLanes = 8;  // fp32 lanes of a ymm register
-
 #define A2D_INLINE inline __attribute__((always_inline))
 // The functions that run a micro-kernel over a whole depth are kept out of line: compiled on
-// their own, the 12 accumulators, the B vectors and the broadcast fill the 16 ymm registers
+// their own, the accumulators, the B vectors and the broadcast fill the vector registers
 // without spilling, which inlined into a large caller they did not always do.
 #define A2D_NOINLINE __attribute__((noinline))
 
-// 2^x for 8 lanes. x is split into n = round(x) and f = x - n in [-0.5, 0.5]; 2^f is a degree-6
-// polynomial (near-minimax: Chebyshev interpolation of 2^f, approximation error 2.5e-9 relative;
-// with fp32 rounding of the Horner steps the result is within 2 ulp of 2^x, see
-// tests/unit/test_kernel_paths.cpp) and 2^n is built in the exponent bits. x <= -126.5 (and -inf)
-// gives exactly 0, so masked scores (-inf) and rows far below the maximum vanish without a
-// branch; NaN stays NaN.
-A2D_INLINE __m256 exp2_lanes(__m256 x) {
-  x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);  // this operand order lets NaN through
-  x = _mm256_min_ps(_mm256_set1_ps(127.0f), x);
-  const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m256 f = _mm256_sub_ps(x, n);
-  __m256 p = _mm256_set1_ps(1.5461444854736328e-4f);
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3400427997112274e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618056938052177e-3f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550327152013779e-2f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.24022650718688965f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.6931471824645996f));
-  p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-  // n = -127 gives the bit pattern 0, i.e. 2^n = 0.
-  const __m256i exponent =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(exponent));
+namespace a2d::cpu::avx2 {
+namespace {
+
+using Vec = __m256;
+constexpr int kLanes = 8;  // fp32 lanes of a ymm register
+// 12 accumulators of the micro-kernel, its B vectors and the broadcast fit the 16 ymm registers.
+constexpr int kVectorRegisters = 16;
+
+A2D_INLINE Vec vzero() {
+  return _mm256_setzero_ps();
 }
-
-constexpr float kLog2e = 1.44269504088896340736f;
-
-// exp(s - offset / log2(e)) = 2^(s log2(e) - offset): the subtraction rides in the FMA, so a
-// score tile costs no extra pass to leave the natural-log domain.
-A2D_INLINE __m256 exp_shifted(__m256 s, __m256 offset_log2) {
-  return exp2_lanes(_mm256_fmsub_ps(s, _mm256_set1_ps(kLog2e), offset_log2));
+A2D_INLINE Vec vset(float x) {
+  return _mm256_set1_ps(x);
 }
-
-// cap * tanh(s / cap) for 8 lanes (logit softcapping): tanh(y) = sign(y) (1 - e) / (1 + e),
-// e = exp(-2 |y|) = 2^(-2 log2(e) |y|), and below |y| = 1/8, where 1 - e would cancel, the odd
-// Taylor polynomial to y^7 (next term 62/2835 y^9 < 3e-10 relative there). 1 - e and 1 + e are
-// exact to an ulp of 1, so the large-|y| branch is within a few ulp of tanh (and exactly 1 once
-// e underflows).
-A2D_INLINE __m256 softcap_lanes(__m256 s, __m256 cap, __m256 inverse_cap) {
-  const __m256 sign_bit = _mm256_set1_ps(-0.0f);
-  const __m256 y = _mm256_mul_ps(s, inverse_cap);
-  const __m256 magnitude = _mm256_andnot_ps(sign_bit, y);
-  const __m256 e = exp2_lanes(_mm256_mul_ps(magnitude, _mm256_set1_ps(-2.0f * kLog2e)));
-  const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 large = _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e));
-  const __m256 y2 = _mm256_mul_ps(magnitude, magnitude);
-  __m256 poly = _mm256_set1_ps(-17.0f / 315.0f);
-  poly = _mm256_fmadd_ps(poly, y2, _mm256_set1_ps(2.0f / 15.0f));
-  poly = _mm256_fmadd_ps(poly, y2, _mm256_set1_ps(-1.0f / 3.0f));
-  poly = _mm256_mul_ps(poly, y2);
-  const __m256 small = _mm256_fmadd_ps(poly, magnitude, magnitude);
-  const __m256 is_small = _mm256_cmp_ps(magnitude, _mm256_set1_ps(0.125f), _CMP_LT_OQ);
-  const __m256 t = _mm256_blendv_ps(large, small, is_small);
-  return _mm256_mul_ps(cap, _mm256_or_ps(t, _mm256_and_ps(sign_bit, y)));
+// 32-byte aligned
+A2D_INLINE Vec vload(const float* p) {
+  return _mm256_load_ps(p);
 }
-
-// An M x (8 NV) block of fp32 accumulators, kept in registers: the micro-kernel's C.
-template <int M, int NV>
-struct Block {
-  __m256 v[M][NV];
-
-  A2D_INLINE void zero() {
-#pragma GCC unroll 8
-    for (int m = 0; m < M; ++m)
-#pragma GCC unroll 4
-      for (int n = 0; n < NV; ++n)
-        v[m][n] = _mm256_setzero_ps();
-  }
-};
-
-// C(m, n) += sum_k A(m, k) B(k, n) over k < depth, the one micro-kernel of both passes.
-//   A(m, k) = a[m * a_row + k]        (a_row_major = true: a row of A is contiguous in k)
-//   A(m, k) = a[k * a_step + m]       (a_row_major = false: a column of A is contiguous in m)
-//   B(k, n) = b[k * b_step + n]       (8 NV contiguous floats per k)
-// Per k: NV vector loads of B, M broadcasts of A, M * NV FMAs. With M * NV = 12 accumulators
-// (6 x 16 or 4 x 24), 12 FMAs hide the FMA latency on two FMA pipes and the loads stay under
-// the load ports' rate; 12 + NV + 1 <= 16 ymm registers, so nothing spills.
-template <int M, int NV, bool kARowMajor>
-A2D_INLINE void multiply(Block<M, NV>& c, const float* a, int64_t a_stride, const float* b,
-                         int64_t b_step, int64_t depth) {
-  if constexpr (kARowMajor) {
-    const float* rows[M];
-#pragma GCC unroll 8
-    for (int m = 0; m < M; ++m)
-      rows[m] = a + m * a_stride;
-    for (int64_t k = 0; k < depth; ++k) {
-      __m256 bv[NV];
-#pragma GCC unroll 4
-      for (int n = 0; n < NV; ++n)
-        bv[n] = _mm256_loadu_ps(b + k * b_step + n * kLanes);
-#pragma GCC unroll 8
-      for (int m = 0; m < M; ++m) {
-        const __m256 av = _mm256_broadcast_ss(rows[m] + k);
-#pragma GCC unroll 4
-        for (int n = 0; n < NV; ++n)
-          c.v[m][n] = _mm256_fmadd_ps(av, bv[n], c.v[m][n]);
-      }
-    }
-  } else {
-    for (int64_t k = 0; k < depth; ++k) {
-      __m256 bv[NV];
-#pragma GCC unroll 4
-      for (int n = 0; n < NV; ++n)
-        bv[n] = _mm256_loadu_ps(b + k * b_step + n * kLanes);
-      const float* column = a + k * a_stride;
-#pragma GCC unroll 8
-      for (int m = 0; m < M; ++m) {
-        const __m256 av = _mm256_broadcast_ss(column + m);
-#pragma GCC unroll 4
-        for (int n = 0; n < NV; ++n)
-          c.v[m][n] = _mm256_fmadd_ps(av, bv[n], c.v[m][n]);
-      }
-    }
-  }
+A2D_INLINE Vec vloadu(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+A2D_INLINE void vstore(float* p, Vec x) {
+  _mm256_store_ps(p, x);
+}
+A2D_INLINE void vstoreu(float* p, Vec x) {
+  _mm256_storeu_ps(p, x);
+}
+A2D_INLINE Vec vbroadcast(const float* p) {
+  return _mm256_broadcast_ss(p);
+}
+A2D_INLINE Vec vadd(Vec a, Vec b) {
+  return _mm256_add_ps(a, b);
+}
+A2D_INLINE Vec vsub(Vec a, Vec b) {
+  return _mm256_sub_ps(a, b);
+}
+A2D_INLINE Vec vmul(Vec a, Vec b) {
+  return _mm256_mul_ps(a, b);
+}
+A2D_INLINE Vec vdiv(Vec a, Vec b) {
+  return _mm256_div_ps(a, b);
+}
+// vmaxps/vminps return the second operand when either is NaN: vmax(c, x) lets a NaN x through.
+A2D_INLINE Vec vmax(Vec a, Vec b) {
+  return _mm256_max_ps(a, b);
+}
+A2D_INLINE Vec vmin(Vec a, Vec b) {
+  return _mm256_min_ps(a, b);
+}
+// a b + c
+A2D_INLINE Vec vfmadd(Vec a, Vec b, Vec c) {
+  return _mm256_fmadd_ps(a, b, c);
+}
+// a b - c
+A2D_INLINE Vec vfmsub(Vec a, Vec b, Vec c) {
+  return _mm256_fmsub_ps(a, b, c);
+}
+// c - a b
+A2D_INLINE Vec vfnmadd(Vec a, Vec b, Vec c) {
+  return _mm256_fnmadd_ps(a, b, c);
+}
+A2D_INLINE Vec vround(Vec x) {
+  return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+// 2^n for integral n in [-127, 127], built in the exponent bits; n = -127 gives the bit pattern
+// 0, i.e. exactly 0.
+A2D_INLINE Vec vpow2_integral(Vec n) {
+  const __m256i biased = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(biased, 23));
+}
+A2D_INLINE Vec vabs(Vec x) {
+  return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+}
+// |magnitude| with the sign of `sign` (magnitude's sign bit must be clear).
+A2D_INLINE Vec vwith_sign_of(Vec magnitude, Vec sign) {
+  return _mm256_or_ps(magnitude, _mm256_and_ps(_mm256_set1_ps(-0.0f), sign));
+}
+// Lane-wise a < b ? if_true : if_false, and a == b ? if_true : if_false (ordered compares).
+A2D_INLINE Vec vselect_less(Vec a, Vec b, Vec if_true, Vec if_false) {
+  return _mm256_blendv_ps(if_false, if_true, _mm256_cmp_ps(a, b, _CMP_LT_OQ));
+}
+A2D_INLINE Vec vselect_equal(Vec a, Vec b, Vec if_true, Vec if_false) {
+  return _mm256_blendv_ps(if_false, if_true, _mm256_cmp_ps(a, b, _CMP_EQ_OQ));
 }
 
 }  // namespace
 }  // namespace a2d::cpu::avx2
+
+#define A2D_SIMD_NAMESPACE avx2
+#include "backends/cpu/kernels/simd/math.inc"
+#undef A2D_SIMD_NAMESPACE
