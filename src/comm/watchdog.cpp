@@ -508,6 +508,10 @@ pid_t g_signal_owner = 0;  // the process whose thread reads the pipe
 // sends SIGKILL milliseconds later (srun_job.c: job_force_termination).
 bool g_parent_is_slurmstepd = false;
 int g_slurm_task = -1;  // SLURM_PROCID: the rank before MPI_Init has set one
+// Task 0's lines, written by the handler itself (async-signal-safe: a write of a line made before):
+// the thread that reads the pipe may run too late, SIGKILL having come first.
+std::string g_slurm_lines[2];  // SIGTERM's, SIGINT's
+std::atomic<bool> g_slurm_line_written{false};
 std::atomic<void (*)()> g_before_stop{nullptr};  // Watchdog::stop_on_signals's before_stop
 
 void on_signal(int signal, siginfo_t* info, void* /*context*/) {
@@ -519,6 +523,13 @@ void on_signal(int signal, siginfo_t* info, void* /*context*/) {
     return;
   }
   const int saved = errno;
+  if (g_parent_is_slurmstepd && g_slurm_task == 0 && info && info->si_code == SI_USER &&
+      info->si_pid == ::getppid() && (signal == SIGTERM || signal == SIGINT) &&
+      !g_slurm_line_written.exchange(true)) {
+    const std::string& line = g_slurm_lines[signal == SIGTERM ? 0 : 1];
+    const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
+    (void)written;
+  }
   Received received;
   received.signal = signal;
   received.sender = info && info->si_code == SI_USER ? static_cast<int32_t>(info->si_pid) : 0;
@@ -574,7 +585,7 @@ const char* signal_name(int signal) {
     if (void (*before_stop)() = g_before_stop.load()) before_stop();
     if (!claim_ending()) wait_for_the_end();  // the watchdog is ending the job already
     const int task = error_rank() >= 0 ? error_rank() : g_slurm_task;
-    if (task <= 0 && !g_end_announced.load()) {
+    if (task <= 0 && !g_end_announced.load() && !g_slurm_line_written.exchange(true)) {
       const std::string line = "a2d: rank " + std::to_string(std::max(task, 0)) + " received " +
                                signal_name(received.signal) + "; the job stops\n";
       const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
@@ -637,6 +648,11 @@ void Watchdog::stop_on_signals(bool interrupt, void (*before_stop)()) {
     watchdog_detail::g_parent_is_slurmstepd = watchdog_detail::parent_is_slurmstepd();
     if (const char* task = std::getenv("SLURM_PROCID"))
       watchdog_detail::g_slurm_task = std::atoi(task);
+    for (const int signal : {SIGTERM, SIGINT}) {
+      watchdog_detail::g_slurm_lines[signal == SIGTERM ? 0 : 1] =
+          "a2d: rank 0 received " + std::string(watchdog_detail::signal_name(signal)) +
+          "; the job stops\n";
+    }
     std::thread(watchdog_detail::act_on_signals).detach();
     watchdog_detail::install(SIGTERM);
   });
