@@ -129,7 +129,7 @@ sleep 0.5  # past a2d's start (its handlers)
 srun_pid=""  # srun in the controller's namespace (not the child it forks, whose parent is srun)
 for pid in $(ip netns pids "$name-ctl"); do
   [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = srun ] || continue
-  parent=$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
+  parent=$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
   [ "$(cat "/proc/$parent/comm" 2>/dev/null)" = srun ] || { srun_pid=$pid; break; }
 done
 [ -n "$srun_pid" ] || fail "no srun process found"
@@ -152,7 +152,7 @@ lines=$(grep -c 'received SIGINT' "$work/int.out" || true)
 [ "$lines" -eq 1 ] || fail "$lines lines of a2d name SIGINT after Ctrl-C, not one"
 deadline=$((SECONDS + 10))
 while :; do  # the last job: the srun's own allocation
-  job=$(on squeue -h -t all -o '%i %T' | sort -n | tail -n 1)
+  job=$(on squeue -h -t all -o '%i %T' | sort -n | tail -n 1 || true)
   [ "${job#* }" != CANCELLED ] && [ "$SECONDS" -lt "$deadline" ] || break
   sleep 0.2
 done
