@@ -3,20 +3,25 @@
 # emulated hosts (scripts/slurm_cluster.sh), one 3-rank `srun --mpi=pmix_v4 a2d run` (one rank
 # per host) per case, ended or broken once its ranks compute:
 #   scancel      scancel of the job (sbatch --wrap of the srun)
+#   scancel-term scancel --signal=TERM of the job: SIGTERM to its steps only, not the batch shell
+#   scancel-full scancel --full --signal=TERM: SIGTERM to the batch shell (and srun in it) too
+#   scancel-batch scancel --batch --signal=TERM: SIGTERM to the batch shell and srun only
 #   srun-term    SIGTERM to srun (as a batch system's time limit or `kill` does)
 #   srun-int     SIGINT twice to srun within a second (Ctrl-C twice: srun cancels the step)
 #   rank-kill    SIGKILL to the rank on the last host
 #   host-freeze  SIGSTOP to everything on the last host (its slurmd, slurmstepd and rank): a
 #                frozen node; a2d's watchdog (--timeout) has to end the job
-# For each: seconds from the action until no rank is left on any host, srun's exit status, the
-# job's state (squeue -t all), a2d's message, whether anything is left. One line per case, then
-# the cluster is torn down.
+# For each: seconds from the action until no rank is left on any host, srun's exit status (for
+# the batch cases: the job's exit code, scontrol's ExitCode), how the tasks ended (srun's lines:
+# their exit codes, or "Killed"), the job's state (squeue -t all), how many lines of a2d name the
+# signal, the files in --out (5: complete, 0: none; anything else is reported), a2d's first
+# message, whether anything is left. One line per case, then the cluster is torn down.
 #   scripts/slurm_faults.sh --a2d build/a2d [--seq 4096] [--timeout 10] [--cases "scancel ..."]
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 slurm="$repo/scripts/slurm_cluster.sh"
 a2d="$repo/build/a2d" seq=4096 timeout=10
-cases="scancel srun-term srun-int rank-kill host-freeze"
+cases="scancel scancel-term scancel-full scancel-batch srun-term srun-int rank-kill host-freeze"
 while [ $# -gt 0 ]; do
   case "$1" in
     --a2d) a2d=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
@@ -69,29 +74,44 @@ job_state() {  # the last job's state once it is final (10 s at most)
   echo "${state:-?}"
 }
 
-run_args=(run --seq "$seq" --heads 4 --head-dim 64 --backward --iters 1000 --timeout "$timeout")
-printf '%-12s %-10s %-6s %-12s %s\n' case "gone(s)" srun "job state" "a2d's message"
+not_started() {  # a case whose ranks did not all start: its output, then every job cancelled
+  echo "$1: the ranks did not start within 30 s; the job's output:"
+  sed 's/^/    /' "$out" 2>/dev/null | tail -n 8
+  on scancel -u "$(id -un)" 2>/dev/null || true
+  sleep 2
+}
+printf '%-13s %-8s %-6s %-14s %-10s %-5s %-5s %s\n' case "gone(s)" srun tasks "job state" lines files \
+  "a2d's message"
 for case in $cases; do
   out="$work/$case.out"
+  run_args=(run --seq "$seq" --heads 4 --head-dim 64 --backward --iters 1000 --timeout "$timeout"
+    --out "$work/$case-out")
   status=""
-  if [ "$case" = scancel ]; then
+  if [ "${case%%-*}" = scancel ]; then
     job=$(cd "$work" && on sbatch --parsable --nodes=3 --ntasks-per-node=1 --output="$out" \
       --wrap "srun --mpi=pmix_v4 $a2d ${run_args[*]}")
     job=${job%%;*}
-    wait_ranks || { echo "$case: the ranks did not start"; continue; }
+    wait_ranks || { not_started "$case"; continue; }
     from=$(date +%s.%N)
-    on scancel "$job"
+    case "$case" in
+      scancel) on scancel "$job" ;;
+      scancel-term) on scancel --signal=TERM "$job" ;;
+      scancel-full) on scancel --full --signal=TERM "$job" ;;
+      scancel-batch) on scancel --batch --signal=TERM "$job" ;;
+    esac
     gone=$(seconds_until_gone "$from")
-    status="-"
   else
     on srun --mpi=pmix_v4 --nodes=3 --ntasks-per-node=1 "$a2d" "${run_args[@]}" >"$out" 2>&1 &
     launcher=$!
-    wait_ranks || { echo "$case: the ranks did not start"; kill "$launcher"; continue; }
-    job=$(on squeue -h -o %A | tail -n 1)
-    # srun inside the controller's namespace: the launcher's process there.
+    wait_ranks || { not_started "$case"; wait "$launcher" || true; continue; }
+    job=$(on squeue -h -o %A | tail -n 1 || true)
+    # srun inside the controller's namespace: the launcher's process there (not the child srun
+    # forks to watch it, whose parent is srun).
     srun_pid=""
     for pid in $(ip netns pids "$name-ctl"); do
-      [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != srun ] || { srun_pid=$pid; break; }
+      [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = srun ] || continue
+      parent=$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2>/dev/null || true)
+      [ "$(cat "/proc/$parent/comm" 2>/dev/null)" = srun ] || { srun_pid=$pid; break; }
     done
     from=$(date +%s.%N)
     case "$case" in
@@ -118,9 +138,20 @@ for case in $cases; do
     gone=$(seconds_until_gone "$from")
   fi
   state=$(job_state "$job")
+  if [ -z "$status" ]; then  # a batch job: its exit code (scontrol's ExitCode=code:signal)
+    status=$(on scontrol show job "$job" 2>/dev/null | grep -o ' ExitCode=[0-9:]*' | cut -d= -f2)
+    status="b${status:-?}"
+  fi
+  # How srun saw the tasks end: "143x3" (three tasks exited 143), "Killedx3", ...
+  tasks=$(grep -oE 'task [0-9]+: (Exited with exit code [0-9]+|Killed)' "$out" |
+    sed -E 's/.*(code |: )//' | sort | uniq -c | awk '{printf "%s%sx%s", (NR > 1 ? "," : ""), $2, $1}')
+  lines=$(grep -c 'received SIG' "$out" || true)
+  files=$(ls -A "$work/$case-out" 2>/dev/null | wc -l)
   # a2d's own first line about the end (its watchdog's, a signal's), not Open MPI's or Slurm's.
-  message=$(grep -E '^a2d' "$out" | head -n 1 | cut -c1-110 || true)
-  printf '%-12s %-10s %-6s %-12s %s\n' "$case" "$gone" "$status" "$state" "${message:--}"
+  message=$(grep -E '^a2d' "$out" | head -n 1 | cut -c1-100 || true)
+  printf '%-13s %-8s %-6s %-14s %-10s %-5s %-5s %s\n' "$case" "$gone" "$status" "${tasks:--}" "$state" \
+    "$lines" "$files" "${message:--}"
+  [ "$files" -eq 0 ] || [ "$files" -eq 5 ] || echo "    $files files in --out: neither complete nor absent"
   if [ -n "${SLURM_FAULTS_VERBOSE:-}" ]; then sed 's/^/    /' "$out"; fi
   left=$(rank_pids | wc -l)
   [ "$left" -eq 0 ] || echo "    $left ranks left after the case"

@@ -503,6 +503,15 @@ struct Received {
 };
 int g_signal_pipe[2] = {-1, -1};
 pid_t g_signal_owner = 0;  // the process whose thread reads the pipe
+// Under srun the parent is slurmstepd, which signals every task of the step at once, for a cause
+// nobody else reports (scancel, srun's forwarded Ctrl-C, a time limit), and srun or slurmstepd
+// sends SIGKILL milliseconds later (srun_job.c: job_force_termination).
+bool g_parent_is_slurmstepd = false;
+int g_slurm_task = -1;  // SLURM_PROCID: the rank before MPI_Init has set one
+// Task 0's lines, written by the handler itself (async-signal-safe: a write of a line made before):
+// the thread that reads the pipe may run too late, SIGKILL having come first.
+std::string g_slurm_lines[2];  // SIGTERM's, SIGINT's
+std::atomic<bool> g_slurm_line_written{false};
 std::atomic<void (*)()> g_before_stop{nullptr};  // Watchdog::stop_on_signals's before_stop
 
 void on_signal(int signal, siginfo_t* info, void* /*context*/) {
@@ -514,6 +523,13 @@ void on_signal(int signal, siginfo_t* info, void* /*context*/) {
     return;
   }
   const int saved = errno;
+  if (g_parent_is_slurmstepd && g_slurm_task == 0 && info && info->si_code == SI_USER &&
+      info->si_pid == ::getppid() && (signal == SIGTERM || signal == SIGINT) &&
+      !g_slurm_line_written.exchange(true)) {
+    const std::string& line = g_slurm_lines[signal == SIGTERM ? 0 : 1];
+    const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
+    (void)written;
+  }
   Received received;
   received.signal = signal;
   received.sender = info && info->si_code == SI_USER ? static_cast<int32_t>(info->si_pid) : 0;
@@ -536,6 +552,17 @@ void install(int signal) {
   sigaction(signal, &action, nullptr);
 }
 
+bool parent_is_slurmstepd() {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/comm", static_cast<int>(::getppid()));
+  FILE* file = std::fopen(path, "r");
+  if (!file) return false;
+  char name[32] = {};
+  const bool read = std::fgets(name, sizeof name, file) != nullptr;
+  std::fclose(file);
+  return read && std::strncmp(name, "slurmstepd", 10) == 0;
+}
+
 const char* signal_name(int signal) {
   return signal == SIGTERM ? "SIGTERM" : signal == SIGINT ? "SIGINT" : "a signal";
 }
@@ -551,6 +578,21 @@ const char* signal_name(int signal) {
   const auto from_launcher = [](const Received& r) {
     return r.sender != 0 && r.sender == ::getppid();
   };
+  // From slurmstepd: every rank has the signal, and SIGKILL follows within milliseconds (no time
+  // for rank 0's note to reach the others, nor for MPI_Abort): each rank ends at once with
+  // 128 + signal, and only rank 0 prints the line.
+  if (from_launcher(received) && g_parent_is_slurmstepd) {
+    if (void (*before_stop)() = g_before_stop.load()) before_stop();
+    if (!claim_ending()) wait_for_the_end();  // the watchdog is ending the job already
+    const int task = error_rank() >= 0 ? error_rank() : g_slurm_task;
+    if (task <= 0 && !g_end_announced.load() && !g_slurm_line_written.exchange(true)) {
+      const std::string line = "a2d: rank " + std::to_string(std::max(task, 0)) + " received " +
+                               signal_name(received.signal) + "; the job stops\n";
+      const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
+      (void)written;
+    }
+    std::_Exit(code);
+  }
   // A signal to every rank at once (scancel, `pkill`, a terminal's Ctrl-C where the ranks share
   // its process group): rank 0 reports it at once, the others after a wait that grows with their
   // rank (0.25 s + 0.05 s per rank), in which the lower rank's end reaches them (its note over
@@ -603,6 +645,14 @@ void Watchdog::stop_on_signals(bool interrupt, void (*before_stop)()) {
   std::call_once(once, [] {
     if (::pipe2(watchdog_detail::g_signal_pipe, O_CLOEXEC) != 0) return;
     watchdog_detail::g_signal_owner = ::getpid();
+    watchdog_detail::g_parent_is_slurmstepd = watchdog_detail::parent_is_slurmstepd();
+    if (const char* task = std::getenv("SLURM_PROCID"))
+      watchdog_detail::g_slurm_task = std::atoi(task);
+    for (const int signal : {SIGTERM, SIGINT}) {
+      watchdog_detail::g_slurm_lines[signal == SIGTERM ? 0 : 1] =
+          "a2d: rank 0 received " + std::string(watchdog_detail::signal_name(signal)) +
+          "; the job stops\n";
+    }
     std::thread(watchdog_detail::act_on_signals).detach();
     watchdog_detail::install(SIGTERM);
   });
