@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: installs dependencies, builds (warnings are errors),
-# runs the unit tests and the tests too slow for the sanitizers, then rebuilds with
-# AddressSanitizer + UndefinedBehaviorSanitizer and runs every other CTest test under them (each
+# runs the unit tests and the tests too slow for the sanitizers while it rebuilds with
+# AddressSanitizer + UndefinedBehaviorSanitizer, then runs every other CTest test under them (each
 # test runs in at least one of the two builds; tests/CMakeLists.txt, at its end), then runs the
 # fuzz targets for a bounded time.
 set -euo pipefail
@@ -13,6 +13,45 @@ phase() { echo "test.sh: $1 done at $(( $(date +%s) - start )) s"; }
 scripts/setup.sh
 scripts/build.sh build
 phase "setup and build"
+# The sanitizer build and the CUDA compile run in the background at the lowest priority while the
+# first pass's tests run: many of those tests mostly wait (emulated links, timeouts, signals,
+# Slurm's daemons), and the builds take the cores they leave idle; nice 19 keeps them from slowing
+# the tests that compute. Their output goes to build-background.log, printed if they fail.
+background_builds() {
+  renice -n 19 -p "$BASHPID" > /dev/null
+  # Line tables only (-g1): the sanitizers' stack traces need file and line, not full debug info,
+  # which made this build the longest step of the suite.
+  scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DA2D_SANITIZE=ON -DA2D_BUILD_BENCH=OFF \
+    -DA2D_WITH_PYTHON=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
+  echo "test.sh: sanitizer build done"
+  # The CUDA pieces, where a CUDA toolkit is installed (building them needs no GPU): configure
+  # with A2D_WITH_CUDA=ON and compile the .cu sources (the a2d_cuda objects: the CUDA backend for
+  # sm_80 and sm_90, 2 dtypes x 4 head dimensions of each attention kernel; bench/a2d_gemm_peak),
+  # with -Xptxas -v, and fail if any attention kernel spills registers
+  # (scripts/check_cuda_spills.sh). The objects are removed first so that ptxas reports on every
+  # kernel. Nothing CUDA runs here: scripts/gpu_check.sh is the check on a GPU (docs/gpu.md).
+  if [[ -x /usr/local/cuda/bin/nvcc ]]; then
+    cmake -S . -B build-cuda -DA2D_WITH_CUDA=ON -DA2D_WERROR=ON -DA2D_BUILD_TESTS=OFF \
+      -DA2D_CUDA_PTXAS_VERBOSE=ON > build-cuda.configure.log 2>&1 ||
+      { cat build-cuda.configure.log; return 1; }
+    grep -q "CUDA=ON" build-cuda.configure.log ||
+      { cat build-cuda.configure.log; echo "test.sh: A2D_WITH_CUDA=ON turned itself off"; return 1; }
+    find build-cuda/CMakeFiles/a2d_cuda.dir -name '*.o' -delete 2>/dev/null || true
+    cmake --build build-cuda -j "$(nproc)" --target a2d_cuda a2d_gemm_peak > build-cuda.build.log 2>&1 ||
+      { cat build-cuda.build.log; return 1; }
+    scripts/check_cuda_spills.sh build-cuda.build.log
+    echo "test.sh: CUDA build done"
+  else
+    echo "test.sh: no CUDA toolkit (/usr/local/cuda/bin/nvcc): the CUDA pieces are not built"
+  fi
+}
+builds_log=$PWD/build-background.log
+set -m  # the builds in a process group of their own, stopped whole if this script ends first
+(background_builds) > "$builds_log" 2>&1 &
+builds_pid=$!
+set +m
+trap 'kill -- -"$builds_pid" 2>/dev/null || true' EXIT
+
 # Each test runs in one of the two passes, the strictest build that runs it in time
 # (tests/CMakeLists.txt, at its end): here the unit tests (the kernels as released, also run
 # sanitized below), the heavy and uninstrumented ones, and the Python and package tests (which the
@@ -21,37 +60,20 @@ phase "setup and build"
   -L '^(unit|heavy|uninstrumented|python|torch|package)$')
 phase "tests"
 
-# The CUDA pieces, where a CUDA toolkit is installed (building them needs no GPU): configure with
-# A2D_WITH_CUDA=ON and compile the .cu sources (the a2d_cuda objects: the CUDA backend for sm_80
-# and sm_90, 2 dtypes x 4 head dimensions of each attention kernel; bench/a2d_gemm_peak), with
-# -Xptxas -v, and fail if any attention kernel spills registers (scripts/check_cuda_spills.sh).
-# The objects are removed first so that ptxas reports on every kernel. Nothing CUDA runs here:
-# scripts/gpu_check.sh is the check on a GPU (docs/gpu.md).
-if [[ -x /usr/local/cuda/bin/nvcc ]]; then
-  cmake -S . -B build-cuda -DA2D_WITH_CUDA=ON -DA2D_WERROR=ON -DA2D_BUILD_TESTS=OFF \
-    -DA2D_CUDA_PTXAS_VERBOSE=ON > build-cuda.configure.log 2>&1 ||
-    { cat build-cuda.configure.log; exit 1; }
-  grep -q "CUDA=ON" build-cuda.configure.log ||
-    { cat build-cuda.configure.log; echo "test.sh: A2D_WITH_CUDA=ON turned itself off"; exit 1; }
-  find build-cuda/CMakeFiles/a2d_cuda.dir -name '*.o' -delete 2>/dev/null || true
-  cmake --build build-cuda -j "$(nproc)" --target a2d_cuda a2d_gemm_peak > build-cuda.build.log 2>&1 ||
-    { cat build-cuda.build.log; exit 1; }
-  scripts/check_cuda_spills.sh build-cuda.build.log
-  phase "CUDA build"
-else
-  echo "test.sh: no CUDA toolkit (/usr/local/cuda/bin/nvcc): the CUDA pieces are not built"
+if ! wait "$builds_pid"; then
+  cat "$builds_log"
+  echo "test.sh: the background builds (sanitizer, CUDA) failed"
+  exit 1
 fi
+trap - EXIT
+grep -E '^(test.sh|-- attention2d)' "$builds_log" || true
+phase "sanitizer and CUDA builds (beside the tests)"
 
 # Sanitizers: unit and command tests, and the MPI tests up to 4 ranks (labels 'heavy' and
 # 'uninstrumented' excluded).
 # Leak reports from inside Open MPI are suppressed by tests/sanitizers/lsan.supp, nothing else.
 # (The Python package is left out there: an instrumented extension module would need the sanitizer
 # runtime preloaded into the interpreter; the Python tests run in the build above.)
-# Line tables only (-g1): the sanitizers' stack traces need file and line, not full debug info,
-# which made this build the longest step of the suite.
-scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DA2D_SANITIZE=ON -DA2D_BUILD_BENCH=OFF \
-  -DA2D_WITH_PYTHON=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
-phase "sanitizer build"
 # The tests' environment (tests/CMakeLists.txt) turns leak checking on and fails on any report.
 # The N = 4096 kernel cases, the N = 65536 memory check and the thousand-token kernel cases
 # (fp32 matrix and element types) are excluded here too: the sanitized fp64 reference makes them

@@ -8,10 +8,9 @@
 #      CANCELLED (squeue -t all and the cluster's jobcomp record; `sacct` needs slurmdbd, which
 #      this cluster does not run);
 #   3. down: none of the cluster's processes, namespaces or files left.
-# With `interrupt` (CTest `slurm.srun_interrupt`), instead of 1 and 2: Ctrl-C twice (SIGINT twice
-# within a second) to an srun of the same long a2d run: every rank gone within 10 s, one line
-# naming SIGINT, srun's exit status 130, the job CANCELLED. A test of its own: in the first it
-# made the test 43-53 s under the load here (more than the 45 s it may take).
+# With `interrupt` (run by hand; not in CTest, docs/slurm.md says why), instead of 1 and 2: Ctrl-C
+# twice (SIGINT twice within a second) to an srun of the same long a2d run: every rank gone
+# within 10 s, one line naming SIGINT, srun's exit status 130, the job CANCELLED.
 # Prints each step's seconds. Exits 77 (CTest's skip code), "SKIP: reason", only where the
 # namespaces or Slurm's daemons cannot start here (not root, no iproute2, slurm-wlm or munge).
 #   tests/slurm/slurm_job.sh A2D_BINARY [interrupt]
