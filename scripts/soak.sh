@@ -10,20 +10,22 @@
 # Jobs: `a2d run` of every algorithm in turn (attention2d, attention2d-overlap, ring,
 # allgather-kv, ulysses, hybrid), forward and backward, --check, --out, on inputs written by
 # scripts/soak_check.py (shape, GQA ratio, head dim and mask drawn from the seed), each bounded by
-# --timeout (the watchdog) and from outside by --timeout + 60 s. After each job, soak_check.py
+# --timeout (the watchdog), its launch by 60 s (cluster.sh run --start-timeout), and from outside
+# by 60 + --timeout + 60 s. After each job, soak_check.py
 # compares its outputs with an fp64 reference of its own:
 #   wrong  the job reported success with an output outside the bound (1e-5, fp32's)
 #   lost   an output missing or partial while the job reported success; or a failed job left a
 #          partial file, or part of the set
-#   hung   the job still running past its --timeout + 60 s (killed then)
+#   hung   the job still running past 60 + --timeout + 60 s (killed then)
 # A job that failed with no fault during it is counted and fails the soak too.
 #
 # Python: scripts/soak_python.py under mpirun (2 ranks, this machine's namespace: the faults
 # strike the cluster, not it), PYTHONPATH=build/python, /usr/bin/python3: forward and backward
 # calls with changing shapes, masks, algorithms and dtypes, each checked, and every 30th call a
-# decode run of 100 steps. Its ranks' RSS and open files are sampled every 2 s. After the
-# warm-up (its first third of calls, at least every combination of the list once) it may grow by
-# at most 1 MiB per 1000 calls, and its open files not at all.
+# decode run of 100 steps; each call ends with gc.collect() and malloc_trim(0). Its ranks' RSS
+# and open files are sampled every 2 s. After the warm-up (its first third of calls, at least
+# every combination of the list once) the median RSS of the last third of the samples may exceed
+# that of the first third by at most 1 MiB per 1000 calls, and its open files may not grow.
 #
 # Faults (--faults): every 15-45 s one of link_flap (4 s), link_down (--timeout + 15 s), slow
 # (rate / 100 for 10 s), stop_ranks (SIGSTOP for --timeout + 5 s), kill_rank, disk_full (the
@@ -41,7 +43,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cluster="$repo/scripts/cluster.sh"
 a2d="$repo/build/a2d"
 python=/usr/bin/python3
-minutes="" faults=0 seed=1 hosts=3 timeout=20 log=""
+minutes="" faults=0 seed=1 hosts=3 timeout=20 log="" start_timeout=60
 while [ $# -gt 0 ]; do
   case "$1" in
     --minutes) minutes=$2; shift 2 ;;
@@ -224,7 +226,8 @@ while [ "$(date +%s)" -lt "$deadline" ]; do
   describe="job $job: $algo B=$batch N=$seq H=$heads Hkv=$kv D=$head_dim ${mask[*]:-no mask}"
   t0=$(clock)
   code=0
-  timeout -s KILL $((timeout + 60)) "$cluster" run --name "$name" "$a2d" run \
+  timeout -s KILL $((start_timeout + timeout + 60)) "$cluster" run --name "$name" \
+    --start-timeout "$start_timeout" "$a2d" run \
     --algo "$algo" --q "$in/q.npy" --k "$in/k.npy" --v "$in/v.npy" --do "$in/do.npy" "${mask[@]}" \
     --backward --warmup 0 --iters 1 --timeout "$timeout" --check --out "$out" \
     >"$work/job.log" 2>&1 || code=$?
@@ -234,7 +237,7 @@ while [ "$(date +%s)" -lt "$deadline" ]; do
   fault_during "$t0" "$t1" && under_fault=yes
   if [ "$code" -eq 137 ]; then
     hung=$((hung + 1))
-    verdict="HUNG (killed $((timeout + 60)) s after its start)"
+    verdict="HUNG (killed $((start_timeout + timeout + 60)) s after its start)"
     kill_cluster_processes  # what the kill left
   else
     verdict=$("$python" "$repo/scripts/soak_check.py" check "$in" "$out" "$causal" "$window" \
@@ -277,12 +280,18 @@ calls = int(sys.argv[2])
 # Warm-up: the first third of the calls, and at least the first 52 (every combination of
 # soak_python.py's list once, and its first decode run).
 warm = max(52, calls // 3)
+# Growth: the median RSS of the last third of the samples after the warm-up less that of the
+# first third (every call ends with gc.collect() and malloc_trim(0), so RSS is live memory);
+# open files: the most after the warm-up less the most during it.
 before = [r for r in rows if r[1] <= warm]
 after = [r for r in rows if r[1] > warm]
-if not before or not after:
+if not before or len(after) < 3:
     print(f"nan nan 0 {warm}")
     sys.exit()
-rss = max(max(r[i] for r in after) - max(r[i] for r in before) for i in (2, 4)) / 1024
+third = len(after) // 3
+median = lambda values: sorted(values)[len(values) // 2]
+rss = max(median([r[i] for r in after[-third:]]) - median([r[i] for r in after[:third]])
+          for i in (2, 4)) / 1024
 fds = max(max(r[i] for r in after) - max(r[i] for r in before) for i in (3, 5))
 print(f"{max(rss, 0):.2f} {int(fds)} {calls - warm} {warm}")
 PY

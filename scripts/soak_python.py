@@ -12,6 +12,8 @@ Rank 0 rewrites STATUS_FILE after every call: "calls N wrong W failed F decode_s
 rank 1 writes STATUS_FILE.1 (its pid). Exits 0 when asked to stop, 1 if any call was wrong or
 failed."""
 
+import ctypes
+import gc
 import os
 import random
 import sys
@@ -26,6 +28,7 @@ from attention2d import _core
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+LIBC = ctypes.CDLL("libc.so.6")
 DECODE_EVERY = 30
 DECODE_STEPS = 100
 
@@ -159,6 +162,10 @@ def main():
             print(f"soak_python: rank {RANK} call {calls} failed:\n{traceback.format_exc()}",
                   file=sys.stderr, flush=True)
         calls += 1
+        # What the process holds, not what the allocator keeps cached: the sampled RSS then
+        # follows live memory (a leak), not the high-water mark of the largest shape so far.
+        gc.collect()
+        LIBC.malloc_trim(0)
         if RANK == 0:
             with open(status_file + ".tmp", "w") as f:
                 f.write(f"calls {calls} wrong {wrong} failed {failed} decode_steps {decode_steps}"
