@@ -5,7 +5,8 @@
 #
 #   scripts/cluster.sh up   --hosts H [--slots S] [--rate 100mbit] [--delay 1ms] [--link host|rank]
 #                           [--name NAME] [--owner PID] [--a2d build/a2d] [--no-calibrate]
-#   scripts/cluster.sh run  --name NAME [--cyclic] [--exit-grace SECONDS] [--] PROGRAM ARGS...
+#   scripts/cluster.sh run  --name NAME [--cyclic] [--exit-grace SECONDS] [--start-timeout SECONDS]
+#                           [--] PROGRAM ARGS...
 #                           (mpirun -np H*S across the hosts; world rank q on host q / S, or with
 #                           --cyclic on host q mod H: mpirun --map-by node)
 #   scripts/cluster.sh down --name NAME
@@ -33,7 +34,11 @@
 # (default 10) to end the job; if it has not (it waits on a host whose processes, its Open MPI
 # daemon too, are all stopped: docs/reliability.md, "Faults across hosts"), `run` names the ranks
 # still there, kills mpirun and what is left in the cluster's namespaces and exits 124, as
-# srun --wait does on a Slurm cluster.
+# srun --wait does on a Slurm cluster. A link fault while mpirun starts the job: the Open MPI
+# daemons retry their connection to mpirun every second for a minute (oob_tcp_retry_delay 1,
+# oob_tcp_max_recon_attempts 60; Open MPI's default is 10 tries at once, after which mpirun
+# waited forever); if not every rank has started --start-timeout seconds (default 90) after
+# mpirun did, `run` names how many had, ends it and exits 124.
 #
 # `up` also writes NAME's machine file (state directory, machine.txt; `--machine-file` of a2d
 # model, plan, bench and run): the links as shaped, the ranks per node and whether they share the
@@ -50,7 +55,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-0}"
 }
 
@@ -276,6 +281,7 @@ mpirun_args() {  # the mpirun options of a cluster (after load_state)
   printf '%s\n' -np "$((hosts * slots))" --hostfile "$dir/hostfile" \
     --mca plm_rsh_agent "$dir/agent" --mca plm_rsh_no_tree_spawn 1 \
     --mca btl self,vader,tcp --mca oob_tcp_if_include "$subnet" --mca btl_tcp_if_include "$subnet" \
+    --mca oob_tcp_retry_delay 1 --mca oob_tcp_max_recon_attempts 60 \
     --mca mpi_yield_when_idle 1 --mca coll_tuned_use_dynamic_rules 1 \
     --mca coll_tuned_allgather_algorithm 4 --mca coll_tuned_allgatherv_algorithm 3 \
     --bind-to none --oversubscribe --allow-run-as-root
@@ -295,10 +301,22 @@ kill_namespaces() {  # SIGKILL every process inside this cluster's namespaces (o
 }
 
 # Waits for mpirun (pid $1); the ranks' pids are files named by rank in $2. Returns mpirun's
-# exit status, or 124 when it was still running $3 seconds after a rank had exited.
+# exit status, or 124 when it was still running $3 seconds after a rank had exited, or when
+# fewer than $5 ranks had started $4 seconds after it did.
 watch_job() {
-  local launcher=$1 pids=$2 grace=$3 first_exit="" file rank pid gone alive_ranks
+  local launcher=$1 pids=$2 grace=$3 start_timeout=$4 ranks=$5 first_exit="" file rank pid gone
+  local alive_ranks started=$SECONDS
   while alive "$launcher"; do
+    if [ -n "$started" ] && [ "$(find "$pids" -type f | wc -l)" -ge "$ranks" ]; then
+      started=""
+    elif [ -n "$started" ] && [ $((SECONDS - started)) -ge "$start_timeout" ]; then
+      echo "cluster: only $(find "$pids" -type f | wc -l) of $ranks ranks started within" \
+        "$start_timeout s (a host unreachable while mpirun started the job?): ending it" >&2
+      kill -KILL "$launcher" 2>/dev/null || true
+      kill_namespaces "$name"
+      wait "$launcher" 2>/dev/null || true
+      return 124
+    fi
     if [ -z "$first_exit" ]; then
       for file in "$pids"/*; do
         [ -f "$file" ] || continue
@@ -336,18 +354,20 @@ watch_job() {
 }
 
 run() {
-  local name="" placement=() grace=10
+  local name="" placement=() grace=10 start_timeout=90
   while [ $# -gt 0 ]; do
     case "$1" in
       --name) name=$2; shift 2 ;;
       --cyclic) placement=(--map-by node); shift ;;
       --exit-grace) grace=$2; shift 2 ;;
+      --start-timeout) start_timeout=$2; shift 2 ;;
       --) shift; break ;;
       *) break ;;
     esac
   done
   [ -n "$name" ] || die "run: --name NAME"
   [[ "$grace" =~ ^[0-9]+$ && "$grace" -ge 1 ]] || die "run: --exit-grace: whole seconds, at least 1"
+  [[ "$start_timeout" =~ ^[0-9]+$ && "$start_timeout" -ge 1 ]] || die "run: --start-timeout: whole seconds, at least 1"
   [ $# -gt 0 ] || die "run: a program to run"
   load_state "$name"
   local args=()
@@ -368,7 +388,7 @@ run() {
   launcher=$!
   # Interrupted (a test's time limit, ctrl-C): end the job, and what it left in the namespaces.
   trap 'kill -TERM "$launcher" 2>/dev/null; sleep 1; kill_namespaces "$name"; rm -rf "$pids"; exit 130' INT TERM
-  watch_job "$launcher" "$pids" "$grace" || status=$?
+  watch_job "$launcher" "$pids" "$grace" "$start_timeout" "$((hosts * slots))" || status=$?
   trap - INT TERM
   # A failed job can leave ranks behind inside the namespaces: end them (ours only).
   [ "$status" -eq 0 ] || kill_namespaces "$name"

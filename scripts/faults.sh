@@ -23,8 +23,8 @@
 #   scripts/faults.sh [--a2d build/a2d] [--hosts 3] [--slots 2] [--rate 200mbit] [--seq 768]
 #                     [--heads 6] [--head-dim 32] [--timeout 20] [--margin 20] [--seconds 25]
 #                     [--flap 4] [--slow 10] [--seed 1] [--faults "link_flap ... freeze_host"]
-#                     [--algos "attention2d ... ulysses"] [--all-pairs] [--rto-max-ms MS]
-#                     [--table FILE]
+#                     [--algos "attention2d ... ulysses"] [--all-pairs] [--repeat K]
+#                     [--rto-max-ms MS] [--table FILE]
 #
 # For a link taken down, "stall" is the time from the link going down until the host's traffic
 # is back (its eth0 counters grow by 64 kB after the link is up again, polled every 0.1 s): TCP's
@@ -33,7 +33,8 @@
 # cluster's namespaces, to measure what capping the backoff buys. Off by default: the emulated
 # hosts keep the kernel's defaults, as real ones have them.
 # Faults cycle through the algorithms (fault i with algorithm i mod A); --all-pairs runs every
-# fault with every algorithm. Exits 0 when every row passed, 1 otherwise, 77 where namespaces
+# fault with every algorithm; --repeat K runs the whole list K times (each run its own moment
+# and host from the seed). Exits 0 when every row passed, 1 otherwise, 77 where namespaces
 # cannot be made. Needs root (network namespaces); leaves nothing behind (a trap tears down).
 set -euo pipefail
 
@@ -41,7 +42,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cluster="$repo/scripts/cluster.sh"
 a2d="$repo/build/a2d"
 hosts=3 slots=2 rate=200mbit seq=768 heads=6 head_dim=32 timeout=20 margin=20 seconds=25
-flap=4 slow=10 seed=1 all_pairs=0 table="" rto_max_ms=""
+flap=4 slow=10 seed=1 all_pairs=0 repeat=1 table="" rto_max_ms=""
 faults="link_flap link_down slow stop_ranks kill_rank disk_full freeze_host"
 algos="attention2d attention2d-overlap ring allgather-kv ulysses"
 while [ $# -gt 0 ]; do
@@ -62,9 +63,10 @@ while [ $# -gt 0 ]; do
     --faults) faults=$2; shift 2 ;;
     --algos) algos=$2; shift 2 ;;
     --all-pairs) all_pairs=1; shift ;;
+    --repeat) repeat=$2; shift 2 ;;
     --rto-max-ms) rto_max_ms=$2; shift 2 ;;
     --table) table=$2; shift 2 ;;
-    -h | --help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "faults: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -338,13 +340,15 @@ echo "$header"
 echo "|---|---|---|---|---|---|---|---|---|---|"
 read -r -a algo_list <<<"$algos"
 index=0
-for fault in $faults; do
-  if [ "$all_pairs" = 1 ]; then
-    for algo in "${algo_list[@]}"; do run_one "$fault" "$algo"; done
-  else
-    run_one "$fault" "${algo_list[$((index % ${#algo_list[@]}))]}"
-  fi
-  index=$((index + 1))
+for ((pass = 0; pass < repeat; pass++)); do
+  for fault in $faults; do
+    if [ "$all_pairs" = 1 ]; then
+      for algo in "${algo_list[@]}"; do run_one "$fault" "$algo"; done
+    else
+      run_one "$fault" "${algo_list[$((index % ${#algo_list[@]}))]}"
+    fi
+    index=$((index + 1))
+  done
 done
 if [ -n "$table" ]; then
   {

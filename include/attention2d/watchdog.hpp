@@ -2,10 +2,14 @@
 //
 // A distributed job hangs when one rank dies or stalls while the others wait for it. With a
 // Watchdog alive, every rank runs a helper thread that notes the phase the algorithm is in (every
-// Communicator::set_phase; kernels add heartbeats between tiles). When a rank inside attention2d
-// has made no progress for `timeout_seconds`, it asks every rank for its phase and how long ago it
-// last made progress. If some rank is still progressing, the job is slow, not hung, and it keeps
-// waiting. If no rank progressed within the timeout, or a rank does not answer, it prints
+// Communicator::set_phase; kernels add heartbeats between tiles). Bytes moving between the job's
+// hosts are progress too: the helper thread sums, every 0.5 s, what this process's TCP connections
+// to the ranks' addresses received and had acknowledged (Linux's TCP_INFO), beyond what the
+// watchdogs' own messages account for, so a transfer that crawls, or resumes after TCP's
+// retransmission backoff, is not a hang. When a rank inside attention2d has made no progress for
+// `timeout_seconds`, it asks every rank for its phase and how long ago it last made progress. If
+// some rank is still progressing, the job is slow, not hung, and it keeps waiting. If no rank
+// progressed within the timeout, or a rank does not answer, it prints
 //
 //   a2d watchdog: rank 3 made no progress for 10.0 s in phase forward.q_allgather
 //     behind: rank 2 (phase 7 forward.kernel, 10.1 s) on host node2

@@ -1084,6 +1084,7 @@ class GlooLink final : public watchdog_detail::Link {
     char host[256] = {};
     gethostname(host, sizeof host - 1);
     hosts_ = all_gather_bytes(*view_, host);
+    addresses_ = all_gather_bytes(*view_, watchdog_detail::local_addresses());
     inbox_ = parked_bytes(*mesh_, sizeof(Message));
     listener_ = std::thread([this] { listen(); });
     watcher_ = std::thread([this] { watch(); });
@@ -1136,6 +1137,7 @@ class GlooLink final : public watchdog_detail::Link {
   int rank() const override { return view_->rank(); }
   int size() const override { return view_->size(); }
   const std::vector<std::string>& hosts() const override { return hosts_; }
+  const std::vector<std::string>& addresses() const override { return addresses_; }
   void serve() override {}  // the listener answers at once
 
   void ask_everyone(uint64_t round) override {
@@ -1174,6 +1176,7 @@ class GlooLink final : public watchdog_detail::Link {
  private:
   // Posts `message` to rank `peer` of the view; the reaper frees it once it is sent.
   void send(int peer, const Message& message) {
+    watchdog_detail::count_link_messages(1);
     auto outgoing = parked_bytes(*mesh_, sizeof message);
     std::memcpy(outgoing->memory.data(), &message, sizeof message);
     try {
@@ -1229,6 +1232,7 @@ class GlooLink final : public watchdog_detail::Link {
       if (!got) return;  // stopping (abortWaitRecv)
       Message message;
       std::memcpy(&message, inbox->memory.data(), sizeof message);
+      watchdog_detail::count_link_messages(1);
       handle(message);
     }
   }
@@ -1340,6 +1344,7 @@ class GlooLink final : public watchdog_detail::Link {
   std::shared_ptr<Mesh> mesh_;
   std::vector<int> peers_;  // mesh ranks of the other members
   std::vector<std::string> hosts_;
+  std::vector<std::string> addresses_;
 
   std::mutex inbox_mutex_;
   std::unique_ptr<Parked> inbox_;

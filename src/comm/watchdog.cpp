@@ -2,9 +2,17 @@
 // Gloo's in gloo_comm.cpp.
 #include "attention2d/watchdog.hpp"
 
+#include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#ifdef __linux__
+#include <linux/tcp.h>
+#endif
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -112,6 +120,35 @@ std::string hosts_of(const std::vector<int>& ranks, const std::vector<std::strin
   return text;
 }
 
+// An address as text; an IPv4 address mapped into IPv6 as IPv4 (as local_addresses lists it).
+std::string address_text(const sockaddr* address) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (address->sa_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(address)->sin_addr, text, sizeof text);
+  } else if (address->sa_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr;
+    if (IN6_IS_ADDR_V4MAPPED(&v6)) {
+      inet_ntop(AF_INET, &v6.s6_addr[12], text, sizeof text);
+    } else {
+      inet_ntop(AF_INET6, &v6, text, sizeof text);
+    }
+  }
+  return text;
+}
+
+bool loopback(const sockaddr* address) {
+  if (address->sa_family == AF_INET) {
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(address)->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (address->sa_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  }
+  return true;
+}
+
+std::atomic<int64_t> g_link_messages{0};
+
 std::atomic<bool> g_ending{false};
 // Another rank told this one that it is ending the job for a signal it received (MPI link).
 std::atomic<bool> g_end_announced{false};
@@ -120,6 +157,58 @@ std::atomic<bool> g_end_announced{false};
 
 Status current_status() {
   return g_tracker.status();
+}
+
+std::string local_addresses() {
+  std::string text;
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return text;
+  for (const ifaddrs* entry = list; entry; entry = entry->ifa_next) {
+    if (!entry->ifa_addr || loopback(entry->ifa_addr)) continue;
+    const std::string address = address_text(entry->ifa_addr);
+    if (!address.empty()) text += (text.empty() ? "" : " ") + address;
+  }
+  freeifaddrs(list);
+  return text;
+}
+
+int64_t tcp_bytes_moved(const std::set<std::string>& peers) {
+  int64_t moved = 0;
+#ifdef __linux__
+  DIR* fds = opendir("/proc/self/fd");
+  if (!fds) return 0;
+  const int own = dirfd(fds);
+  while (const dirent* entry = readdir(fds)) {
+    const int fd = std::atoi(entry->d_name);
+    if (entry->d_name[0] < '0' || entry->d_name[0] > '9' || fd == own) continue;
+    int type = 0;
+    socklen_t length = sizeof type;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) continue;
+    sockaddr_storage peer = {};
+    length = sizeof peer;
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) continue;
+    const auto* address = reinterpret_cast<const sockaddr*>(&peer);
+    if ((address->sa_family != AF_INET && address->sa_family != AF_INET6) || loopback(address) ||
+        !peers.count(address_text(address)))
+      continue;
+    tcp_info info = {};
+    length = sizeof info;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0) continue;
+    moved += static_cast<int64_t>(info.tcpi_bytes_received + info.tcpi_bytes_acked);
+  }
+  closedir(fds);
+#else
+  (void)peers;
+#endif
+  return moved;
+}
+
+bool transport_progress(int64_t moved, int64_t link_messages) {
+  return moved > 4096 + 256 * link_messages;
+}
+
+void count_link_messages(int64_t messages) {
+  g_link_messages.fetch_add(messages);
 }
 
 bool claim_ending() {
@@ -224,12 +313,29 @@ class MpiLink final : public Link {
                   MPI_CHAR, comm_);
     for (int peer = 0; peer < size_; ++peer)
       hosts_.emplace_back(all.data() + static_cast<size_t>(peer) * MPI_MAX_PROCESSOR_NAME);
+    // Every rank's addresses, for the bytes between the job's hosts (tcp_bytes_moved).
+    const std::string mine = local_addresses();
+    const int length_mine = static_cast<int>(mine.size());
+    std::vector<int> lengths(static_cast<size_t>(size_)), offsets(static_cast<size_t>(size_));
+    MPI_Allgather(&length_mine, 1, MPI_INT, lengths.data(), 1, MPI_INT, comm_);
+    int total = 0;
+    for (int peer = 0; peer < size_; ++peer) {
+      offsets[static_cast<size_t>(peer)] = total;
+      total += lengths[static_cast<size_t>(peer)];
+    }
+    std::vector<char> text(static_cast<size_t>(std::max(total, 1)));
+    MPI_Allgatherv(mine.data(), length_mine, MPI_CHAR, text.data(), lengths.data(), offsets.data(),
+                   MPI_CHAR, comm_);
+    for (int peer = 0; peer < size_; ++peer)
+      addresses_.emplace_back(text.data() + offsets[static_cast<size_t>(peer)],
+                              static_cast<size_t>(lengths[static_cast<size_t>(peer)]));
   }
   ~MpiLink() override { MPI_Comm_free(&comm_); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::vector<std::string>& hosts() const override { return hosts_; }
+  const std::vector<std::string>& addresses() const override { return addresses_; }
 
   void serve() override {
     int ending = 0;
@@ -245,6 +351,7 @@ class MpiLink final : public Link {
       MPI_Recv(&ignored, 1, MPI_CHAR, probe.MPI_SOURCE, kTagRequest, comm_, MPI_STATUS_IGNORE);
       Status mine = current_status();
       MPI_Send(&mine, sizeof mine, MPI_BYTE, probe.MPI_SOURCE, kTagReply, comm_);
+      count_link_messages(2);
     }
   }
 
@@ -256,6 +363,7 @@ class MpiLink final : public Link {
       MPI_Isend(&request, 1, MPI_CHAR, peer, kTagRequest, comm_, &sent);
       MPI_Request_free(&sent);
     }
+    count_link_messages(size_ - 1);
   }
 
   void collect_answers(uint64_t /*round*/, std::map<int, Status>& answers) override {
@@ -267,6 +375,7 @@ class MpiLink final : public Link {
       Status s;
       MPI_Recv(&s, sizeof s, MPI_BYTE, probe.MPI_SOURCE, kTagReply, comm_, MPI_STATUS_IGNORE);
       answers[probe.MPI_SOURCE] = s;
+      count_link_messages(1);
     }
   }
 
@@ -293,6 +402,7 @@ class MpiLink final : public Link {
   int rank_ = 0;
   int size_ = 1;
   std::vector<std::string> hosts_;
+  std::vector<std::string> addresses_;
 };
 
 }  // namespace
@@ -379,10 +489,35 @@ struct Engine {
     return !failure.empty();
   }
 
+  // Bytes between the job's hosts count as progress (watchdog_link.hpp, tcp_bytes_moved): a
+  // transfer that crawls, or resumes after TCP's retransmission backoff, is no hang; a job whose
+  // connections are all silent still is.
+  void note_transport(double& next_sample, int64_t& moved_at_progress,
+                      int64_t& messages_at_progress, const std::set<std::string>& peers) {
+    if (now() < next_sample) return;
+    next_sample = now() + kTransportSampleSeconds;
+    const int64_t moved = tcp_bytes_moved(peers);
+    const int64_t messages = g_link_messages.load();
+    if (moved < moved_at_progress) moved_at_progress = moved;  // a connection closed
+    if (!transport_progress(moved - moved_at_progress, messages - messages_at_progress)) return;
+    moved_at_progress = moved;
+    messages_at_progress = messages;
+    std::lock_guard<std::mutex> lock(g_tracker.mutex);
+    if (!g_tracker.outside) g_tracker.since = now();
+  }
+
   void run() {
-    double next_check = 0;
+    double next_check = 0, next_sample = 0;
+    std::set<std::string> peers;
+    for (const std::string& text : link->addresses()) {
+      std::istringstream words(text);
+      for (std::string address; words >> address;)
+        peers.insert(address);
+    }
+    int64_t moved_at_progress = tcp_bytes_moved(peers), messages_at_progress = 0;
     while (!stop.load()) {
       link->serve();
+      note_transport(next_sample, moved_at_progress, messages_at_progress, peers);
       const Status mine = current_status();
       // A transfer of this rank that failed on the link's mesh, or a rank that is gone: reported
       // at once from inside attention2d; a rank outside reports a rank gone when it enters again

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,28 @@ bool claim_ending();
 // Blocks forever (the thread that claimed the end is ending the process).
 [[noreturn]] void wait_for_the_end();
 
+// Bytes moved between the job's hosts, as progress (a transfer of one MPI call may take longer
+// than the timeout on a slow link, or after TCP's retransmission backoff, with no phase or tile
+// to mark it). The watchdog's thread sums, over this process's TCP connections whose peer is an
+// address of one of the job's hosts (never loopback), the bytes received plus the bytes the peer
+// acknowledged (the kernel's TCP_INFO: a connection in retransmission backoff moves none), every
+// kTransportSampleSeconds; more than its own status messages could have moved since the last
+// progress (transport_progress) counts as progress. Linux only; elsewhere it counts nothing.
+constexpr double kTransportSampleSeconds = 0.5;
+
+// This host's addresses (IPv4 and IPv6, not loopback), as text separated by spaces.
+std::string local_addresses();
+// The sum described above over this process's TCP connections to `peers` (addresses as
+// local_addresses writes them); 0 where it cannot be read.
+int64_t tcp_bytes_moved(const std::set<std::string>& peers);
+// Whether `moved` bytes since the last progress, in which the ranks' watchdogs exchanged
+// `link_messages` status messages with this one, are the job's traffic: more than 4 KiB plus
+// 256 bytes per message (the watchdog's own messages are a few dozen bytes each, with the
+// transport's header). A pure function, tested on its own.
+bool transport_progress(int64_t moved, int64_t link_messages);
+// Counts status messages a link sent or received (for transport_progress).
+void count_link_messages(int64_t messages);
+
 class Link {
  public:
   virtual ~Link() = default;
@@ -53,6 +76,8 @@ class Link {
   virtual int size() const = 0;
   // Every rank's host, by rank (gathered when the link was made).
   virtual const std::vector<std::string>& hosts() const = 0;
+  // Every rank's local_addresses(), by rank (gathered when the link was made).
+  virtual const std::vector<std::string>& addresses() const = 0;
   // Answers the other ranks' requests that arrived (MPI; Gloo's listener answers at once).
   virtual void serve() = 0;
   // Asks every other rank for its status; `round` tells the answers of this request apart.
