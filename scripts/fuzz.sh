@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a bounded time.
 #   scripts/fuzz.sh [SECONDS_PER_TARGET]      (default 30; CI runs the default, run longer by hand)
+# SECONDS_PER_TARGET 0 only builds them (scripts/test.sh does, beside its first tests).
 # New corpus entries go to build-fuzz/corpus/<target> (seeded from fuzz/corpus/<target>). A crash
 # leaves build-fuzz/artifacts/<target>/crash-* and fails the script: fix the bug, then commit the
 # input under fuzz/regressions/<target>/ so tests/unit/test_fuzz_regressions.cpp replays it.
@@ -13,6 +14,10 @@ CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DA2D_FUZ
   -DA2D_WITH_MPI=OFF -DA2D_BUILD_TESTS=OFF -DA2D_BUILD_BENCH=OFF -DA2D_WERROR=ON >build-fuzz/configure.log 2>&1 ||
   { cat build-fuzz/configure.log; exit 1; }
 cmake --build build-fuzz -j "$(nproc)" --target fuzz_npy fuzz_layout
+if [ "$seconds" = 0 ]; then
+  echo "fuzz.sh: built"
+  exit 0
+fi
 for target in npy layout; do
   corpus=build-fuzz/corpus/$target
   artifacts=build-fuzz/artifacts/$target

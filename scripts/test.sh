@@ -13,7 +13,7 @@ phase() { echo "test.sh: $1 done at $(( $(date +%s) - start )) s"; }
 scripts/setup.sh
 scripts/build.sh build
 phase "setup and build"
-# The sanitizer build and the CUDA compile run in the background at the lowest priority while the
+# The sanitizer build, the CUDA compile and the fuzz targets' build run in the background at the lowest priority while the
 # first pass's tests run: many of those tests mostly wait (emulated links, timeouts, signals,
 # Slurm's daemons), and the builds take the cores they leave idle; nice 19 keeps them from slowing
 # the tests that compute. Their output goes to build-background.log, printed if they fail.
@@ -44,6 +44,7 @@ background_builds() {
   else
     echo "test.sh: no CUDA toolkit (/usr/local/cuda/bin/nvcc): the CUDA pieces are not built"
   fi
+  scripts/fuzz.sh 0  # the fuzz targets, run at the end
 }
 builds_log=$PWD/build-background.log
 set -m  # the builds in a process group of their own, stopped whole if this script ends first
@@ -62,12 +63,12 @@ phase "tests"
 
 if ! wait "$builds_pid"; then
   cat "$builds_log"
-  echo "test.sh: the background builds (sanitizer, CUDA) failed"
+  echo "test.sh: the background builds (sanitizer, CUDA, fuzz targets) failed"
   exit 1
 fi
 trap - EXIT
-grep -E '^(test.sh|-- attention2d)' "$builds_log" || true
-phase "sanitizer and CUDA builds (beside the tests)"
+grep -E '^(test.sh|fuzz.sh|-- attention2d)' "$builds_log" || true
+phase "sanitizer, CUDA and fuzz builds (beside the tests)"
 
 # Sanitizers: unit and command tests, and the MPI tests up to 4 ranks (labels 'heavy' and
 # 'uninstrumented' excluded).
@@ -88,7 +89,8 @@ phase "sanitizer and CUDA builds (beside the tests)"
   -E 'Nq4096|kernel_memory_65536|Nq1000_Nk1000|KernelDtypes.CrossLengthsNoMaskBatch2|KernelDtypes.ThousandTokens')
 phase "sanitizer tests"
 
-# Fuzz targets (libFuzzer, clang), bounded: 20 s each. scripts/fuzz.sh 3600 runs them longer.
+# Fuzz targets (libFuzzer, clang; built above), bounded: 20 s each. scripts/fuzz.sh 3600 runs them
+# longer.
 scripts/fuzz.sh 20
 
 echo "test.sh: all tests passed in $(( $(date +%s) - start )) s"
