@@ -18,23 +18,35 @@ if [ "$seconds" = 0 ]; then
   echo "fuzz.sh: built"
   exit 0
 fi
-for target in npy layout; do
-  corpus=build-fuzz/corpus/$target
-  artifacts=build-fuzz/artifacts/$target
+# The targets run side by side (one core each on a 2-core machine), each for SECONDS.
+run_target() {
+  local target=$1 corpus=build-fuzz/corpus/$1 artifacts=build-fuzz/artifacts/$1
   mkdir -p "$corpus" "$artifacts"
   cp -n fuzz/corpus/$target/* "$corpus"/ 2>/dev/null || true
-  echo "fuzz.sh: $target for ${seconds} s"
   # libFuzzer refuses a missing directory, and git keeps no empty ones: pass only what exists.
-  inputs=("$corpus")
+  local inputs=("$corpus")
   [ -d "fuzz/regressions/$target" ] && inputs+=("fuzz/regressions/$target")
-  status=0
   build-fuzz/fuzz/fuzz_$target -max_total_time="$seconds" -max_len=4096 -timeout=10 \
     -print_final_stats=1 -artifact_prefix="$artifacts/" "${inputs[@]}" \
-    >"build-fuzz/$target.log" 2>&1 || status=$?
+    >"build-fuzz/$target.log" 2>&1
+}
+targets=(npy layout)
+pids=()
+for target in "${targets[@]}"; do
+  echo "fuzz.sh: $target for ${seconds} s"
+  run_target "$target" &
+  pids+=($!)
+done
+failed=0
+for i in "${!targets[@]}"; do
+  target=${targets[$i]} artifacts=build-fuzz/artifacts/${targets[$i]}
+  status=0
+  wait "${pids[$i]}" || status=$?
   grep -E "^(Done|stat::number_of_executed_units|SUMMARY)|Test unit written|ERROR" "build-fuzz/$target.log" || true
   if [ "$status" -ne 0 ] || [ -n "$(find "$artifacts" -type f)" ]; then
     echo "fuzz.sh: $target failed (exit $status); inputs in $artifacts, log in build-fuzz/$target.log" >&2
-    exit 1
+    failed=1
   fi
 done
+[ "$failed" = 0 ] || exit 1
 echo "fuzz.sh: no crashes"

@@ -172,11 +172,15 @@ std::string local_addresses() {
   return text;
 }
 
-int64_t tcp_bytes_moved(const std::set<std::string>& peers) {
-  int64_t moved = 0;
+namespace {
+
+// Calls fn(peer address, TCP_INFO) for each of this process's TCP connections whose peer is one of
+// `peers` (never loopback). Linux only; elsewhere it calls nothing.
+template <typename Fn>
+void for_each_peer_connection(const std::set<std::string>& peers, Fn&& fn) {
 #ifdef __linux__
   DIR* fds = opendir("/proc/self/fd");
-  if (!fds) return 0;
+  if (!fds) return;
   const int own = dirfd(fds);
   while (const dirent* entry = readdir(fds)) {
     const int fd = std::atoi(entry->d_name);
@@ -188,19 +192,87 @@ int64_t tcp_bytes_moved(const std::set<std::string>& peers) {
     length = sizeof peer;
     if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length) != 0) continue;
     const auto* address = reinterpret_cast<const sockaddr*>(&peer);
-    if ((address->sa_family != AF_INET && address->sa_family != AF_INET6) || loopback(address) ||
-        !peers.count(address_text(address)))
+    if ((address->sa_family != AF_INET && address->sa_family != AF_INET6) || loopback(address))
       continue;
+    const std::string text = address_text(address);
+    if (!peers.count(text)) continue;
     tcp_info info = {};
     length = sizeof info;
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0) continue;
-    moved += static_cast<int64_t>(info.tcpi_bytes_received + info.tcpi_bytes_acked);
+    fn(text, info);
   }
   closedir(fds);
 #else
   (void)peers;
+  (void)fn;
+#endif
+}
+
+}  // namespace
+
+int64_t tcp_bytes_moved(const std::set<std::string>& peers) {
+  int64_t moved = 0;
+#ifdef __linux__
+  for_each_peer_connection(peers, [&](const std::string&, const tcp_info& info) {
+    moved += static_cast<int64_t>(info.tcpi_bytes_received + info.tcpi_bytes_acked);
+  });
+#else
+  (void)peers;
 #endif
   return moved;
+}
+
+std::string tcp_state_text(const TcpState& s) {
+  if (s.unacked == 0 && s.backoff == 0 && s.probes == 0) return "";
+  std::ostringstream out;
+  out << s.unacked << " segment" << (s.unacked == 1 ? "" : "s") << " unacknowledged";
+  if (s.probes > 0) {
+    out << ", " << s.probes << " zero-window probe" << (s.probes == 1 ? "" : "s")
+        << " unanswered (the peer's receive window is closed)";
+  } else if (s.backoff > 0) {
+    out << ", retransmission backoff " << s.backoff << " (interval " << s.rto_seconds << " s)";
+  }
+  if (s.loss_state) out << ", in loss recovery";
+  out << "; last data sent " << s.last_sent_seconds << " s ago, last data received "
+      << s.last_received_seconds << " s ago, last ack " << s.last_ack_seconds << " s ago";
+  return out.str();
+}
+
+std::string tcp_stall_lines(const std::set<std::string>& peers,
+                            const std::vector<std::string>& addresses,
+                            const std::vector<std::string>& hosts) {
+  std::string lines;
+#ifdef __linux__
+  for_each_peer_connection(peers, [&](const std::string& address, const tcp_info& info) {
+    TcpState s;
+    s.unacked = info.tcpi_unacked;
+    s.backoff = info.tcpi_backoff;
+    s.probes = info.tcpi_probes;
+    s.rto_seconds = info.tcpi_rto / 1e6;
+    s.loss_state = info.tcpi_ca_state == TCP_CA_Loss;
+    s.last_sent_seconds = info.tcpi_last_data_sent / 1e3;
+    s.last_received_seconds = info.tcpi_last_data_recv / 1e3;
+    s.last_ack_seconds = info.tcpi_last_ack_recv / 1e3;
+    const std::string state = tcp_state_text(s);
+    if (state.empty()) return;
+    std::string who;
+    for (size_t peer = 0; peer < addresses.size() && who.empty(); ++peer) {
+      std::istringstream words(addresses[peer]);
+      for (std::string word; words >> word;) {
+        if (word == address) {
+          who = " (host " + (peer < hosts.size() ? hosts[peer] : std::string("?")) + ")";
+          break;
+        }
+      }
+    }
+    lines += "  TCP to " + address + who + ": " + state + "\n";
+  });
+#else
+  (void)peers;
+  (void)addresses;
+  (void)hosts;
+#endif
+  return lines;
 }
 
 bool transport_progress(int64_t moved, int64_t link_messages) {
@@ -418,6 +490,8 @@ struct Engine {
   // A transfer of this process that failed on the link's mesh (transport_failed).
   std::mutex failure_mutex;
   std::string failure;
+  // Every rank's addresses (for tcp_bytes_moved and tcp_stall_lines), filled by run().
+  std::set<std::string> peers;
 
   static void print(const std::string& text) {
     std::fputs(text.c_str(), stderr);
@@ -449,7 +523,12 @@ struct Engine {
     // after a wait that grows with their rank, in which the first abort reaches them.
     std::this_thread::sleep_for(std::chrono::duration<double>(0.1 * std::min(link->rank(), 20)));
     if (!claim_ending()) wait_for_the_end();
-    print(stall_report(link->rank(), timeout, answers, link->hosts()));
+    std::string report = stall_report(link->rank(), timeout, answers, link->hosts());
+    // This rank's connections with data in flight (retransmitting, or probing a closed window):
+    // where a stall on the network comes from.
+    const std::string tcp = tcp_stall_lines(peers, link->addresses(), link->hosts());
+    report.insert(report.rfind("a2d watchdog: aborting"), tcp);
+    print(report);
     link->abort_job();
   }
 
@@ -493,7 +572,7 @@ struct Engine {
   // transfer that crawls, or resumes after TCP's retransmission backoff, is no hang; a job whose
   // connections are all silent still is.
   void note_transport(double& next_sample, int64_t& moved_at_progress,
-                      int64_t& messages_at_progress, const std::set<std::string>& peers) {
+                      int64_t& messages_at_progress) {
     if (now() < next_sample) return;
     next_sample = now() + kTransportSampleSeconds;
     const int64_t moved = tcp_bytes_moved(peers);
@@ -508,7 +587,6 @@ struct Engine {
 
   void run() {
     double next_check = 0, next_sample = 0;
-    std::set<std::string> peers;
     for (const std::string& text : link->addresses()) {
       std::istringstream words(text);
       for (std::string address; words >> address;)
@@ -517,7 +595,7 @@ struct Engine {
     int64_t moved_at_progress = tcp_bytes_moved(peers), messages_at_progress = 0;
     while (!stop.load()) {
       link->serve();
-      note_transport(next_sample, moved_at_progress, messages_at_progress, peers);
+      note_transport(next_sample, moved_at_progress, messages_at_progress);
       const Status mine = current_status();
       // A transfer of this rank that failed on the link's mesh, or a rank that is gone: reported
       // at once from inside attention2d; a rank outside reports a rank gone when it enters again

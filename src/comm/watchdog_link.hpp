@@ -61,6 +61,26 @@ std::string local_addresses();
 // The sum described above over this process's TCP connections to `peers` (addresses as
 // local_addresses writes them); 0 where it cannot be read.
 int64_t tcp_bytes_moved(const std::set<std::string>& peers);
+// What TCP_INFO says of one connection, for the report of a stall (tcp_stall_lines).
+struct TcpState {
+  uint32_t unacked = 0;   // segments sent and not acknowledged
+  uint32_t backoff = 0;   // retransmission timeouts in a row (the interval doubles with each)
+  uint32_t probes = 0;    // zero-window probes unanswered (the peer's receive window is closed)
+  double rto_seconds = 0;  // the retransmission interval now
+  bool loss_state = false;  // the sender is in loss recovery (TCP_CA_Loss)
+  double last_sent_seconds = 0, last_received_seconds = 0, last_ack_seconds = 0;
+};
+// One connection's state as text: "" where it has nothing in flight (no unacknowledged segment,
+// no backoff, no probe); else the segments, the backoff or the probes, and how long ago it last
+// sent, received and was acknowledged. A pure function, tested on its own.
+std::string tcp_state_text(const TcpState& state);
+// One line per connection of this process to `peers` that has something in flight (as
+// tcp_state_text), naming the peer's address and host (`addresses` and `hosts` by rank, as the
+// link gathered them): added to the report of a stall, to tell a network that drops or holds
+// data (retransmission backoff, a closed window) from ranks that stopped sending. Linux only.
+std::string tcp_stall_lines(const std::set<std::string>& peers,
+                            const std::vector<std::string>& addresses,
+                            const std::vector<std::string>& hosts);
 // Whether `moved` bytes since the last progress, in which the ranks' watchdogs exchanged
 // `link_messages` status messages with this one, are the job's traffic: more than 4 KiB plus
 // 256 bytes per message (the watchdog's own messages are a few dozen bytes each, with the
