@@ -143,6 +143,24 @@ rate_divided() {  # 200mbit / 100 -> 2000kbit
 }
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", b - a}'; }
+# TCP state of every connection between the cluster's hosts (`ss -tin` in each host's namespace),
+# sampled every 0.5 s from the fault on into FILE: for a failed row, the connections that still
+# had data in flight at the last samples (unacknowledged segments, backoff, a closed window).
+sample_tcp() {
+  local file=$1 start=$2 ns
+  while :; do
+    echo "@ $(elapsed "$start" "$(now)") s" >>"$file"
+    for ns in $(ip netns list | awk '{print $1}' | grep -E "^$name-h[0-9]+$"); do
+      ip netns exec "$ns" ss -tinoH state established 2>/dev/null | paste - - |
+        grep -v "127.0.0.1" | sed "s/^/$ns /" >>"$file" || true
+    done
+    sleep 0.5
+  done
+}
+tcp_in_flight() {
+  # The last 4 samples' connections with something in flight.
+  awk '/^@ /{n++} {line[NR]=$0; at[NR]=n} END{for (i=1;i<=NR;i++) if (at[i] > n-4 && (line[i] ~ /^@ / || line[i] ~ /unacked|backoff|persist|lost:/)) print line[i]}' "$1"
+}
 
 # Checks the output folder against the reference: prints "untouched N, new N" or fails.
 check_files() {
@@ -219,7 +237,12 @@ run_one() {
   sleep "$at"
   local fault_time
   fault_time=$(now)
-  local restore_at="" undo=""
+  local restore_at="" undo="" sampler=""
+  if [[ "$fault" == link_* ]]; then
+    : >"$work/tcp.log"
+    sample_tcp "$work/tcp.log" "$fault_time" &
+    sampler=$!
+  fi
   case "$fault" in
     link_flap) link down "$host"; restore_at=$flap; undo="link up $host" ;;
     link_down) link down "$host"; restore_at=$((timeout + 15)); undo="link up $host" ;;
@@ -264,6 +287,7 @@ run_one() {
   done
   local code=0
   wait "$job" || code=$?
+  [ -z "$sampler" ] || { kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null || true; }
   local end
   end=$(now)
   [ -z "$undo" ] || $undo 2>/dev/null || true
@@ -333,6 +357,10 @@ run_one() {
     failures=$((failures + 1))
     echo "faults: $fault/$algo failed:$why; its log:" >&2
     sed "s/^/    /" "$log" >&2
+    if [ -n "$sampler" ]; then
+      echo "faults: connections with data in flight at the last samples (ss -tin, seconds after the fault):" >&2
+      tcp_in_flight "$work/tcp.log" | sed "s/^/    /" >&2
+    fi
   fi
 }
 
