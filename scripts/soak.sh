@@ -235,7 +235,11 @@ while [ "$(date +%s)" -lt "$deadline" ]; do
   jobs=$((jobs + 1))
   under_fault=no
   fault_during "$t0" "$t1" && under_fault=yes
-  if [ "$code" -eq 137 ]; then
+  # Hung: killed by the outer bound above (timeout's SIGKILL, also exit 137). A job that ends
+  # with 137 sooner is one whose rank was killed (kill_rank: mpirun passes on 128 + 9) and is
+  # checked like any other failed job.
+  if [ "$code" -eq 137 ] && awk -v a="$t0" -v b="$t1" -v bound=$((start_timeout + timeout + 60)) \
+    'BEGIN{exit !(b - a >= bound - 1)}'; then
     hung=$((hung + 1))
     verdict="HUNG (killed $((start_timeout + timeout + 60)) s after its start)"
     kill_cluster_processes  # what the kill left
@@ -251,7 +255,7 @@ while [ "$(date +%s)" -lt "$deadline" ]; do
     fi
   fi
   echo "$t0 $describe: exit $code in $(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b - a}') s, fault during: $under_fault; $verdict" >>"$work/soak.log"
-  if [ "$code" -ne 0 ] && { [ "$under_fault" = no ] || [ "$code" -eq 137 ]; }; then
+  if [ "$code" -ne 0 ] && { [ "$under_fault" = no ] || [[ "$verdict" == HUNG* ]]; }; then
     say "$describe failed (exit $code) with no fault during it, or hung; its log:"
     sed 's/^/    /' "$work/job.log" | tail -30 | tee -a "$work/soak.log" >&2
   fi
