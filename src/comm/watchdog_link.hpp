@@ -63,10 +63,10 @@ std::string local_addresses();
 int64_t tcp_bytes_moved(const std::set<std::string>& peers);
 // What TCP_INFO says of one connection, for the report of a stall (tcp_stall_lines).
 struct TcpState {
-  uint32_t unacked = 0;   // segments sent and not acknowledged
-  uint32_t backoff = 0;   // retransmission timeouts in a row (the interval doubles with each)
-  uint32_t probes = 0;    // zero-window probes unanswered (the peer's receive window is closed)
-  double rto_seconds = 0;  // the retransmission interval now
+  uint32_t unacked = 0;     // segments sent and not acknowledged
+  uint32_t backoff = 0;     // retransmission timeouts in a row (the interval doubles with each)
+  uint32_t probes = 0;      // zero-window probes unanswered (the peer's receive window is closed)
+  double rto_seconds = 0;   // the retransmission interval now
   bool loss_state = false;  // the sender is in loss recovery (TCP_CA_Loss)
   double last_sent_seconds = 0, last_received_seconds = 0, last_ack_seconds = 0;
 };
