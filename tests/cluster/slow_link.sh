@@ -4,7 +4,8 @@
 # watchdog's --timeout with no phase or tile to mark it:
 #   moving: the job finishes, --check passing (before, the watchdog aborted it);
 #   silent: the same job with the link taken down during that all-gather is still aborted by the
-#           watchdog (exit 124, its report) within the timeout plus a margin.
+#           watchdog (exit 124, its report, with the line of the connection that holds data in
+#           flight) within the timeout plus a margin.
 #   slow_link.sh A2D_BINARY
 # Exits 77 where namespaces cannot be made.
 set -uo pipefail
@@ -60,6 +61,9 @@ echo "$out"
 echo "slow_link.sh: silent: exit $code ${took} s after the link went down"
 [ "$code" -ne 0 ] || fail "a job whose link is down finished"
 echo "$out" | grep -q "a2d watchdog: rank [0-9]* made no progress" || fail "no watchdog report"
+# The report names the connection to the other host that holds data in flight (tcp_stall_lines).
+echo "$out" | grep -qE "^  TCP to [0-9.]+ \(host $name-h[01]\): [0-9]+ segments? unacknowledged, (retransmission backoff|[0-9]+ zero-window)" ||
+  fail "the report names no connection with data in flight"
 # The timeout (3 s) after the link went down, 2 s for answers, the launcher's exit grace (10 s).
 [ "$took" -le 35 ] || fail "the silent job ended ${took} s after its link went down"
 echo "slow_link.sh: all checks passed"
