@@ -257,9 +257,16 @@ run_one() {
       ;;
     kill_rank)
       where="rank $rank"
-      local file pid=""
-      for file in /run/a2d-cluster/"$name"/job.*/"$rank"; do pid=$(cat "$file"); done
-      kill -KILL "$pid"
+      # The rank's PID file appears once the launch has started it: on a loaded machine that
+      # can be later than the fault's moment, so wait for it (up to 60 s, the launch's bound).
+      local file pid="" tries
+      for tries in $(seq 600); do
+        for file in /run/a2d-cluster/"$name"/job.*/"$rank"; do [ -e "$file" ] && pid=$(cat "$file"); done
+        [ -z "$pid" ] || break
+        kill -0 "$job" 2>/dev/null || break
+        sleep 0.1
+      done
+      [ -z "$pid" ] || kill -KILL "$pid" 2>/dev/null || true
       ;;
     disk_full) where="rank 0's disk"; dd if=/dev/zero of="$out/filler" bs=64k 2>/dev/null || true ;;
     freeze_host)

@@ -174,8 +174,8 @@ std::string local_addresses() {
 
 namespace {
 
-// Calls fn(peer address, TCP_INFO) for each of this process's TCP connections whose peer is one of
-// `peers` (never loopback). Linux only; elsewhere it calls nothing.
+// Calls fn(fd, peer address, TCP_INFO) for each of this process's TCP connections whose peer is one
+// of `peers` (never loopback). Linux only; elsewhere it calls nothing.
 template <typename Fn>
 void for_each_peer_connection(const std::set<std::string>& peers, Fn&& fn) {
 #ifdef __linux__
@@ -199,7 +199,7 @@ void for_each_peer_connection(const std::set<std::string>& peers, Fn&& fn) {
     tcp_info info = {};
     length = sizeof info;
     if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0) continue;
-    fn(text, info);
+    fn(fd, text, info);
   }
   closedir(fds);
 #else
@@ -213,13 +213,46 @@ void for_each_peer_connection(const std::set<std::string>& peers, Fn&& fn) {
 int64_t tcp_bytes_moved(const std::set<std::string>& peers) {
   int64_t moved = 0;
 #ifdef __linux__
-  for_each_peer_connection(peers, [&](const std::string&, const tcp_info& info) {
+  for_each_peer_connection(peers, [&](int, const std::string&, const tcp_info& info) {
     moved += static_cast<int64_t>(info.tcpi_bytes_received + info.tcpi_bytes_acked);
   });
 #else
   (void)peers;
 #endif
   return moved;
+}
+
+int retransmission_cap_ms(double timeout_seconds) {
+  const double seconds = std::clamp(timeout_seconds / 4, 1.0, 120.0);
+  return static_cast<int>(seconds * 1000);
+}
+
+namespace {
+#ifndef TCP_RTO_MAX_MS
+#define TCP_RTO_MAX_MS 44  // Linux 6.15 and later; older headers lack it
+#endif
+std::atomic<bool> g_rto_cap_unsupported{false};
+}  // namespace
+
+bool cap_retransmissions(const std::set<std::string>& peers, int cap_ms) {
+#ifdef __linux__
+  if (g_rto_cap_unsupported.load()) return false;
+  for_each_peer_connection(peers, [&](int fd, const std::string&, const tcp_info&) {
+    if (g_rto_cap_unsupported.load()) return;
+    int now = 0;
+    socklen_t length = sizeof now;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &now, &length) != 0) {
+      if (errno == ENOPROTOOPT) g_rto_cap_unsupported = true;
+      return;
+    }
+    if (now != cap_ms) setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &cap_ms, sizeof cap_ms);
+  });
+  return !g_rto_cap_unsupported.load();
+#else
+  (void)peers;
+  (void)cap_ms;
+  return false;
+#endif
 }
 
 std::string tcp_state_text(const TcpState& s) {
@@ -243,7 +276,7 @@ std::string tcp_stall_lines(const std::set<std::string>& peers,
                             const std::vector<std::string>& hosts) {
   std::string lines;
 #ifdef __linux__
-  for_each_peer_connection(peers, [&](const std::string& address, const tcp_info& info) {
+  for_each_peer_connection(peers, [&](int, const std::string& address, const tcp_info& info) {
     TcpState s;
     s.unacked = info.tcpi_unacked;
     s.backoff = info.tcpi_backoff;
@@ -575,6 +608,7 @@ struct Engine {
                       int64_t& messages_at_progress) {
     if (now() < next_sample) return;
     next_sample = now() + kTransportSampleSeconds;
+    cap_retransmissions(peers, retransmission_cap_ms(timeout));
     const int64_t moved = tcp_bytes_moved(peers);
     const int64_t messages = g_link_messages.load();
     if (moved < moved_at_progress) moved_at_progress = moved;  // a connection closed

@@ -61,6 +61,21 @@ std::string local_addresses();
 // The sum described above over this process's TCP connections to `peers` (addresses as
 // local_addresses writes them); 0 where it cannot be read.
 int64_t tcp_bytes_moved(const std::set<std::string>& peers);
+// The cap on TCP's retransmission interval of the job's connections between hosts: a quarter of
+// the watchdog's timeout, between 1 s and the kernel's own 120 s. After an outage TCP retries a
+// lost segment at an interval that doubled with every try; when a retry right after the link's
+// return is lost too (queues overflow as every connection resumes at once), the next one would
+// come up to twice the outage later, and the job would look hung. With the cap, a connection
+// retries at least about 4 times within the timeout once the link is back. The kernel's give-up
+// time (tcp_retries2 = 15 retries) shrinks with it: 61 s for the cap 5 s (--timeout 20), 627 s
+// for 75 s (the default --timeout 300), each longer than an outage the timeout lets a job survive
+// (docs/reliability.md). A pure function, tested on its own.
+int retransmission_cap_ms(double timeout_seconds);
+// Sets the cap (TCP_RTO_MAX_MS, Linux 6.15 and later) on every connection of this process to
+// `peers` that does not have it yet; the watchdog's thread calls it with every sample. Returns
+// false where the kernel lacks the option (nothing is changed there) or elsewhere than Linux.
+bool cap_retransmissions(const std::set<std::string>& peers, int cap_ms);
+
 // What TCP_INFO says of one connection, for the report of a stall (tcp_stall_lines).
 struct TcpState {
   uint32_t unacked = 0;     // segments sent and not acknowledged

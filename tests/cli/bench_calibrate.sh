@@ -71,7 +71,7 @@ grep -q "needs --calibrate" "$work/bad.err" || fail "--no-resample-kernel refusa
 "$a2d" model --machine local --calibration "$cal" --gpus 4 --seq 4096 --heads 8 --head-dim 64 --causal \
   | grep -q "calibrated at 4 ranks" || fail "model --machine local"
 if out=$("$a2d" model --machine local --calibration "$cal" --gpus 9 --seq 4096 2>&1); then fail "no calibration for 9"; fi
-echo "$out" | grep -q "mpirun -np 9 a2d calibrate" || fail "missing calibration not explained: $out"
+grep -q "mpirun -np 9 a2d calibrate" <<<"$out" || fail "missing calibration not explained: $out"
 "$a2d" model --machine a100-hdr --gpus 16 --gpus-per-node 4 --seq 8192 --heads 16 --head-dim 96 --causal \
   --plot "$work/p.svg" >/dev/null
 grep -q "<svg" "$work/p.svg" || fail "no SVG written"

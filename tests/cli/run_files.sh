@@ -73,7 +73,7 @@ fi
 # Existing outputs are not overwritten without --force, and nothing is touched.
 before=$(md5sum "$work/p3/o.npy")
 if out=$(run 2 "${inputs[@]}" --out "$work/p3" 2>&1); then fail "overwrote without --force"; fi
-echo "$out" | grep -q "already exists; pass --force" || fail "no clear message: $out"
+grep -q "already exists; pass --force" <<<"$out" || fail "no clear message: $out"
 [ "$(md5sum "$work/p3/o.npy")" = "$before" ] || fail "o.npy changed without --force"
 run 2 "${inputs[@]}" --out "$work/p3" --force >/dev/null || fail "--force did not overwrite"
 
@@ -82,17 +82,17 @@ $tool make "$work/k_bad.npy" f4 5 2 37 2 8
 if out=$(run 3 --q "$work/q.npy" --k "$work/k_bad.npy" --v "$work/v.npy" 2>&1); then fail "accepted a mismatched K"; fi
 [ "$(echo "$out" | grep -c 'has shape \[2, 37, 2, 8\] but \[2, 37, 2, 16\] is required')" = 1 ] ||
   fail "mismatched K not reported exactly once: $out"
-echo "$out" | grep -q '\.cpp:' && fail "source location without --verbose: $out"
+grep -q '\.cpp:' <<<"$out" && fail "source location without --verbose: $out"
 if out=$(run 3 --q "$work/q.npy" --k "$work/k_bad.npy" --v "$work/v.npy" --verbose 2>&1); then fail "accepted a mismatched K"; fi
 [ "$(echo "$out" | grep -c 'src/.*\.cpp:[0-9]*): .*has shape \[2, 37, 2, 8\]')" = 3 ] ||
   fail "--verbose: not every rank's report with its source line: $out"
 echo "not numpy" > "$work/junk.npy"
 if out=$(run 2 --q "$work/junk.npy" --k "$work/k.npy" --v "$work/v.npy" 2>&1); then fail "read a junk file"; fi
-echo "$out" | grep -q "bad magic" || fail "junk file not reported: $out"
+grep -q "bad magic" <<<"$out" || fail "junk file not reported: $out"
 if out=$(run 2 "${inputs[@]}" --seq 100 2>&1); then fail "accepted --seq with files"; fi
-echo "$out" | grep -q "conflicts with --q" || fail "conflict not reported: $out"
+grep -q "conflicts with --q" <<<"$out" || fail "conflict not reported: $out"
 if out=$(run 2 "${inputs[@]}" --out /proc/a2d-cannot-write 2>&1); then fail "wrote into /proc"; fi
-echo "$out" | grep -q "cannot create the output directory" || fail "unwritable dir not reported: $out"
+grep -q "cannot create the output directory" <<<"$out" || fail "unwritable dir not reported: $out"
 # Ulysses with K/V heads the ranks do not divide (2 heads, 3 ranks): refused on every rank.
 if out=$(run 3 "${inputs[@]}" --algo ulysses 2>&1); then fail "ulysses accepted 2 K/V heads on 3 ranks"; fi
 [ "$(echo "$out" | grep -c 'the number of ranks (3) must divide the number of K/V heads (2).*(on every rank)')" = 1 ] ||
@@ -112,7 +112,7 @@ for f in o lse dq dk dv dsink; do
 done
 $tool make "$work/sink_bad.npy" f4 6 3
 if out=$(run 2 "${inputs[@]}" --sink "$work/sink_bad.npy" 2>&1); then fail "accepted 3 sinks for 4 heads"; fi
-echo "$out" | grep -q "has shape \[3\] but \[4\] is required" || fail "bad sink file not reported: $out"
+grep -q "has shape \[3\] but \[4\] is required" <<<"$out" || fail "bad sink file not reported: $out"
 if out=$(run 2 "${inputs[@]}" --doc-lens 30,6 2>&1); then fail "accepted lengths summing to 36"; fi
 [ "$(echo "$out" | grep -c 'document lengths sum to 36 tokens, but the sequence has 37')" = 1 ] ||
   fail "bad document lengths not reported once: $out"

@@ -19,9 +19,9 @@ echo "$out"
 [ "$code" -ne 0 ] || fail "a stalled job exited 0"
 [ "$code" -ne 124 ] || [ "$elapsed" -lt 60 ] || fail "the job needed ${elapsed} s"
 [ "$elapsed" -lt 60 ] || fail "the watchdog took ${elapsed} s for a 3 s timeout"
-echo "$out" | grep -q "did not arrive (furthest behind): rank 2 (phase [0-9]* forward.kernel" ||
+grep -q "did not arrive (furthest behind): rank 2 (phase [0-9]* forward.kernel" <<<"$out" ||
   fail "the report does not name rank 2 and its phase"
-echo "$out" | grep -q "did not arrive (furthest behind): rank 2 (.*) on host $(hostname)\$" ||
+grep -q "did not arrive (furthest behind): rank 2 (.*) on host $(hostname)\$" <<<"$out" ||
   fail "the report does not name rank 2's host"
 
 # A rank that exits in the middle of the backward: the job ends non-zero.

@@ -17,9 +17,9 @@ elapsed=$(( $(date +%s) - start ))
 echo "$out"
 [ "$code" -eq 124 ] || fail "a stalled job exited $code, not 124"
 [ "$elapsed" -le 13 ] || fail "the watchdog took ${elapsed} s for a 3 s timeout"
-echo "$out" | grep -q "did not arrive (furthest behind): rank 2 (phase [0-9]* forward.kernel" ||
+grep -q "did not arrive (furthest behind): rank 2 (phase [0-9]* forward.kernel" <<<"$out" ||
   fail "the report does not name rank 2 and its phase"
-echo "$out" | grep -q "did not arrive (furthest behind): rank 2 (.*) on host $(hostname)\$" ||
+grep -q "did not arrive (furthest behind): rank 2 (.*) on host $(hostname)\$" <<<"$out" ||
   fail "the report does not name rank 2's host"
 
 # Rank 1 exits in the middle of the backward. mpiexec ends the job itself as soon as a rank exits
@@ -33,6 +33,6 @@ elapsed=$(( $(date +%s) - start ))
 echo "$out"
 [ "$code" -ne 0 ] || fail "a job with a dead rank exited 0"
 [ "$elapsed" -le 13 ] || fail "a job with a dead rank took ${elapsed} s"
-echo "$out" | grep -q "a2d watchdog: rank 1 is gone (its connection closed) while this rank was in phase backward\.[a-z_]*" ||
+grep -q "a2d watchdog: rank 1 is gone (its connection closed) while this rank was in phase backward\.[a-z_]*" <<<"$out" ||
   fail "no rank reported rank 1 gone with its phase"
 echo "watchdog_gloo.sh: all checks passed"

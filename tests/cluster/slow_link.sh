@@ -36,7 +36,7 @@ took=$(($(date +%s) - start))
 echo "$out"
 echo "slow_link.sh: moving: exit $code after ${took} s"
 [ "$code" -eq 0 ] || fail "a job whose link crawls but moves was ended (exit $code)"
-echo "$out" | grep -q "^check: .*PASS" || fail "no passing check"
+grep -q "^check: .*PASS" <<<"$out" || fail "no passing check"
 [ "$took" -ge 6 ] || fail "the job took ${took} s: the link did not hold it past the timeout, no test"
 
 # The same job, its link down once the all-gather is under way (256 KiB through host 1's link;
@@ -60,9 +60,9 @@ rm -f "/tmp/$name.log"
 echo "$out"
 echo "slow_link.sh: silent: exit $code ${took} s after the link went down"
 [ "$code" -ne 0 ] || fail "a job whose link is down finished"
-echo "$out" | grep -q "a2d watchdog: rank [0-9]* made no progress" || fail "no watchdog report"
+grep -q "a2d watchdog: rank [0-9]* made no progress" <<<"$out" || fail "no watchdog report"
 # The report names the connection to the other host that holds data in flight (tcp_stall_lines).
-echo "$out" | grep -qE "^  TCP to [0-9.]+ \(host $name-h[01]\): [0-9]+ segments? unacknowledged, (retransmission backoff|[0-9]+ zero-window)" ||
+grep -qE "^  TCP to [0-9.]+ \(host $name-h[01]\): [0-9]+ segments? unacknowledged, (retransmission backoff|[0-9]+ zero-window)" <<<"$out" ||
   fail "the report names no connection with data in flight"
 # The timeout (3 s) after the link went down, 2 s for answers, the launcher's exit grace (10 s).
 [ "$took" -le 35 ] || fail "the silent job ended ${took} s after its link went down"

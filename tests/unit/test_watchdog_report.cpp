@@ -21,6 +21,13 @@ TEST(WatchdogReport, OnlyBytesBeyondTheStatusMessagesAreProgress) {
   EXPECT_TRUE(transport_progress(4096 + 2561, 10));
 }
 
+TEST(WatchdogReport, TheRetransmissionCapIsAQuarterOfTheTimeoutWithinTheKernelsRange) {
+  EXPECT_EQ(retransmission_cap_ms(20), 5000);
+  EXPECT_EQ(retransmission_cap_ms(300), 75000);
+  EXPECT_EQ(retransmission_cap_ms(3), 1000);       // the kernel's least
+  EXPECT_EQ(retransmission_cap_ms(1000), 120000);  // the kernel's default, its most
+}
+
 TEST(WatchdogReport, AConnectionWithNothingInFlightIsNotNamed) {
   EXPECT_EQ(tcp_state_text(TcpState{}), "");
 }
