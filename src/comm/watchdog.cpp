@@ -15,6 +15,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#ifndef TCP_RTO_MAX_MS
+#define TCP_RTO_MAX_MS 44  // Linux 6.15 and later; older headers lack it
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -210,14 +214,23 @@ void for_each_peer_connection(const std::set<std::string>& peers, Fn&& fn) {
 
 }  // namespace
 
-int64_t tcp_bytes_moved(const std::set<std::string>& peers) {
+namespace {
+std::atomic<bool> g_rto_cap_unsupported{false};
+}  // namespace
+
+int64_t tcp_bytes_moved(const std::set<std::string>& peers, int cap_ms) {
   int64_t moved = 0;
 #ifdef __linux__
-  for_each_peer_connection(peers, [&](int, const std::string&, const tcp_info& info) {
+  for_each_peer_connection(peers, [&](int fd, const std::string&, const tcp_info& info) {
     moved += static_cast<int64_t>(info.tcpi_bytes_received + info.tcpi_bytes_acked);
+    if (cap_ms > 0 && !g_rto_cap_unsupported.load() &&
+        setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &cap_ms, sizeof cap_ms) != 0 &&
+        errno == ENOPROTOOPT)
+      g_rto_cap_unsupported = true;  // an older kernel: nothing is changed, not tried again
   });
 #else
   (void)peers;
+  (void)cap_ms;
 #endif
   return moved;
 }
@@ -225,34 +238,6 @@ int64_t tcp_bytes_moved(const std::set<std::string>& peers) {
 int retransmission_cap_ms(double timeout_seconds) {
   const double seconds = std::clamp(timeout_seconds / 4, 1.0, 120.0);
   return static_cast<int>(seconds * 1000);
-}
-
-namespace {
-#ifndef TCP_RTO_MAX_MS
-#define TCP_RTO_MAX_MS 44  // Linux 6.15 and later; older headers lack it
-#endif
-std::atomic<bool> g_rto_cap_unsupported{false};
-}  // namespace
-
-bool cap_retransmissions(const std::set<std::string>& peers, int cap_ms) {
-#ifdef __linux__
-  if (g_rto_cap_unsupported.load()) return false;
-  for_each_peer_connection(peers, [&](int fd, const std::string&, const tcp_info&) {
-    if (g_rto_cap_unsupported.load()) return;
-    int now = 0;
-    socklen_t length = sizeof now;
-    if (getsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &now, &length) != 0) {
-      if (errno == ENOPROTOOPT) g_rto_cap_unsupported = true;
-      return;
-    }
-    if (now != cap_ms) setsockopt(fd, IPPROTO_TCP, TCP_RTO_MAX_MS, &cap_ms, sizeof cap_ms);
-  });
-  return !g_rto_cap_unsupported.load();
-#else
-  (void)peers;
-  (void)cap_ms;
-  return false;
-#endif
 }
 
 std::string tcp_state_text(const TcpState& s) {
@@ -608,8 +593,7 @@ struct Engine {
                       int64_t& messages_at_progress) {
     if (now() < next_sample) return;
     next_sample = now() + kTransportSampleSeconds;
-    cap_retransmissions(peers, retransmission_cap_ms(timeout));
-    const int64_t moved = tcp_bytes_moved(peers);
+    const int64_t moved = tcp_bytes_moved(peers, retransmission_cap_ms(timeout));
     const int64_t messages = g_link_messages.load();
     if (moved < moved_at_progress) moved_at_progress = moved;  // a connection closed
     if (!transport_progress(moved - moved_at_progress, messages - messages_at_progress)) return;

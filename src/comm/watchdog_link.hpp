@@ -59,8 +59,10 @@ constexpr double kTransportSampleSeconds = 0.5;
 // This host's addresses (IPv4 and IPv6, not loopback), as text separated by spaces.
 std::string local_addresses();
 // The sum described above over this process's TCP connections to `peers` (addresses as
-// local_addresses writes them); 0 where it cannot be read.
-int64_t tcp_bytes_moved(const std::set<std::string>& peers);
+// local_addresses writes them); 0 where it cannot be read. Where cap_ms > 0, the same pass sets
+// each of those connections' retransmission cap (retransmission_cap_ms below; TCP_RTO_MAX_MS,
+// Linux 6.15 and later; on older kernels nothing is changed and it is not tried again).
+int64_t tcp_bytes_moved(const std::set<std::string>& peers, int cap_ms = 0);
 // The cap on TCP's retransmission interval of the job's connections between hosts: a quarter of
 // the watchdog's timeout, between 1 s and the kernel's own 120 s. After an outage TCP retries a
 // lost segment at an interval that doubled with every try; when a retry right after the link's
@@ -71,10 +73,6 @@ int64_t tcp_bytes_moved(const std::set<std::string>& peers);
 // for 75 s (the default --timeout 300), each longer than an outage the timeout lets a job survive
 // (docs/reliability.md). A pure function, tested on its own.
 int retransmission_cap_ms(double timeout_seconds);
-// Sets the cap (TCP_RTO_MAX_MS, Linux 6.15 and later) on every connection of this process to
-// `peers` that does not have it yet; the watchdog's thread calls it with every sample. Returns
-// false where the kernel lacks the option (nothing is changed there) or elsewhere than Linux.
-bool cap_retransmissions(const std::set<std::string>& peers, int cap_ms);
 
 // What TCP_INFO says of one connection, for the report of a stall (tcp_stall_lines).
 struct TcpState {
