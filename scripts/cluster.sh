@@ -176,6 +176,33 @@ add_endpoint() {
   shape "$bridge_ns" "$port"
 }
 
+# Every endpoint learns every other's MAC address as a permanent neighbour entry: no ARP. The
+# kernel keeps one neighbour table for all namespaces, and above net.ipv4.neigh.default.gc_thresh3
+# entries (1024 by default) it refuses new ones ("neighbor table overflow" in dmesg): 36 hosts
+# make 1260, 64 make 4032, and connections between hosts then fail (Open MPI: "connect() ...
+# failed: Operation now in progress (115)", its stale errno) or stall. Permanent entries are
+# exempt from that limit and from its garbage collection.
+static_neighbours() {
+  local name=$1 ns addr mac batch
+  local -a spaces=() addrs=() macs=()
+  for ns in $(namespaces_of "$name"); do
+    [ "$ns" != "$name-br" ] || continue
+    addr=$(ip -n "$ns" -4 -o addr show dev eth0 | awk '{split($4, a, "/"); print a[1]}')
+    mac=$(ip -n "$ns" -o link show dev eth0 | sed -n 's/.*link\/ether \([0-9a-f:]*\).*/\1/p')
+    spaces+=("$ns") addrs+=("$addr") macs+=("$mac")
+  done
+  batch=$(mktemp)
+  local i j
+  for ((i = 0; i < ${#spaces[@]}; i++)); do
+    : >"$batch"
+    for ((j = 0; j < ${#spaces[@]}; j++)); do
+      [ "$i" -eq "$j" ] || echo "neigh replace ${addrs[j]} lladdr ${macs[j]} dev eth0 nud permanent" >>"$batch"
+    done
+    ip -n "${spaces[i]}" -batch "$batch"
+  done
+  rm -f "$batch"
+}
+
 write_launcher_files() {
   local dir=$1 h
   : >"$dir/hostfile"
@@ -267,6 +294,7 @@ EOF
     fi
   done
   [ "$address" -le 255 ] || die "too many endpoints for one /24 ($((address - 1)))"
+  static_neighbours "$name"
   write_launcher_files "$dir"
   trap - ERR INT TERM
   echo "cluster: '$name' up: $hosts hosts x $slots ranks, $rate${delay:+, delay $delay}, one link per $link, $subnet.0/24" >&2
@@ -284,7 +312,7 @@ mpirun_args() {  # the mpirun options of a cluster (after load_state)
     --mca oob_tcp_retry_delay 1 --mca oob_tcp_max_recon_attempts 60 \
     --mca mpi_yield_when_idle 1 --mca coll_tuned_use_dynamic_rules 1 \
     --mca coll_tuned_allgather_algorithm 4 --mca coll_tuned_allgatherv_algorithm 3 \
-    --bind-to none --oversubscribe --allow-run-as-root
+    --bind-to none --oversubscribe --allow-run-as-root -x A2D_MPI_WAIT
 }
 
 alive() {  # a process that exists and is not a zombie (a stopped one is alive)
@@ -374,6 +402,9 @@ run() {
   mapfile -t args < <(mpirun_args)
   # mpirun runs inside the first host (the daemons connect back to its address), on its hostname.
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+  # Every host's ranks share the machine's cores: waiting ranks sleep rather than poll (a2d's
+  # A2D_MPI_WAIT; docs/benchmarks.md, "P = 64"), unless the caller chose.
+  export A2D_MPI_WAIT=${A2D_MPI_WAIT:-sleep}
   if [ "$link" = rank ]; then
     # A rank in a namespace of its own cannot reach its daemon's PMIx server on the host's
     # loopback: let the server listen on the cluster's subnet too.

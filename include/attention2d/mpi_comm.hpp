@@ -12,6 +12,19 @@
 
 namespace a2d {
 
+// How ranks wait for MPI, from the environment variable A2D_MPI_WAIT: spin (the default: MPI's
+// blocking calls, which poll) or sleep (test, then sleep 10 us doubling up to 8 ms, or up to
+// sleep:MICROSECONDS; the blocking collectives become rings of posted steps). Sleep is for ranks
+// that outnumber cores many times, as on an emulated cluster. Throws a2d::Error on any other
+// value. make_mpi_communicator checks that every rank of `comm` has the same policy (the caps may
+// differ) and refuses on every rank otherwise.
+enum class WaitPolicy { spin = 0, sleep = 1 };
+struct WaitSetting {
+  WaitPolicy policy = WaitPolicy::spin;
+  int max_sleep_us = 0;
+};
+WaitSetting mpi_wait_setting();
+
 // Wraps a duplicate of `comm` (the library's messages never match the caller's). MPI errors are
 // returned, not fatal, and become a2d::Error with MPI's message.
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);

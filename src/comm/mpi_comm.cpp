@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -79,6 +81,51 @@ int64_t address_bits(const void* p) {
   return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) & 0x7);
 }
 
+// How a rank waits for MPI (A2D_MPI_WAIT): spin, inside MPI's blocking calls (Open MPI polls,
+// yielding the core between polls when ranks outnumber cores), or sleep, testing between sleeps
+// that double from 10 us to a cap (8 ms, or sleep:MICROSECONDS), and the blocking collectives run
+// as rings of Isend/Irecv steps so that they sleep too. Where ranks outnumber cores many times
+// over (an emulated cluster: 64 ranks on 2 cores), polling ranks take the cores from the ones with
+// work or data to move: at 64 ranks on 100 Mbit/s links, Ring Attention took 11.4 s spinning,
+// 11.1 s sleeping at most 0.5 ms, 7.8 s at 2 ms, 6.6 s at 8 ms and 6.9 s at 32 ms
+// (docs/benchmarks.md, "P = 64").
+WaitSetting read_wait_setting() {
+  const char* text = std::getenv("A2D_MPI_WAIT");
+  const std::string_view value = text ? text : "";
+  if (value.empty() || value == "spin") return {WaitPolicy::spin, 0};
+  if (value == "sleep") return {WaitPolicy::sleep, 8000};
+  if (value.starts_with("sleep:")) {
+    const std::string digits(value.substr(6));
+    char* end = nullptr;
+    const long cap = std::strtol(digits.c_str(), &end, 10);
+    if (!digits.empty() && *end == '\0' && cap >= 10 && cap <= 1000000) {
+      return {WaitPolicy::sleep, static_cast<int>(cap)};
+    }
+  }
+  A2D_FAIL("A2D_MPI_WAIT='", value,
+           "': choose spin (the default), sleep, or sleep:MICROSECONDS (the longest sleep between "
+           "tests, 10 to 1000000)");
+}
+
+// Waits for every request: MPI_Waitall, or tests with growing sleeps between them.
+void wait_requests(int count, MPI_Request* requests) {
+  if (count == 0) return;
+  const WaitSetting setting = mpi_wait_setting();
+  if (setting.policy == WaitPolicy::spin) {
+    A2D_MPI(MPI_Waitall(count, requests, MPI_STATUSES_IGNORE));
+    return;
+  }
+  const auto cap = std::chrono::microseconds(setting.max_sleep_us);
+  auto pause = std::min(std::chrono::microseconds(10), cap);
+  for (;;) {
+    int done = 0;
+    A2D_MPI(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, cap);
+  }
+}
+
 class MpiRequest;
 
 // The posted operations of this process that may still move data (the kernel's progress calls
@@ -101,7 +148,7 @@ class MpiRequest final : public Request {
     done_ = true;
     untrack();
     if (!requests.empty()) {
-      A2D_MPI(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE));
+      wait_requests(static_cast<int>(requests.size()), requests.data());
     }
     if (on_complete) on_complete();
   }
@@ -206,23 +253,35 @@ class MpiCommunicator final : public Communicator {
     auto* bytes_at = static_cast<char*>(data);
     for (int64_t done = 0; done < bytes;) {
       const int64_t chunk = std::min<int64_t>(bytes - done, INT_MAX / 2);
-      A2D_MPI(MPI_Bcast(bytes_at + done, static_cast<int>(chunk), MPI_BYTE, root, comm_));
+      if (sleeps()) {
+        MPI_Request request;
+        A2D_MPI(
+            MPI_Ibcast(bytes_at + done, static_cast<int>(chunk), MPI_BYTE, root, comm_, &request));
+        wait_requests(1, &request);
+      } else {
+        A2D_MPI(MPI_Bcast(bytes_at + done, static_cast<int>(chunk), MPI_BYTE, root, comm_));
+      }
       done += chunk;
     }
   }
   void all_reduce(float* data, int64_t count, Reduction reduction) override {
-    A2D_MPI(
-        MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_FLOAT, plain_op(reduction), comm_));
+    all_reduce_of(data, count, MPI_FLOAT, reduction);
   }
   void all_reduce(double* data, int64_t count, Reduction reduction) override {
-    A2D_MPI(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_DOUBLE, plain_op(reduction),
-                          comm_));
+    all_reduce_of(data, count, MPI_DOUBLE, reduction);
   }
   void all_reduce(int64_t* data, int64_t count, Reduction reduction) override {
-    A2D_MPI(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), MPI_INT64_T, plain_op(reduction),
-                          comm_));
+    all_reduce_of(data, count, MPI_INT64_T, reduction);
   }
-  void barrier() override { A2D_MPI(MPI_Barrier(comm_)); }
+  void barrier() override {
+    if (!sleeps()) {
+      A2D_MPI(MPI_Barrier(comm_));
+      return;
+    }
+    MPI_Request request;
+    A2D_MPI(MPI_Ibarrier(comm_, &request));
+    wait_requests(1, &request);
+  }
   void set_phase(const std::string& phase) override { Watchdog::note_phase(phase); }
   void progress() override {
     Watchdog::heartbeat();
@@ -253,6 +312,13 @@ class MpiCommunicator final : public Communicator {
     const void* source = own == 0 || send == own_slot ? MPI_IN_PLACE : send;
     if (size_ == 1) {
       if (source != MPI_IN_PLACE) std::memcpy(recv, send, static_cast<size_t>(own_bytes));
+      return request;
+    }
+    if (blocking && sleeps()) {
+      if (source != MPI_IN_PLACE)
+        std::memcpy(recv + request->displacements[rank_] * words.size, send,
+                    static_cast<size_t>(own_bytes));
+      ring_all_gather(recv, request->counts, request->displacements, words);
       return request;
     }
     if (blocking) {
@@ -314,6 +380,10 @@ class MpiCommunicator final : public Communicator {
     words = words_for({words.size, address_bits(send), address_bits(recv)}, recv_bytes);
     fill_counts(send_bytes, words.size, request->counts, request->displacements);
     fill_counts(recv_bytes, words.size, request->counts2, request->displacements2);
+    if (blocking && sleeps()) {
+      pairwise_all_to_all(send, recv, *request, words);
+      return request;
+    }
     if (blocking) {
       A2D_MPI(MPI_Alltoallv(send, request->counts.data(), request->displacements.data(), words.type,
                             recv, request->counts2.data(), request->displacements2.data(),
@@ -357,15 +427,75 @@ class MpiCommunicator final : public Communicator {
     const float* to_send = send + offsets[block(rank_ - 1)];
     for (int step = 0; step < size_ - 1; ++step) {
       const size_t sent = block(rank_ - step - 1), got = block(rank_ - step - 2);
-      A2D_MPI(MPI_Sendrecv(to_send, mpi_count(counts[sent] * record), MPI_FLOAT, next, kRingTag,
-                           incoming.data(), mpi_count(counts[got] * record), MPI_FLOAT, prev,
-                           kRingTag, comm_, MPI_STATUS_IGNORE));
+      exchange(to_send, mpi_count(counts[sent] * record), next, incoming.data(),
+               mpi_count(counts[got] * record), prev, MPI_FLOAT);
       // The received partial plus this rank's own contribution to that block.
       float* sum = step + 2 == size_ ? recv : outgoing.data();
       std::copy_n(send + offsets[got], counts[got] * record, sum);
       combine(sum, incoming.data(), static_cast<int>(got));
       to_send = sum;
     }
+  }
+
+  bool sleeps() const { return mpi_wait_setting().policy == WaitPolicy::sleep; }
+
+  // One step of a ring or pairwise schedule: send `send_count` elements to `dest` while receiving
+  // `recv_count` from `source` (MPI_Sendrecv, or posted and waited for under the sleep policy).
+  void exchange(const void* send, int send_count, int dest, void* recv, int recv_count, int source,
+                MPI_Datatype type) {
+    if (!sleeps()) {
+      A2D_MPI(MPI_Sendrecv(send, send_count, type, dest, kRingTag, recv, recv_count, type, source,
+                           kRingTag, comm_, MPI_STATUS_IGNORE));
+      return;
+    }
+    MPI_Request requests[2];
+    A2D_MPI(MPI_Irecv(recv, recv_count, type, source, kRingTag, comm_, &requests[0]));
+    A2D_MPI(MPI_Isend(send, send_count, type, dest, kRingTag, comm_, &requests[1]));
+    wait_requests(2, requests);
+  }
+
+  // The blocking all-gather under the sleep policy: P - 1 ring steps, at step k rank r passing
+  // block r - k to rank r + 1 (the schedule of Open MPI's ring algorithm, which the emulated
+  // clusters select: scripts/cluster.sh). This rank's own block is in place.
+  void ring_all_gather(std::byte* recv, const std::vector<int>& counts,
+                       const std::vector<int>& displacements, const Words& words) {
+    const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
+    for (int step = 0; step < size_ - 1; ++step) {
+      const int sent = (rank_ - step + size_) % size_, got = (rank_ - step - 1 + size_) % size_;
+      exchange(recv + displacements[sent] * words.size, counts[sent], next,
+               recv + displacements[got] * words.size, counts[got], prev, words.type);
+    }
+  }
+
+  // The blocking all-to-all under the sleep policy: pairwise exchanges, at step k with ranks
+  // r + k (send) and r - k (receive).
+  void pairwise_all_to_all(const std::byte* send, std::byte* recv, const MpiRequest& layout,
+                           const Words& words) {
+    const auto at = [&](auto* base, const std::vector<int>& displacements, int peer) {
+      return base + static_cast<int64_t>(displacements[peer]) * words.size;
+    };
+    if (layout.counts[rank_] > 0) {
+      std::memmove(at(recv, layout.displacements2, rank_), at(send, layout.displacements, rank_),
+                   static_cast<size_t>(layout.counts[rank_] * words.size));
+    }
+    for (int step = 1; step < size_; ++step) {
+      const int dest = (rank_ + step) % size_, source = (rank_ - step + size_) % size_;
+      exchange(at(send, layout.displacements, dest), layout.counts[dest], dest,
+               at(recv, layout.displacements2, source), layout.counts2[source], source, words.type);
+    }
+  }
+
+  template <typename T>
+  void all_reduce_of(T* data, int64_t count, MPI_Datatype type, Reduction reduction) {
+    if (!sleeps()) {
+      A2D_MPI(
+          MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), type, plain_op(reduction), comm_));
+      return;
+    }
+    MPI_Request request;
+    A2D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count), type, plain_op(reduction), comm_,
+                           &request));
+    wait_requests(1, &request);
   }
 
   void check_counts(std::span<const int64_t> counts) const {
@@ -397,7 +527,27 @@ class MpiCommunicator final : public Communicator {
 
 }  // namespace
 
+WaitSetting mpi_wait_setting() {
+  static const WaitSetting setting = read_wait_setting();
+  return setting;
+}
+
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
+  // The policy decides the blocking collectives' schedules: every rank must wait the same way.
+  // Read (and refused if unknown) on every rank, then compared across them before any data moves.
+  int mine = -1;
+  std::string refusal;
+  try {
+    mine = static_cast<int>(mpi_wait_setting().policy);
+  } catch (const Error& e) {
+    refusal = e.what();
+  }
+  int seen[3] = {refusal.empty() ? 0 : 1, refusal.empty() ? -mine : -1, mine};  // max of each
+  A2D_MPI(MPI_Allreduce(MPI_IN_PLACE, seen, 3, MPI_INT, MPI_MAX, comm));
+  A2D_REQUIRE(refusal.empty(), refusal);
+  A2D_REQUIRE(seen[0] == 0, "A2D_MPI_WAIT is neither spin nor sleep on another rank");
+  A2D_REQUIRE(-seen[1] == seen[2], "A2D_MPI_WAIT differs between ranks (spin on some, sleep on ",
+              "others): set it the same on every rank (mpirun -x A2D_MPI_WAIT=...)");
   MPI_Comm copy;
   A2D_MPI(MPI_Comm_dup(comm, &copy));
   return std::make_unique<MpiCommunicator>(copy);
