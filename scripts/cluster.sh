@@ -21,6 +21,10 @@
 # a host still talk over shared memory, as GPUs of a node over NVLink with one NIC each.
 # --rate shapes both directions of every link (tbf, burst 256kb, on the host's end and on the
 # bridge's end). --delay needs the kernel's netem qdisc; where it is missing `up` fails saying so.
+# Every endpoint knows every other's MAC address from the start (permanent neighbour entries, no
+# ARP: the kernel's one neighbour table for all namespaces overflows at 36 hosts otherwise). The
+# ranks of a job wait for MPI by sleeping (A2D_MPI_WAIT=sleep, unless the caller set it): every
+# host's ranks share this machine's cores.
 #
 # Everything a cluster makes is named after it (namespaces NAME-h0 ..., NAME-br; hostnames
 # NAME-hN; the state directory /run/a2d-cluster/NAME), its addresses lie in a /24 of 10.77.0.0/16
@@ -55,7 +59,7 @@ die() {
 }
 
 usage() {
-  sed -n '2,46p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,50p' "$0" | sed 's/^# \{0,1\}//'
   exit "${1:-0}"
 }
 

@@ -9,12 +9,15 @@
 #
 #   scripts/cluster_bench.sh [--ps "4 8 16"] [--slots "1 4"] [--rates "50 100 200 1000"]
 #                            [--seq 4096] [--heads 4] [--head-dim 64] [--iters 2] [--link host]
-#                            [--out cluster-bench.jsonl] [--a2d build/a2d]
+#                            [--hybrid U] [--out cluster-bench.jsonl] [--a2d build/a2d]
+#
+# --hybrid U: one more row per configuration, the heads x ATTENTION2D hybrid with U head groups
+# (U must divide P and --heads), each group on the squarest grid of P / U ranks.
 #   scripts/cluster_report.py cluster-bench.jsonl     (tables and plots)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ps="4 8 16" slots_list="1 4" rates="50 100 200 1000" seq=4096 heads=4 head_dim=64 iters=2
-link=host out=cluster-bench.jsonl a2d=build/a2d
+link=host out=cluster-bench.jsonl a2d=build/a2d hybrid=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --ps) ps=$2; shift 2 ;;
@@ -25,6 +28,7 @@ while [ $# -gt 0 ]; do
     --head-dim) head_dim=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
     --link) link=$2; shift 2 ;;
+    --hybrid) hybrid=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
     --a2d) a2d=$2; shift 2 ;;
     __one) break ;;
@@ -34,7 +38,7 @@ done
 a2d=$(realpath "$a2d")
 out=$(realpath -m "$out")
 problem=(--seq "$seq" --heads "$heads" --kv-heads "$heads" --head-dim "$head_dim" --causal)
-command_line=${A2D_BENCH_COMMAND:-"scripts/cluster_bench.sh --ps \"$ps\" --slots \"$slots_list\" --rates \"$rates\" --seq $seq --heads $heads --head-dim $head_dim --iters $iters --link $link"}
+command_line=${A2D_BENCH_COMMAND:-"scripts/cluster_bench.sh --ps \"$ps\" --slots \"$slots_list\" --rates \"$rates\" --seq $seq --heads $heads --head-dim $head_dim --iters $iters --link $link$([ "$hybrid" -le 1 ] || echo " --hybrid $hybrid")"}
 export A2D_BENCH_COMMAND=$command_line
 
 # One configuration, inside `cluster.sh with` (A2D_CLUSTER, A2D_CLUSTER_DIR set).
@@ -66,6 +70,16 @@ print(p["algo"], p["grid"], "cyclic" if p["placement"] == "cyclic" else "-",
       --machine-file "$machine_used" --warmup 1 --iters "$iters" "${problem[@]}" --timeout 600 \
       --algo "$plan_algo" --grid "$plan_grid" --no-kv-transpose |
       sed "s/^{/{\"placement\": \"$placement\", /" >>"$rows"
+  fi
+  if [ "$hybrid" -gt 1 ] && [ $((p % hybrid)) -eq 0 ] && [ $((heads % hybrid)) -eq 0 ]; then
+    # The hybrid: U head groups of P / U ranks, each on its squarest grid R x C (R <= C).
+    local group=$((p / hybrid)) r=1 c
+    for ((c = 1; c * c <= group; c++)); do [ $((group % c)) -ne 0 ] || r=$c; done
+    c=$((group / r))
+    scripts/cluster.sh run --name "$A2D_CLUSTER" "$a2d" bench --json --backward \
+      --machine-file "$machine" --warmup 1 --iters "$iters" "${problem[@]}" --timeout 600 \
+      --algo hybrid --heads-parallel "$hybrid" --grid "${r}x$c" |
+      sed 's/^{/{"placement": "block", /' >>"$rows"
   fi
   if [ "$s" -gt 1 ]; then
     # The other placement of ranks on hosts (rank q on host q mod H), predicted with it.
@@ -119,7 +133,8 @@ for p in $ps; do
       echo "cluster_bench: P=$p, $hosts hosts x $s, ${rate} Mbit/s per $link ($(date -u +%T), load $(cut -d' ' -f1 /proc/loadavg))" >&2
       scripts/cluster.sh with --hosts "$hosts" --slots "$s" --rate "${rate}mbit" --link "$link" \
         --a2d "$a2d" -- "$0" --ps "$p" --seq "$seq" --heads "$heads" --head-dim "$head_dim" \
-        --iters "$iters" --link "$link" --out "$out" --a2d "$a2d" __one "$p" "$s" "$rate" ||
+        --iters "$iters" --link "$link" --hybrid "$hybrid" --out "$out" --a2d "$a2d" \
+        __one "$p" "$s" "$rate" ||
         echo "cluster_bench: P=$p S=$s rate=$rate FAILED" >&2
     done
   done

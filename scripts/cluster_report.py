@@ -2,6 +2,7 @@
 """Tables and plots of scripts/cluster_bench.sh's rows (one JSON object per line).
 
     scripts/cluster_report.py cluster-bench.jsonl [--plots docs/cluster] > report.md
+    scripts/cluster_report.py scaling.jsonl --scaling docs/cluster/scaling.svg > scaling.md
 
 Per configuration (P, ranks per host, link rate): every row's measured forward and backward
 time beside the prediction of the cluster's machine file; the speedup of the best ATTENTION2D
@@ -10,6 +11,12 @@ the words ratio (bytes a rank sends, Ring over that best ATTENTION2D row); the p
 (the measured time of the plan `a2d plan` ranked first over the fastest measured row); the load
 average before and after. A row is "communication-dominated" when the model puts less than half
 of its forward + backward time in the kernels.
+
+--scaling PLOT.svg: instead, one table with a line per configuration (P, link rate): Ring
+Attention, all-gather K/V, Ulysses, the hybrid and the best ATTENTION2D row, forward + backward,
+measured and predicted, the best ATTENTION2D row's speedup over Ring measured and predicted, and
+how many communication-dominated rows the model put within 25 % of their measured time; and a
+plot of that speedup against P, one line per link rate (solid: measured, dashed: model).
 """
 import argparse
 import collections
@@ -37,6 +44,8 @@ def predicted(row):
 
 
 def name(row):
+    if row["algo"] == "hybrid":
+        return f"hybrid {row['heads_parallel']} x ({row['grid']})"
     if row["algo"].startswith("attention2d"):
         short = "A2D-O" if row["algo"] == "attention2d-overlap" else "A2D-NO"
         text = f"{short} {row['grid']}" + ("" if row.get("kv_transpose", True) else " nt")
@@ -56,10 +65,14 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("rows")
     parser.add_argument("--plots", default="")
+    parser.add_argument("--scaling", default="", help="the scaling table, and its plot here")
     parser.add_argument("--detail", default="",
                         help="P,S,RATE: where the time of that configuration's rows goes")
     args = parser.parse_args()
     rows = [json.loads(line) for line in open(args.rows) if line.startswith("{")]
+    if args.scaling:
+        print(scaling(rows, args.scaling))
+        return
     configs = collections.OrderedDict()
     for r in rows:
         configs.setdefault((r["P"], r["slots"], r["rate_mbit"], r["link"]), []).append(r)
@@ -139,6 +152,72 @@ def main():
         print(detail(group, rate))
     if args.plots:
         plot(summary, args.plots)
+
+
+def within_25(group):
+    """Communication-dominated rows (the model puts < 50 % of the time in the kernels) and how
+    many of them the model predicts within 25 % of the measured forward + backward time."""
+    dominated = [r for r in group if comm_share(r) > 0.5 and predicted(r) > 0]
+    return sum(abs(measured(r) / predicted(r) - 1) <= 0.25 for r in dominated), len(dominated)
+
+
+def scaling(rows, plot_path):
+    configs = collections.OrderedDict()
+    for r in rows:
+        if "skipped" not in r:
+            configs.setdefault((r["P"], r["slots"], r["rate_mbit"]), []).append(r)
+    lines = ["| P | hosts x ranks | Mbit/s | Ring | all-gather K/V | Ulysses | hybrid | best ATTENTION2D | "
+             "its speedup over Ring (model) | comm.-dominated rows within 25 % | load before / "
+             "after |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    points = []
+
+    def cell(group, algo):
+        picked = [r for r in group if r["algo"] == algo]
+        if not picked:
+            return "–", None
+        best = min(picked, key=measured)
+        return f"{measured(best):.0f} ({predicted(best):.0f})", best
+
+    for (p, slots, rate), group in sorted(configs.items()):
+        ring_text, ring = cell(group, "ring")
+        gather_text, _ = cell(group, "allgather-kv")
+        ulysses_text, _ = cell(group, "ulysses")
+        hybrid_text, hybrid = cell(group, "hybrid")
+        a2d = min((r for r in group if r["algo"].startswith("attention2d")), key=measured)
+        over = measured(ring) / measured(a2d) if ring else float("nan")
+        over_pred = predicted(ring) / predicted(a2d) if ring else float("nan")
+        if slots == 1:
+            points.append((p, rate, over, over_pred))
+        ok, dominated = within_25(group)
+        if hybrid:
+            hybrid_text = f"{hybrid_text} {hybrid['heads_parallel']} x {hybrid['grid']}"
+        first = group[0]
+        lines.append(f"| {p} | {p // slots} x {slots} | {rate} | {ring_text} | {gather_text} | {ulysses_text} | "
+                     f"{hybrid_text} | {name(a2d)}: {measured(a2d):.0f} ({predicted(a2d):.0f}) | "
+                     f"{over:.2f}x ({over_pred:.2f}x) | {ok} of {dominated} | "
+                     f"{first['load_before'].split()[0]} / {first['load_after'].split()[0]} |")
+    lines.append("\nms, forward + backward, the slowest rank's median; in brackets the cost "
+                 "model's prediction from the cluster's machine file. The plot: one rank per host.")
+    rates = sorted({q[1] for q in points})
+    ps = sorted({q[0] for q in points})
+    data = "\n".join(" ".join([str(p)] + [next((f"{o:.4f} {m:.4f}" for (pp, rr, o, m) in points
+                                                 if pp == p and rr == r), "NaN NaN")
+                                           for r in rates]) for p in ps)
+    curves = []
+    for i, r in enumerate(rates):
+        curves.append(f"$data using 1:{2 * i + 2} with linespoints lc {i + 1} pt 7 "
+                      f"title '{r} Mbit/s, measured'")
+        curves.append(f"$data using 1:{2 * i + 3} with linespoints lc {i + 1} pt 6 dt 2 "
+                      f"title '{r} Mbit/s, model'")
+    script = (f"set terminal svg size 760,460 dynamic\nset output '{plot_path}'\n"
+              "set title 'Best ATTENTION2D over Ring Attention, forward + backward, one rank per "
+              "emulated host' noenhanced\nset xlabel 'ranks P'\nset ylabel 'speedup over Ring'\n"
+              f"set logscale x 2\nset xtics ({', '.join(str(p) for p in ps)})\nset grid\n"
+              "set yrange [0:*]\nset key outside right\n"
+              f"$data << EOD\n{data}\nEOD\nplot " + ", ".join(curves) + ", 1 notitle lc 0 dt 3\n")
+    subprocess.run(["gnuplot"], input=script.encode(), check=True)
+    print(f"wrote {plot_path}", file=sys.stderr)
+    return "\n".join(lines)
 
 
 def detail(group, rate):
