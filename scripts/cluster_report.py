@@ -212,7 +212,8 @@ def scaling(rows, plot_path):
     script = (f"set terminal svg size 760,460 dynamic\nset output '{plot_path}'\n"
               "set title 'Best ATTENTION2D over Ring Attention, forward + backward, one rank per "
               "emulated host' noenhanced\nset xlabel 'ranks P'\nset ylabel 'speedup over Ring'\n"
-              f"set logscale x 2\nset xtics ({', '.join(str(p) for p in ps)})\nset grid\n"
+              f"set logscale x 2\nset xrange [{min(ps) * 0.8}:{max(ps) * 1.25}]\n"
+              f"set xtics ({', '.join(str(p) for p in ps)})\nset grid\n"
               "set yrange [0:*]\nset key outside right\n"
               f"$data << EOD\n{data}\nEOD\nplot " + ", ".join(curves) + ", 1 notitle lc 0 dt 3\n")
     subprocess.run(["gnuplot"], input=script.encode(), check=True)
