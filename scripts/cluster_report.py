@@ -203,21 +203,11 @@ def scaling(rows, plot_path):
     data = "\n".join(" ".join([str(p)] + [next((f"{o:.4f} {m:.4f}" for (pp, rr, o, m) in points
                                                  if pp == p and rr == r), "NaN NaN")
                                            for r in rates]) for p in ps)
-    curves = []
-    for i, r in enumerate(rates):
-        curves.append(f"$data using 1:{2 * i + 2} with linespoints lc {i + 1} pt 7 "
-                      f"title '{r} Mbit/s, measured'")
-        curves.append(f"$data using 1:{2 * i + 3} with linespoints lc {i + 1} pt 6 dt 2 "
-                      f"title '{r} Mbit/s, model'")
-    script = (f"set terminal svg size 760,460 dynamic\nset output '{plot_path}'\n"
-              "set title 'Best ATTENTION2D over Ring Attention, forward + backward, one rank per "
-              "emulated host' noenhanced\nset xlabel 'ranks P'\nset ylabel 'speedup over Ring'\n"
-              f"set logscale x 2\nset xrange [{min(ps) * 0.8}:{max(ps) * 1.25}]\n"
-              f"set xtics ({', '.join(str(p) for p in ps)})\nset grid\n"
-              "set yrange [0:*]\nset key outside right\n"
-              f"$data << EOD\n{data}\nEOD\nplot " + ", ".join(curves) + ", 1 notitle lc 0 dt 3\n")
-    subprocess.run(["gnuplot"], input=script.encode(), check=True)
-    print(f"wrote {plot_path}", file=sys.stderr)
+    speedup_plot(plot_path, "Best ATTENTION2D over Ring Attention, forward + backward, one rank "
+                 "per emulated host", "ranks P", "speedup over Ring",
+                 f"set logscale x 2\nset xrange [{min(ps) * 0.8}:{max(ps) * 1.25}]\n"
+                 f"set xtics ({', '.join(str(p) for p in ps)})\nset yrange [0:*]\n",
+                 data, [f"{r} Mbit/s" for r in rates], model_points=True)
     return "\n".join(lines)
 
 
@@ -264,21 +254,29 @@ def plot(summary, directory):
                 ("rate", data_r, [f"P = {p}" for p in ps], "link rate (Mbit/s)",
                  "set logscale x 10\n")):
             target = os.path.join(directory, f"speedup_vs_{kind}_{slots}_per_host.svg")
-            curves = []
-            for i, title in enumerate(series):
-                curves.append(f"$data using 1:{2 * i + 2} with linespoints lc {i + 1} pt 7 "
-                              f"title '{title}'")
-                curves.append(f"$data using 1:{2 * i + 3} with lines lc {i + 1} dt 2 "
-                              f"title '{title}, model'")
-            script = (f"set terminal svg size 760,460 dynamic\nset output '{target}'\n"
-                      f"set title 'Best ATTENTION2D over Ring Attention, forward + backward, "
-                      f"{slots} rank(s) per host (solid: measured, dashed: model)' noenhanced\n"
-                      f"set xlabel '{xlabel}'\nset ylabel 'speedup'\n{logx}set grid\n"
-                      f"set key outside right\n$data << EOD\n{data}\nEOD\nplot " +
-                      ", ".join(curves) + ", 1 notitle lc 0 dt 3\n")
-            subprocess.run(["gnuplot"], input=script.encode(), check=True)
-            print(f"wrote {target}", file=sys.stderr)
+            speedup_plot(target, f"Best ATTENTION2D over Ring Attention, forward + backward, "
+                         f"{slots} rank(s) per host (solid: measured, dashed: model)", xlabel,
+                         "speedup", logx, data, series)
 
+
+def speedup_plot(target, title, xlabel, ylabel, axes, data, series, model_points=False):
+    """An SVG of measured (solid) and predicted (dashed) speedups: data has x, then per series
+    its measured and its predicted value; axes holds gnuplot's axis settings."""
+    curves = []
+    for i, name_ in enumerate(series):
+        measured_title, model_title = ((f"{name_}, measured", f"{name_}, model") if model_points
+                                       else (name_, f"{name_}, model"))
+        curves.append(f"$data using 1:{2 * i + 2} with linespoints lc {i + 1} pt 7 "
+                      f"title '{measured_title}'")
+        model_style = "linespoints pt 6" if model_points else "lines"
+        curves.append(f"$data using 1:{2 * i + 3} with {model_style} lc {i + 1} dt 2 "
+                      f"title '{model_title}'")
+    script = (f"set terminal svg size 760,460 dynamic\nset output '{target}'\n"
+              f"set title '{title}' noenhanced\nset xlabel '{xlabel}'\nset ylabel '{ylabel}'\n"
+              f"{axes}set grid\nset key outside right\n$data << EOD\n{data}\nEOD\nplot " +
+              ", ".join(curves) + ", 1 notitle lc 0 dt 3\n")
+    subprocess.run(["gnuplot"], input=script.encode(), check=True)
+    print(f"wrote {target}", file=sys.stderr)
 
 if __name__ == "__main__":
     main()
