@@ -88,7 +88,7 @@ int64_t address_bits(const void* p) {
 // over (an emulated cluster: 64 ranks on 2 cores), polling ranks take the cores from the ones with
 // work or data to move: at 64 ranks on 100 Mbit/s links, Ring Attention took 11.4 s spinning,
 // 11.1 s sleeping at most 0.5 ms, 7.8 s at 2 ms, 6.6 s at 8 ms and 6.9 s at 32 ms
-// (docs/benchmarks.md, "P = 64").
+// (docs/benchmarks.md, "Why P = 64 did not run, and what changed").
 WaitSetting read_wait_setting() {
   const char* text = std::getenv("A2D_MPI_WAIT");
   const std::string_view value = text ? text : "";
@@ -253,14 +253,11 @@ class MpiCommunicator final : public Communicator {
     auto* bytes_at = static_cast<char*>(data);
     for (int64_t done = 0; done < bytes;) {
       const int64_t chunk = std::min<int64_t>(bytes - done, INT_MAX / 2);
-      if (sleeps()) {
-        MPI_Request request;
-        A2D_MPI(
-            MPI_Ibcast(bytes_at + done, static_cast<int>(chunk), MPI_BYTE, root, comm_, &request));
-        wait_requests(1, &request);
-      } else {
-        A2D_MPI(MPI_Bcast(bytes_at + done, static_cast<int>(chunk), MPI_BYTE, root, comm_));
-      }
+      const int n = static_cast<int>(chunk);
+      complete(
+          "MPI_Bcast / MPI_Ibcast",
+          [&] { return MPI_Bcast(bytes_at + done, n, MPI_BYTE, root, comm_); },
+          [&](MPI_Request* r) { return MPI_Ibcast(bytes_at + done, n, MPI_BYTE, root, comm_, r); });
       done += chunk;
     }
   }
@@ -274,13 +271,9 @@ class MpiCommunicator final : public Communicator {
     all_reduce_of(data, count, MPI_INT64_T, reduction);
   }
   void barrier() override {
-    if (!sleeps()) {
-      A2D_MPI(MPI_Barrier(comm_));
-      return;
-    }
-    MPI_Request request;
-    A2D_MPI(MPI_Ibarrier(comm_, &request));
-    wait_requests(1, &request);
+    complete(
+        "MPI_Barrier / MPI_Ibarrier", [&] { return MPI_Barrier(comm_); },
+        [&](MPI_Request* request) { return MPI_Ibarrier(comm_, request); });
   }
   void set_phase(const std::string& phase) override { Watchdog::note_phase(phase); }
   void progress() override {
@@ -487,14 +480,24 @@ class MpiCommunicator final : public Communicator {
 
   template <typename T>
   void all_reduce_of(T* data, int64_t count, MPI_Datatype type, Reduction reduction) {
+    const int n = mpi_count(count);
+    const MPI_Op op = plain_op(reduction);
+    complete(
+        "MPI_Allreduce / MPI_Iallreduce",
+        [&] { return MPI_Allreduce(MPI_IN_PLACE, data, n, type, op, comm_); },
+        [&](MPI_Request* r) { return MPI_Iallreduce(MPI_IN_PLACE, data, n, type, op, comm_, r); });
+  }
+
+  // A blocking MPI collective, or under the sleep policy its non-blocking form (`posted`, which
+  // fills one request) and a sleeping wait for it. `name` names both in an error.
+  template <typename Blocking, typename Posted>
+  void complete(const char* name, Blocking blocking, Posted posted) {
     if (!sleeps()) {
-      A2D_MPI(
-          MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(count), type, plain_op(reduction), comm_));
+      check_mpi(blocking(), name, __FILE__, __LINE__);
       return;
     }
     MPI_Request request;
-    A2D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(count), type, plain_op(reduction), comm_,
-                           &request));
+    check_mpi(posted(&request), name, __FILE__, __LINE__);
     wait_requests(1, &request);
   }
 
