@@ -45,7 +45,7 @@ done
 grep -q '"ms.forward.kv_allgather"' "$work/bench.json" || fail "no communication phase time"
 "$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$cal" --csv --algo ring,attention2d \
   > "$work/bench.csv"
-head -1 "$work/bench.csv" | grep -q '^algo,grid,layout' || fail "CSV header"
+grep -q '^algo,grid,layout' <<<"$(head -1 "$work/bench.csv")" || fail "CSV header"
 # --calibrate measures the machine in the same run and saves it before the rows are predicted.
 "$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$work/inline.txt" --calibrate \
   --json --algo ring > "$work/inline.json" || fail "bench --calibrate"
@@ -65,11 +65,12 @@ if "$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --algo ring --n
 fi
 grep -q "needs --calibrate" "$work/bad.err" || fail "--no-resample-kernel refusal not explained: $(cat "$work/bad.err")"
 [ "$(wc -l < "$work/bench.csv")" -eq 4 ] || fail "CSV rows"
-"$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$cal" | grep -q "measured / predicted" ||
-  fail "bench table"
+out=$("$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$cal") || fail "bench table: exit $?"
+grep -q "measured / predicted" <<<"$out" || fail "bench table"
 
-"$a2d" model --machine local --calibration "$cal" --gpus 4 --seq 4096 --heads 8 --head-dim 64 --causal \
-  | grep -q "calibrated at 4 ranks" || fail "model --machine local"
+out=$("$a2d" model --machine local --calibration "$cal" --gpus 4 --seq 4096 --heads 8 --head-dim 64 --causal) ||
+  fail "model --machine local: exit $?"
+grep -q "calibrated at 4 ranks" <<<"$out" || fail "model --machine local"
 if out=$("$a2d" model --machine local --calibration "$cal" --gpus 9 --seq 4096 2>&1); then fail "no calibration for 9"; fi
 grep -q "mpirun -np 9 a2d calibrate" <<<"$out" || fail "missing calibration not explained: $out"
 "$a2d" model --machine a100-hdr --gpus 16 --gpus-per-node 4 --seq 8192 --heads 16 --head-dim 96 --causal \

@@ -13,7 +13,7 @@ if [ "$code" -ne "$expected" ]; then
   echo "expect.sh: exit code $code, expected $expected: $*" >&2
   exit 1
 fi
-if [ -n "$pattern" ] && ! printf '%s\n' "$output" | grep -Eq -- "$pattern"; then
+if [ -n "$pattern" ] && ! grep -Eq -- "$pattern" <<<"$output"; then
   echo "expect.sh: output does not match /$pattern/: $*" >&2
   exit 1
 fi

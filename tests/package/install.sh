@@ -14,7 +14,7 @@ cmake --install "$build" --prefix "$work/prefix" >/dev/null
 [ -f "$work/prefix/include/attention2d/version.hpp" ] || { echo "version.hpp not installed"; exit 1; }
 [ -f "$work/prefix/include/attention2d/attention2d.hpp" ] || { echo "the umbrella header is not installed"; exit 1; }
 [ ! -e "$work/prefix/include/attention2d/tools" ] || { echo "the tools' headers were installed"; exit 1; }
-"$work/prefix/bin/a2d" --version | grep -q "attention2d" || { echo "installed a2d does not run"; exit 1; }
+grep -q "attention2d" <<<"$("$work/prefix/bin/a2d" --version)" || { echo "installed a2d does not run"; exit 1; }
 cmake -S "$here/consumer" -B "$work/consumer" -DCMAKE_PREFIX_PATH="$work/prefix" \
   -DCMAKE_BUILD_TYPE=Release >"$work/configure.log" 2>&1 || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/consumer" >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }

@@ -15,5 +15,5 @@ elapsed=$(( $(date +%s) - start ))
 echo "$out"
 [ "$code" -eq 124 ] || fail "exit code $code, expected 124 (the watchdog's)"
 [ "$elapsed" -lt 60 ] || fail "the watchdog took ${elapsed} s for a 3 s timeout"
-echo "$out" | grep -q "rank 1 (phase [0-9]* forward.kernel" || fail "rank 1 and its phase not named"
+grep -q "rank 1 (phase [0-9]* forward.kernel" <<<"$out" || fail "rank 1 and its phase not named"
 echo "python watchdog.sh: passed"

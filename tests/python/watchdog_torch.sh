@@ -26,7 +26,7 @@ for mode in skip raise exit; do
       raise) expected="outside attention2d" ;;
       exit)  expected="rank 1 (is gone|left|closed)" ;;
     esac
-    if [ "$code" -ne 124 ] || ! echo "$out" | grep -Eq "$expected" ||
+    if [ "$code" -ne 124 ] || ! grep -Eq "$expected" <<<"$out" ||
        [ "$elapsed" -gt $(( ${timeout%.*} + 15 )) ]; then
       echo "$out"
       fail "$mode run $run: exit $code ${elapsed} s after the misbehaviour (expected 124 within $timeout + 15 s and /$expected/)"
