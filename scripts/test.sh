@@ -2,8 +2,8 @@
 # The whole test suite, from a fresh clone: installs dependencies, builds (warnings are errors),
 # runs the unit tests and the tests too slow for the sanitizers while it rebuilds with
 # AddressSanitizer + UndefinedBehaviorSanitizer, then runs every other CTest test under them (each
-# test runs in at least one of the two builds; tests/CMakeLists.txt, at its end), then runs the
-# fuzz targets for a bounded time.
+# test runs in at least one of the two builds; tests/CMakeLists.txt, at its end) while the CUDA
+# sources compile, then runs the fuzz targets for a bounded time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -24,6 +24,7 @@ background_builds() {
   scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DA2D_SANITIZE=ON -DA2D_BUILD_BENCH=OFF \
     -DA2D_WITH_PYTHON=OFF "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
   echo "test.sh: sanitizer build done"
+  touch "$asan_ready"  # the sanitizer tests may start; the builds below go on beside them
   # The CUDA pieces, where a CUDA toolkit is installed (building them needs no GPU): configure
   # with A2D_WITH_CUDA=ON and compile the .cu sources (the a2d_cuda objects: the CUDA backend for
   # sm_80 and sm_90, 2 dtypes x 4 head dimensions of each attention kernel; bench/a2d_gemm_peak),
@@ -47,6 +48,8 @@ background_builds() {
   scripts/fuzz.sh 0  # the fuzz targets, run at the end
 }
 builds_log=$PWD/build-background.log
+asan_ready=$PWD/build-asan/.built
+rm -f "$asan_ready"
 set -m  # the builds in a process group of their own, stopped whole if this script ends first
 (background_builds) > "$builds_log" 2>&1 &
 builds_pid=$!
@@ -61,14 +64,21 @@ trap 'kill -- -"$builds_pid" 2>/dev/null || true' EXIT
   -L '^(unit|heavy|uninstrumented|python|torch|package)$')
 phase "tests"
 
-if ! wait "$builds_pid"; then
+# The sanitizer tests start as soon as their build is done; the CUDA compile and the fuzz
+# targets' build (nice 19) take what those tests leave idle.
+background_failed() {
   cat "$builds_log"
   echo "test.sh: the background builds (sanitizer, CUDA, fuzz targets) failed"
   exit 1
-fi
-trap - EXIT
-grep -E '^(test.sh|fuzz.sh|-- attention2d)' "$builds_log" || true
-phase "sanitizer, CUDA and fuzz builds (beside the tests)"
+}
+while [[ ! -e $asan_ready ]]; do
+  if ! kill -0 "$builds_pid" 2>/dev/null; then
+    wait "$builds_pid" || true
+    background_failed
+  fi
+  sleep 2
+done
+phase "sanitizer build (beside the tests)"
 
 # Sanitizers: unit and command tests, and the MPI tests up to 4 ranks (labels 'heavy' and
 # 'uninstrumented' excluded).
@@ -88,6 +98,11 @@ phase "sanitizer, CUDA and fuzz builds (beside the tests)"
   -LE '^(heavy|uninstrumented)$' \
   -E 'Nq4096|kernel_memory_65536|Nq1000_Nk1000|KernelDtypes.CrossLengthsNoMaskBatch2|KernelDtypes.ThousandTokens')
 phase "sanitizer tests"
+
+wait "$builds_pid" || background_failed
+trap - EXIT
+grep -E '^(test.sh|fuzz.sh|-- attention2d)' "$builds_log" || true
+phase "CUDA and fuzz builds (beside the tests)"
 
 # Fuzz targets (libFuzzer, clang; built above), bounded: 20 s each. scripts/fuzz.sh 3600 runs them
 # longer.
