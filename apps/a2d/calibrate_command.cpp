@@ -246,9 +246,10 @@ ForwardCallCosts measure_forward_call_costs(Communicator& world, KernelBlock& kb
     for (size_t i = 0; i < shapes.size(); ++i)
       seconds[i] = best[i] / static_cast<double>(kb.heads);
   }
-  // The calibration's world spans MPI_COMM_WORLD. Polling every 20 ms, the sleeping ranks wake
-  // rarely enough not to slow rank 0 (at 0.5 ms its calls took a third longer at 16 ranks).
-  sleeping_barrier(MPI_COMM_WORLD, std::chrono::milliseconds(20));
+  // The calibration's world spans MPI_COMM_WORLD. Sleeping up to 20 ms, the waiting ranks wake
+  // rarely enough not to slow rank 0 (polling every 0.5 ms, its calls took a third longer at 16
+  // ranks).
+  sleeping_barrier(MPI_COMM_WORLD);
   world.broadcast(seconds.data(), static_cast<int64_t>(sizeof(double) * seconds.size()), 0);
   const double shared = shared_block_s / (seconds[0] * static_cast<double>(kb.heads));
   ForwardCallCosts costs = fit_forward_call_costs(shapes, seconds);

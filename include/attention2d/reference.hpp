@@ -24,6 +24,10 @@ struct Inputs {
   int threads = 1;
   double softcap = 0.0;           // 0: off; else scores s -> softcap tanh(s / softcap)
   const double* sinks = nullptr;  // [heads] sink logits (kernel.hpp's add_sinks), or none
+  // Called by the computing threads after each row (any thread; it must be thread-safe): the
+  // reference of a long sequence runs for minutes, and a watchdog must see it progress
+  // (Watchdog::heartbeat).
+  void (*progress)() = nullptr;
 };
 
 void forward(const Inputs& in, double* out, double* lse);

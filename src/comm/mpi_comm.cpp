@@ -556,13 +556,15 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
   return std::make_unique<MpiCommunicator>(copy);
 }
 
-void sleeping_barrier(MPI_Comm comm, std::chrono::microseconds poll) {
+void sleeping_barrier(MPI_Comm comm, std::chrono::microseconds max_sleep) {
   MPI_Request request;
   A2D_MPI(MPI_Ibarrier(comm, &request));
+  auto pause = std::min(std::chrono::microseconds(10), max_sleep);
   for (int done = 0;;) {
     A2D_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
     if (done) return;
-    std::this_thread::sleep_for(poll);
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, max_sleep);
   }
 }
 

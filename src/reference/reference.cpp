@@ -93,6 +93,7 @@ void forward(const Inputs& in, double* out, double* lse) {
     std::vector<double> scores(static_cast<size_t>(s.kv_tokens));
 #pragma omp for schedule(dynamic, 16)
     for (int64_t r = 0; r < rows; ++r) {
+      if (in.progress) in.progress();
       const int64_t i = r % s.q_tokens;
       const int64_t h = (r / s.q_tokens) % s.heads;
       const int64_t b = r / (s.q_tokens * s.heads);
@@ -131,6 +132,7 @@ void backward(const Inputs& in, const double* d_out, double* dq, double* dk, dou
     std::vector<double> d_prob(static_cast<size_t>(s.kv_tokens));
 #pragma omp for schedule(dynamic, 16)
     for (int64_t r = 0; r < rows; ++r) {
+      if (in.progress) in.progress();
       const int64_t i = r % s.q_tokens;
       const int64_t h = (r / s.q_tokens) % s.heads;
       const int64_t b = r / (s.q_tokens * s.heads);
@@ -181,6 +183,7 @@ void backward(const Inputs& in, const double* d_out, double* dq, double* dk, dou
   const int64_t key_rows = s.batch * s.kv_heads * s.kv_tokens;
 #pragma omp parallel for schedule(dynamic, 16) num_threads(in.threads)
   for (int64_t r = 0; r < key_rows; ++r) {
+    if (in.progress) in.progress();
     const int64_t j = r % s.kv_tokens;
     const int64_t kvh = (r / s.kv_tokens) % s.kv_heads;
     const int64_t b = r / (s.kv_tokens * s.kv_heads);

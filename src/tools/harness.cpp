@@ -9,6 +9,7 @@
 #include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/reference.hpp"
+#include "attention2d/watchdog.hpp"
 
 namespace a2d {
 namespace {
@@ -402,17 +403,18 @@ ReferenceOutputs reference_outputs(const Problem& p, const GlobalTensors& in, bo
   const std::vector<double> sinks(in.sinks.begin(), in.sinks.end());
   A2D_REQUIRE(!p.sinks || static_cast<int64_t>(sinks.size()) == p.heads,
               "the reference of a problem with sinks needs ", p.heads, " sink logits");
-  const reference::Inputs inputs{p.local_shape(p.seq, p.seq),
-                                 p.mask,
-                                 static_cast<double>(p.softmax_scale()),
-                                 q.data(),
-                                 k.data(),
-                                 v.data(),
-                                 nullptr,
-                                 nullptr,
-                                 threads,
-                                 static_cast<double>(p.softcap),
-                                 p.sinks ? sinks.data() : nullptr};
+  reference::Inputs inputs{p.local_shape(p.seq, p.seq),
+                           p.mask,
+                           static_cast<double>(p.softmax_scale()),
+                           q.data(),
+                           k.data(),
+                           v.data(),
+                           nullptr,
+                           nullptr,
+                           threads,
+                           static_cast<double>(p.softcap),
+                           p.sinks ? sinks.data() : nullptr};
+  inputs.progress = &Watchdog::heartbeat;  // minutes at long sequences: the watchdog sees them
   ReferenceOutputs r;
   r.out.resize(q.size());
   r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.seq));

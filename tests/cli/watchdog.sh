@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # No hangs: a rank that stalls mid-run makes the watchdog abort the whole job, naming the phase
-# and the rank that did not arrive; a rank that dies ends the job; ranks given different problems
-# all stop with the same error.
+# and the rank that did not arrive; a rank that dies ends the job; a check that outlasts the timeout
+# is no hang; ranks given different problems all stop with the same error.
 #   watchdog.sh A2D_BINARY MPIEXEC
 set -uo pipefail
 a2d=$1
@@ -30,6 +30,19 @@ out=$(A2D_FAULT_EXIT=1:backward.kernel timeout 120 "$mpiexec" --oversubscribe -n
 code=$?
 [ "$code" -ne 0 ] && [ "$code" -ne 124 ] || [ "$code" -eq 124 ] || fail "unexpected exit $code"
 [ "$code" -ne 0 ] || fail "a job with a dead rank exited 0"
+
+# A check longer than the timeout is no hang: rank 0's fp64 reference (about 4 s here) beats the
+# watchdog's heart row by row while the others wait. Before, a --timeout shorter than the
+# reference aborted a healthy job: at the default 300 s, for 4 heads of 64, every --check from
+# N = 23k or so here; and at 64 ranks on 2 cores, where the waiting ranks' polls every 0.5 ms
+# slowed the reference 100-fold, every --check.
+out=$(timeout 120 "$mpiexec" --oversubscribe -np 2 "$a2d" run --seq 3072 --heads 2 --head-dim 64 \
+        --backward --check --warmup 0 --iters 1 --timeout 1 2>&1)
+code=$?
+echo "$out"
+[ "$code" -eq 0 ] || fail "a check longer than --timeout 1 exited $code"
+grep -q "^check: .*: PASS$" <<<"$out" || fail "the long check did not pass"
+! grep -q "watchdog" <<<"$out" || fail "the watchdog spoke during a healthy check"
 
 # Different problems on different ranks (MPMD): the error holds on every rank and is printed
 # once, exit code 2.

@@ -2,6 +2,7 @@
 // and the fp32 kernel backward against the same finite differences, on small cases.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -188,6 +189,47 @@ TEST(Backward, AccumulateAddsToExistingGradients) {
     near_double(run.dk, dk1);
     near_double(run.dv, dv1);
   }
+}
+
+std::atomic<int64_t> g_reference_rows{0};
+void count_reference_row() {
+  g_reference_rows.fetch_add(1);
+}
+
+// The reference reports its progress once per row, from every thread (a watchdog's heartbeat:
+// a2d run --check at long sequences), and reporting changes nothing it computes.
+TEST(Reference, ReportsProgressOncePerRow) {
+  const Small s = make_small(Mask::causal());
+  const AttentionShape& sh = s.shape;
+  const int64_t q_rows = sh.batch * sh.heads * sh.q_tokens;
+  const int64_t kv_rows = sh.batch * sh.kv_heads * sh.kv_tokens;
+  struct Result {
+    std::vector<double> out, lse, dq, dk, dv;
+  };
+  auto run = [&](void (*progress)()) {
+    reference::Inputs in{sh, s.mask, kScale, s.q.data(), s.k.data(), s.v.data()};
+    in.q_positions = s.q_pos.data();
+    in.kv_positions = s.k_pos.data();
+    in.threads = 2;
+    in.progress = progress;
+    Result r{std::vector<double>(s.q.size()), std::vector<double>(static_cast<size_t>(q_rows)),
+             std::vector<double>(s.q.size()), std::vector<double>(s.k.size()),
+             std::vector<double>(s.v.size())};
+    g_reference_rows = 0;
+    reference::forward(in, r.out.data(), r.lse.data());
+    EXPECT_EQ(g_reference_rows.load(), progress ? q_rows : 0);
+    g_reference_rows = 0;
+    reference::backward(in, s.d_out.data(), r.dq.data(), r.dk.data(), r.dv.data());
+    EXPECT_EQ(g_reference_rows.load(), progress ? q_rows + kv_rows : 0);
+    return r;
+  };
+  const Result counted = run(&count_reference_row);
+  const Result plain = run(nullptr);
+  EXPECT_EQ(counted.out, plain.out);
+  EXPECT_EQ(counted.lse, plain.lse);
+  EXPECT_EQ(counted.dq, plain.dq);
+  EXPECT_EQ(counted.dk, plain.dk);
+  EXPECT_EQ(counted.dv, plain.dv);
 }
 
 }  // namespace
