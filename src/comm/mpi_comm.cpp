@@ -107,15 +107,8 @@ WaitSetting read_wait_setting() {
            "tests, 10 to 1000000)");
 }
 
-// Waits for every request: MPI_Waitall, or tests with growing sleeps between them.
-void wait_requests(int count, MPI_Request* requests) {
-  if (count == 0) return;
-  const WaitSetting setting = mpi_wait_setting();
-  if (setting.policy == WaitPolicy::spin) {
-    A2D_MPI(MPI_Waitall(count, requests, MPI_STATUSES_IGNORE));
-    return;
-  }
-  const auto cap = std::chrono::microseconds(setting.max_sleep_us);
+// Tests the requests until all are done, sleeping between tests 10 us doubling to `cap`.
+void test_until_done(int count, MPI_Request* requests, std::chrono::microseconds cap) {
   auto pause = std::min(std::chrono::microseconds(10), cap);
   for (;;) {
     int done = 0;
@@ -124,6 +117,17 @@ void wait_requests(int count, MPI_Request* requests) {
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, cap);
   }
+}
+
+// Waits for every request: MPI_Waitall, or tests with growing sleeps between them.
+void wait_requests(int count, MPI_Request* requests) {
+  if (count == 0) return;
+  const WaitSetting setting = mpi_wait_setting();
+  if (setting.policy == WaitPolicy::spin) {
+    A2D_MPI(MPI_Waitall(count, requests, MPI_STATUSES_IGNORE));
+    return;
+  }
+  test_until_done(count, requests, std::chrono::microseconds(setting.max_sleep_us));
 }
 
 class MpiRequest;
@@ -559,13 +563,7 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
 void sleeping_barrier(MPI_Comm comm, std::chrono::microseconds max_sleep) {
   MPI_Request request;
   A2D_MPI(MPI_Ibarrier(comm, &request));
-  auto pause = std::min(std::chrono::microseconds(10), max_sleep);
-  for (int done = 0;;) {
-    A2D_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) return;
-    std::this_thread::sleep_for(pause);
-    pause = std::min(pause * 2, max_sleep);
-  }
+  test_until_done(1, &request, max_sleep);
 }
 
 MpiSession::MpiSession(int* argc, char*** argv) {
