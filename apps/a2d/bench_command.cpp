@@ -35,7 +35,7 @@ struct BenchOptions {
   int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42, heads_parallel = 0;
   bool no_kv_transpose = false, backward = false, check = false, json = false, csv = false;
   bool calibrate = false, no_resample_kernel = false, sequential = false, balance = false;
-  double timeout = 300;
+  double timeout = kDefaultTimeout;
 };
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -486,7 +486,7 @@ int bench(int argc, char** argv, int first) {
       std::cout.flush();
     }
     return pass ? 0 : 1;
-  });
+  }, startup_timeout(argc, argv, first, kDefaultTimeout));
 }
 
 }  // namespace a2d::commands

@@ -45,7 +45,7 @@ struct RunOptions {
   int64_t seed = 42;
   int64_t warmup = 1;
   int64_t iters = 3;
-  double timeout = 300;
+  double timeout = kDefaultTimeout;
 };
 
 // Rank 0 reads the input files; every rank learns the problem sizes from them.
@@ -342,7 +342,7 @@ int run(int argc, char** argv, int first) {
       }
     }
     return pass ? 0 : 1;
-  });
+  }, startup_timeout(argc, argv, first, kDefaultTimeout));
 }
 
 }  // namespace a2d::commands

@@ -74,7 +74,35 @@ class Channel:
 
 
 _channels = {}
-_watchdog = {"timeout": DEFAULT_WATCHDOG_TIMEOUT, "channel": None}
+_watchdog = {"timeout": DEFAULT_WATCHDOG_TIMEOUT, "channel": None, "idle_timeout": None}
+
+# How long the ranks waiting inside attention2d wait for a rank that is alive outside it (a
+# checkpoint, an evaluation) when the group's own timeout cannot be read: torch's default.
+DEFAULT_IDLE_TIMEOUT = 1800.0
+
+
+def _group_timeout(chan):
+    """The process group's own timeout in seconds (torch's collectives give up after it), or
+    None where it cannot be read (mpi4py, an older torch)."""
+    group = chan.handle
+    if group is None or not _is_process_group(group):
+        return None
+    import torch
+
+    candidates = []
+    backend = getattr(group, "_get_backend", None)
+    if backend is not None:
+        try:
+            candidates.append(backend(torch.device("cpu")))
+        except Exception:  # noqa: BLE001 - torch versions differ; the fallback is documented
+            pass
+    candidates.append(group)
+    for owner in candidates:
+        options = getattr(owner, "options", None)
+        timeout = getattr(options, "_timeout", None) if options is not None else None
+        if timeout is not None and hasattr(timeout, "total_seconds"):
+            return float(timeout.total_seconds())
+    return None
 
 
 def _is_process_group(x):
@@ -228,18 +256,31 @@ def start_watchdog_once(chan):
     timeout = _watchdog["timeout"]
     if not timeout or _watchdog["channel"] is not None:
         return
-    chan.transport.start_watchdog(float(timeout))
+    idle = _watchdog["idle_timeout"]
+    if idle is None:
+        idle = _group_timeout(chan) or DEFAULT_IDLE_TIMEOUT
+    chan.transport.start_watchdog(float(timeout), float(idle))
     _watchdog["channel"] = chan
 
 
-def watchdog(timeout, comm=None, group=None):
+def watchdog(timeout, comm=None, group=None, idle_timeout=None):
     """Collective: the watchdog aborts the whole job (exit code 124, naming each rank's phase and
     the ranks behind) when a rank inside an attention2d call has waited `timeout` seconds with no
     rank making progress, or at once when a rank it waits for has died. It is on by default
-    (DEFAULT_WATCHDOG_TIMEOUT = 300 s, started at the first call); None or 0 turns it off."""
+    (DEFAULT_WATCHDOG_TIMEOUT = 300 s, started at the first call); None or 0 turns it off.
+
+    A rank that is alive outside attention2d (saving a checkpoint, evaluating) is not a hang: the
+    ranks waiting for it inside a call keep waiting while it answers, up to `idle_timeout`
+    seconds after it left the library (None: the process group's own timeout, torch's 30 minutes
+    by default, or DEFAULT_IDLE_TIMEOUT where it cannot be read). A rank that is dead, frozen or
+    unreachable ends the job within `timeout`."""
+    if idle_timeout is not None and not float(idle_timeout) > 0:
+        raise Error("idle_timeout must be a positive number of seconds (or None: the process "
+                    "group's own timeout), got %r" % (idle_timeout,))
     _core.stop_watchdog()
     _watchdog["channel"] = None
     _watchdog["timeout"] = float(timeout) if timeout else None
+    _watchdog["idle_timeout"] = float(idle_timeout) if idle_timeout is not None else None
     if timeout:
         start_watchdog_once(channel(comm, group))
 

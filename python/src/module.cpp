@@ -243,12 +243,12 @@ class Transport {
   // Collective: (re)starts the process's watchdog over these ranks. From then on a SIGTERM (where
   // its disposition is still the default) ends the job: one line naming it, exit 143 on every
   // rank (docs/reliability.md, "Signals"). SIGINT stays Python's KeyboardInterrupt.
-  void start_watchdog(double timeout) {
+  void start_watchdog(double timeout, double idle_limit) {
     g_watchdog.reset();
     if (kind_ == "mpi") {
-      g_watchdog = std::make_unique<a2d::Watchdog>(mpi_, timeout);
+      g_watchdog = std::make_unique<a2d::Watchdog>(mpi_, timeout, idle_limit);
     } else {
-      g_watchdog = std::make_unique<a2d::Watchdog>(*base_, timeout);
+      g_watchdog = std::make_unique<a2d::Watchdog>(*base_, timeout, idle_limit);
     }
     a2d::Watchdog::stop_on_signals(false);
   }
@@ -642,9 +642,11 @@ PYBIND11_MODULE(_core, m) {
       .def_property_readonly("size", &Transport::size)
       .def_property_readonly("kind", &Transport::kind)
       .def("allgather", &Transport::allgather)
-      .def("start_watchdog", &Transport::start_watchdog,
+      .def("start_watchdog", &Transport::start_watchdog, py::arg("timeout"),
+           py::arg("idle_limit") = a2d::Watchdog::kDefaultIdleLimit,
            "collective: a watchdog over these ranks that aborts the job when a rank inside the "
-           "library waited `timeout` seconds with no rank progressing");
+           "library waited `timeout` seconds with no rank progressing (a rank alive outside the "
+           "library is waited for up to `idle_limit` seconds)");
   m.def("gloo_built", &a2d::gloo_built);
   // Every rank's global token indices (increasing) in a layout the caller brings.
   m.def("user_layout_tokens", [](const std::string& kind, int64_t seq, int ranks) {
