@@ -103,7 +103,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       A2D_REQUIRE(o.capacity >= 0, "--capacity must be >= 0 tokens, got ", o.capacity);
       A2D_REQUIRE(o.gpus_per_node >= 0, "--gpus-per-node must be >= 0");
       o.problem.seq = o.prompt;
-      problem = o.problem.problem();
+      problem = o.problem.problem(o.device.default_dtype());
       check_decodable(problem);
       plan = o.plan.plan(problem, world.size(), &chosen);
       backend = o.device.backend(problem.dtype);
@@ -171,14 +171,14 @@ int decode_main(int argc, char** argv, int first, bool bench) {
     int64_t reallocations = decoder->reallocations();
     world.all_reduce(&reallocations, 1, Reduction::max);
 
-    // The model's prediction on this machine (its calibration, if there is one).
+    // The model's prediction beside the measurement: this machine's calibration (or the machine
+    // file, or --machine as named); none from a default preset, which is not this machine.
     double predicted_step_s = -1, predicted_prefill_s = -1;
     int64_t predicted_bytes = -1;
     std::string machine_name = "n/a";
     try {
-      const MachineChoice choice{
-          "", o.plan.calibration.empty() ? default_calibration_file() : o.plan.calibration,
-          o.plan.machine_file};
+      MachineChoice choice = o.plan.machine.choice();
+      if (choice.name.empty() && choice.machine_file.empty()) choice.name = "local";
       const Machine machine = choice.machine(ranks, problem.dtype);
       machine_name = machine.name;
       const int per_node = o.gpus_per_node > 0 ? static_cast<int>(o.gpus_per_node) : ranks;

@@ -21,9 +21,8 @@ bool has_flag(int argc, char** argv, int first, const char* flag) {
 
 int model_decode(int argc, char** argv, int first) {
   cli::ProblemOptions problem_options;
-  problem_options.dtype = "bf16";
   problem_options.causal = true;
-  std::string machine_name = "h100-ndr", calibration, machine_file;
+  cli::MachineOptions machine_options;
   int64_t gpus = 16, gpus_per_node = 8, prompt = 4096, steps = 1024, tokens_per_step = 1;
   bool json = false, decode = true;
   cli::Options options(
@@ -37,11 +36,11 @@ int model_decode(int argc, char** argv, int first) {
   options.add_int("--prompt", &prompt, "prompt tokens N");
   options.add_int("--steps", &steps, "decode steps S");
   options.add_int("--tokens-per-step", &tokens_per_step, "new tokens T per step");
-  options.add_string("--machine", &machine_name, "a100-hdr, h100-ndr or local (a2d calibrate)");
-  options.add_string("--calibration", &calibration, "calibration file of --machine local");
-  options.add_string("--machine-file", &machine_file, "a machine description file");
+  machine_options.declare(options, true, false);
   options.add_int("--gpus", &gpus, "ranks P");
-  options.add_int("--gpus-per-node", &gpus_per_node, "ranks per node");
+  options.add_int("--gpus-per-node", &gpus_per_node,
+                  "ranks per node (consecutive ranks share one); P must be a multiple where it "
+                  "is larger");
   options.add_flag("--json", &json, "one JSON object per line");
   if (!options.parse(argc, argv, first)) return 0;
   A2D_REQUIRE(!options.given("--seq"), "a2d model --decode takes the prompt length as --prompt N");
@@ -50,11 +49,10 @@ int model_decode(int argc, char** argv, int first) {
   A2D_REQUIRE(gpus >= 1 && gpus <= (1 << 16), "--gpus must be between 1 and 2^16");
   A2D_REQUIRE(gpus_per_node >= 1, "--gpus-per-node must be at least 1");
   problem_options.seq = prompt;
-  const Problem problem = problem_options.problem();
-  check_decodable(problem);
   const int ranks = static_cast<int>(gpus);
-  const MachineChoice choice{
-      machine_name, calibration.empty() ? default_calibration_file() : calibration, machine_file};
+  const MachineChoice choice = machine_options.choice();
+  const Problem problem = problem_options.problem(choice.default_dtype(ranks));
+  check_decodable(problem);
   const Machine machine = choice.machine(ranks, problem.dtype);
   const int per_node = model_ranks_per_node(
       machine, static_cast<int>(std::min<int64_t>(gpus_per_node, ranks)), ranks);
