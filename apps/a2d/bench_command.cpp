@@ -290,7 +290,7 @@ int bench(int argc, char** argv, int first) {
     options.add_flag("--check", &o.check, "compare every row's outputs with the fp64 reference");
     options.add_flag("--json", &o.json, "one JSON object per row");
     options.add_flag("--csv", &o.csv, "the JSON keys as CSV");
-    o.machine.declare(options, false, false);
+    o.machine.declare(options, false, false, false);
     options.add_flag(
         "--calibrate", &o.calibrate,
         "measure this machine as `a2d calibrate` does (median of 9, at the problem's\n"

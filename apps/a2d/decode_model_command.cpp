@@ -31,12 +31,13 @@ int model_decode(int argc, char** argv, int first) {
       "time, bytes and messages of a decode step of --tokens-per-step tokens at the first and\n"
       "the last step (cache --prompt and --prompt + (--steps - 1) x --tokens-per-step), and the\n"
       "steps per second over the run. docs/inference.md derives it.");
+  problem_options.dtype_by_machine = true;
   problem_options.declare(options);
   options.add_flag("--decode", &decode, "the decode model (this table)");
   options.add_int("--prompt", &prompt, "prompt tokens N");
   options.add_int("--steps", &steps, "decode steps S");
   options.add_int("--tokens-per-step", &tokens_per_step, "new tokens T per step");
-  machine_options.declare(options, true, false);
+  machine_options.declare(options, true, false, true);
   options.add_int("--gpus", &gpus, "ranks P");
   options.add_int("--gpus-per-node", &gpus_per_node,
                   "ranks per node (consecutive ranks share one); P must be a multiple where it "

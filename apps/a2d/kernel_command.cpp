@@ -226,21 +226,23 @@ int kernel(int argc, char** argv, int first) {
       "adds (its workspace, and the growth of the process's peak resident set where Linux "
       "allows).");
   options.add_int("--seq", &o.seq, "query sequence length N");
-  options.add_int("--kv-seq", &o.kv_seq, "key/value sequence length (0 = --seq)");
+  options.add_int("--kv-seq", &o.kv_seq, "key/value sequence length (default 0: --seq)");
   options.add_int("--heads", &o.heads, "query heads H");
-  options.add_int("--kv-heads", &o.kv_heads, "key/value heads; H must be a multiple (0 = --heads)");
+  options.add_int("--kv-heads", &o.kv_heads,
+                  "key/value heads; H must be a multiple (default 0: as many as --heads)");
   options.add_int("--head-dim", &o.head_dim, "head dimension D");
   options.add_int("--batch", &o.batch, "batch size B");
   options.add_flag("--causal", &o.causal, "causal mask (key position <= query position)");
   options.add_int("--window", &o.window,
-                  "causal with a window of W tokens (implies --causal; 0 = none)");
+                  "causal with a window of W tokens (implies --causal; default 0: none)");
   options.add_string("--doc-lens", &o.doc_lens, cli::kDocLensHelp);
   options.add_flag(
       "--sinks", &o.sinks,
       "attention sinks (values generated from --seed), added to O and LSE after the kernel\n"
       "(timed with it); the backward also computes dsink");
-  options.add_double("--softcap", &o.softcap, "logit softcapping CAP tanh(s / CAP) (0 = off)");
-  options.add_double("--scale", &o.scale, "softmax scale (0 = 1/sqrt(D))");
+  options.add_double("--softcap", &o.softcap,
+                     "logit softcapping CAP tanh(s / CAP) (default 0: off)");
+  options.add_double("--scale", &o.scale, "softmax scale (default 0: 1/sqrt(D))");
   options.add_flag("--backward", &o.backward, "also time the backward pass");
   options.add_int("--threads", &o.threads,
                   "threads of the kernel (and of the FMA peak measurement)");
@@ -260,7 +262,7 @@ int kernel(int argc, char** argv, int first) {
   options.add_int("--seed", &o.seed, "seed of the generated inputs");
   options.add_int("--shuffle", &o.shuffle,
                   "global positions of the query and key rows: a random permutation from this\n"
-                  "seed (the order of a gathered or striped layout; 0 = rows in order)");
+                  "seed (the order of a gathered or striped layout; default 0: rows in order)");
   options.add_int("--warmup", &o.warmup, "untimed runs before timing");
   options.add_int("--repeats", &o.repeats, "timed runs; the median is reported");
   options.add_int(

@@ -36,9 +36,10 @@ struct ModelOptions {
   // model: also --forward-only, --balance and --top (a2d plan ranks by forward + backward and
   // prints its plan's reasons).
   void declare(cli::Options& options, bool model) {
+    problem.dtype_by_machine = true;
     problem.declare(options);
     shards.declare(options, true);
-    machine.declare(options, true, true);
+    machine.declare(options, true, true, true);
     options.add_int("--gpus", &gpus, "ranks P (GPUs, or processes on this machine)");
     options.add_int("--gpus-per-node", &gpus_per_node,
                     "ranks per node (consecutive ranks share one); P must be a multiple where it "

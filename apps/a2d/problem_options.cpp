@@ -15,12 +15,14 @@ namespace a2d::cli {
 void ProblemOptions::declare(Options& options) {
   options.add_int("--batch", &batch, "batch size B");
   options.add_int("--heads", &heads, "query heads H");
-  options.add_int("--kv-heads", &kv_heads, "key/value heads; H must be a multiple (0 = --heads)");
+  options.add_int("--kv-heads", &kv_heads,
+                  "key/value heads; H must be a multiple (default 0: as many as --heads)");
   options.add_int("--seq", &seq, "sequence length N");
   options.add_int("--head-dim", &head_dim, "head dimension D");
   options.add_flag("--causal", &causal, "causal mask (key position <= query position)");
   options.add_int("--window", &window,
-                  "causal with a window of W tokens: q - W < k <= q (implies --causal; 0 = none)");
+                  "causal with a window of W tokens: q - W < k <= q (implies --causal; default 0: "
+                  "none)");
   options.add_string("--doc-lens", &doc_lens, kDocLensHelp);
   options.add_flag("--sinks", &sinks,
                    "attention sinks: a logit per query head joining every softmax (gpt-oss), "
@@ -28,12 +30,14 @@ void ProblemOptions::declare(Options& options) {
   options.add_string("--sink", &sink_file,
                      "attention sinks with these logits: float32 [heads] .npy");
   options.add_double("--softcap", &softcap,
-                     "logit softcapping: scores s -> CAP tanh(s / CAP) (0 = off)");
-  options.add_double("--scale", &scale, "softmax scale (0 = 1/sqrt(D))");
+                     "logit softcapping: scores s -> CAP tanh(s / CAP) (default 0: off)");
+  options.add_double("--scale", &scale, "softmax scale (default 0: 1/sqrt(D))");
   options.add_string("--dtype", &dtype,
-                     "element type of Q, K, V, O and the gradients: fp32, bf16 or fp16; "
-                     "statistics and partial sums stay fp32 (default: bf16 on GPUs, fp32 on "
-                     "CPUs; docs/usage.md, \"Defaults\")");
+                     std::string("element type of Q, K, V, O and the gradients: fp32, bf16 or "
+                                 "fp16; statistics and partial sums stay fp32 (default: ") +
+                         (dtype_by_machine ? "bf16 on a GPU machine, fp32 on a CPU one"
+                                           : "bf16 with --device cuda, else fp32") +
+                         "; docs/usage.md, \"Defaults\")");
 }
 
 Problem ProblemOptions::problem(DType default_dtype) const {
@@ -126,7 +130,7 @@ std::unique_ptr<Backend> DeviceOptions::backend(DType dtype) const {
   return make_backend(name(dtype));
 }
 
-void MachineOptions::declare(Options& options, bool presets, bool memory) {
+void MachineOptions::declare(Options& options, bool presets, bool memory, bool per_node) {
   if (presets) {
     options.add_string("--machine", &name,
                        "the machine the cost model predicts for: a100-hdr, h100-ndr (GPU "
@@ -140,8 +144,9 @@ void MachineOptions::declare(Options& options, bool presets, bool memory) {
   options.add_string("--machine-file", &file,
                      "a machine described in a file (links, ranks per node, memory, kernel "
                      "rates; docs/cost-model.md, \"Machine files\"; scripts/cluster.sh writes "
-                     "one): the whole machine, instead of --machine, and its ranks_per_node "
-                     "instead of --gpus-per-node");
+                     "one): the whole machine" +
+                         std::string(presets ? ", instead of --machine" : "") +
+                         (per_node ? ", and its ranks_per_node instead of --gpus-per-node" : ""));
   if (memory) {
     options.add_string("--max-memory", &max_memory,
                        "plans needing more memory per rank are excluded: a size such as 60GiB "
@@ -193,7 +198,7 @@ void PlanOptions::declare(Options& options) {
   options.add_int("--heads-parallel", &heads_parallel,
                   "hybrid: U, the ranks of each heads all-to-all, with U x R x C = P (default:\n"
                   "P / (R C) with --grid, else the fastest by the cost model)");
-  machine.declare(options, true, false);
+  machine.declare(options, true, false, false);
   options.add_string(
       "--layout", &layout,
       "token layout: cyclic, striped, contiguous or zigzag (default: the algorithm's)");

@@ -29,6 +29,8 @@ struct ProblemOptions {
   std::string sink_file;  // --sink FILE.npy: sink logits [heads]
   double softcap = 0.0;
   std::string dtype;  // "" = the default: bf16 on GPUs, fp32 on CPUs (docs/usage.md, "Defaults")
+  // The help's words for that default: the machine's (a2d model, plan) or the device's.
+  bool dtype_by_machine = false;
 
   void declare(Options& options);
   // Validated; `default_dtype` where --dtype was not given (the device's or the machine's).
@@ -90,8 +92,9 @@ struct MachineOptions {
   std::string file;
   std::string max_memory;  // "" = the machine's memory per rank; "none" = no cap
 
-  // presets: also --machine; memory: also --max-memory.
-  void declare(Options& options, bool presets, bool memory);
+  // presets: also --machine; memory: also --max-memory; per_node: the command has
+  // --gpus-per-node (which a machine file's ranks_per_node replaces).
+  void declare(Options& options, bool presets, bool memory, bool per_node);
   // Throws a2d::Error for a bad --max-memory or --machine with --machine-file.
   MachineChoice choice() const;
 };
