@@ -176,6 +176,17 @@ int decode_main(int argc, char** argv, int first, bool bench) {
     double predicted_step_s = -1, predicted_prefill_s = -1;
     int64_t predicted_bytes = -1;
     std::string machine_name = "n/a";
+    {
+      // The bytes do not depend on the machine (any machine's prediction carries them).
+      const Machine any = preset_machine(kDefaultMachine, problem.dtype);
+      const int per_node = o.gpus_per_node > 0 ? static_cast<int>(o.gpus_per_node) : ranks;
+      predicted_bytes = std::max(
+          predict_decode_step(problem, plan, any, per_node, o.prompt, o.tokens_per_step)
+              .traffic.bytes,
+          predict_decode_step(problem, plan, any, per_node, total - o.tokens_per_step,
+                              o.tokens_per_step)
+              .traffic.bytes);
+    }
     try {
       MachineChoice choice = o.plan.machine.choice();
       if (choice.name.empty() && choice.machine_file.empty()) choice.name = "local";
@@ -187,10 +198,9 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       const DecodePrediction last_step = predict_decode_step(
           problem, plan, machine, per_node, total - o.tokens_per_step, o.tokens_per_step);
       predicted_step_s = 0.5 * (first_step.step_s + last_step.step_s);
-      predicted_bytes = std::max(first_step.traffic.bytes, last_step.traffic.bytes);
       predicted_prefill_s = predict(problem, plan, machine, per_node).forward_s;
     } catch (const Error&) {
-      // No usable machine description: the report says n/a.
+      // No calibration of this machine: the report's times say n/a.
     }
 
     const double median_step = median(step_s);
