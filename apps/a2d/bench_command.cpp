@@ -170,8 +170,8 @@ cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool back
 
 void print_table(const std::vector<Row>& rows, const Problem& problem, int ranks, bool backward,
                  bool check, const std::string& machine, const std::string& where) {
-  std::printf("a2d bench: %s on %d ranks, %s\nprediction: %s\n", problem.describe().c_str(), ranks,
-              where.c_str(), machine.c_str());
+  std::printf("a2d bench: %s on %s, %s\nprediction: %s\n", problem.describe().c_str(),
+              cli::count_of(ranks, "rank").c_str(), where.c_str(), machine.c_str());
   std::printf("%-20s %-11s %9s %9s %9s %9s %8s %11s %11s %8s %9s %9s %7s %7s%s\n", "algorithm",
               "grid", "fwd ms", "(rank", "avg", "max)", "GF/s/rk", "bytes fwd", "bytes bwd", "msgs",
               "bwd ms", "peak MiB", "fwd m/p", "bwd m/p", check ? "  max err" : "");

@@ -180,12 +180,12 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       // The bytes do not depend on the machine (any machine's prediction carries them).
       const Machine any = preset_machine(kDefaultMachine, problem.dtype);
       const int per_node = o.gpus_per_node > 0 ? static_cast<int>(o.gpus_per_node) : ranks;
-      predicted_bytes = std::max(
-          predict_decode_step(problem, plan, any, per_node, o.prompt, o.tokens_per_step)
-              .traffic.bytes,
-          predict_decode_step(problem, plan, any, per_node, total - o.tokens_per_step,
-                              o.tokens_per_step)
-              .traffic.bytes);
+      predicted_bytes =
+          std::max(predict_decode_step(problem, plan, any, per_node, o.prompt, o.tokens_per_step)
+                       .traffic.bytes,
+                   predict_decode_step(problem, plan, any, per_node, total - o.tokens_per_step,
+                                       o.tokens_per_step)
+                       .traffic.bytes);
     }
     try {
       MachineChoice choice = o.plan.machine.choice();
@@ -244,10 +244,10 @@ int decode_main(int argc, char** argv, int first, bool bench) {
         std::cout << j.str() << std::endl;
       } else {
         if (!chosen.empty()) std::cout << chosen << "\n";
-        std::printf("%s: %s\nprefill plan: %s, %d ranks, device %s, comm %s\n",
+        std::printf("%s: %s\nprefill plan: %s, %s, device %s, comm %s\n",
                     bench ? "a2d bench --decode" : "a2d decode", problem.describe().c_str(),
-                    plan.describe().c_str(), ranks, backend->name().c_str(),
-                    comm_kind_name(comm_kind).c_str());
+                    plan.describe().c_str(), cli::count_of(ranks, "rank").c_str(),
+                    backend->name().c_str(), comm_kind_name(comm_kind).c_str());
         std::printf("prompt %lld tokens, %lld steps of %lld tokens (cache %lld -> %lld tokens)\n",
                     static_cast<long long>(o.prompt), static_cast<long long>(o.steps),
                     static_cast<long long>(o.tokens_per_step), static_cast<long long>(o.prompt),

@@ -61,11 +61,11 @@ int model_decode(int argc, char** argv, int first) {
   const int64_t last = prompt + (steps - 1) * tokens_per_step;
   if (!json) {
     std::printf(
-        "a2d model --decode: %s\nmachine: %s (%s)\n%d ranks, %d per node; %lld steps of "
+        "a2d model --decode: %s\nmachine: %s (%s)\n%s, %d per node; %lld steps of "
         "%lld tokens after a prompt of %lld\n\n",
-        problem.describe().c_str(), machine.name.c_str(), machine.description.c_str(), ranks,
-        per_node, static_cast<long long>(steps), static_cast<long long>(tokens_per_step),
-        static_cast<long long>(prompt));
+        problem.describe().c_str(), machine.name.c_str(), machine.description.c_str(),
+        cli::count_of(ranks, "rank").c_str(), per_node, static_cast<long long>(steps),
+        static_cast<long long>(tokens_per_step), static_cast<long long>(prompt));
     std::printf("%-4s %-20s %-14s %11s %13s %13s %12s %9s %11s %12s\n", "#", "prefill algorithm",
                 "grid/layout", "prefill ms", "step ms first", "step ms last", "bytes/step",
                 "messages", "steps/s", "cache MiB");

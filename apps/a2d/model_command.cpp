@@ -96,9 +96,9 @@ std::string times_ring(const Prediction& p, const RankedPlan* ring, bool forward
 void print_table(const PlanSearch& search, const Problem& problem, const Machine& machine,
                  int ranks, int per_node, const UserShards* shards, bool placements,
                  bool forward_only, int64_t top) {
-  std::printf("a2d model: %s\nmachine: %s (%s)\n%d ranks, %d per node; memory per rank: %s\n",
-              problem.describe().c_str(), machine.name.c_str(), machine.description.c_str(), ranks,
-              per_node,
+  std::printf("a2d model: %s\nmachine: %s (%s)\n%s, %d per node; memory per rank: %s\n",
+              problem.describe().c_str(), machine.name.c_str(), machine.description.c_str(),
+              cli::count_of(ranks, "rank").c_str(), per_node,
               search.memory_cap > 0
                   ? ("at most " + format_bytes(static_cast<double>(search.memory_cap))).c_str()
                   : "no cap");
@@ -472,11 +472,12 @@ int plan(int argc, char** argv, int first) {
   }
   const int nodes = (ranks + planned.ranks_per_node - 1) / planned.ranks_per_node;
   std::printf(
-      "a2d plan: %s%s\nmachine: %s\n%d ranks, %d per node; memory per rank: %s",
+      "a2d plan: %s%s\nmachine: %s\n%s, %d per node; memory per rank: %s",
       problem.describe().c_str(),
       dtype_given ? ""
                   : (machine.gpu ? " (bf16: the default on GPUs)" : " (fp32: the default on CPUs)"),
-      planned.machine_description.c_str(), ranks, planned.ranks_per_node,
+      planned.machine_description.c_str(), cli::count_of(ranks, "rank").c_str(),
+      planned.ranks_per_node,
       planned.memory_cap > 0 ? ("at most " + format_bytes(static_cast<double>(planned.memory_cap)) +
                                 (choice.max_memory > 0 ? " (--max-memory)" : " (the machine's)"))
                                    .c_str()

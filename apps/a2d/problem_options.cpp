@@ -189,9 +189,16 @@ int64_t parse_size(const std::string& option, const std::string& text) {
 }
 
 void PlanOptions::declare(Options& options) {
-  options.add_string("--algo", &algo,
-                     "attention2d, attention2d-overlap, ring, allgather-kv, ulysses or hybrid "
-                     "(default: the fastest by the cost model)");
+  // The choices from the table of algorithms (src/table/), not a list of our own.
+  std::string names;
+  const std::vector<Algorithm> algorithms = all_algorithms();
+  for (size_t i = 0; i < algorithms.size(); ++i) {
+    names += (i == 0                       ? ""
+              : i + 1 == algorithms.size() ? " or "
+                                           : ", ") +
+             algorithm_name(algorithms[i]);
+  }
+  options.add_string("--algo", &algo, names + " (default: the fastest by the cost model)");
   options.add_string("--grid", &grid,
                      "process grid RxC of ATTENTION2D, or of each heads group of the hybrid\n"
                      "(default: the fastest by the cost model)");

@@ -199,6 +199,10 @@ std::string JsonLine::str() const {
   return out.append(1, '}');
 }
 
+std::string count_of(int64_t count, const std::string& noun) {
+  return std::to_string(count) + " " + noun + (count == 1 ? "" : "s");
+}
+
 std::string format_double(double value, int precision) {
   char buffer[64];
   std::snprintf(buffer, sizeof buffer, "%.*g", precision, value);

@@ -65,6 +65,9 @@ class JsonLine {
 
 std::string format_double(double value, int precision);
 
+// "1 rank", "4 ranks": a count and its noun (plural with an s, as every noun it is used for).
+std::string count_of(int64_t count, const std::string& noun);
+
 // `text` as lines of at most `first_width` (the first) and `width` characters, words kept whole,
 // each line after the first indented by `indent` spaces; a line break in `text` is a space.
 std::string wrap(const std::string& text, size_t first_width = 100, size_t width = 100,
