@@ -143,13 +143,14 @@ std::string what_would_fit(const Problem& problem, int ranks, int ranks_per_node
     }
     (fits ? low : high) = mid;
   }
-  if (low >= 1)
+  if (low >= 1) {
     clauses.push_back("--seq " + std::to_string(low) + " or less on " + std::to_string(ranks) +
-                      " ranks");
+                      (ranks == 1 ? " rank" : " ranks"));
+  }
   std::string text;
   for (size_t i = 0; i < clauses.size(); ++i)
     text += (i == 0 ? "" : i + 1 == clauses.size() ? " or " : ", ") + clauses[i];
-  return text.empty() ? "nothing smaller than this problem on up to 2^20 ranks" : text;
+  return text.empty() ? "no plan on up to 2^20 ranks, nor with a shorter sequence" : text;
 }
 
 PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
@@ -227,7 +228,7 @@ PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
     for (const RankedPlan& r : search.excluded)
       if (matches(r)) least = std::min(least, r.prediction.memory_bytes);
     A2D_FAIL("no plan fits in ", format_bytes(static_cast<double>(cap)), " per rank on ", ranks,
-             " ranks", restricted, ": the ", planned.excluded,
+             ranks == 1 ? " rank" : " ranks", restricted, ": the ", planned.excluded,
              planned.excluded == 1 ? " plan that can run needs " : " plans that can run need ",
              "at least ", format_bytes(static_cast<double>(least)), " (",
              choice.max_memory > 0 ? "--max-memory" : machine.name + "'s memory per rank",
@@ -238,7 +239,8 @@ PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
   for (const auto& [name, reason] : search.skipped) {
     if (algo.empty() || name == algo) reasons += "\n  " + name + ": " + reason;
   }
-  A2D_FAIL("no plan can run this problem on ", ranks, " ranks", restricted, reasons);
+  A2D_FAIL("no plan can run this problem on ", ranks, ranks == 1 ? " rank" : " ranks", restricted,
+           reasons);
 }
 
 }  // namespace a2d
