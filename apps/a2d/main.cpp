@@ -7,10 +7,10 @@
 #include <optional>
 #include <string>
 
-#include "attention2d/tools/build_info.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/node_layout.hpp"
+#include "attention2d/tools/build_info.hpp"
 #include "attention2d/version.hpp"
 #include "commands.hpp"
 

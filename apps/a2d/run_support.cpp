@@ -274,8 +274,8 @@ double forward_flops(const Problem& p) {
 std::string RunReport::text() const {
   std::ostringstream out;
   out << "a2d run: " << problem.describe() << "\n"
-      << "plan: " << plan.describe() << " on " << ranks << " ranks, device " << device << ", comm "
-      << comm << "\n";
+      << "plan: " << plan.describe() << " on " << cli::count_of(ranks, "rank") << ", device "
+      << device << ", comm " << comm << "\n";
   char line[256];
   std::snprintf(line, sizeof line, "%-9s %10s %10s %10s %10s %12s %14s %9s\n", "phase", "ms(slow)",
                 "rank min", "rank avg", "rank max", "GFLOP/s/rank", "bytes sent/rank", "messages");

@@ -237,8 +237,9 @@ def model(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
           group=None, shards=None):
     """The cost model's predictions for every plan that can run the problem, fastest first: a
     list of dicts (algorithm, grid, layout, forward_s, backward_s, words_forward, ...), as
-    `a2d model` prints them. machine: a preset (a100-hdr, h100-ndr), "local" (the calibration
-    file), or None (local if calibrated, else a placeholder); machine_file: a machine description
+    `a2d model` prints them (ties within 1 % by less memory first). machine: a preset (a100-hdr,
+    h100-ndr), "local" (the calibration file), or None (local if calibrated, else h100-ndr, as
+    a2d's default machine; docs/usage.md, "Defaults"); machine_file: a machine description
     file (a2d's --machine-file, docs/cost-model.md), which then decides. shards: the layout the
     caller's shards are in ("contiguous", "zigzag", "cyclic"): plans in another layout are
     charged the exchanges (relayout_forward_s, relayout_backward_s, their bytes)."""
