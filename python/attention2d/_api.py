@@ -504,11 +504,17 @@ class _EngineCache:
     def clear(self):
         self._engines.clear()
 
+    def forget_channel(self, chan):
+        """Drops the engines made on `chan` (released: its group is gone)."""
+        for key in [key for key in self._engines if key[0] == id(chan)]:
+            del self._engines[key]
+
     def __len__(self):
         return len(self._engines)
 
 
 _engines = _EngineCache()
+_channel._on_release.append(_engines.forget_channel)
 
 
 def cache_info():
@@ -517,8 +523,12 @@ def cache_info():
 
 
 def clear_cache():
-    """Drops every cached engine (collective only in that every rank should do it together)."""
+    """Drops every cached engine and every channel (the groups' transports, the watchdog): after
+    it attention2d holds nothing of any process group. Collective only in that every rank should
+    do it together. torch dropping a group (destroy_process_group) releases its channel and
+    engines by itself."""
     _engines.clear()
+    _channel.release()
 
 
 def _engine(chan, problem, chosen, shards):
