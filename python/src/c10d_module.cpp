@@ -59,9 +59,26 @@ at::Tensor bytes_at(const Handle& h, const void* data, int64_t bytes) {
                        at::TensorOptions().dtype(at::kByte).device(h.device));
 }
 
+// Releases the GIL where the calling thread holds it, for the length of a table entry: the
+// group's worker threads take the GIL (freeing a finished work's tensors that Python made, such
+// as all_gather_object's) while holding the group's queue lock, which enqueueing takes too.
+class WithoutGil {
+ public:
+  WithoutGil() : state_(PyGILState_Check() ? PyEval_SaveThread() : nullptr) {}
+  ~WithoutGil() {
+    if (state_) PyEval_RestoreThread(state_);
+  }
+  WithoutGil(const WithoutGil&) = delete;
+  WithoutGil& operator=(const WithoutGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
 // Runs `post` (which returns a work and may throw) as a table entry.
 template <typename Post>
 void* guarded(char* error, int64_t error_bytes, Post post) {
+  WithoutGil unlocked;
   try {
     auto* w = new Work();
     try {
@@ -164,6 +181,7 @@ void* op_barrier(void* group, char* error, int64_t error_bytes) {
 }
 
 int32_t op_wait(void* work, char* error, int64_t error_bytes) {
+  WithoutGil unlocked;
   auto* w = static_cast<Work*>(work);
   int32_t result = 0;
   try {
@@ -180,6 +198,7 @@ int32_t op_wait(void* work, char* error, int64_t error_bytes) {
 }
 
 void op_release(void* group) {
+  WithoutGil unlocked;
   delete static_cast<Handle*>(group);
 }
 
