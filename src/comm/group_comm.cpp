@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -40,11 +41,26 @@ struct Group {
   int64_t next_id = 1;
 };
 
-[[noreturn]] void group_failed(const Group& group, const char* what, const char* text) {
-  A2D_FAIL("the ", group.ops.backend, " process group failed ", what,
-           " while this rank was in "
-           "phase ",
-           Watchdog::current_phase(), ": ", text);
+// A failed operation: with an active watchdog, it reports the failure (the rank that is gone,
+// which its own link sees) and ends the job; otherwise every rank that waited throws.
+// peer: the group rank the operation was with (-1: a collective).
+[[noreturn]] void group_failed(const Group& group, const char* what, const char* text,
+                               int peer = -1) {
+  const std::string said = text;
+  const bool closed = said.find("closed by peer") != std::string::npos ||
+                      said.find("reset by peer") != std::string::npos ||
+                      said.find("Connection closed") != std::string::npos;
+  std::ostringstream message;
+  if (closed && peer >= 0) {
+    message << "rank " << peer << " closed its connection (exited or killed?) while this rank "
+            << "waited in phase " << Watchdog::current_phase() << " (the " << group.ops.backend
+            << " process group: " << text << ")";
+  } else {
+    message << "the " << group.ops.backend << " process group failed " << what
+            << " while this rank was in phase " << Watchdog::current_phase() << ": " << text;
+  }
+  Watchdog::transport_failed(nullptr, message.str());
+  A2D_FAIL(message.str());
 }
 
 // The works of one request; wait() completes every one (and frees it), then runs on_complete.
@@ -60,15 +76,17 @@ class GroupRequest final : public Request {
     }
   }
 
-  // Posts through `post` (one of the table's operations, bound to its arguments).
-  void add(const std::function<void*(char*, int64_t)>& post, const char* what) {
+  // Posts through `post` (one of the table's operations, bound to its arguments); peer: the
+  // group rank of a send or receive (-1: a collective).
+  void add(const std::function<void*(char*, int64_t)>& post, const char* what, int peer = -1) {
     char error[kErrorBytes] = {};
     void* work = post(error, kErrorBytes);
     if (work == nullptr) {
       finish_quietly();
-      group_failed(*group_, what, error);
+      group_failed(*group_, what, error, peer);
     }
     works_.push_back(work);
+    peers_.push_back(peer);
   }
 
   std::function<void()> on_complete;
@@ -79,12 +97,17 @@ class GroupRequest final : public Request {
     if (done_) return;
     done_ = true;
     std::string failure;
-    for (void* work : works_) {
+    int failed_peer = -1;
+    for (size_t i = 0; i < works_.size(); ++i) {
       char error[kErrorBytes] = {};
-      if (group_->ops.wait(work, error, kErrorBytes) != 0 && failure.empty()) failure = error;
+      if (group_->ops.wait(works_[i], error, kErrorBytes) != 0 && failure.empty()) {
+        failure = error;
+        failed_peer = peers_[i];
+      }
     }
     works_.clear();
-    if (!failure.empty()) group_failed(*group_, "a transfer", failure.c_str());
+    peers_.clear();
+    if (!failure.empty()) group_failed(*group_, "a transfer", failure.c_str(), failed_peer);
     for (const auto& receive : self_receives) {
       if (receive->arrived) continue;
       for (const auto& other : self_receives)
@@ -108,6 +131,7 @@ class GroupRequest final : public Request {
 
   std::shared_ptr<Group> group_;
   std::vector<void*> works_;
+  std::vector<int> peers_;  // by work
   bool done_ = false;
 };
 
@@ -405,14 +429,14 @@ class GroupCommunicator final : public Communicator {
     const int32_t peer = members_[static_cast<size_t>(to)], wire = wire_tag(tag);
     request.add(
         [&](char* e, int64_t n) { return g.ops.send(g.ops.group, data, bytes, peer, wire, e, n); },
-        "a send");
+        "a send", peer);
   }
   void post_recv(GroupRequest& request, void* data, int64_t bytes, int from, uint32_t tag) {
     const Group& g = *group_;
     const int32_t peer = members_[static_cast<size_t>(from)], wire = wire_tag(tag);
     request.add(
         [&](char* e, int64_t n) { return g.ops.recv(g.ops.group, data, bytes, peer, wire, e, n); },
-        "a receive");
+        "a receive", peer);
   }
 
   void check_counts(std::span<const int64_t> counts) const {
