@@ -841,6 +841,11 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
         error = error or str(e)
     if not error and window and not causal:
         error = "window=%d needs causal=True (the window is q - window < k <= q)" % window
+    if not error and softmax_scale is not None:
+        try:
+            _softmax_scale(softmax_scale)
+        except Error as e:
+            error = str(e)
     if not error and sinks is not None:
         if tuple(sinks.shape) != (q.shape[2],):
             error = "sinks must have shape [heads] = [%d], got %s" % (q.shape[2], list(sinks.shape))

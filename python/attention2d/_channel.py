@@ -290,6 +290,25 @@ def _torch_channel(group, kind, position=None, size=None, label=None, order=None
     return made
 
 
+def _mesh_group(mesh, shape):
+    """One process group over every rank of an N-D DeviceMesh: the default group where the mesh
+    spans the whole world, else the mesh flattened (DeviceMesh._flatten: torch >= 2.6, and only
+    for a mesh with mesh_dim_names)."""
+    if mesh.mesh.numel() == dist.get_world_size() and mesh.device_type == "cpu":
+        return dist.distributed_c10d._get_default_group()
+    flatten = getattr(mesh, "_flatten", None)
+    if flatten is None:
+        raise Error("group=DeviceMesh of %d dimensions needs DeviceMesh._flatten() (torch >= "
+                    "2.6) for one group over its ranks; pass group=mesh._flatten().get_group() "
+                    "with algo= and grid= instead" % len(shape))
+    if not getattr(mesh, "mesh_dim_names", None):
+        raise Error("group=DeviceMesh %s spans %d of the %d ranks and has no mesh_dim_names, so "
+                    "torch cannot flatten it into one group: make it with mesh_dim_names=(...) "
+                    "(init_device_mesh(..., mesh_dim_names=...))"
+                    % (shape, mesh.mesh.numel(), dist.get_world_size()))
+    return flatten().get_group()
+
+
 def _mesh_channel(mesh, kind):
     """A DeviceMesh of 1 dimension (ranks: the planner chooses), 2 (rows x columns of the
     ATTENTION2D grid) or 3 (heads groups x rows x columns of the hybrid). Its ranks take the
@@ -300,12 +319,7 @@ def _mesh_channel(mesh, kind):
                     "columns) dimensions, got %d" % len(shape))
     if len(shape) == 1:
         return _torch_channel(mesh.get_group(), kind, handle=mesh)
-    flatten = getattr(mesh, "_flatten", None)
-    if flatten is None:
-        raise Error("group=DeviceMesh of %d dimensions needs DeviceMesh._flatten() (torch >= "
-                    "2.6) for one group over its ranks; pass group=mesh._flatten().get_group() "
-                    "with algo= and grid= instead" % len(shape))
-    group = flatten().get_group()
+    group = _mesh_group(mesh, shape)
     heads, rows, cols = (1,) + shape if len(shape) == 2 else shape
     me = dist.get_rank()
     positions = {}
