@@ -16,17 +16,20 @@ rounds=${2:-3}
 python=${A2D_PYTHON:-$PWD/.venv/bin/python}
 export PYTHONPATH=$PWD/build/python
 problem=(--seq "$seq" --heads 8 --kv-heads 2 --head-dim 64 --causal --algo attention2d)
+# 4 ranks on 2 cores: waiting MPI ranks yield their core rather than spin (Open MPI's default
+# busy polling would take it from the ranks computing, and more from some runs than others).
+mpiexec=(mpiexec -np 4 --oversubscribe --bind-to none --mca mpi_yield_when_idle 1)
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 echo "bench_python.sh: N = $seq, P = 4, heads 8, kv_heads 2, head_dim 64, causal, fp32; load: $(uptime)"
 "$python" scripts/launch.py --nproc 4 --timeout 1800 -- "$python" bench/python/paths.py \
   "${problem[@]}" --shards contiguous --transport group mesh --rounds "$rounds" >> "$out/transports"
 for round in $(seq 1 "$rounds"); do
-  mpiexec -np 4 --oversubscribe build/a2d run "${problem[@]}" --backward --json --iters 3 \
+  "${mpiexec[@]}" build/a2d run "${problem[@]}" --backward --json --iters 3 \
     --timeout 0 | grep '^{' | sed 's/^{/{"path": "a2d", "transport": "mpi", /' >> "$out/overhead"
-  mpiexec -np 4 --oversubscribe "$python" bench/python/paths.py "${problem[@]}" --shards plan \
+  "${mpiexec[@]}" "$python" bench/python/paths.py "${problem[@]}" --shards plan \
     >> "$out/overhead"
-  mpiexec -np 4 --oversubscribe build/a2d run "${problem[@]}" --backward --json --iters 3 \
+  "${mpiexec[@]}" build/a2d run "${problem[@]}" --backward --json --iters 3 \
     --comm gloo --timeout 0 | grep '^{' | sed 's/^{/{"path": "a2d", "transport": "gloo", /' \
     >> "$out/overhead"
   "$python" scripts/launch.py --nproc 4 --timeout 1800 -- "$python" bench/python/paths.py \

@@ -243,8 +243,10 @@ def _c10d_module():
 
 def _group_transport(group, position):
     """The group's own operations as the transport, this rank at engine rank `position`."""
-    backend = dist.get_backend(group)
-    if backend != "gloo":
+    backend = str(dist.get_backend(group))
+    # "gloo", or a group with a backend per device ("cpu:gloo,cuda:nccl", torch 2's default
+    # without backend=): CPU tensors go to its gloo part.
+    if backend != "gloo" and "cpu:gloo" not in backend:
         raise Error("group= is a %s process group: the Python package runs CPU tensors, whose "
                     "messages a gloo group carries (an NCCL group moves GPU memory: the C++ CUDA "
                     "backend is not wired to Python yet); make a gloo group for attention2d "

@@ -73,4 +73,4 @@ fresh_venv "$work/b"
 "$work/b/bin/python" -m pip install "${quiet[@]}" "$work"/dist/attention2d-*.whl
 stamp "venv b (torch only) and the wheel"
 check "$work/b/bin/python"
-stamp "pip_install.sh: passed"
+stamp "passed"

@@ -123,3 +123,18 @@ def test_transports_agree():
             assert_all_ranks(error <= 1e-6, "%s: group vs mesh differ by %.3g" % (algo, error))
     with pytest.raises(attention2d.Error, match="transport 'tcp'"):
         attention2d.set_transport("tcp")
+
+
+def test_no_copy_on_the_way_in():
+    """Contiguous CPU tensors, and views whose last dimension is dense, reach the engine as they
+    are (their memory, no copy); other strides are copied once; outputs are torch's tensors that
+    the engine wrote (torch.empty, then filled in place)."""
+    x = torch.randn(1, 6, 4, 8)
+    ready = attention2d._api._engine_ready
+    assert ready(x) is x
+    heads_view = x[:, :, 1:3]  # a slice of heads: strided, last dimension dense
+    assert ready(heads_view) is heads_view
+    transposed = x.transpose(2, 3)  # last dimension not dense: one contiguous copy
+    assert ready(transposed) is not transposed and ready(transposed).is_contiguous()
+    view = attention2d._api._view(heads_view)
+    assert view[0] == heads_view.data_ptr() and view[3] == list(heads_view.stride())
