@@ -3,9 +3,11 @@
 # "Transport" and "Overhead"; numbers in docs/performance.md):
 #   1. transports: a torch gloo group's own operations ("group") against the engine's own Gloo
 #      mesh ("mesh"), on contiguous shards, alternating in one job (bench/python/paths.py);
-#   2. overhead: the Python path against `a2d run` on the same problem and plan (the plan's own
-#      layout, no exchange), over the same transport: Python under mpiexec against a2d over MPI,
-#      and Python over a torch group against a2d --comm gloo (Gloo TCP both), alternating.
+#   2. overhead: the Python path against the engine called directly from the same processes
+#      (attention2d._core.Engine on preallocated tensors: what the Python layer adds), iteration
+#      by iteration, and against `a2d run` on the same problem and plan (the plan's own layout,
+#      no exchange): Python under mpiexec against a2d over MPI, and Python over a torch group
+#      against a2d --comm gloo (Gloo TCP both), alternating.
 #   scripts/bench_python.sh [SEQ] [ROUNDS]        defaults: 8192 3
 # Needs the build tree (scripts/build.sh build) built with the venv's interpreter.
 set -euo pipefail
@@ -27,13 +29,13 @@ echo "bench_python.sh: N = $seq, P = 4, heads 8, kv_heads 2, head_dim 64, causal
 for round in $(seq 1 "$rounds"); do
   "${mpiexec[@]}" build/a2d run "${problem[@]}" --backward --json --iters 3 \
     --timeout 0 | grep '^{' | sed 's/^{/{"path": "a2d", "transport": "mpi", /' >> "$out/overhead"
-  "${mpiexec[@]}" "$python" bench/python/paths.py "${problem[@]}" --shards plan \
+  "${mpiexec[@]}" "$python" bench/python/paths.py "${problem[@]}" --shards plan --direct \
     >> "$out/overhead"
   "${mpiexec[@]}" build/a2d run "${problem[@]}" --backward --json --iters 3 \
     --comm gloo --timeout 0 | grep '^{' | sed 's/^{/{"path": "a2d", "transport": "gloo", /' \
     >> "$out/overhead"
   "$python" scripts/launch.py --nproc 4 --timeout 1800 -- "$python" bench/python/paths.py \
-    "${problem[@]}" --shards plan --transport group >> "$out/overhead"
+    "${problem[@]}" --shards plan --direct --transport group >> "$out/overhead"
 done
 echo "bench_python.sh: load after: $(uptime)"
 "$python" - "$out/transports" "$out/overhead" <<'PY'
@@ -54,12 +56,14 @@ print("| contiguous shards, group transport | %.0f (%s) | group / mesh = %.3f |"
       % (g, ", ".join("%.0f" % x for x in gs), g / m))
 print("| contiguous shards, own Gloo mesh | %.0f (%s) | |" % (m, ", ".join("%.0f" % x for x in ms)))
 o = rows(sys.argv[2])
-for label, a2d_t, py_t, py_path in (("MPI", "mpi", "mpi", "python"),
-                                    ("Gloo TCP", "gloo", "group", "python")):
+for label, a2d_t, py_t in (("MPI", "mpi", "mpi"), ("Gloo TCP", "gloo", "group")):
     a, as_ = median(o, path="a2d", transport=a2d_t)
-    p, ps = median(o, path=py_path, transport=py_t)
+    p, ps = median(o, path="python", transport=py_t)
+    e, es = median(o, path="engine", transport=py_t)
+    where = "mpiexec, MPI" if py_t == "mpi" else "torch group"
     print("| a2d run, %s | %.0f (%s) | |" % (label, a, ", ".join("%.0f" % x for x in as_)))
-    print("| Python (%s), plan layout | %.0f (%s) | Python / a2d = %.3f |"
-          % ("mpiexec, MPI" if py_t == "mpi" else "torch group", p,
-             ", ".join("%.0f" % x for x in ps), p / a))
+    print("| engine called directly (%s) | %.0f (%s) | |"
+          % (where, e, ", ".join("%.0f" % x for x in es)))
+    print("| Python (%s), plan layout | %.0f (%s) | Python / engine = %.3f; Python / a2d = %.3f |"
+          % (where, p, ", ".join("%.0f" % x for x in ps), p / e, p / a))
 PY

@@ -35,6 +35,10 @@ parser.add_argument("--transport", nargs="*", default=[None])
 parser.add_argument("--warmup", type=int, default=1)
 parser.add_argument("--iters", type=int, default=3)
 parser.add_argument("--rounds", type=int, default=1)
+parser.add_argument("--direct", action="store_true",
+                    help="also time the engine called directly (attention2d._core.Engine's "
+                    "forward and backward on preallocated tensors, no Python layer), alternating "
+                    "with the Python path iteration by iteration (--shards plan)")
 args = parser.parse_args()
 
 torch_launch = "RANK" in os.environ and "OMPI_COMM_WORLD_SIZE" not in os.environ
@@ -64,7 +68,8 @@ def run(transport):
             .requires_grad_() for _ in range(2))
     d_out = torch.randn(1, n, args.heads, args.head_dim, generator=gen).to(dtype)
     pinned = {} if args.shards == "plan" else {"algo": args.algo, "grid": args.grid}
-    times = []
+    times, direct_times = [], []
+    engine = None
     for it in range(args.warmup + args.iters):
         chan.allgather(None, "bench barrier")
         start = time.perf_counter()
@@ -76,10 +81,33 @@ def run(transport):
         q.grad = k.grad = v.grad = None
         if it >= args.warmup:
             times.append((middle - start, end - middle))
+        if args.direct:
+            if engine is None:  # the engine the call above made (the cache's newest)
+                engine = list(attention2d._api._engines._engines.values())[-1]
+                assert not engine.exchanges, "--direct needs --shards plan"
+                view = attention2d._api._view
+                qd, kd, vd = (x.detach() for x in (q, k, v))
+                o, lse = torch.empty_like(qd), torch.empty(1, args.heads, n)
+                grads = [torch.empty_like(x) for x in (qd, kd, vd)]
+            chan.allgather(None, "bench barrier")
+            start = time.perf_counter()
+            engine.forward(view(qd), view(kd), view(vd), view(o), view(lse), 0)
+            middle = time.perf_counter()
+            engine.backward(view(qd), view(kd), view(vd), view(o), view(d_out), view(lse),
+                            *(view(g) for g in grads), 0, 0)
+            end = time.perf_counter()
+            if it >= args.warmup:
+                direct_times.append((middle - start, end - middle))
+    report(chan, lay, transport, "python", times)
+    if args.direct:
+        report(chan, lay, transport, "engine", direct_times)
+
+
+def report(chan, lay, transport, path, times):
     every = chan.allgather(times, "bench times")  # [rank][iteration] = (fwd, bwd)
     if chan.rank != 0:
         return
-    row = {"path": "python", "transport": transport or chan.transport.kind, "ranks": chan.size,
+    row = {"path": path, "transport": transport or chan.transport.kind, "ranks": chan.size,
            "algo": args.algo, "shards": args.shards, "seq": args.seq, "heads": args.heads,
            "kv_heads": args.kv_heads, "head_dim": args.head_dim, "causal": args.causal,
            "dtype": args.dtype, "plan": lay.plan.describe() if lay.plan else args.shards}
