@@ -11,6 +11,7 @@ start=$(date +%s)
 phase() { echo "test.sh: $1 done at $(( $(date +%s) - start )) s"; }
 
 scripts/setup.sh
+scripts/venv.sh  # torch 2.11 and the Python tools from PyPI (.venv/), before the build finds them
 scripts/build.sh build
 phase "setup and build"
 # The sanitizer build, the CUDA compile and the fuzz targets' build run in the background at the lowest priority while the
