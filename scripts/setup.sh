@@ -9,6 +9,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config git
   libopenmpi-dev openmpi-bin          # the MPI engine of the distributed algorithms
+  libpmix-dev                         # the launcher's PMIx: the start of a job is watched through it
   libgloo-dev                         # the Gloo communicator (--comm gloo; jobs without mpirun)
   libgtest-dev libgmock-dev           # GoogleTest (CTest-registered tests)
   python3                             # test helpers that parse JSON output
@@ -19,6 +20,7 @@ packages=(
   libopenblas-dev                     # bench/a2d_tile_gemm only: BLAS vs own micro-kernels
   python3-dev python3-venv python3-pip   # the Python package (python/): its headers, and the
                                          # venv scripts/venv.sh makes (torch, pybind11, ... from PyPI)
+  ccache                              # compiles reused across builds and clones (build.sh, pip_install.sh)
 )
 
 missing=()
