@@ -223,7 +223,10 @@ py::object group_ops(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
   ops->group = new Handle{group, c10::Device(device)};
   ops->rank = group->getRank();
   ops->size = group->getSize();
-  std::snprintf(ops->backend, sizeof ops->backend, "%s", group->getBackendName().c_str());
+  // The backend that carries this device's tensors ("gloo" for the CPU part of torch 2's
+  // "cpu:gloo,cuda:nccl" group), not the group's compound name: group_comm.cpp decides by it.
+  std::snprintf(ops->backend, sizeof ops->backend, "%s",
+                group->getBackend(c10::Device(device).type())->getBackendName().c_str());
   ops->send = op_send;
   ops->recv = op_recv;
   ops->all_to_all = op_all_to_all;
