@@ -148,3 +148,21 @@ def test_fp32_is_refused_by_the_cuda_rules(fenced_cuda):
     x = torch.zeros(1, 5, 2, 64)
     with pytest.raises(attention2d.Error, match="fp32"):
         attention2d.attention(x, x, x, layout="contiguous")
+
+
+@pytest.mark.parametrize("backend, host, nccl", [
+    ("gloo", "group", False), ("cpu:gloo,cuda:nccl", "group", True), ("nccl", "mesh", True),
+    ("mpi", None, False)])
+def test_which_groups_carry_cuda_tensors_over_nccl(backend, host, nccl):
+    """An NCCL group's CUDA messages go over NCCL (the project's communicator, bootstrapped
+    through the group's gloo part or, for an NCCL-only group, a Gloo mesh of attention2d's own);
+    a gloo group's are staged through host memory; other backends are refused. (No NCCL group can
+    be made without a GPU: the choice is tested as the functions the channel asks.)"""
+    from attention2d import _channel
+
+    assert _channel._is_nccl_group(backend) == nccl
+    kind = _channel._host_transport_kind(backend)
+    if host is None:
+        assert "attention2d runs over gloo groups, NCCL groups" in kind
+    else:
+        assert kind == host
