@@ -19,6 +19,9 @@ tensors through attention2d on one GPU, against torch's SDPA in fp32 math.
                                through host memory over a gloo group
   gpu_python_check.py --list   what would run (no GPU needed: the dry run)
 
+A2D_CHECK_DEVICE=cpu runs sdpa and llama on CPU tensors instead (the script's own logic checked
+without a GPU; the side stream and the CUDA refusals are then skipped): not a GPU result.
+
 Each prints one line per check, "ok ..." or "FAIL ...", and exits 1 when any failed."""
 
 import os
@@ -31,6 +34,7 @@ CASES = [  # (dtype, batch, seq, heads, kv_heads, head_dim, causal)
     ("float16", 1, 257, 4, 1, 64, False),
 ]
 failures = []
+DEVICE = os.environ.get("A2D_CHECK_DEVICE", "cuda")
 
 
 def report(ok, text):
@@ -62,7 +66,8 @@ def sdpa_reference(q, k, v, d_out, causal):
 
 
 def relative(got, want):
-    return float((got.double() - want.double()).norm() / max(float(want.double().norm()), 1e-30))
+    got, want = got.detach().double(), want.detach().double()
+    return float((got - want).norm() / max(float(want.norm()), 1e-30))
 
 
 def check_sdpa():
@@ -70,7 +75,8 @@ def check_sdpa():
 
     import attention2d
 
-    device = torch.device("cuda", torch.cuda.current_device())
+    device = (torch.device("cuda", torch.cuda.current_device()) if DEVICE == "cuda"
+              else torch.device("cpu"))
     for dtype_name, b, n, h, hk, d, causal in CASES:
         dtype = getattr(torch, dtype_name)
         gen = torch.Generator(device="cpu").manual_seed(52)
@@ -94,6 +100,8 @@ def check_sdpa():
             error = relative(got, want)
             report(error <= bound,
                    "%s: %s relative error %.3g (bound %.3g)" % (name, what, error, bound))
+        if device.type != "cuda":
+            continue
         # On a side stream: the engine follows that stream (the inputs are written on the
         # default stream, which the side stream waits for) and the result is read after
         # wait_stream, never after a device-wide synchronisation.
@@ -104,6 +112,8 @@ def check_sdpa():
         torch.cuda.current_stream().wait_stream(side)
         report(torch.equal(again, out.detach()),
                "%s: the same bits from a call on a side stream" % name)
+    if device.type != "cuda":
+        return
     # Refusals before any data moves.
     x = torch.zeros(1, 8, 2, 64, device=device)
     for what, args in (("fp32", (x, x, x)),
@@ -124,7 +134,8 @@ def check_llama():
 
     try:
         import transformers
-        from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+        from transformers import (AttentionInterface, AutoModelForCausalLM, LlamaConfig,
+                                  LlamaForCausalLM)
     except ImportError as error:
         report(False, "transformers: %s" % error)
         return
@@ -141,14 +152,15 @@ def check_llama():
                          num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
                          max_position_embeddings=1024)
     torch.manual_seed(52)
-    base = LlamaForCausalLM(config).to("cuda", torch.bfloat16)
-    tokens = torch.randint(0, 1000, (2, 384), device="cuda")
+    base = LlamaForCausalLM(config).to(DEVICE, torch.bfloat16)
+    tokens = torch.randint(0, 1000, (2, 384), device=DEVICE)
     results = {}
     for implementation in ("sdpa", "attention2d"):
-        model = LlamaForCausalLM(config).to("cuda", torch.bfloat16)
-        model.load_state_dict(base.state_dict())
-        model.config._attn_implementation = implementation
         try:
+            # The documented way to choose a registered attention (AttentionInterface).
+            model = AutoModelForCausalLM.from_config(config, attn_implementation=implementation)
+            model = model.to(DEVICE, torch.bfloat16)
+            model.load_state_dict(base.state_dict())
             loss = model(input_ids=tokens, labels=tokens).loss
             loss.backward()
         except Exception as error:
@@ -156,7 +168,7 @@ def check_llama():
                    % (transformers.__version__, implementation, str(error).splitlines()[0]))
             return
         grads = torch.cat([p.grad.float().flatten() for p in model.parameters()])
-        results[implementation] = (float(loss), grads)
+        results[implementation] = (float(loss.detach()), grads)
     (loss_sdpa, g_sdpa), (loss_a2d, g_a2d) = results["sdpa"], results["attention2d"]
     report(abs(loss_a2d - loss_sdpa) <= 1e-2 * abs(loss_sdpa),
            "tiny Llama step: loss %.5f with attention2d, %.5f with sdpa" % (loss_a2d, loss_sdpa))
@@ -172,12 +184,15 @@ def check_ranks():
     import attention2d
 
     rank = int(os.environ["RANK"])
-    torch.cuda.set_device(0)  # one GPU for both ranks
-    nccl = torch.cuda.nccl.version()
+    if DEVICE == "cuda":
+        torch.cuda.set_device(0)  # one GPU for both ranks
+        nccl = torch.cuda.nccl.version()
+    else:
+        nccl = (0, 0, 0)
     shares = tuple(nccl[:2]) >= (2, 30)
     if shares:
         os.environ["NCCL_MULTI_RANK_GPU_ENABLE"] = "1"
-    dist.init_process_group("cpu:gloo,cuda:nccl")
+    dist.init_process_group("cpu:gloo,cuda:nccl" if DEVICE == "cuda" else "gloo")
     gen = torch.Generator().manual_seed(52)
     b, n, h, hk, d = 1, 999, 12, 4, 80
     full = [torch.randn(b, n, heads, d, generator=gen, dtype=torch.float64).bfloat16().double()
@@ -187,10 +202,10 @@ def check_ranks():
 
     def run(group, how):
         layout = attention2d.layout(n, kind="zigzag", group=group)
-        shards = [attention2d.shard(x, layout).to("cuda", torch.bfloat16).requires_grad_()
+        shards = [attention2d.shard(x, layout).to(DEVICE, torch.bfloat16).requires_grad_()
                   for x in (q, k, v)]
         out = attention2d.attention(*shards, causal=True, layout="zigzag", group=group)
-        out.backward(attention2d.shard(d_out, layout).to("cuda", torch.bfloat16))
+        out.backward(attention2d.shard(d_out, layout).to(DEVICE, torch.bfloat16))
         got = [attention2d.unshard(t.detach(), layout, group=group).double()
                for t in (out, shards[0].grad, shards[1].grad, shards[2].grad)]
         want = reference(q, k, v, d_out)
@@ -202,7 +217,9 @@ def check_ranks():
                 report(error <= bound, "%s %s: %s relative error %.3g (bound %.3g)"
                        % (tag, how, what, error, bound))
 
-    if shares:
+    if DEVICE != "cuda":
+        run(dist.group.WORLD, "on CPU tensors over gloo (the script's logic only)")
+    elif shares:
         run(dist.group.WORLD, "over NCCL (NCCL_MULTI_RANK_GPU_ENABLE=1)")
     else:
         try:
