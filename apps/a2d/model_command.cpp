@@ -274,7 +274,8 @@ void plot(const ModelOptions& o, const Problem& base) {
          << "set title 'Predicted " << (o.forward_only ? "forward" : "forward + backward")
          << " time, " << machine_name << " (" << dtype_name(base.dtype) << "), N=" << base.seq
          << " H=" << base.heads << " D=" << base.head_dim
-         << (base.mask.is_causal() ? " causal" : "") << "' noenhanced\n"
+         << (base.mask.hides_pairs() ? " " + base.mask.describe() : std::string())
+         << "' noenhanced\n"
          << "set xlabel '" << (over_gpus ? "ranks P" : "sequence length N") << "'\n"
          << "set ylabel 'time per layer (ms)'\nset logscale xy 2\nset grid\nset key left top\n"
          << "$data << EOD\n"

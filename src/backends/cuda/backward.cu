@@ -147,8 +147,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* do_base = static_cast<const T*>(p.d_out.data) + batch * p.d_out.batch_stride +
                        head * p.d_out.head_stride;
     for (int64_t q_tile = 0; q_tile < q_tiles; ++q_tile) {
-      const int cls = classify_tile(p.mask, p.window, p.q_bounds[2 * q_tile],
-                                    p.q_bounds[2 * q_tile + 1], k_min, k_max);
+      const int cls =
+          classify_tile(p.mask, p.q_bounds[2 * q_tile], p.q_bounds[2 * q_tile + 1], k_min, k_max);
       if (cls == kTileHidden) continue;
       const int64_t q0 = q_tile * kTileQ;
       const bool need_mask = cls == kTilePartial || k_ragged || q0 + kTileQ > p.q_tokens;
@@ -185,8 +185,8 @@ __global__ void __launch_bounds__(kThreads, 1)
           const int query = n * 8 + 2 * t + (e & 1);
           float x = exp2f(s[n][e] * scale_log2 - s_lse[query]);
           if (need_mask) {
-            const bool seen = k_valid[e / 2] &&
-                              cuda_plan::visible(p.mask, p.window, s_q_pos[query], k_pos[e / 2]);
+            const bool seen =
+                k_valid[e / 2] && cuda_plan::visible(p.mask, s_q_pos[query], k_pos[e / 2]);
             if (!seen) x = 0.0f;
           }
           s[n][e] = x;

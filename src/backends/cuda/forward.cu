@@ -57,8 +57,8 @@ __device__ __forceinline__ int64_t next_visible_tile(const AttentionParams& p, i
                                                      int64_t kv_tiles, int64_t q_min,
                                                      int64_t q_max) {
   for (; tile < kv_tiles; ++tile) {
-    if (classify_tile(p.mask, p.window, q_min, q_max, p.kv_bounds[2 * tile],
-                      p.kv_bounds[2 * tile + 1]) != kTileHidden) {
+    if (classify_tile(p.mask, q_min, q_max, p.kv_bounds[2 * tile], p.kv_bounds[2 * tile + 1]) !=
+        kTileHidden) {
       break;
     }
   }
@@ -165,8 +165,8 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t row = k0 + r;
       s_k_pos[r] = row < p.kv_tokens ? (p.kv_positions ? p.kv_positions[row] : row) : 0;
     }
-    const int cls = classify_tile(p.mask, p.window, q_min, q_max, p.kv_bounds[2 * tile],
-                                  p.kv_bounds[2 * tile + 1]);
+    const int cls =
+        classify_tile(p.mask, q_min, q_max, p.kv_bounds[2 * tile], p.kv_bounds[2 * tile + 1]);
     const bool ragged = k0 + kTileK > p.kv_tokens;  // the last tile: keys past the end
     copy_async_wait<1>();                           // K (and Q) arrived; V may be in flight
     __syncthreads();
@@ -198,8 +198,8 @@ __global__ void __launch_bounds__(kThreads)
         const int key = n * 8 + 2 * t + (e & 1);
         float x = s[n][e] * scale_log2;
         if (cls == kTilePartial || ragged) {
-          const bool seen = k0 + key < p.kv_tokens &&
-                            cuda_plan::visible(p.mask, p.window, q_pos[e / 2], s_k_pos[key]);
+          const bool seen =
+              k0 + key < p.kv_tokens && cuda_plan::visible(p.mask, q_pos[e / 2], s_k_pos[key]);
           if (!seen) x = -INFINITY;
         }
         s[n][e] = x;
