@@ -238,8 +238,17 @@ struct MaskView {
     return out;
   }
 
+  // Whether the band alone decides (no documents, no slices): the kernels' fast path.
+  A2D_MASK_INLINE bool band_only() const { return !doc_offsets && kind != MaskKind::ranges; }
+  A2D_MASK_INLINE bool in_band(int64_t q, int64_t k) const { return k - q >= lo && k - q <= hi; }
+
   A2D_MASK_INLINE bool visible(int64_t q, int64_t k) const {
     if (k - q < lo || k - q > hi) return false;
+    if (band_only()) return true;
+    return visible_by_pieces(q, k);
+  }
+  // visible() past the band: documents, slices.
+  A2D_MASK_INLINE bool visible_by_pieces(int64_t q, int64_t k) const {
     if (doc_offsets && document_of(q) != document_of(k)) return false;
     if (kind != MaskKind::ranges) return true;
     return row(q).visible(k);
@@ -252,7 +261,13 @@ struct MaskView {
   A2D_MASK_INLINE BlockVisibility classify(int64_t q_min, int64_t q_max, int64_t k_min,
                                            int64_t k_max) const {
     const BlockVisibility by_band = mask_detail::classify_band(lo, hi, q_min, q_max, k_min, k_max);
-    if (by_band == BlockVisibility::hidden) return by_band;
+    if (by_band == BlockVisibility::hidden || band_only()) return by_band;
+    return classify_by_pieces(by_band, q_min, q_max, k_min, k_max);
+  }
+  // classify() past the band: documents, slices.
+  A2D_MASK_INLINE BlockVisibility classify_by_pieces(BlockVisibility by_band, int64_t q_min,
+                                                     int64_t q_max, int64_t k_min,
+                                                     int64_t k_max) const {
     if (doc_offsets) {
       const int64_t q_first = document_of(q_min), q_last = document_of(q_max);
       const int64_t k_first = document_of(k_min), k_last = document_of(k_max);
@@ -263,7 +278,6 @@ struct MaskView {
       }
       return BlockVisibility::partial;
     }
-    if (kind != MaskKind::ranges) return by_band;
     return classify_ranges(q_min, q_max, k_min, k_max);
   }
 
