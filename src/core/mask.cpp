@@ -470,6 +470,7 @@ std::vector<MaskSlice> generated_mask_ranges(const std::string& kind, int64_t se
   const auto distinct = [&](int64_t how_many, int64_t low,
                             int64_t high) {  // sorted, in [low, high]
     std::set<int64_t> picked;
+    if (how_many <= 0) return std::vector<int64_t>{};
     std::uniform_int_distribution<int64_t> pick(low, high);
     while (static_cast<int64_t>(picked.size()) < how_many)
       picked.insert(pick(random));
