@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "attention2d/error.hpp"
+#include "attention2d/inference.hpp"
 #include "attention2d/kernel.hpp"
 
 namespace a2d {
@@ -415,6 +416,27 @@ TEST(MaskKinds, TheMaskAnswersWhatTheLibraryAsks) {
   EXPECT_NE(Mask::none().with_documents({3, 5}).digest(),
             Mask::none().with_documents({5, 3}).digest());
   EXPECT_EQ(ranges.describe(), "ranges(1)");
+}
+
+// A decoder extends a causal mask, plain or windowed, and refuses the others saying why.
+TEST(MaskKinds, DecodingRefusesWhatANewTokenCannotExtend) {
+  Problem p;
+  p.seq = 64;
+  p.heads = 2;
+  p.kv_heads = 2;
+  p.head_dim = 16;
+  for (const Mask& mask : {Mask::causal(), Mask::causal_window(8), Mask::window_size(7, 0)}) {
+    p.mask = mask;
+    EXPECT_NO_THROW(check_decodable(p)) << mask.describe();
+  }
+  p.mask = Mask::window_size(4, 4);
+  EXPECT_NE(error_of([&] { check_decodable(p); }).find("its right side shows keys after the query"),
+            std::string::npos);
+  p.mask = Mask::from_ranges(parse_mask_ranges("prefix-lm:8", 64));
+  EXPECT_NE(error_of([&] { check_decodable(p); }).find("does not take a range mask"),
+            std::string::npos);
+  p.mask = Mask::none();
+  EXPECT_NE(error_of([&] { check_decodable(p); }).find("needs a causal mask"), std::string::npos);
 }
 
 }  // namespace
