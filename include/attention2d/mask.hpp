@@ -308,12 +308,12 @@ struct MaskView {
                                     int64_t k_last, bool stop_when_mixed, bool& seen_visible,
                                     bool& seen_hidden) const {
     const int64_t* b = bounds();
-    const int64_t* first = firsts();
-    const MaskPiece* all = pieces();
     if (segments == 0 || q_last < b[0] || q_first >= b[segments]) {
       seen_hidden = true;  // no row lies in a run
       return 0;
     }
+    const int64_t* first = firsts();
+    const MaskPiece* all = pieces();
     if (q_first < b[0] || q_last >= b[segments]) seen_hidden = true;  // some rows lie outside
     int64_t total = 0;
     for (int64_t s = segment_of(mask_detail::at_least(q_first, b[0]));
@@ -456,7 +456,8 @@ const char* range_type_name(RangeType type);
 //                     sees them and, causally, the tokens after them
 //   block-causal:B    blocks of B tokens (B%: percent of seq): a query sees every key of its
 //                     block and of the blocks before
-//   random:S[:SEED]   S random non-overlapping slices of every type (some rows uncovered)
+//   random:S[:SEED]   S random non-overlapping slices of every type (some rows uncovered;
+//                     S <= 65536)
 // or the name of a file with one slice a line, "q0 q1 k0 k1 type" (type as parse_range_type; '#'
 // starts a comment). Throws a2d::Error naming the line or entry.
 std::vector<MaskSlice> parse_mask_ranges(const std::string& text, int64_t seq);

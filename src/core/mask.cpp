@@ -460,7 +460,7 @@ std::vector<MaskSlice> generated_mask_ranges(const std::string& kind, int64_t se
       colon == std::string::npos
           ? 1
           : static_cast<uint64_t>(parse_integer(argument.substr(colon + 1), what));
-  A2D_REQUIRE(count >= 1, what, ": at least 1 slice");
+  A2D_REQUIRE(count >= 1 && count <= 65536, what, ": between 1 and 65536 slices");
   // Bands of query rows (about 4 slices each), each with disjoint key ranges and gaps between.
   const int64_t bands = std::min(seq, std::max<int64_t>(1, count / 4));
   const int64_t per_band = (count + bands - 1) / bands;
