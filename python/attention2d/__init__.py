@@ -22,7 +22,7 @@ DDP exact under sequence parallelism. docs/python.md has the whole story.
 from ._core import Error, version as __version__
 from ._api import (ENGINE_CACHE_SIZE, USER_LAYOUTS, Layout, attention, cache_info, clear_cache,
                    layout, model, plan, shard, unshard, watchdog)
-from ._channel import DEFAULT_WATCHDOG_TIMEOUT
+from ._channel import DEFAULT_TRANSPORT, DEFAULT_WATCHDOG_TIMEOUT, TRANSPORTS, set_transport
 from ._ddp import register_ddp_hook
 from ._decode import Decoder
 from ._flash import (flash_attn_func, flash_attn_varlen_func, ring_flash_attn_func,
@@ -30,12 +30,14 @@ from ._flash import (flash_attn_func, flash_attn_varlen_func, ring_flash_attn_fu
 from ._mask import Ranges, ranges
 
 __all__ = [
+    "DEFAULT_TRANSPORT",
     "DEFAULT_WATCHDOG_TIMEOUT",
     "Decoder",
     "ENGINE_CACHE_SIZE",
     "Error",
     "Layout",
     "Ranges",
+    "TRANSPORTS",
     "USER_LAYOUTS",
     "attention",
     "cache_info",
@@ -48,6 +50,7 @@ __all__ = [
     "ranges",
     "register_ddp_hook",
     "ring_flash_attn_func",
+    "set_transport",
     "shard",
     "unshard",
     "watchdog",
