@@ -3,12 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "attention2d/dtype.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/grid.hpp"
 #include "attention2d/layout.hpp"
+#include "attention2d/mask.hpp"
 #include "attention2d/tools/npy.hpp"
 
 namespace a2d::fuzz {
@@ -118,6 +121,77 @@ void layout_ownership(const uint8_t* data, size_t size) {
   expect(GridCoords::rank_of(shape, at.row(), at.col()) == rank);
   expect(GridCoords{shape, at.kv_dest_rank()}.kv_source_rank() == rank);
   expect(at.kv_source_rank() >= 0 && at.kv_source_rank() < shape.size());
+}
+
+namespace {
+// MagiAttention's definition of a slice, in its local coordinates.
+bool slice_shows(const MaskSlice& s, int64_t q, int64_t k) {
+  if (q < s.q0 || q >= s.q1 || k < s.k0 || k >= s.k1) return false;
+  const int64_t i = q - s.q0, j = k - s.k0;
+  const bool causal = j <= i + (s.k1 - s.k0) - (s.q1 - s.q0), inverse = j >= i;
+  switch (s.type) {
+    case RangeType::full:
+      return true;
+    case RangeType::causal:
+      return causal;
+    case RangeType::inv_causal:
+      return inverse;
+    case RangeType::bi_causal:
+      return causal && inverse;
+  }
+  return false;
+}
+}  // namespace
+
+void mask_ranges(const uint8_t* data, size_t size) {
+  if (size < 2) return;
+  const int64_t seq = 1 + static_cast<int64_t>((data[0] << 8 | data[1]) % 1024);
+  const std::string text(reinterpret_cast<const char*>(data) + 2, size - 2);
+  std::vector<MaskSlice> slices;
+  Mask mask;
+  try {
+    const bool generator = text.rfind("prefix-lm:", 0) == 0 ||
+                           text.rfind("block-causal:", 0) == 0 || text.rfind("random:", 0) == 0;
+    // A generator, or slice lines (never a file name: the fuzzer must not open files).
+    slices = generator ? parse_mask_ranges(text, seq) : parse_mask_range_lines(text, "fuzz");
+    mask = Mask::from_ranges(slices);
+    mask.validate(seq);
+  } catch (const Error&) {
+    return;  // refused with a message: the expected outcome for bad input
+  }
+  expect(mask.kind == MaskKind::ranges && mask.slices() <= static_cast<int64_t>(slices.size()));
+  // Brute force on the first positions.
+  const int64_t n = std::min<int64_t>(seq, 48);
+  const MaskView view = mask.view();
+  std::vector<char> shows(static_cast<size_t>(n * n));
+  int64_t total = 0;
+  for (int64_t q = 0; q < n; ++q) {
+    const MaskRow row = view.row(q);
+    for (int64_t k = 0; k < n; ++k) {
+      bool any = false;
+      for (const MaskSlice& s : slices)
+        any = any || slice_shows(s, q, k);
+      shows[static_cast<size_t>(q * n + k)] = any;
+      total += any;
+      expect(mask.visible(q, k) == any && row.visible(k) == any);
+    }
+  }
+  expect(view.count(0, n - 1, 0, n - 1) == total);
+  // Rectangles from the bytes: the classifier is exact, the count too.
+  for (size_t at = 2; at + 4 <= size && at < 2 + 4 * 16; at += 4) {
+    int64_t q0 = data[at] % n, q1 = data[at + 1] % n, k0 = data[at + 2] % n, k1 = data[at + 3] % n;
+    if (q0 > q1) std::swap(q0, q1);
+    if (k0 > k1) std::swap(k0, k1);
+    int64_t visible = 0;
+    for (int64_t q = q0; q <= q1; ++q)
+      for (int64_t k = k0; k <= k1; ++k)
+        visible += shows[static_cast<size_t>(q * n + k)];
+    const int64_t area = (q1 - q0 + 1) * (k1 - k0 + 1);
+    const BlockVisibility c = view.classify(q0, q1, k0, k1);
+    expect((c == BlockVisibility::hidden) == (visible == 0));
+    expect((c == BlockVisibility::full) == (visible == area));
+    expect(view.count(q0, q1, k0, k1) == visible);
+  }
 }
 
 }  // namespace a2d::fuzz

@@ -16,4 +16,9 @@ void npy_reader(const uint8_t* data, size_t size);
 // transpose permutation.
 void layout_ownership(const uint8_t* data, size_t size);
 
+// Reads a sequence length and a mask specification (slice lines, or a generator) from the bytes,
+// builds the range mask and checks it against MagiAttention's definitions by brute force on the
+// first positions: visibility, rows, the tile classifier and the pair counts.
+void mask_ranges(const uint8_t* data, size_t size);
+
 }  // namespace a2d::fuzz

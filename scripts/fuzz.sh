@@ -13,7 +13,7 @@ mkdir -p build-fuzz
 CXX=clang++ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DA2D_FUZZ=ON \
   -DA2D_WITH_MPI=OFF -DA2D_BUILD_TESTS=OFF -DA2D_BUILD_BENCH=OFF -DA2D_WERROR=ON >build-fuzz/configure.log 2>&1 ||
   { cat build-fuzz/configure.log; exit 1; }
-cmake --build build-fuzz -j "$(nproc)" --target fuzz_npy fuzz_layout
+cmake --build build-fuzz -j "$(nproc)" --target fuzz_npy fuzz_layout fuzz_mask_ranges
 if [ "$seconds" = 0 ]; then
   echo "fuzz.sh: built"
   exit 0
@@ -30,7 +30,7 @@ run_target() {
     -print_final_stats=1 -artifact_prefix="$artifacts/" "${inputs[@]}" \
     >"build-fuzz/$target.log" 2>&1
 }
-targets=(npy layout)
+targets=(npy layout mask_ranges)
 pids=()
 for target in "${targets[@]}"; do
   echo "fuzz.sh: $target for ${seconds} s"

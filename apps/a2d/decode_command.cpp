@@ -54,7 +54,6 @@ double median(std::vector<double> values) {
 int decode_main(int argc, char** argv, int first, bool bench) {
   return run_counted(&argc, &argv, [&](auto& world, const auto& log) -> int {
     DecodeOptions o;
-    o.problem.causal = true;  // decoding is causal; --window narrows it
     cli::Options options(
         bench ? "a2d bench --decode [options]" : "a2d decode [options]",
         "Prefills a prompt of --prompt tokens into a KV cache distributed over the ranks of the\n"
@@ -103,6 +102,9 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       A2D_REQUIRE(o.capacity >= 0, "--capacity must be >= 0 tokens, got ", o.capacity);
       A2D_REQUIRE(o.gpus_per_node >= 0, "--gpus-per-node must be >= 0");
       o.problem.seq = o.prompt;
+      // Decoding is causal (--window narrows it); a window with a right side or a range mask is
+      // taken as given, for check_decodable to refuse saying why.
+      if (o.problem.window_size.empty() && o.problem.mask_ranges.empty()) o.problem.causal = true;
       problem = o.problem.problem(o.device.default_dtype());
       check_decodable(problem);
       plan = o.plan.plan(problem, world.size(), &chosen);

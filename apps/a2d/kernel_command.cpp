@@ -51,7 +51,9 @@ struct KernelOptions {
   int64_t parts = 1;   // > 1: the keys in this many parts, through the partial/merge operations
   double scale = 0.0;  // 0: 1/sqrt(head_dim)
   bool causal = false;
-  std::string doc_lens;  // "" = one document
+  std::string window_size;  // --window-size LEFT,RIGHT; "" = none
+  std::string doc_lens;     // "" = one document
+  std::string mask_ranges;  // --mask-ranges; "" = none
   bool sinks = false;
   double softcap = 0.0;
   bool backward = false;
@@ -235,7 +237,9 @@ int kernel(int argc, char** argv, int first) {
   options.add_flag("--causal", &o.causal, "causal mask (key position <= query position)");
   options.add_int("--window", &o.window,
                   "causal with a window of W tokens (implies --causal; default 0: none)");
+  options.add_string("--window-size", &o.window_size, cli::kWindowSizeHelp);
   options.add_string("--doc-lens", &o.doc_lens, cli::kDocLensHelp);
+  options.add_string("--mask-ranges", &o.mask_ranges, cli::kMaskRangesHelp);
   options.add_flag(
       "--sinks", &o.sinks,
       "attention sinks (values generated from --seed), added to O and LSE after the kernel\n"
@@ -285,7 +289,6 @@ int kernel(int argc, char** argv, int first) {
   if (o.kv_heads == 0) o.kv_heads = o.heads;
   A2D_REQUIRE(o.seq >= 1 && o.kv_seq >= 1, "--seq and --kv-seq must be at least 1");
   A2D_REQUIRE(o.warmup >= 0 && o.repeats >= 1, "--warmup must be >= 0 and --repeats >= 1");
-  A2D_REQUIRE(o.window >= 0, "--window must be >= 1 (or 0 for no window), got ", o.window);
   A2D_REQUIRE(o.threads >= 1, "--threads must be at least 1, got ", o.threads);
   A2D_REQUIRE(o.parts >= 1 && o.parts <= o.kv_seq, "--parts must be between 1 and the ", o.kv_seq,
               " keys, got ", o.parts);
@@ -309,13 +312,11 @@ int kernel(int argc, char** argv, int first) {
 
   AttentionShape shape{o.batch, o.heads, o.kv_heads, o.seq, o.kv_seq, o.head_dim};
   shape.validate();
-  Mask mask =
-      o.window > 0 ? Mask::causal_window(o.window) : (o.causal ? Mask::causal() : Mask::none());
-  if (!o.doc_lens.empty()) {
-    A2D_REQUIRE(o.kv_seq == o.seq, "--doc-lens needs --kv-seq equal to --seq (self-attention)");
-    mask = mask.with_documents(parse_document_lengths(o.doc_lens, o.seq));
-    mask.validate(o.seq);
-  }
+  A2D_REQUIRE((o.doc_lens.empty() && o.mask_ranges.empty()) || o.kv_seq == o.seq,
+              o.doc_lens.empty() ? "--mask-ranges" : "--doc-lens",
+              " needs --kv-seq equal to --seq (self-attention)");
+  const Mask mask =
+      cli::mask_from_options(o.causal, o.window, o.window_size, o.doc_lens, o.mask_ranges, o.seq);
   const float scale = o.scale > 0 ? static_cast<float>(o.scale) : default_scale(o.head_dim);
   A2D_REQUIRE(o.scale >= 0 && std::isfinite(o.scale), "--scale must be positive, got ", o.scale);
 
@@ -751,7 +752,8 @@ int kernel(int argc, char** argv, int first) {
           .add("heads", o.heads)
           .add("kv_heads", o.kv_heads)
           .add("head_dim", o.head_dim)
-          .add("causal", mask.is_causal())
+          .add("causal", mask.kind == MaskKind::causal || mask.kind == MaskKind::causal_window)
+          .add("mask", mask.describe())
           .add("documents", mask.documents())
           .add("window", o.window)
           .add("shuffle", o.shuffle)

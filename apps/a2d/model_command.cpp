@@ -171,7 +171,7 @@ void print_table(const PlanSearch& search, const Problem& problem, const Machine
 }
 
 std::string json_row(const RankedPlan& r, int rank_in_list, int ranks, bool fits,
-                     const RankedPlan* ring) {
+                     const RankedPlan* ring, double balance = -1) {
   const Prediction& p = r.prediction;
   cli::JsonLine line;
   line.add("rank", rank_in_list);
@@ -195,6 +195,7 @@ std::string json_row(const RankedPlan& r, int rank_in_list, int ranks, bool fits
       .add("relayout_bwd_ms", 1e3 * p.relayout_backward_s)
       .add("fits", fits)
       .add("x_ring", ring ? total_s(ring->prediction) / total_s(p) : NAN);
+  if (balance >= 0) line.add("balance_flops", balance);
   return line.str();
 }
 
@@ -274,7 +275,8 @@ void plot(const ModelOptions& o, const Problem& base) {
          << "set title 'Predicted " << (o.forward_only ? "forward" : "forward + backward")
          << " time, " << machine_name << " (" << dtype_name(base.dtype) << "), N=" << base.seq
          << " H=" << base.heads << " D=" << base.head_dim
-         << (base.mask.is_causal() ? " causal" : "") << "' noenhanced\n"
+         << (base.mask.hides_pairs() ? " " + base.mask.describe() : std::string())
+         << "' noenhanced\n"
          << "set xlabel '" << (over_gpus ? "ranks P" : "sequence length N") << "'\n"
          << "set ylabel 'time per layer (ms)'\nset logscale xy 2\nset grid\nset key left top\n"
          << "$data << EOD\n"
@@ -466,8 +468,10 @@ int plan(int argc, char** argv, int first) {
       choose_plan(problem, ranks, per_node, choice, "", "", 0, shards ? &*shards : nullptr);
   const RankedPlan chosen{planned.plan, planned.prediction, planned.cyclic_placement};
   const RankedPlan* ring = planned.best_ring ? &*planned.best_ring : nullptr;
+  // The busiest rank's visible pairs over the mean rank's (forward FLOPs; exact, for any mask).
+  const double balance = flops_balance(problem, planned.plan);
   if (o.json) {
-    std::cout << json_row(chosen, 1, ranks, true, ring) << "\n";
+    std::cout << json_row(chosen, 1, ranks, true, ring, balance) << "\n";
     return 0;
   }
   const int nodes = (ranks + planned.ranks_per_node - 1) / planned.ranks_per_node;
@@ -486,7 +490,10 @@ int plan(int argc, char** argv, int first) {
     std::printf("; %d %s more (excluded)", planned.excluded,
                 planned.excluded == 1 ? "plan needs" : "plans need");
   }
-  std::printf("\n\nplan: %s\n\n", planned.plan.describe().c_str());
+  std::printf("\n\nplan: %s\n", planned.plan.describe().c_str());
+  std::printf(
+      "balance: its busiest rank computes %.4f times the visible pairs of the mean rank\n\n",
+      balance);
   const bool placements =
       machine.ranks_per_node > 0 && planned.ranks_per_node > 1 && planned.ranks_per_node < ranks;
   std::printf("%-5s %-20s %-24s %11s %11s %11s %10s %11s %7s %11s %7s\n", "", "algorithm",

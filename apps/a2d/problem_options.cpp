@@ -23,7 +23,9 @@ void ProblemOptions::declare(Options& options) {
   options.add_int("--window", &window,
                   "causal with a window of W tokens: q - W < k <= q (implies --causal; default 0: "
                   "none)");
+  options.add_string("--window-size", &window_size, kWindowSizeHelp);
   options.add_string("--doc-lens", &doc_lens, kDocLensHelp);
+  options.add_string("--mask-ranges", &mask_ranges, kMaskRangesHelp);
   options.add_flag("--sinks", &sinks,
                    "attention sinks: a logit per query head joining every softmax (gpt-oss), "
                    "values generated from the seed");
@@ -41,7 +43,6 @@ void ProblemOptions::declare(Options& options) {
 }
 
 Problem ProblemOptions::problem(DType default_dtype) const {
-  A2D_REQUIRE(window >= 0, "--window must be >= 1 (or 0 for no window), got ", window);
   A2D_REQUIRE(scale >= 0, "--scale must be positive (or 0 for 1/sqrt(D)), got ", scale);
   Problem p;
   p.batch = batch;
@@ -49,8 +50,7 @@ Problem ProblemOptions::problem(DType default_dtype) const {
   p.kv_heads = kv_heads == 0 ? heads : kv_heads;
   p.seq = seq;
   p.head_dim = head_dim;
-  p.mask = window > 0 ? Mask::causal_window(window) : (causal ? Mask::causal() : Mask::none());
-  if (!doc_lens.empty()) p.mask = p.mask.with_documents(parse_document_lengths(doc_lens, seq));
+  p.mask = mask_from_options(causal, window, window_size, doc_lens, mask_ranges, seq);
   p.scale = static_cast<float>(scale);
   A2D_REQUIRE(softcap >= 0, "--softcap must be positive (or 0 for none), got ", softcap);
   p.softcap = static_cast<float>(softcap);
@@ -65,12 +65,7 @@ std::string ProblemOptions::command_line(DType chosen) const {
                     " --heads " + std::to_string(heads) + " --kv-heads " +
                     std::to_string(kv_heads == 0 ? heads : kv_heads) + " --head-dim " +
                     std::to_string(head_dim);
-  if (window > 0) {
-    out += " --window " + std::to_string(window);
-  } else if (causal) {
-    out += " --causal";
-  }
-  if (!doc_lens.empty()) out += " --doc-lens " + doc_lens;
+  out += mask_options_text(causal, window, window_size, doc_lens, mask_ranges);
   if (!sink_file.empty()) {
     out += " --sink " + sink_file;
   } else if (sinks) {
@@ -352,9 +347,11 @@ void add_problem_fields(JsonLine& line, const Problem& problem) {
       .add("heads", problem.heads)
       .add("kv_heads", problem.kv_heads)
       .add("head_dim", problem.head_dim)
-      .add("causal", problem.mask.is_causal())
+      .add("causal",
+           problem.mask.kind == MaskKind::causal || problem.mask.kind == MaskKind::causal_window)
       .add("documents", problem.mask.documents())
-      .add("window", problem.mask.window);
+      .add("window", problem.mask.window)
+      .add("mask", problem.mask.describe());
 }
 
 }  // namespace a2d::cli

@@ -24,7 +24,9 @@ struct ProblemOptions {
   int64_t window = 0;
   double scale = 0.0;
   bool causal = false;
-  std::string doc_lens;   // "" = one document
+  std::string window_size;  // --window-size LEFT,RIGHT; "" = none
+  std::string doc_lens;     // "" = one document
+  std::string mask_ranges;  // --mask-ranges FILE or generator; "" = none
   bool sinks = false;     // --sinks: sink logits from the seed
   std::string sink_file;  // --sink FILE.npy: sink logits [heads]
   double softcap = 0.0;
@@ -123,7 +125,7 @@ struct PlanOptions {
 
 // The JSON row fields every a2d table writes alike, in this order. A plan's: algo, grid, layout,
 // kv_transpose, heads_parallel; a problem's shape and mask: batch, seq, heads, kv_heads,
-// head_dim, causal, documents, window.
+// head_dim, causal (plain or windowed), documents, window, mask (Mask::describe).
 void add_plan_fields(JsonLine& line, const Plan& plan);
 void add_problem_fields(JsonLine& line, const Problem& problem);
 

@@ -37,8 +37,10 @@
 
 namespace a2d {
 
-// Throws a2d::Error unless `problem` can be decoded: a causal mask (plain or windowed; a new
-// token sees only keys at or before its position) without packed documents.
+// Throws a2d::Error unless `problem` can be decoded: a mask a new token extends
+// (Mask::extends_causally: causal, plain or windowed; it sees only keys at or before its
+// position), without packed documents; a two-sided window and a range mask are refused, saying
+// why.
 void check_decodable(const Problem& problem);
 
 // The owners of `tokens` appended tokens, in order, given each rank's cached token counts: each

@@ -22,69 +22,9 @@
 #include <vector>
 
 #include "attention2d/dtype.hpp"
+#include "attention2d/mask.hpp"
 
 namespace a2d {
-
-enum class MaskKind { none, causal, causal_window };
-
-// Which keys a query sees, as a function of global token positions.
-//   none:          every key
-//   causal:        k_pos <= q_pos
-//   causal_window: q_pos - window < k_pos <= q_pos   (window >= 1; window 1 = only itself)
-// combined (and) with documents, when set: the sequence packs documents of the given lengths
-// (flash-attn's cu_seqlens are their running sums), and a query sees only keys of its own
-// document. Document d holds positions [doc_offsets[d], doc_offsets[d + 1]); doc_offsets starts
-// at 0 and ends at the sequence length. Shared (the boundaries are never copied per call).
-struct Mask {
-  MaskKind kind = MaskKind::none;
-  int64_t window = 0;
-  std::shared_ptr<const std::vector<int64_t>> doc_offsets;  // null: one document
-
-  static Mask none() { return {}; }
-  static Mask causal() { return {MaskKind::causal, 0, nullptr}; }
-  static Mask causal_window(int64_t window) { return {MaskKind::causal_window, window, nullptr}; }
-  // This mask restricted to documents of these lengths (each >= 1; validate() checks).
-  Mask with_documents(const std::vector<int64_t>& lengths) const;
-
-  bool is_causal() const { return kind != MaskKind::none; }
-  bool has_documents() const { return doc_offsets != nullptr; }
-  int64_t documents() const { return doc_offsets ? int64_t(doc_offsets->size()) - 1 : 1; }
-  // The tokens the documents cover (their lengths' sum); 0 without documents.
-  int64_t document_tokens() const { return doc_offsets ? doc_offsets->back() : 0; }
-  // Index of the document holding `pos` (0 without documents).
-  int64_t document_of(int64_t pos) const {
-    if (!doc_offsets) return 0;
-    const auto& offsets = *doc_offsets;
-    return std::upper_bound(offsets.begin() + 1, offsets.end() - 1, pos) - offsets.begin() - 1;
-  }
-  // The positions [first, last] of the document holding `pos`.
-  int64_t document_first(int64_t pos) const {
-    return doc_offsets ? (*doc_offsets)[static_cast<size_t>(document_of(pos))] : INT64_MIN;
-  }
-  int64_t document_last(int64_t pos) const {
-    return doc_offsets ? (*doc_offsets)[static_cast<size_t>(document_of(pos)) + 1] - 1 : INT64_MAX;
-  }
-  // The causal/window part alone (documents ignored).
-  bool visible_by_position(int64_t q_pos, int64_t k_pos) const {
-    switch (kind) {
-      case MaskKind::none:
-        return true;
-      case MaskKind::causal:
-        return k_pos <= q_pos;
-      case MaskKind::causal_window:
-        return k_pos <= q_pos && k_pos > q_pos - window;
-    }
-    return false;
-  }
-  bool visible(int64_t q_pos, int64_t k_pos) const {
-    return visible_by_position(q_pos, k_pos) &&
-           (!doc_offsets || document_of(q_pos) == document_of(k_pos));
-  }
-  void validate() const;
-  // Also checks that the documents cover exactly `seq` tokens.
-  void validate(int64_t seq) const;
-  std::string describe() const;  // "none", "causal", "causal-window(W)", "+documents(n)"
-};
 
 // Document lengths from text: "100,3000,17", "@file" (lengths separated by commas, spaces or
 // newlines), or a generated mix of `seq` tokens: "skewed[:SEED]" or "heavy[:SEED]" (seed 1 by
@@ -112,10 +52,12 @@ inline constexpr int64_t kCpuForwardPanel = 24;
 inline constexpr int64_t kCpuForwardTileK = 256;
 inline constexpr int64_t kCpuForwardKeyStep = 4;
 
-// How a block of queries (positions in [q_min, q_max]) relates to a block of keys.
-enum class BlockVisibility { hidden, partial, full };
-BlockVisibility classify_block(const Mask& mask, int64_t q_min, int64_t q_max, int64_t k_min,
-                               int64_t k_max);
+// How a block of queries (positions in [q_min, q_max]) relates to a block of keys
+// (MaskView::classify).
+inline BlockVisibility classify_block(const Mask& mask, int64_t q_min, int64_t q_max, int64_t k_min,
+                                      int64_t k_max) {
+  return mask.view().classify(q_min, q_max, k_min, k_max);
+}
 
 // A [batch, tokens, heads, head_dim] tensor; strides in elements, the head dimension is dense.
 template <typename T>

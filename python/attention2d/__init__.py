@@ -27,6 +27,7 @@ from ._ddp import register_ddp_hook
 from ._decode import Decoder
 from ._flash import (flash_attn_func, flash_attn_varlen_func, ring_flash_attn_func,
                      zigzag_ring_flash_attn_func)
+from ._mask import Ranges, ranges
 
 __all__ = [
     "DEFAULT_TRANSPORT",
@@ -35,6 +36,7 @@ __all__ = [
     "ENGINE_CACHE_SIZE",
     "Error",
     "Layout",
+    "Ranges",
     "TRANSPORTS",
     "USER_LAYOUTS",
     "attention",
@@ -45,6 +47,7 @@ __all__ = [
     "layout",
     "model",
     "plan",
+    "ranges",
     "register_ddp_hook",
     "ring_flash_attn_func",
     "set_transport",

@@ -9,6 +9,7 @@ import numpy as np
 
 from . import _channel, _core
 from ._channel import Error, channel, torch
+from ._mask import Ranges
 
 _ATTENTION2D_ALGOS = ("attention2d", "attention2d-overlap")
 # The layouts a caller may say its shards are in (attention(layout=...), shard(), unshard()).
@@ -20,7 +21,8 @@ USER_LAYOUTS = ("contiguous", "zigzag", "cyclic")
 _CLI_WORDS = (
     ("--heads-parallel", "heads_parallel"), ("--algo", "algo"), ("--grid", "grid"),
     ("--doc-lens must sum to --seq", "cu_seqlens must end at the sequence length"),
-    ("--doc-lens", "cu_seqlens"), ("--window", "window"), ("--softcap", "softcap"),
+    ("--doc-lens", "cu_seqlens"), ("--window-size", "window_size"), ("--mask-ranges", "mask"),
+    ("--window", "window"), ("--softcap", "softcap"),
     ("--layout", "layout"), ("--dtype", "dtype"), ("--causal", "causal=True"),
     ("--seq", "the sequence length"), ("--device cpu", "CPU tensors"), ("--device", "device"),
 )
@@ -107,6 +109,16 @@ def _document_lengths(cu_seqlens, seq):
     return lengths
 
 
+def _as_ranges(mask):
+    """mask= as a Ranges (a specification string too), or None."""
+    if mask is None or isinstance(mask, Ranges):
+        return mask
+    if isinstance(mask, str):
+        return Ranges(spec=mask)
+    raise Error("mask=%r: pass attention2d.ranges(q_ranges, k_ranges, attn_type_map) or a "
+                "specification such as 'prefix-lm:1024'" % (mask,))
+
+
 def _softmax_scale(value):
     """softmax_scale as a float: None means 1/sqrt(head_dim) (the core's 0); anything else must
     be finite and positive (the kernels' scale), or it is refused, never replaced."""
@@ -123,7 +135,10 @@ def _softmax_scale(value):
 
 
 def _problem(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
-             softmax_scale=None, dtype="float32", cu_seqlens=None, sinks=False, softcap=0.0):
+             softmax_scale=None, dtype="float32", cu_seqlens=None, sinks=False, softcap=0.0,
+             window_size=None, mask=None):
+    """window_size: flash-attn's (left, right) or None; mask: a Ranges (attention2d.ranges) or a
+    specification string, or None."""
     with _InPythonWords():
         p = _core.Problem()
         p.batch = int(batch)
@@ -134,11 +149,15 @@ def _problem(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=
         if window and not causal:
             raise Error("window=%d needs causal=True (the window is q - window < k <= q)"
                         % window)
-        p.causal = bool(causal)
-        p.window = int(window or 0)
+        ranges = _as_ranges(mask)
+        # The mask through the library's one check of contradictions (flash-attn's meaning:
+        # causal makes window_size's right side 0).
+        p.set_mask(bool(causal), int(window or 0),
+                   None if window_size is None else tuple(int(x) for x in window_size),
+                   _document_lengths(cu_seqlens, p.seq),
+                   None if ranges is None else ranges.slices(p.seq))
         p.scale = 0.0 if softmax_scale is None else _softmax_scale(softmax_scale)
         p.dtype = _dtype_name(dtype)
-        p.documents = _document_lengths(cu_seqlens, p.seq)
         p.sinks = bool(sinks)
         p.softcap = float(softcap or 0.0)
         p.validate()
@@ -148,7 +167,7 @@ def _problem(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=
 def _problem_key(p):
     """Every field of a problem that changes a result (the engine cache's key)."""
     return (p.batch, p.heads, p.kv_heads, p.seq, p.head_dim, p.causal, p.window, p.scale,
-            p.dtype, tuple(p.documents), p.sinks, p.softcap)
+            p.dtype, tuple(p.documents), p.sinks, p.softcap, p.window_size, p.mask, p.mask_digest)
 
 
 def _check_heads_parallel(problem, ranks, heads_parallel, grid):
@@ -233,7 +252,7 @@ def _resolve_plan(problem, ranks, algo="auto", grid=None, machine=None, calibrat
 def plan(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
          softmax_scale=None, dtype="float32", algo="auto", grid=None, ranks=None, comm=None,
          machine=None, calibration=None, cu_seqlens=None, sinks=False, softcap=0.0,
-         heads_parallel=None, group=None):
+         heads_parallel=None, group=None, window_size=None, mask=None):
     """The plan attention() uses for this problem on `ranks` ranks (default: the group's or
     communicator's size): an attention2d._core.Plan with .algorithm, .grid (R, C),
     .heads_parallel, .layout, .describe()."""
@@ -242,7 +261,8 @@ def plan(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
         chan = channel(comm, group)
         ranks, order = chan.size, chan.order
     problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype,
-                       cu_seqlens, sinks is not False and sinks is not None, softcap)
+                       cu_seqlens, sinks is not False and sinks is not None, softcap,
+                       window_size=_window_size(window_size), mask=mask)
     return _resolve_plan(problem, int(ranks), algo, grid, machine, calibration,
                          heads_parallel=heads_parallel, order=order)
 
@@ -250,7 +270,7 @@ def plan(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
 def model(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
           softmax_scale=None, dtype="bfloat16", ranks=None, comm=None, ranks_per_node=None,
           machine=None, calibration=None, cu_seqlens=None, softcap=0.0, machine_file=None,
-          group=None, shards=None):
+          group=None, shards=None, window_size=None, mask=None):
     """The cost model's predictions for every plan that can run the problem, fastest first: a
     list of dicts (algorithm, grid, layout, forward_s, backward_s, words_forward, ...), as
     `a2d model` prints them (ties within 1 % by less memory first). machine: a preset (a100-hdr,
@@ -265,7 +285,8 @@ def model(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
         ranks = channel(comm, group).size
     ranks = int(ranks)
     problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype,
-                       cu_seqlens, False, softcap)
+                       cu_seqlens, False, softcap, window_size=_window_size(window_size),
+                       mask=mask)
     with _InPythonWords():
         ranked, _, machine_text = _core.search_plans(
             problem, ranks, int(ranks_per_node or ranks), machine or "",
@@ -328,7 +349,7 @@ class Layout:
 def layout(seq, heads=1, head_dim=1, kv_heads=None, batch=1, causal=False, window=0,
            softmax_scale=None, dtype="float32", algo="auto", grid=None, comm=None, plan=None,
            machine=None, calibration=None, cu_seqlens=None, sinks=False, softcap=0.0,
-           heads_parallel=None, group=None, kind=None):
+           heads_parallel=None, group=None, kind=None, window_size=None, mask=None):
     """The layout attention() uses for these arguments (pass the result to attention(layout=)
     to pin its plan; shards in it need no exchange): heads, head_dim and dtype matter only when
     the planner chooses. kind="contiguous" | "zigzag" | "cyclic" gives that layout of `seq`
@@ -340,7 +361,8 @@ def layout(seq, heads=1, head_dim=1, kv_heads=None, batch=1, causal=False, windo
         return Layout(None, None, chan.size, chan.rank, kind,
                       _layout_tokens(kind, int(seq), chan.size))
     problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype,
-                       cu_seqlens, sinks is not False and sinks is not None, softcap)
+                       cu_seqlens, sinks is not False and sinks is not None, softcap,
+                       window_size=_window_size(window_size), mask=mask)
     chosen = plan if plan is not None else _resolve_plan(
         problem, chan.size, algo, grid, machine, calibration, heads_parallel=heads_parallel,
         order=chan.order)
@@ -812,27 +834,25 @@ if torch is not None:
 # attention()
 
 
-def _window_from(window, window_size, causal):
-    """Our window (0: none; W: q - W < k <= q) and causal flag from window= and flash-attn's
-    window_size=(left, right) (-1: unbounded)."""
+def _window_size(window_size):
+    """flash-attn's window_size=(left, right) as a tuple, None for None and (-1, -1) (no window)."""
     if window_size is None:
-        return int(window or 0), bool(causal)
+        return None
     try:
         left, right = (int(x) for x in window_size)
     except (TypeError, ValueError):
         raise Error("window_size must be (left, right), got %r" % (window_size,)) from None
-    if window:
+    return None if (left, right) == (-1, -1) else (left, right)
+
+
+def _window_from(window, window_size, causal):
+    """Our causal window W (0: none; q - W < k <= q), causal flag and flash-attn's window_size
+    (left, right): q - left <= k <= q + right, -1 unbounded on a side (None: no window;
+    with causal the right side becomes 0, as in flash-attn)."""
+    size = _window_size(window_size)
+    if size is not None and window:
         raise Error("pass window= or window_size=, not both")
-    right_side = 0 if causal else right
-    if right_side == -1 and left == -1:
-        return 0, bool(causal)
-    if right_side != 0:
-        raise Error("window_size=(%d, %d): keys to the right of the query are not supported "
-                    "(attention2d masks causal windows, q - W < k <= q): pass (W - 1, 0) or "
-                    "causal=True" % (left, right))
-    if left < -1:
-        raise Error("window_size=(%d, %d): left must be -1 (unbounded) or >= 0" % (left, right))
-    return (0 if left == -1 else left + 1), True
+    return int(window or 0), bool(causal), size
 
 
 def _user_layout(layout, counts, ranks, seq):
@@ -888,7 +908,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
               comm=None, return_lse=False, layout=None, threads=1, machine=None,
               calibration=None, cu_seqlens=None, sinks=None, softcap=0.0, heads_parallel=None,
               group=None, window_size=None, dropout_p=0.0, deterministic=None,
-              return_attn_probs=False, positions=None, _refusal=""):
+              return_attn_probs=False, mask=None, positions=None, _refusal=""):
     """This rank's shard of softmax(q k^T * scale) v over the whole distributed sequence.
 
     q: [batch, local tokens, heads, head_dim] (or 3-D [local tokens, heads, head_dim], flash-attn's
@@ -901,7 +921,12 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     rank it must be given. Shards in another layout than the plan's are exchanged into it
     inside (one all-to-all each way) and the results come back in the caller's layout.
     causal: k <= q; window W > 0 (with causal): q - W < k <= q; or flash-attn's
-    window_size=(W - 1, 0). softmax_scale: default 1/sqrt(head_dim). algo: attention2d,
+    window_size=(left, right): q - left <= k <= q + right, -1 unbounded on a side ((W - 1, 0) is
+    window W; with causal the right side is 0, as in flash-attn). mask: a range mask,
+    attention2d.ranges(q_ranges, k_ranges, attn_type_map) as MagiAttention's
+    flex_flash_attn_func takes them, or a specification ("prefix-lm:1024", "block-causal:256",
+    "random:64"); not with causal, a window or cu_seqlens. A row that sees no key gets O = 0 and
+    LSE = -inf (zero gradients). softmax_scale: default 1/sqrt(head_dim). algo: attention2d,
     attention2d-overlap, ring, allgather-kv, ulysses, hybrid or auto (the cost model's choice);
     grid: (R, C) for ATTENTION2D, or of each heads group for the hybrid; heads_parallel: the
     hybrid's U (U x R x C = ranks). cu_seqlens: packed documents, flash-attn's varlen
@@ -926,8 +951,10 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     thd = not error and len(q.shape) == 3
     if thd:
         q, k, v = q[None], k[None], v[None]
+    ranges = None
     try:
-        window, causal = _window_from(window, window_size, causal)
+        window, causal, window_size = _window_from(window, window_size, causal)
+        ranges = _as_ranges(mask)
         if dropout_p:
             raise Error("dropout_p=%s: attention2d computes exact attention without dropout; "
                         "dropout_p must be 0.0" % dropout_p)
@@ -959,7 +986,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
                    else layout)
     signature = (bool(causal), int(window or 0), softmax_scale, _algo_name(algo),
                  _grid_text(grid), layout_spec, bounds, sink_list, float(softcap or 0.0),
-                 heads_parallel, positions is not None)
+                 heads_parallel, window_size, None if ranges is None else ranges.key(),
+                 positions is not None)
     local = None
     my_positions = None
     if not error and positions is not None:
@@ -982,7 +1010,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     # Every rank now holds every rank's shapes and arguments and reaches the same verdict.
     first_local, first_signature = gathered[0]
     names = ("causal", "window", "softmax_scale", "algo", "grid", "layout", "cu_seqlens",
-             "sinks", "softcap", "heads_parallel", "positions (given or not)")
+             "sinks", "softcap", "heads_parallel", "window_size", "mask",
+             "positions (given or not)")
     for rank, (shapes, sig) in enumerate(gathered):
         for name, mine, theirs in zip(names, first_signature, sig):
             if mine != theirs:
@@ -1017,7 +1046,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
         _check_positions(all_positions, layout, shards, seq, ranks)
     b, _, h, hk, d, dtype, _ = first_local
     problem = _problem(seq, h, d, hk, b, causal, window, softmax_scale, dtype, bounds,
-                       sinks is not None, softcap)
+                       sinks is not None, softcap, window_size=window_size, mask=ranges)
     if isinstance(layout, Layout) and layout.plan is not None:
         chosen = layout.plan
         pinned = {"algo": (_algo_name(algo), "auto", chosen.algorithm),

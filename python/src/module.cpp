@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -576,7 +577,11 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("head_dim", &a2d::Problem::head_dim)
       .def_readwrite("scale", &a2d::Problem::scale)
       .def_property(
-          "causal", [](const a2d::Problem& p) { return p.mask.is_causal(); },
+          "causal",
+          [](const a2d::Problem& p) {
+            return p.mask.kind == a2d::MaskKind::causal ||
+                   p.mask.kind == a2d::MaskKind::causal_window;
+          },
           [](a2d::Problem& p, bool causal) {
             const auto documents = p.mask.doc_offsets;
             p.mask = causal ? (p.mask.window > 0 ? a2d::Mask::causal_window(p.mask.window)
@@ -588,11 +593,13 @@ PYBIND11_MODULE(_core, m) {
           "window", [](const a2d::Problem& p) { return p.mask.window; },
           [](a2d::Problem& p, int64_t window) {
             A2D_REQUIRE(window >= 0, "window must be >= 0 (0: no window), got ", window);
-            A2D_REQUIRE(window == 0 || p.mask.is_causal(),
+            const bool causal =
+                p.mask.kind == a2d::MaskKind::causal || p.mask.kind == a2d::MaskKind::causal_window;
+            A2D_REQUIRE(window == 0 || causal,
                         "a window needs causal=True (the window is q - window < k <= q)");
             const auto documents = p.mask.doc_offsets;
             p.mask = window > 0 ? a2d::Mask::causal_window(window)
-                                : (p.mask.is_causal() ? a2d::Mask::causal() : a2d::Mask::none());
+                                : (causal ? a2d::Mask::causal() : a2d::Mask::none());
             p.mask.doc_offsets = documents;
           })
       // Lengths of the packed documents ([] = one document, no document mask).
@@ -611,6 +618,47 @@ PYBIND11_MODULE(_core, m) {
             p.mask.doc_offsets.reset();
             if (!lengths.empty()) p.mask = p.mask.with_documents(lengths);
           })
+      // The whole mask at once, through the library's one check of contradictions (make_mask),
+      // in Python's words: window_size (left, right) or None, documents' lengths ([]: one),
+      // ranges as (q0, q1, k0, k1, type) tuples or None.
+      .def(
+          "set_mask",
+          [](a2d::Problem& p, bool causal, int64_t window,
+             std::optional<std::pair<int64_t, int64_t>> window_size,
+             const std::vector<int64_t>& documents,
+             std::optional<std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int>>>
+                 ranges) {
+            a2d::MaskOptions o;
+            o.causal = causal;
+            o.window = window;
+            o.window_size_given = window_size.has_value();
+            if (window_size) {
+              o.window_left = window_size->first;
+              o.window_right = window_size->second;
+            }
+            o.causal_sets_right = true;  // flash-attn: causal makes the right side 0
+            o.doc_lengths = documents;
+            o.ranges_given = ranges.has_value();
+            if (ranges) {
+              for (const auto& [q0, q1, k0, k1, type] : *ranges)
+                o.ranges.push_back({q0, q1, k0, k1, static_cast<a2d::RangeType>(type)});
+            }
+            o.causal_name = "causal=True";
+            o.window_name = "window";
+            o.window_size_name = "window_size";
+            o.documents_name = "cu_seqlens";
+            o.ranges_name = "mask";
+            p.mask = a2d::make_mask(o);
+          },
+          py::arg("causal"), py::arg("window"), py::arg("window_size"), py::arg("documents"),
+          py::arg("ranges"))
+      .def_property_readonly("window_size",
+                             [](const a2d::Problem& p) {
+                               return py::make_tuple(p.mask.window_left(), p.mask.window_right());
+                             })
+      .def_property_readonly("mask", [](const a2d::Problem& p) { return p.mask.describe(); })
+      // The document boundaries' and slices' hash (Mask::digest): with mask, a cache key.
+      .def_property_readonly("mask_digest", [](const a2d::Problem& p) { return p.mask.digest(); })
       .def_readwrite("sinks", &a2d::Problem::sinks)
       .def_readwrite("softcap", &a2d::Problem::softcap)
       .def_property(
@@ -644,6 +692,16 @@ PYBIND11_MODULE(_core, m) {
     return a2d::default_plan(a2d::parse_algorithm(algo), problem, ranks);
   });
   m.def("check_plan", &a2d::check_plan);
+  // The mask specification parser the command line uses (--mask-ranges): slices as (q0, q1, k0,
+  // k1, type) tuples from a generator (prefix-lm:P, block-causal:B, random:S[:SEED]) or a file.
+  m.def("parse_mask_ranges", [](const std::string& text, int64_t seq) {
+    std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int>> out;
+    for (const a2d::MaskSlice& s : a2d::parse_mask_ranges(text, seq))
+      out.emplace_back(s.q0, s.q1, s.k0, s.k1, static_cast<int>(s.type));
+    return out;
+  });
+  m.def("parse_range_type",
+        [](const std::string& name) { return static_cast<int>(a2d::parse_range_type(name)); });
   m.def("check_grid",
         [](const std::string& grid, int ranks) { a2d::check_grid(a2d::parse_grid(grid), ranks); });
   m.def("default_calibration_file", &a2d::default_calibration_file);

@@ -26,14 +26,20 @@ std::string dtype_text(int64_t value) {
   return dtype_name(static_cast<DType>(value));
 }
 
-// FNV-1a of the document offsets (0 without documents): ranks given different boundaries differ.
-int64_t document_hash(const Mask& mask) {
-  if (!mask.doc_offsets) return 0;
-  uint64_t hash = 14695981039346656037ull;
-  for (const int64_t offset : *mask.doc_offsets) {
-    hash = (hash ^ static_cast<uint64_t>(offset)) * 1099511628211ull;
+std::string mask_kind_text(int64_t value) {
+  switch (static_cast<MaskKind>(value)) {
+    case MaskKind::none:
+      return "none";
+    case MaskKind::causal:
+      return "causal";
+    case MaskKind::causal_window:
+      return "causal-window";
+    case MaskKind::window:
+      return "window";
+    case MaskKind::ranges:
+      return "ranges";
   }
-  return static_cast<int64_t>(hash >> 1);
+  return std::to_string(value);
 }
 
 std::vector<Field> descriptor(const Problem& p, const Plan& plan) {
@@ -50,10 +56,13 @@ std::vector<Field> descriptor(const Problem& p, const Plan& plan) {
       {"kv_heads", p.kv_heads},
       {"seq", p.seq},
       {"head_dim", p.head_dim},
-      {"mask", static_cast<int64_t>(p.mask.kind)},
-      {"window", p.mask.window},
+      {"mask", static_cast<int64_t>(p.mask.kind), mask_kind_text},
+      {"window (left)", p.mask.window_left()},
+      {"window (right)", p.mask.window_right()},
       {"documents", p.mask.documents()},
-      {"document boundaries (hash)", document_hash(p.mask)},
+      {"mask slices", p.mask.slices()},
+      // Mask::digest: the document boundaries and the slices, which the fields above do not show.
+      {"document boundaries and slices (hash)", p.mask.digest()},
       {"scale", scale_bits},
       {"sinks", p.sinks ? 1 : 0},
       {"softcap (bits)", softcap_bits},

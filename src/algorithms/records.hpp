@@ -110,10 +110,10 @@ inline std::vector<int64_t> prefix_offsets(const std::vector<int64_t>& counts) {
 // causal mask hides are skipped and only those on the diagonal are partial (docs/attention2d.md).
 // The order, its inverse and the positions live on the host (for the cost model and the tests)
 // and, once attach() has been called, in buffers of a backend (for its operations).
-// Whether gathered rows are sorted by position before the kernel: under a causal or a document
-// mask sorted positions let whole tiles be skipped.
+// Whether gathered rows are sorted by position before the kernel: under any mask that hides
+// pairs, sorted positions let whole tiles be skipped.
 inline bool sort_by_position(const Mask& mask) {
-  return mask.is_causal() || mask.has_documents();
+  return mask.hides_pairs();
 }
 
 struct TokenOrder {

@@ -13,11 +13,19 @@
 namespace a2d {
 
 void check_decodable(const Problem& problem) {
-  A2D_REQUIRE(problem.mask.is_causal(),
-              "decoding needs a causal mask (--causal or --window): a new token sees only the "
-              "keys at or before its position");
-  A2D_REQUIRE(!problem.mask.has_documents(),
+  const Mask& mask = problem.mask;
+  A2D_REQUIRE(!mask.has_documents(),
               "decoding does not take packed documents: the new tokens would belong to none");
+  A2D_REQUIRE(!mask.has_ranges(), "decoding does not take a range mask (", mask.describe(),
+              "): its slices are defined for the ",
+              "prefill's tokens only, and say nothing of "
+              "the tokens appended after them");
+  A2D_REQUIRE(mask.kind != MaskKind::window, "decoding cannot extend ", mask.describe(),
+              ": its right side shows keys after the "
+              "query, which a new token does not have yet; use --window-size L,0 (or --window)");
+  A2D_REQUIRE(mask.extends_causally(),
+              "decoding needs a causal mask (--causal, --window or --window-size L,0): a new token "
+              "sees only the keys at or before its position");
 }
 
 std::vector<int> append_owners(std::vector<int64_t> cached_counts, int64_t tokens) {

@@ -52,7 +52,7 @@ double kernel_seconds(const Problem& problem, const Machine& machine, const std:
            (call.entry_s * forward_tile_entries(problem.mask, q, k) + call.panel_s * panels +
             call.key_s * static_cast<double>(k.size()));
   }
-  const double rate = problem.mask.is_causal() && machine.kernel_forward_causal_flops > 0
+  const double rate = problem.mask.masks_by_position() && machine.kernel_forward_causal_flops > 0
                           ? machine.kernel_forward_causal_flops
                           : machine.kernel_forward_flops;
   const double pairs = static_cast<double>(

@@ -666,7 +666,7 @@ double permuted_bytes(const Problem& p, const Plan& plan, bool forward) {
   if (entry.group_plan) {
     return permuted_bytes(entry.group_problem(p, plan), entry.group_plan(plan), forward);
   }
-  if (!(p.mask.is_causal() || p.mask.has_documents()) || plan.grid.size() == 1) return 0;
+  if (!p.mask.hides_pairs() || plan.grid.size() == 1) return 0;
   return entry.permuted_bytes ? entry.permuted_bytes(p, plan, forward) : 0;
 }
 
@@ -734,7 +734,7 @@ Prediction predict_algorithm(const Problem& problem, const Plan& plan, const Mac
   }
   out.forward_flops = busiest_forward_flops(problem, plan);
   out.backward_flops = 2.5 * out.forward_flops;
-  const bool causal = problem.mask.is_causal();
+  const bool causal = problem.mask.masks_by_position();
   const double forward_rate = causal && machine.kernel_forward_causal_flops > 0
                                   ? machine.kernel_forward_causal_flops
                                   : machine.kernel_forward_flops;

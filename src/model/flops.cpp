@@ -1,7 +1,8 @@
 // Unmasked work per rank in closed form. Every count is a sum over a rank's query positions of
 // the number of keys the mask lets it see among the keys it holds; the query positions of every
-// layout are unions of arithmetic progressions, and the visible-key count is either linear in the
-// position or a floor of a linear function, so each sum is a closed form or a floor_sum.
+// layout are unions of arithmetic progressions, every mask is a union of pieces (a rectangle cut
+// to a band of diagonals, Mask::pieces), and within a piece the visible-key count is a floor of a
+// linear function of the position, so each sum is a closed form or a floor_sum.
 #include <algorithm>
 #include <numeric>
 #include <vector>
@@ -53,46 +54,45 @@ Wide sum_class_up_to(Wide count, Wide first, Wide step, Wide key_class, Wide mod
   return floor_sum(count, modulus, step, first + modulus - key_class);
 }
 
-// The same count under a document mask: per document [a, b) the queries of the progression in
-// it against the keys of the class in it, those keys further limited by the causal mask
-// (t <= q) and the window (t > q - W); each a closed form or a floor_sum.
-Wide documents_vs_class(const Mask& mask, Wide first, Wide step, Wide count, Wide key_class,
-                        Wide modulus) {
-  const std::vector<int64_t>& offsets = *mask.doc_offsets;
-  const Wide last_query = first + (count - 1) * step;
-  const int64_t first_doc = mask.document_of(static_cast<int64_t>(first));
-  const int64_t last_doc = mask.document_of(static_cast<int64_t>(last_query));
+// First index i >= 0 with first + i step >= x, and last index with first + i step <= y (-1 if
+// none).
+Wide first_index_at_least(Wide x, Wide first, Wide step) {
+  return x <= first ? 0 : ceil_div(x - first, step);
+}
+Wide last_index_at_most(Wide y, Wide first, Wide step) {
+  return y < first ? -1 : (y - first) / step;
+}
+
+// The visible pairs of one piece of the mask (mask.hpp: q in [q0, q1), k in [k0, k1), lo <= k - q
+// <= hi): per query q of the progression, the keys of the class in [max(k0, q + lo), min(k1 - 1, q
+// + hi)]. Both ends are a constant or q plus a constant, switching at one query each, so the sum
+// is at most four sums of class_up_to over sub-progressions: closed forms and floor_sums.
+Wide piece_vs_class(const MaskPiece& piece, Wide first, Wide step, Wide count, Wide key_class,
+                    Wide modulus) {
+  const Wide q0 = piece.q0, q1 = piece.q1, k0 = piece.k0, k1 = piece.k1;
+  const Wide lo = piece.lo, hi = piece.hi;
+  if (k1 <= k0 || q1 <= q0 || hi < lo) return 0;
+  // Queries whose interval is not empty: q + hi >= k0 and q + lo <= k1 - 1.
+  const Wide q_low = std::max(q0, k0 - hi), q_high = std::min(q1 - 1, k1 - 1 - lo);
+  const Wide i_begin = first_index_at_least(q_low, first, step);
+  const Wide i_end = std::min(count, last_index_at_most(q_high, first, step) + 1);
+  if (i_end <= i_begin) return 0;
   const auto keys_up_to = [&](Wide x) { return class_up_to(x, key_class, modulus); };
-  Wide total = 0;
-  for (int64_t d = first_doc; d <= last_doc; ++d) {
-    const Wide a = offsets[static_cast<size_t>(d)], b = offsets[static_cast<size_t>(d) + 1];
-    const Wide i0 = a <= first ? 0 : ceil_div(a - first, step);
-    const Wide i1 = std::min<Wide>(count, ceil_div(b - first, step));  // queries q < b
-    if (i1 <= i0) continue;
-    const Wide queries = i1 - i0, q0 = first + i0 * step;
-    switch (mask.kind) {
-      case MaskKind::none:
-        total += queries * (keys_up_to(b - 1) - keys_up_to(a - 1));
-        break;
-      case MaskKind::causal:
-        total +=
-            sum_class_up_to(queries, q0, step, key_class, modulus) - queries * keys_up_to(a - 1);
-        break;
-      case MaskKind::causal_window: {
-        // Keys in [max(a, q - W + 1), q]: below q - W + 1 the document's start bounds them for
-        // q <= a - 1 + W, the window after.
-        const Wide w = mask.window;
-        const Wide limit = a - 1 + w;
-        const Wide near_start = limit < q0 ? 0 : std::min<Wide>(queries, (limit - q0) / step + 1);
-        total += sum_class_up_to(queries, q0, step, key_class, modulus) -
-                 near_start * keys_up_to(a - 1) -
-                 sum_class_up_to(queries - near_start, q0 + near_start * step - w, step, key_class,
-                                 modulus);
-        break;
-      }
-    }
-  }
-  return total;
+  // sum over i in [b, e) of class_up_to(first + i step + offset), first + b step + offset >= -1.
+  const auto sum_shifted = [&](Wide b, Wide e, Wide offset) {
+    return e <= b ? Wide{0}
+                  : sum_class_up_to(e - b, first + b * step + offset, step, key_class, modulus);
+  };
+  // Upper end q + hi while q <= k1 - 1 - hi, then k1 - 1.
+  const Wide upper_split =
+      std::clamp(last_index_at_most(k1 - 1 - hi, first, step) + 1, i_begin, i_end);
+  // Lower end k0 while q < k0 - lo, then q + lo.
+  const Wide lower_split = std::clamp(first_index_at_least(k0 - lo, first, step), i_begin, i_end);
+  const Wide upper =
+      sum_shifted(i_begin, upper_split, hi) + (i_end - upper_split) * keys_up_to(k1 - 1);
+  const Wide lower =
+      (lower_split - i_begin) * keys_up_to(k0 - 1) + sum_shifted(lower_split, i_end, lo - 1);
+  return upper - lower;
 }
 
 }  // namespace
@@ -100,39 +100,18 @@ Wide documents_vs_class(const Mask& mask, Wide first, Wide step, Wide count, Wid
 Wide model::progression_vs_class(const Mask& mask, Wide n_tokens, Wide first, Wide step, Wide count,
                                  Wide key_class, Wide modulus) {
   if (count <= 0 || key_class >= n_tokens) return 0;
-  if (mask.has_documents()) return documents_vs_class(mask, first, step, count, key_class, modulus);
-  if (mask.kind == MaskKind::none) return count * ceil_div(n_tokens - key_class, modulus);
-  // Keys of the class at or below q: F(q) = floor((q + modulus - key_class) / modulus).
-  Wide visible = floor_sum(count, modulus, step, first + modulus - key_class);
-  if (mask.kind == MaskKind::causal_window) {
-    // Minus those at or below q - W, for the queries with q >= W.
-    const Wide w = mask.window;
-    const Wide skip = first >= w ? 0 : ceil_div(w - first, step);
-    if (skip < count) {
-      visible -=
-          floor_sum(count - skip, modulus, step, first + skip * step - w + modulus - key_class);
-    }
+  if (!mask.hides_pairs()) return count * ceil_div(n_tokens - key_class, modulus);
+  const Wide last_query = first + (count - 1) * step;
+  Wide total = 0;
+  for (const MaskPiece& piece : mask.pieces(static_cast<int64_t>(n_tokens))) {
+    if (piece.q1 <= first || piece.q0 > last_query) continue;
+    total += piece_vs_class(piece, first, step, count, key_class, modulus);
   }
-  return visible;
+  return total;
 }
 
 Wide model::progression_vs_all(const Mask& mask, Wide n_tokens, Wide first, Wide step, Wide count) {
-  if (count <= 0) return 0;
-  if (mask.has_documents()) return documents_vs_class(mask, first, step, count, 0, 1);
-  const auto linear = [&](Wide k) { return k * (first + 1) + step * k * (k - 1) / 2; };  // sum q+1
-  switch (mask.kind) {
-    case MaskKind::none:
-      return count * n_tokens;
-    case MaskKind::causal:
-      return linear(count);
-    case MaskKind::causal_window: {
-      // q + 1 while q + 1 <= W, then W.
-      const Wide w = mask.window;
-      const Wide below = first + 1 > w ? 0 : std::min<Wide>(count, (w - 1 - first) / step + 1);
-      return linear(below) + (count - below) * w;
-    }
-  }
-  return 0;
+  return progression_vs_class(mask, n_tokens, first, step, count, 0, 1);
 }
 
 std::vector<model::Progression> model::part_progressions(const TokenLayout& layout, int64_t part) {
@@ -201,8 +180,8 @@ double busiest_forward_flops(const Problem& p, const Plan& plan) {
   }
   const int ranks = plan.grid.size();
   std::vector<int> sample;
-  if (p.mask.has_documents()) {
-    // Documents place work anywhere: every rank is evaluated (each in O(documents) steps).
+  if (p.mask.balance() == MaskBalance::interleaved) {
+    // Documents and ranges place work anywhere: every rank is evaluated (each in O(pieces) steps).
     for (int rank = 0; rank < ranks; ++rank)
       sample.push_back(rank);
   } else if (entry.flops_sample) {

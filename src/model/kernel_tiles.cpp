@@ -58,8 +58,8 @@ std::vector<Span> tile_spans(const std::vector<int64_t>& positions, int64_t tile
 // ring, where the busiest rank of every layout lies.
 std::vector<int> tile_sample(const Problem& problem, const Plan& plan) {
   std::set<int> ranks;
-  if (problem.mask.has_documents()) {
-    // Documents place work anywhere: every rank.
+  if (problem.mask.balance() == MaskBalance::interleaved) {
+    // Documents and ranges place work anywhere: every rank.
     for (int rank = 0; rank < plan.grid.size(); ++rank)
       ranks.insert(rank);
     return {ranks.begin(), ranks.end()};

@@ -80,8 +80,6 @@ void check_machine_runs(const Machine& machine, const Problem& problem) {
               dtype_name(problem.dtype), ": use --dtype bf16 (or fp16)");
   A2D_REQUIRE(cuda_plan::supported_head_dim(problem.head_dim), what,
               "are built for head dimensions 64, 80, 96 and 128, not ", problem.head_dim);
-  A2D_REQUIRE(!problem.mask.has_documents(), what,
-              "do not implement document masks (--doc-lens) yet");
   A2D_REQUIRE(problem.softcap == 0.0f, what, "do not implement logit softcapping (--softcap) yet");
 }
 
@@ -134,7 +132,7 @@ std::string what_would_fit(const Problem& problem, int ranks, int ranks_per_node
     const int64_t mid = low + (high - low) / 2;
     Problem shorter = problem;
     shorter.seq = mid;
-    if (shorter.mask.has_documents()) shorter.mask = Mask::none();  // lengths no longer sum to N
+    if (shorter.mask.fixed_length()) shorter.mask = Mask::none();  // documents, slices: N only
     bool fits = false;
     try {
       shorter.validate();

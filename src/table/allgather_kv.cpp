@@ -12,10 +12,11 @@ namespace {
 
 using namespace model;  // NOLINT: the model's shared terms, read as the formulas' own
 
-// Zigzag balances causal work (docs/baselines.md); any layout is exact.
+// The layout that balances the mask (balanced_layout: zigzag for causal work, docs/baselines.md);
+// any layout is exact.
 void defaults(Plan& plan, const Problem& problem, int ranks) {
   plan.grid = {1, ranks};
-  plan.layout = problem.mask.is_causal() ? LayoutKind::zigzag : LayoutKind::contiguous;
+  plan.layout = balanced_layout(problem.mask);
 }
 
 void check(const Plan& plan, const Problem&, int ranks) {
@@ -63,15 +64,16 @@ double reordered_bytes(const Problem& p, const Plan&, bool forward) {
   return forward ? big_n * kv_row : big_n * (kv_row + dkv_row);
 }
 
-// Own queries against every key; under a causal mask the gathered keys are sorted by position.
+// Own queries against every key; under a mask that hides pairs the gathered keys are sorted by
+// position.
 Calls kernel_calls(const Problem& problem, const Plan&, const SequenceParts& parts, int rank,
                    bool) {
   Calls out;
   out.heads = problem.heads;
-  const bool causal = problem.mask.is_causal() || problem.mask.has_documents();
+  const bool by_position = problem.mask.hides_pairs();  // sort_by_position (records.hpp)
   const std::vector<int64_t> own = slice(parts.positions, parts.offsets[static_cast<size_t>(rank)],
                                          parts.counts[static_cast<size_t>(rank)]);
-  out.calls.push_back({own, causal ? sorted(parts.positions) : parts.positions});
+  out.calls.push_back({own, by_position ? sorted(parts.positions) : parts.positions});
   return out;
 }
 

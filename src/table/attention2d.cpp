@@ -295,13 +295,12 @@ Calls kernel_calls(const Problem& problem, const Plan& plan, const SequenceParts
                    bool backward) {
   Calls out;
   out.heads = problem.heads;
-  // Under a causal or document mask ATTENTION2D sorts the gathered rows by position
-  // (records.hpp).
-  const bool causal = problem.mask.is_causal() || problem.mask.has_documents();
+  // Under a mask that hides pairs ATTENTION2D sorts the gathered rows by position (records.hpp).
+  const bool by_position = problem.mask.hides_pairs();  // sort_by_position (records.hpp)
   const Attention2DRank at = attention2d_rank(problem, plan, rank);
-  const std::vector<int64_t> kv = causal ? sorted(at.kv_positions) : at.kv_positions;
+  const std::vector<int64_t> kv = by_position ? sorted(at.kv_positions) : at.kv_positions;
   if (!overlapped_variant(plan)) {
-    out.calls.push_back({causal ? sorted(at.q_positions) : at.q_positions, kv});
+    out.calls.push_back({by_position ? sorted(at.q_positions) : at.q_positions, kv});
     return out;
   }
   // Phase A: own queries against each K/V part; phase B: every other Q part against all K/V.

@@ -12,10 +12,11 @@ namespace {
 
 using namespace model;  // NOLINT: the model's shared terms, read as the formulas' own
 
-// Zigzag balances causal work over the ring (docs/baselines.md); any layout is exact.
+// The layout that balances the mask over the ring (balanced_layout: zigzag for causal work,
+// docs/baselines.md); any layout is exact.
 void defaults(Plan& plan, const Problem& problem, int ranks) {
   plan.grid = {1, ranks};
-  plan.layout = problem.mask.is_causal() ? LayoutKind::zigzag : LayoutKind::contiguous;
+  plan.layout = balanced_layout(problem.mask);
 }
 
 void check(const Plan& plan, const Problem&, int ranks) {

@@ -112,6 +112,18 @@ void sequence_plans(std::vector<Plan>& out, Algorithm algorithm, const Problem& 
   }
 }
 
+LayoutKind balanced_layout(const Mask& mask) {
+  switch (mask.balance()) {
+    case MaskBalance::any:
+      return LayoutKind::contiguous;
+    case MaskBalance::mirrored:
+      return LayoutKind::zigzag;
+    case MaskBalance::interleaved:
+      return LayoutKind::cyclic;
+  }
+  return LayoutKind::cyclic;
+}
+
 void require_cyclic_layout(const Plan& plan) {
   A2D_REQUIRE(plan.layout == LayoutKind::cyclic, algorithm_name(plan.algorithm),
               " shards the sequence cyclically (token t on rank t mod P); --layout ",

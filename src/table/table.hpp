@@ -102,6 +102,10 @@ void sequence_plans(std::vector<Plan>& out, Algorithm algorithm, const Problem& 
 // Checks the entries share.
 // ATTENTION2D and the hybrid: the shards are cyclic.
 void require_cyclic_layout(const Plan& plan);
+// The layout of a 1 x P algorithm that balances the mask's work (Mask::balance): contiguous where
+// every row works alike, zigzag where the work grows along the sequence (causal), cyclic where
+// it lies anywhere (documents, ranges).
+LayoutKind balanced_layout(const Mask& mask);
 // The 1 x P algorithms: all ranks in one group.
 void require_one_group(const Plan& plan, int ranks);
 

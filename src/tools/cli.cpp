@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "attention2d/error.hpp"
+#include "attention2d/kernel.hpp"
 
 namespace a2d::cli {
 namespace {
@@ -304,6 +305,39 @@ std::string absolute_path(const std::string& path) {
   char buffer[PATH_MAX];
   if (!::getcwd(buffer, sizeof buffer)) return path;
   return std::string(buffer) + "/" + path;
+}
+
+Mask mask_from_options(bool causal, int64_t window, const std::string& window_size,
+                       const std::string& doc_lens, const std::string& mask_ranges, int64_t seq) {
+  MaskOptions options;
+  options.causal = causal;
+  options.window = window;
+  if (!window_size.empty()) {
+    options.window_size_given = true;
+    parse_window_size(window_size, options.window_left, options.window_right);
+  }
+  if (!mask_ranges.empty()) {
+    options.ranges_given = true;
+    options.ranges = parse_mask_ranges(mask_ranges, seq);
+  }
+  if (!doc_lens.empty()) options.doc_lengths = parse_document_lengths(doc_lens, seq);
+  const Mask mask = make_mask(options);
+  mask.validate(seq);
+  return mask;
+}
+
+std::string mask_options_text(bool causal, int64_t window, const std::string& window_size,
+                              const std::string& doc_lens, const std::string& mask_ranges) {
+  std::string out;
+  if (window > 0) {
+    out += " --window " + std::to_string(window);
+  } else if (causal) {
+    out += " --causal";
+  }
+  if (!window_size.empty()) out += " --window-size " + window_size;
+  if (!doc_lens.empty()) out += " --doc-lens " + doc_lens;
+  if (!mask_ranges.empty()) out += " --mask-ranges " + mask_ranges;
+  return out;
 }
 
 }  // namespace a2d::cli

@@ -19,7 +19,10 @@ TestSettings& test_settings() {
 }
 
 std::string TestSettings::describe() const {
-  return std::string(dtype_name(dtype)) + " on " + device + (masks ? " with masks" : "") +
+  return std::string(dtype_name(dtype)) + " on " + device +
+         (mask_kinds ? " with mask kinds"
+          : masks    ? " with masks"
+                     : "") +
          " over " + comm_kind_name(comm);
 }
 
@@ -57,8 +60,10 @@ void parse_test_settings(int argc, char** argv) {
       A2D_REQUIRE(s.comm != CommKind::gloo || gloo_built(), "--comm gloo: this build has no Gloo");
     } else if (arg == "--masks") {
       const std::string value = argv[++i];
-      A2D_REQUIRE(value == "on" || value == "off", "--masks takes on or off, got '", value, "'");
-      s.masks = value == "on";
+      A2D_REQUIRE(value == "on" || value == "off" || value == "kinds",
+                  "--masks takes on, kinds or off, got '", value, "'");
+      s.masks = value != "off";
+      s.mask_kinds = value == "kinds";
     } else {
       A2D_FAIL("unknown test option '", arg,
                "'; the MPI tests take --dtype, --device, --masks and --comm");
@@ -75,7 +80,61 @@ Problem in_test_dtype(Problem problem) {
   return problem;
 }
 
+namespace {
+std::vector<NamedProblem> mask_kind_problems(int ranks, int64_t heads, int64_t kv_heads) {
+  const int64_t p = ranks;
+  std::vector<NamedProblem> list;
+  const auto add = [&](std::string name, int64_t batch, int64_t seq, int64_t dim, Mask mask,
+                       bool sinks, float softcap) {
+    Problem problem;
+    problem.batch = batch;
+    problem.heads = heads;
+    problem.kv_heads = kv_heads;
+    problem.seq = seq;
+    problem.head_dim = dim;
+    problem.mask = mask;
+    problem.sinks = sinks;
+    problem.softcap = softcap;
+    list.push_back({std::move(name), in_test_dtype(problem)});
+  };
+  // Bidirectional local attention, wider than a rank's share of the sequence.
+  add("window_two_sided", 1, 23 * p + 5, 48, Mask::window_size(p + 2, 3), false, 0.0f);
+  // Unbounded to the left, 4 keys to the right, within documents; sinks.
+  const int64_t seq_docs = 19 * p + 7;
+  add("window_left_unbounded_docs_sinks", 1, seq_docs, 32,
+      Mask::window_size(-1, 4).with_documents({1, 2 * p + 1, seq_docs - 4 * p - 6, 1, 2 * p + 3}),
+      true, 0.0f);
+  // A prefix-LM (the first quarter bidirectional) with softcap.
+  const int64_t seq_prefix = 21 * p + 3;
+  add("prefix_lm_softcap", 1, seq_prefix, 64,
+      Mask::from_ranges(parse_mask_ranges("prefix-lm:25%", seq_prefix)), false, 2.0f);
+  // Block-causal (video), blocks of P + 3 tokens, batch 2.
+  const int64_t seq_blocks = 17 * p + 6;
+  add("block_causal_batch2", 2, seq_blocks, 32,
+      Mask::from_ranges(parse_mask_ranges("block-causal:" + std::to_string(p + 3), seq_blocks)),
+      false, 0.0f);
+  // Slices of every type, leaving rows with no key (rows [0, 3), a bi-causal slice of more
+  // queries than keys, the rows of a causal slice before its diagonal) and rows that meet three
+  // slices; sinks (a row with no key then gets O = 0, LSE = the sink).
+  const int64_t n = 25 * p + 9;
+  add("ranges_every_type_uncovered_sinks", 1, n, 32,
+      Mask::from_ranges({{3, n / 2, 0, n / 4, RangeType::full},
+                         {3, n / 2, n / 4, n / 4 + 2, RangeType::bi_causal},
+                         {3, n / 2, n / 2, n, RangeType::inv_causal},
+                         {n / 2, n, n / 3, n / 3 + 3, RangeType::causal},
+                         {n / 2, n, n / 2, n, RangeType::causal}}),
+      true, 0.0f);
+  // Random slices of every type.
+  const int64_t seq_random = 27 * p + 4;
+  add("random_slices", 1, seq_random, 32,
+      Mask::from_ranges(parse_mask_ranges("random:10:" + std::to_string(ranks), seq_random)), false,
+      0.0f);
+  return list;
+}
+}  // namespace
+
 std::vector<NamedProblem> masked_problems(int ranks, int64_t heads, int64_t kv_heads) {
+  if (test_settings().mask_kinds) return mask_kind_problems(ranks, heads, kv_heads);
   const int64_t p = ranks;
   std::vector<NamedProblem> list;
   const auto add = [&](std::string name, int64_t batch, int64_t seq, int64_t dim, Mask mask,

@@ -16,12 +16,14 @@ namespace a2d {
 // GoogleTest's own flags): --dtype fp32|bf16|fp16 (default fp32) and --device cpu|fenced (default
 // cpu). The programs run their whole matrix with them, so CTest registers each program at every
 // process count once per setting it needs.
-// --masks on replaces each program's problems by masked_problems() (documents, sinks, softcap).
+// --masks on replaces each program's problems by masked_problems() (documents, sinks, softcap);
+// --masks kinds by the mask kinds of mask.hpp instead (two-sided windows, range masks).
 // --comm mpi|gloo (default mpi) chooses the communicator the tests run over (make_test_world).
 struct TestSettings {
   DType dtype = DType::f32;
   std::string device = "cpu";
   bool masks = false;
+  bool mask_kinds = false;  // --masks kinds (masks is true as well)
   CommKind comm = CommKind::mpi;
   std::string describe() const;  // "bf16 on fenced over gloo"
 };
@@ -41,7 +43,10 @@ Problem in_test_dtype(Problem problem);
 // The problems of the --masks matrix, in the settings' dtype: packed documents (one-token
 // documents, one spanning most of N, a skewed generated mix; no length divisible by P) with each
 // mask kind, with attention sinks and softcap on some, and sinks with softcap on a causal
-// problem. `heads` query heads on `kv_heads` K/V heads.
+// problem. `heads` query heads on `kv_heads` K/V heads. With --masks kinds: flash-attn's two-sided
+// windows (with documents and sinks on one) and MagiAttention's range masks (a prefix-LM, a
+// block-causal mask, random slices, and slices of every type that leave rows with no key), with
+// softcap, sinks and batch 2 on some; no length a multiple of P.
 struct NamedProblem {
   std::string name;
   Problem problem;

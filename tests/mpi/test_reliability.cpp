@@ -54,6 +54,44 @@ TEST(Reliability, RanksWithDifferentDtypesAreNamedOnEveryRank) {
   EXPECT_NE(message.find("bf16 on rank 1"), std::string::npos) << message;
 }
 
+// Masks that differ between ranks in what the kind and window do not show: the slices (their
+// digest, with their count) and a window's right side; and a kind that differs.
+TEST(Reliability, RanksWithDifferentMasksAreNamedOnEveryRank) {
+  auto world = make_test_world();
+  if (world->size() < 2) GTEST_SKIP() << "needs two ranks";
+  Problem problem = small_problem();
+  const auto slices = [](int64_t prefix) {
+    return Mask::from_ranges(
+        {{0, 100, 0, prefix, RangeType::full}, {prefix, 100, prefix, 100, RangeType::causal}});
+  };
+  problem.mask = world->rank() == 1 ? slices(31) : slices(30);
+  const Plan plan = default_plan(Algorithm::attention2d, problem, world->size());
+  std::string message = error_of(*world, problem, plan);
+  EXPECT_NE(message.find("different problems or plans"), std::string::npos) << message;
+  EXPECT_NE(message.find("document boundaries and slices (hash)"), std::string::npos) << message;
+  EXPECT_EQ(message.find("mask slices:"), std::string::npos) << message;  // the counts agree
+  problem.mask = world->rank() == 1 ? Mask::window_size(8, 3) : Mask::window_size(8, 4);
+  message = error_of(*world, problem, plan);
+  EXPECT_NE(message.find("window (right): 3 on rank 1"), std::string::npos) << message;
+  problem.mask = world->rank() == 1 ? Mask::causal() : slices(30);
+  message = error_of(*world, problem, plan);
+  EXPECT_NE(message.find("mask: causal on rank 1"), std::string::npos) << message;
+  EXPECT_NE(message.find("ranges on rank"), std::string::npos) << message;
+}
+
+// A slice out of bounds on one rank (its file, say): every rank stops with that rank's reason.
+TEST(Reliability, OneRankWithASliceOutOfBoundsStopsEveryRank) {
+  auto world = make_test_world();
+  Problem problem = small_problem();
+  const Plan plan = default_plan(Algorithm::ring, problem, world->size());
+  const int last = world->size() - 1;
+  problem.mask =
+      Mask::from_ranges({{0, world->rank() == last ? 101 : 100, 0, 50, RangeType::inv_causal}});
+  const std::string message = error_of(*world, problem, plan);
+  EXPECT_NE(message.find("lies outside the sequence of 100 tokens"), std::string::npos) << message;
+  EXPECT_NE(message.find("[rank " + std::to_string(last) + "]"), std::string::npos) << message;
+}
+
 TEST(Reliability, OneRankWithAnInvalidRequestStopsEveryRank) {
   auto world = make_test_world();
   Problem problem = small_problem();

@@ -111,6 +111,62 @@ TEST(CostModel, ClosedFormFlopsEqualTheExactDecompositionForEveryRank) {
   EXPECT_GT(checked, 3000);
 }
 
+// The same for flash-attn's two-sided windows (alone and with documents) and range masks: the
+// closed forms sum over the mask's pieces (Mask::pieces), and every rank's count must equal the
+// token-by-token one, and the busiest rank be found (every rank is evaluated for ranges).
+TEST(CostModel, ClosedFormFlopsOfWindowsAndRangesEqualTheExactDecomposition) {
+  int checked = 0;
+  for (const int ranks : {1, 2, 3, 4, 6, 7}) {
+    for (const int64_t seq : {int64_t{ranks + 1}, int64_t{37}, int64_t{64 * ranks + 5}}) {
+      std::vector<Mask> masks = {Mask::window_size(3, 2), Mask::window_size(-1, 5),
+                                 Mask::window_size(6, -1), Mask::window_size(0, 1)};
+      if (seq > 7)
+        masks.push_back(Mask::window_size(4, 4).with_documents({1, seq - 7, 1, 1, 3, 1}));
+      masks.push_back(Mask::from_ranges(parse_mask_ranges("prefix-lm:25%", seq)));
+      masks.push_back(Mask::from_ranges(parse_mask_ranges("block-causal:5", seq)));
+      if (seq >= 37) masks.push_back(Mask::from_ranges(parse_mask_ranges("random:9:4", seq)));
+      for (const Mask& mask : masks) {
+        const Problem p = problem_of(seq, mask, 2 * ranks, ranks);
+        std::vector<Plan> plans;
+        for (const GridShape& shape : grid_shapes(ranks)) {
+          for (const bool transpose : {true, false}) {
+            Plan plan = default_plan(Algorithm::attention2d, p, ranks);
+            plan.grid = shape;
+            plan.kv_transpose = transpose;
+            plans.push_back(plan);
+          }
+        }
+        for (const LayoutKind layout : {LayoutKind::contiguous, LayoutKind::zigzag,
+                                        LayoutKind::striped, LayoutKind::cyclic}) {
+          for (const int64_t stripe : {1, 3}) {
+            Plan plan = default_plan(Algorithm::allgather_kv, p, ranks);
+            plan.layout = layout;
+            plan.stripe = stripe;
+            plans.push_back(plan);
+          }
+        }
+        plans.push_back(default_plan(Algorithm::ulysses, p, ranks));
+        for (const Plan& plan : hybrid_plans(p, ranks))
+          plans.push_back(plan);
+        for (const Plan& plan : plans) {
+          double busiest = 0;
+          for (int rank = 0; rank < ranks; ++rank) {
+            const double exact = exact_flops(p, plan, rank);
+            ASSERT_DOUBLE_EQ(rank_forward_flops(p, plan, rank), exact)
+                << plan.describe() << " " << mask.describe() << " N=" << seq << " rank " << rank;
+            busiest = std::max(busiest, exact);
+            ++checked;
+          }
+          if (mask.balance() == MaskBalance::interleaved) {
+            EXPECT_DOUBLE_EQ(busiest_forward_flops(p, plan), busiest) << plan.describe();
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 3000);
+}
+
 TEST(CostModel, ContiguousRingCriticalPathMatchesTheStepSynchronousSchedule) {
   const Problem p = problem_of(64 * 8, Mask::causal());
   Plan plan = default_plan(Algorithm::ring, p, 8);

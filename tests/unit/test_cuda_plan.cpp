@@ -18,8 +18,19 @@ namespace {
 using namespace cuda_plan;
 
 std::vector<Mask> masks() {
-  return {Mask::none(), Mask::causal(), Mask::causal_window(1), Mask::causal_window(7),
-          Mask::causal_window(100)};
+  return {Mask::none(),
+          Mask::causal(),
+          Mask::causal_window(1),
+          Mask::causal_window(7),
+          Mask::causal_window(100),
+          Mask::window_size(3, 2),
+          Mask::window_size(-1, 4),
+          Mask::window_size(5, -1),
+          Mask::causal().with_documents({3, 1, 9, 400, 600}),
+          Mask::from_ranges({{0, 5, 0, 12, RangeType::causal},
+                             {2, 900, 12, 20, RangeType::bi_causal},
+                             {5, 1000, 20, 700, RangeType::inv_causal},
+                             {600, 1000, 700, 1000, RangeType::full}})};
 }
 
 int expected_class(BlockVisibility v) {
@@ -30,19 +41,19 @@ int expected_class(BlockVisibility v) {
 
 TEST(CudaPlan, ClassifyTileMatchesTheCpuRule) {
   for (const Mask& mask : masks()) {
-    const int device = device_mask(mask);
+    const MaskView device = mask.view();
     for (int64_t q_min = -3; q_min < 12; ++q_min)
       for (int64_t q_max = q_min; q_max < 14; ++q_max)
         for (int64_t k_min = -3; k_min < 12; ++k_min)
           for (int64_t k_max = k_min; k_max < 14; ++k_max) {
-            ASSERT_EQ(classify_tile(device, mask.window, q_min, q_max, k_min, k_max),
+            ASSERT_EQ(classify_tile(device, q_min, q_max, k_min, k_max),
                       expected_class(classify_block(mask, q_min, q_max, k_min, k_max)))
                 << mask.describe() << " q [" << q_min << ", " << q_max << "] k [" << k_min << ", "
                 << k_max << "]";
           }
     for (int64_t q = -5; q < 20; ++q)
       for (int64_t k = -5; k < 20; ++k)
-        ASSERT_EQ(visible(device, mask.window, q, k), mask.visible(q, k));
+        ASSERT_EQ(visible(device, q, k), mask.visible(q, k));
   }
 }
 
@@ -52,7 +63,7 @@ TEST(CudaPlan, ClassifyTileMatchesTheCpuRule) {
 TEST(CudaPlan, TileClassesAreSafeForShuffledPositions) {
   std::mt19937_64 random(7);
   for (const Mask& mask : masks()) {
-    const int device = device_mask(mask);
+    const MaskView device = mask.view();
     for (const int64_t n : {int64_t{1}, int64_t{63}, int64_t{333}, int64_t{1000}}) {
       std::vector<int64_t> q_pos(static_cast<size_t>(n)), k_pos(static_cast<size_t>(n));
       std::iota(q_pos.begin(), q_pos.end(), 0);
@@ -72,7 +83,7 @@ TEST(CudaPlan, TileClassesAreSafeForShuffledPositions) {
         const auto [q_min, q_max] = bounds(q_pos, q0, kForwardTileQ);
         for (int64_t k0 = 0; k0 < n; k0 += kForwardTileK) {
           const auto [k_min, k_max] = bounds(k_pos, k0, kForwardTileK);
-          const int cls = classify_tile(device, mask.window, q_min, q_max, k_min, k_max);
+          const int cls = classify_tile(device, q_min, q_max, k_min, k_max);
           ++counts[cls];
           if (cls == kTilePartial) continue;
           for (int64_t i = q0; i < std::min(n, q0 + kForwardTileQ); ++i)
@@ -101,7 +112,7 @@ TEST(CudaPlan, ForwardAndBackwardLaunches) {
   EXPECT_EQ(fwd.launch.grid_z, 2);
   EXPECT_EQ(fwd.launch.threads, 128);
   EXPECT_EQ(fwd.bounds_bytes, 2 * (6 + 8) * 8);
-  EXPECT_EQ(fwd.mask, kMaskCausal);
+  EXPECT_EQ(fwd.mask.kind, MaskKind::causal);
   // Q, K, V tiles of 64 padded rows of (80 + 8) 16-bit elements, and 128 positions.
   EXPECT_EQ(fwd.launch.shared_bytes, 3 * 64 * 88 * 2 + 128 * 8);
 
@@ -111,7 +122,8 @@ TEST(CudaPlan, ForwardAndBackwardLaunches) {
   EXPECT_EQ(bwd.launch.grid_x, 8);
   EXPECT_EQ(bwd.launch.grid_y, 4);  // K/V heads: the block sums its group's query heads
   EXPECT_EQ(bwd.launch.grid_z, 2);
-  EXPECT_EQ(bwd.window, 50);
+  EXPECT_EQ(bwd.mask.lo, -49);  // q - 49 <= k <= q
+  EXPECT_EQ(bwd.mask.hi, 0);
   EXPECT_EQ(bwd.launch.shared_bytes,
             2 * 32 * 136 * 2 + 2 * 64 * 136 * 2 + 64 * 40 * 2 + 2 * 32 * 4 + (32 + 64) * 8);
   for (const int64_t d : {64, 80, 96, 128}) {
@@ -176,8 +188,14 @@ TEST(CudaPlan, CallChecksNameTheProblem) {
   bad.softcap = 30.0f;
   EXPECT_NE(error_of([&] { check_forward(bad); }).find("softcapping"), std::string::npos);
   bad = call;
+  // Documents and range slices run on the CUDA kernels (MaskView's arrays copied to the GPU); a
+  // malformed mask is refused with the mask's own message.
   bad.mask = Mask::causal().with_documents({50, 49});
-  EXPECT_NE(error_of([&] { check_forward(bad); }).find("document masks"), std::string::npos);
+  EXPECT_EQ(error_of([&] { check_forward(bad); }), "");
+  bad.mask = Mask::from_ranges({{0, 99, 0, 50, RangeType::inv_causal}});
+  EXPECT_EQ(error_of([&] { check_forward(bad); }), "");
+  bad.mask = Mask::causal_window(0);
+  EXPECT_NE(error_of([&] { check_forward(bad); }).find("at least 1 token"), std::string::npos);
   // Misaligned rows are allowed (the backend copies them to aligned scratch), but detected.
   EXPECT_TRUE(rows_aligned(call.q));
   bad = call;

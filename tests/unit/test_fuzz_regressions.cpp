@@ -37,6 +37,9 @@ TEST(FuzzRegressions, NpyReader) {
 TEST(FuzzRegressions, LayoutOwnership) {
   EXPECT_GT(replay("layout", fuzz::layout_ownership), 0);
 }
+TEST(FuzzRegressions, MaskRanges) {
+  EXPECT_GT(replay("mask_ranges", fuzz::mask_ranges), 0);
+}
 
 }  // namespace
 }  // namespace a2d

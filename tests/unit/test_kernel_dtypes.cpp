@@ -379,5 +379,16 @@ TEST(KernelDtypes, Avx512GqaWindowHeadDims80And128) {
   }
 }
 
+// Two-sided windows and range masks in bf16 and fp16 (every path): the same bits as the fp32
+// kernel on the widened inputs, within the bounds of the reference.
+TEST(KernelDtypes, WindowsAndRangeMasks) {
+  check_case(make_case(1, 4, 2, 97, 131, 64, Mask::window_size(9, 5), Positions::arbitrary, 1));
+  check_case(make_case(2, 2, 1, 61, 61, 48, Mask::from_ranges(parse_mask_ranges("random:12:2", 61)),
+                       Positions::contiguous, 2));
+  check_case(make_case(1, 3, 3, 75, 75, 80,
+                       Mask::from_ranges(parse_mask_ranges("prefix-lm:20", 75)),
+                       Positions::shuffled, 1));
+}
+
 }  // namespace
 }  // namespace a2d::test

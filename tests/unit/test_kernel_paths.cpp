@@ -175,6 +175,120 @@ TEST(KernelPaths, DocumentsSinksAndSoftcap) {
   }
 }
 
+// Flash-attn's two-sided windows and MagiAttention's range masks (mask.hpp), on every path and
+// position layout: windows bounded on both sides, on one side, and with documents; a prefix-LM, a
+// block-causal mask, random slices of every type and a hand-made list whose slices leave rows
+// with no key and rows that meet several slices; with sinks and softcap on some. The slices span
+// positions 0 .. 2999 (arbitrary positions reach ~ 3 x the token count).
+TEST(KernelPaths, WindowsAndRangeMasks) {
+  const std::vector<Mask> masks = {
+      Mask::window_size(5, 3),
+      Mask::window_size(-1, 40),
+      Mask::window_size(30, -1),
+      Mask::window_size(60, 60).with_documents({1, 3, 200, 7, 1000, 1789}),
+      Mask::from_ranges(parse_mask_ranges("prefix-lm:97", 3000)),
+      Mask::from_ranges(parse_mask_ranges("block-causal:37", 3000)),
+      Mask::from_ranges(parse_mask_ranges("random:24:5", 3000)),
+      Mask::from_ranges({{0, 50, 0, 30, RangeType::causal},
+                         {0, 50, 40, 41, RangeType::full},
+                         {60, 300, 10, 200, RangeType::inv_causal},
+                         {60, 300, 200, 900, RangeType::bi_causal},
+                         {300, 3000, 0, 3000, RangeType::causal}})};
+  int cases = 0;
+  for (const Mask& mask : masks) {
+    for (const Positions positions :
+         {Positions::contiguous, Positions::strided, Positions::arbitrary, Positions::shuffled}) {
+      Case c;
+      c.heads = 4;
+      c.kv_heads = 2;
+      c.q_tokens = 150;
+      c.kv_tokens = 270;
+      c.head_dim = 40;
+      c.mask = mask;
+      c.positions = positions;
+      c.threads = cases % 2 + 1;
+      c.sinks = cases % 3 == 1;
+      c.softcap = cases % 5 == 2 ? 1.5f : 0.0f;
+      expect_all_paths_within_bound(c);
+      ++cases;
+    }
+  }
+}
+
+// A range mask whose slices leave rows with no key (uncovered rows, a bi-causal slice of more
+// queries than keys, which shows nothing, and the rows of a causal slice before its diagonal) and
+// keys no query sees: O = 0, LSE = -inf, dQ = 0 on those rows and dK = dV = 0 on those keys, on
+// every path, from outputs that start as NaN.
+TEST(KernelPaths, RangeRowsWithoutKeysGiveZeroAndMinusInfinity) {
+  // Rows 20..39 see keys 0..9; rows 45..49 keys 60..85+; the bi-causal slice [40, 60) x [50, 55)
+  // (sq 20 > sk 5) shows nothing.
+  const Mask mask = Mask::from_ranges({{20, 40, 0, 10, RangeType::full},
+                                       {40, 60, 50, 55, RangeType::bi_causal},
+                                       {45, 50, 60, 90, RangeType::causal}});
+  const auto row_sees = [](int64_t i) { return (i >= 20 && i < 40) || (i >= 45 && i < 50); };
+  const auto key_seen = [](int64_t j) { return j < 10 || (j >= 60 && j < 90); };
+  Case c;
+  c.heads = 2;
+  c.kv_heads = 1;
+  c.q_tokens = 60;
+  c.kv_tokens = 100;
+  c.head_dim = 16;
+  c.mask = mask;
+  const Problem p = make_problem(c);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const KernelPath path : supported_paths()) {
+    SCOPED_TRACE(kernel_path_name(path));
+    const PathScope scope(path);
+    std::vector<float> out(p.q.size(), nan), lse(static_cast<size_t>(2 * 60), nan);
+    ForwardArgs fwd;
+    fwd.shape = p.shape;
+    fwd.mask = mask;
+    fwd.scale = p.scale;
+    fwd.q = dense_tokens(p.q.data(), 60, 2, 16);
+    fwd.k = dense_tokens(p.k.data(), 100, 1, 16);
+    fwd.v = dense_tokens(p.v.data(), 100, 1, 16);
+    attention_forward(fwd, dense_tokens(out.data(), 60, 2, 16), dense_rows(lse.data(), 2, 60));
+    BackwardArgs bwd;
+    bwd.shape = p.shape;
+    bwd.mask = mask;
+    bwd.scale = p.scale;
+    bwd.q = fwd.q;
+    bwd.k = fwd.k;
+    bwd.v = fwd.v;
+    bwd.out = dense_tokens(out.data(), 60, 2, 16);
+    bwd.d_out = dense_tokens(p.d_out.data(), 60, 2, 16);
+    bwd.lse = dense_rows(lse.data(), 2, 60);
+    std::vector<float> dq(p.q.size(), nan), dk(p.k.size(), nan), dv(p.v.size(), nan);
+    attention_backward(bwd, dense_tokens(dq.data(), 60, 2, 16), dense_tokens(dk.data(), 100, 1, 16),
+                       dense_tokens(dv.data(), 100, 1, 16));
+    for (int64_t h = 0; h < 2; ++h) {
+      for (int64_t i = 0; i < 60; ++i) {
+        EXPECT_EQ(lse[h * 60 + i] == kNegInf, !row_sees(i)) << "row " << i;
+        for (int64_t d = 0; d < 16; ++d) {
+          const float o = out[(i * 2 + h) * 16 + d], g = dq[(i * 2 + h) * 16 + d];
+          ASSERT_FALSE(std::isnan(o) || std::isnan(g)) << "row " << i;
+          if (!row_sees(i)) {
+            ASSERT_EQ(o, 0.0f) << "row " << i;
+            ASSERT_EQ(g, 0.0f) << "row " << i;
+          }
+        }
+      }
+    }
+    for (int64_t j = 0; j < 100; ++j) {
+      for (int64_t d = 0; d < 16; ++d) {
+        const float gk = dk[j * 16 + d], gv = dv[j * 16 + d];
+        ASSERT_FALSE(std::isnan(gk) || std::isnan(gv)) << "key " << j;
+        if (!key_seen(j)) {
+          ASSERT_EQ(gk, 0.0f) << "key " << j;
+          ASSERT_EQ(gv, 0.0f) << "key " << j;
+        }
+      }
+    }
+  }
+  // And the reference agrees everywhere else.
+  expect_all_paths_within_bound(c);
+}
+
 // Inputs and outputs laid out with gaps: Q, K, V inside one packed [batch, tokens, heads +
 // 2 kv_heads, dim] buffer, outputs with padded rows, LSE and delta as [batch, tokens, heads]. The
 // results must equal, bit for bit, those of the dense layout on the same path: the kernels

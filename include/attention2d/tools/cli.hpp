@@ -6,13 +6,35 @@
 #include <string>
 #include <vector>
 
+#include "attention2d/mask.hpp"
+
 namespace a2d::cli {
 
 // Help of --doc-lens (run, bench, model, kernel).
 inline constexpr const char* kDocLensHelp =
     "packed documents: lengths summing to --seq (100,3000,17,...), @FILE of lengths,\n"
     "or a generated mix skewed[:SEED] (one of N/2, many of 1-64) or heavy[:SEED] (Pareto);\n"
-    "a query sees only keys of its own document (with --causal, --window)";
+    "a query sees only keys of its own document (with --causal, --window, --window-size)";
+// Help of --window-size and --mask-ranges.
+inline constexpr const char* kWindowSizeHelp =
+    "flash-attn's window_size LEFT,RIGHT: q - LEFT <= k <= q + RIGHT, -1 = unbounded on\n"
+    "that side (128,128: bidirectional local attention; W-1,0 is --window W; with --causal\n"
+    "RIGHT must be 0)";
+inline constexpr const char* kMaskRangesHelp =
+    "a range mask (MagiAttention's): FILE with one slice a line, 'q0 q1 k0 k1 type'\n"
+    "([q0, q1) x [k0, k1), type full, causal, inv-causal or bi-causal; # comments), or\n"
+    "prefix-lm:P (the first P tokens, or P%, bidirectional, causal after), block-causal:B\n"
+    "(full within blocks of B tokens or B%, causal across them) or random:S[:SEED] (S\n"
+    "slices of every type); not with --causal, a window or --doc-lens";
+
+// The mask of the options --causal, --window, --window-size, --doc-lens and --mask-ranges
+// (empty strings: not given) for a sequence of `seq` tokens, through the library's make_mask
+// (which refuses contradictions) and checked against `seq`.
+Mask mask_from_options(bool causal, int64_t window, const std::string& window_size,
+                       const std::string& doc_lens, const std::string& mask_ranges, int64_t seq);
+// Those options as a command line gives them (" --causal --window-size 4,4 ...").
+std::string mask_options_text(bool causal, int64_t window, const std::string& window_size,
+                              const std::string& doc_lens, const std::string& mask_ranges);
 
 // Declarative options of one subcommand: each option writes straight into a variable.
 class Options {

@@ -38,8 +38,7 @@ struct AttentionParams {
   // (min, max) position pairs of the kernel's query tiles and key tiles (tile_bounds()).
   const int64_t* q_bounds = nullptr;
   const int64_t* kv_bounds = nullptr;
-  int mask = cuda_plan::kMaskNone;
-  int64_t window = 0;
+  MaskView mask;  // its arrays in GPU memory (the backend's copies)
   float scale = 0.0f;
 };
 

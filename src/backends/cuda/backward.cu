@@ -72,8 +72,8 @@ __device__ __forceinline__ void warp_product_tn(float (&acc)[D / 8][4],
 #pragma unroll
     for (int n = 0; n < D / 8; n += 2) {
       uint32_t fb[4];
-      load_matrix_x4_trans(fb, b + (kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * stride + n * 8 +
-                                   8 * (lane / 16));
+      load_matrix_x4_trans(
+          fb, b + (kk * 16 + lane % 8 + 8 * ((lane / 8) % 2)) * stride + n * 8 + 8 * (lane / 16));
       E::mma(acc[n], a, fb[0], fb[1]);
       E::mma(acc[n + 1], a, fb[2], fb[3]);
     }
@@ -147,8 +147,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const T* do_base = static_cast<const T*>(p.d_out.data) + batch * p.d_out.batch_stride +
                        head * p.d_out.head_stride;
     for (int64_t q_tile = 0; q_tile < q_tiles; ++q_tile) {
-      const int cls = classify_tile(p.mask, p.window, p.q_bounds[2 * q_tile],
-                                    p.q_bounds[2 * q_tile + 1], k_min, k_max);
+      const int cls =
+          classify_tile(p.mask, p.q_bounds[2 * q_tile], p.q_bounds[2 * q_tile + 1], k_min, k_max);
       if (cls == kTileHidden) continue;
       const int64_t q0 = q_tile * kTileQ;
       const bool need_mask = cls == kTilePartial || k_ragged || q0 + kTileQ > p.q_tokens;
@@ -173,6 +173,23 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
       copy_async_wait<0>();
       __syncthreads();
+      // Which of this thread's 16 (key, query) pairs the tile shows (bit n * 4 + e: query
+      // n * 8 + 2t + (e & 1), key e / 2): all of a full tile but keys past the end; in a partly
+      // visible one what the mask shows, tested in a loop kept rolled, so that the mask's tests
+      // (searches, for documents and slices) stay out of the unrolled products below. (Query rows
+      // past the end have LSE +inf, so P = 0 there whatever the bit.)
+      uint32_t seen_bits = ~0u;
+      if (need_mask) {
+        seen_bits = 0;
+#pragma unroll 1
+        for (int i = 0; i < kQTiles * 4; ++i) {
+          const int query = (i / 4) * 8 + 2 * t + (i & 1);
+          const int key = (i % 4) / 2;
+          const bool seen =
+              k_valid[key] && (cls != kTilePartial || p.mask.visible(s_q_pos[query], k_pos[key]));
+          if (seen) seen_bits |= 1u << i;
+        }
+      }
 
       // S^T = K Q^T: the warp's 16 keys (A from shared K) x the tile's 32 queries (B from Q).
       float s[kQTiles][4];
@@ -184,11 +201,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         for (int e = 0; e < 4; ++e) {
           const int query = n * 8 + 2 * t + (e & 1);
           float x = exp2f(s[n][e] * scale_log2 - s_lse[query]);
-          if (need_mask) {
-            const bool seen = k_valid[e / 2] &&
-                              cuda_plan::visible(p.mask, p.window, s_q_pos[query], k_pos[e / 2]);
-            if (!seen) x = 0.0f;
-          }
+          if (!((seen_bits >> (n * 4 + e)) & 1u)) x = 0.0f;
           s[n][e] = x;
         }
       }

@@ -717,7 +717,19 @@ void CudaBackend::fill_inputs(cuda_kernels::AttentionParams& p, const AttentionS
   p.q_positions = positions(q_positions, s.q_tokens, "query positions");
   p.kv_positions = positions(kv_positions, s.kv_tokens, "key positions");
   p.mask = plan.mask;
-  p.window = plan.window;
+  // The view's arrays (document boundaries, the range index) on the GPU, copied for this call
+  // and freed stream-ordered after it.
+  const auto upload = [&](const int64_t* host, int64_t values) -> const int64_t* {
+    if (!host || values == 0) return host;
+    const int64_t bytes = values * static_cast<int64_t>(sizeof(int64_t));
+    keep.push_back(std::make_unique<Scratch>(bytes, stream_));
+    check_cuda(cudaMemcpyAsync(keep.back()->as<void>(), host, static_cast<size_t>(bytes),
+                               cudaMemcpyHostToDevice, stream_),
+               "mask upload");
+    return keep.back()->as<const int64_t>();
+  };
+  p.mask.doc_offsets = upload(p.mask.doc_offsets, cuda_plan::mask_document_values(mask));
+  p.mask.ranges = upload(p.mask.ranges, cuda_plan::mask_range_values(mask));
   p.scale = scale;
   p.q_bounds = bounds;
   p.kv_bounds = bounds + 2 * plan.q_tiles;

@@ -44,7 +44,7 @@ void check_supported(DType dtype, int64_t head_dim, const Mask& mask, float soft
   A2D_REQUIRE(softcap == 0.0f,
               "logit softcapping is not implemented on the CUDA backend (yet): "
               "run with --device cpu, or without --softcap");
-  device_mask(mask);
+  mask.validate();
   A2D_REQUIRE(supported_dtype(dtype),
               "the CUDA kernels take bf16 or fp16 inputs (tensor cores), "
               "not ",
@@ -55,19 +55,12 @@ void check_supported(DType dtype, int64_t head_dim, const Mask& mask, float soft
               head_dim, "; use --device cpu");
 }
 
-int device_mask(const Mask& mask) {
-  A2D_REQUIRE(!mask.has_documents(),
-              "document masks are not implemented on the CUDA backend "
-              "(yet): run with --device cpu, or without --doc-lens");
-  switch (mask.kind) {
-    case MaskKind::none:
-      return kMaskNone;
-    case MaskKind::causal:
-      return kMaskCausal;
-    case MaskKind::causal_window:
-      return kMaskCausalWindow;
-  }
-  A2D_FAIL("unknown mask kind");
+int64_t mask_document_values(const Mask& mask) {
+  return mask.doc_offsets ? static_cast<int64_t>(mask.doc_offsets->size()) : 0;
+}
+
+int64_t mask_range_values(const Mask& mask) {
+  return mask.ranges ? static_cast<int64_t>(mask.ranges->index.size()) : 0;
 }
 
 bool supported_head_dim(int64_t head_dim) {
@@ -153,8 +146,7 @@ AttentionPlan plan_common(const AttentionShape& shape, const Mask& mask, int64_t
               " (the CUDA grid's y extent)");
   AttentionPlan plan;
   plan.head_dim = shape.head_dim;
-  plan.mask = device_mask(mask);
-  plan.window = mask.window;
+  plan.mask = mask.view();
   plan.q_tiles = ceil_div(shape.q_tokens, tile_q);
   plan.kv_tiles = ceil_div(shape.kv_tokens, tile_k);
   plan.bounds_bytes = 2 * (plan.q_tiles + plan.kv_tiles) * static_cast<int64_t>(sizeof(int64_t));

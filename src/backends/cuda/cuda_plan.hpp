@@ -1,8 +1,9 @@
 // Internal: the host-side logic of the CUDA backend, in plain C++ so that it compiles, and is
 // unit-tested (tests/unit/test_cuda_plan.cpp), in every build, with or without a CUDA toolkit:
 //   - the tile sizes of the attention kernels and the classification of a (query tile, key tile)
-//     pair by its minimum and maximum global positions (hidden / partial / full), the same rule
-//     as the CPU kernels' classify_block (the .cu kernels call classify_tile on the device);
+//     pair by its minimum and maximum global positions (hidden / partial / full): the mask's own
+//     MaskView::classify, as in the CPU kernels (the .cu kernels call classify_tile on the
+//     device, with the view's arrays copied to the GPU);
 //   - the validation of a kernel call (dtype, head dimension, mask, alignment of the rows that
 //     cp.async and ldmatrix read 16 bytes at a time) with clear errors before anything launches;
 //   - launch planning: grid and block sizes, shared-memory bytes, the work-space of the
@@ -15,12 +16,6 @@
 
 #include "attention2d/backend.hpp"
 #include "attention2d/kernel.hpp"
-
-#if defined(__CUDACC__)
-#define A2D_HOST_DEVICE __host__ __device__
-#else
-#define A2D_HOST_DEVICE
-#endif
 
 namespace a2d::cuda_plan {
 
@@ -41,35 +36,31 @@ inline constexpr int kElementwiseThreads = 256;
 // fall into distinct banks for every supported head dimension (docs/gpu.md works it out).
 inline constexpr int kRowPadElements = 8;
 
-// Mask kinds as the device sees them (MaskKind's values, without documents).
+// How queries with positions in [q_min, q_max] relate to keys in [k_min, k_max]: the mask's
+// MaskView::classify (every kind, documents and range slices too). A tile with rows past the end
+// of the tensor is classified by its real rows; the kernels mask the missing rows themselves.
 enum TileClass : int { kTileHidden = 0, kTilePartial = 1, kTileFull = 2 };
-enum DeviceMask : int { kMaskNone = 0, kMaskCausal = 1, kMaskCausalWindow = 2 };
-
-// How queries with positions in [q_min, q_max] relate to keys in [k_min, k_max]: classify_block
-// for masks without documents. A tile with rows past the end of the tensor is classified by its
-// real rows; the kernels mask the missing rows themselves.
-A2D_HOST_DEVICE inline int classify_tile(int mask, int64_t window, int64_t q_min, int64_t q_max,
+A2D_HOST_DEVICE inline int classify_tile(const MaskView& mask, int64_t q_min, int64_t q_max,
                                          int64_t k_min, int64_t k_max) {
-  if (mask == kMaskNone) return kTileFull;
-  if (mask == kMaskCausal) {
-    if (k_min > q_max) return kTileHidden;
-    if (k_max <= q_min) return kTileFull;
-    return kTilePartial;
+  switch (mask.classify(q_min, q_max, k_min, k_max)) {
+    case BlockVisibility::hidden:
+      return kTileHidden;
+    case BlockVisibility::full:
+      return kTileFull;
+    default:
+      return kTilePartial;
   }
-  // causal window: visible iff q - window < k <= q.
-  if (k_min > q_max || k_max <= q_min - window) return kTileHidden;
-  if (k_max <= q_min && k_min > q_max - window) return kTileFull;
-  return kTilePartial;
 }
 
 // Whether query position q sees key position k.
-A2D_HOST_DEVICE inline bool visible(int mask, int64_t window, int64_t q, int64_t k) {
-  if (mask == kMaskNone) return true;
-  if (mask == kMaskCausal) return k <= q;
-  return k <= q && k > q - window;
+A2D_HOST_DEVICE inline bool visible(const MaskView& mask, int64_t q, int64_t k) {
+  return mask.visible(q, k);
 }
 
-int device_mask(const Mask& mask);  // throws for documents (not on the CUDA backend yet)
+// The arrays of a mask's view that the kernels read (MaskView's doc_offsets and ranges), in int64
+// values: what the CUDA backend copies to the GPU before a call.
+int64_t mask_document_values(const Mask& mask);
+int64_t mask_range_values(const Mask& mask);
 
 // A kernel launch: grid (x, y, z), threads per block, dynamic shared memory.
 struct Launch {
@@ -88,8 +79,8 @@ struct AttentionPlan {
   int64_t kv_tiles = 0;  // tiles of its key tile size
   // Work-space: (min, max) int64 position pairs of the query tiles and of the key tiles.
   int64_t bounds_bytes = 0;
-  int mask = kMaskNone;
-  int64_t window = 0;
+  // The mask, its arrays in host memory (the backend points them at GPU copies).
+  MaskView mask;
   std::string describe() const;
 };
 
@@ -98,8 +89,8 @@ bool supported_head_dim(int64_t head_dim);
 bool supported_dtype(DType dtype);
 
 // Checks a kernel call's arguments (throws a2d::Error naming the first problem): shape, scale,
-// dtype (bf16 or fp16, the same for every input), head dimension 64/80/96/128, mask without
-// documents, no softcap (not on the CUDA backend yet).
+// dtype (bf16 or fp16, the same for every input), head dimension 64/80/96/128, a valid mask (any
+// kind), no softcap (not on the CUDA backend yet).
 void check_forward(const ForwardCall& call);
 // The same for a whole problem (Backend::check_supported of the CUDA backend).
 void check_supported(DType dtype, int64_t head_dim, const Mask& mask, float softcap);

@@ -3,8 +3,10 @@
 // cores (mma.sync m16n8k16, operands from shared memory through ldmatrix), fp32 scores,
 // statistics and accumulators; K/V tiles of 64 keys stream through shared memory with cp.async
 // (the next K tile loads while P V runs). Masks by global position: each (query tile, key tile)
-// pair is classified by its tiles' position bounds (cuda_plan::classify_tile, the CPU's rule);
-// hidden pairs are skipped without loading anything, full pairs take no per-element test.
+// pair is classified by its tiles' position bounds (cuda_plan::classify_tile: the mask's own
+// MaskView, as on the CPU); hidden pairs are skipped without loading anything, full pairs take no
+// per-element test, partial ones test the band inline or, with documents or slices, each thread's
+// pairs once per tile.
 //
 // NOT YET RUN ON A GPU: compiled for sm_80 and sm_90 by scripts/test.sh, to be checked by
 // scripts/gpu_check.sh (docs/gpu.md).
@@ -57,8 +59,8 @@ __device__ __forceinline__ int64_t next_visible_tile(const AttentionParams& p, i
                                                      int64_t kv_tiles, int64_t q_min,
                                                      int64_t q_max) {
   for (; tile < kv_tiles; ++tile) {
-    if (classify_tile(p.mask, p.window, q_min, q_max, p.kv_bounds[2 * tile],
-                      p.kv_bounds[2 * tile + 1]) != kTileHidden) {
+    if (classify_tile(p.mask, q_min, q_max, p.kv_bounds[2 * tile], p.kv_bounds[2 * tile + 1]) !=
+        kTileHidden) {
       break;
     }
   }
@@ -165,11 +167,28 @@ __global__ void __launch_bounds__(kThreads)
       const int64_t row = k0 + r;
       s_k_pos[r] = row < p.kv_tokens ? (p.kv_positions ? p.kv_positions[row] : row) : 0;
     }
-    const int cls = classify_tile(p.mask, p.window, q_min, q_max, p.kv_bounds[2 * tile],
-                                  p.kv_bounds[2 * tile + 1]);
+    const int cls =
+        classify_tile(p.mask, q_min, q_max, p.kv_bounds[2 * tile], p.kv_bounds[2 * tile + 1]);
+    // The next tile to load, found here, where few registers are live.
+    const int64_t next = next_visible_tile(p, tile + 1, kv_tiles, q_min, q_max);
     const bool ragged = k0 + kTileK > p.kv_tokens;  // the last tile: keys past the end
     copy_async_wait<1>();                           // K (and Q) arrived; V may be in flight
     __syncthreads();
+    // Which of this thread's 32 (row, key) pairs the tile shows (bit n * 4 + e: key
+    // n * 8 + 2t + (e & 1), row e / 2): all of a full tile but its keys past the end; in a partly
+    // visible one what the mask shows, tested in a loop kept rolled, so that the mask's tests
+    // (searches, for documents and slices) stay out of the unrolled softmax below.
+    uint32_t seen_bits = ~0u;
+    if (cls == kTilePartial || ragged) {
+      seen_bits = 0;
+#pragma unroll 1
+      for (int i = 0; i < kKeyTiles * 4; ++i) {
+        const int key = (i / 4) * 8 + 2 * t + (i & 1);
+        const bool seen = k0 + key < p.kv_tokens &&
+                          (cls != kTilePartial || p.mask.visible(q_pos[(i % 4) / 2], s_k_pos[key]));
+        if (seen) seen_bits |= 1u << i;
+      }
+    }
 
     // S = Q K^T for the warp's 16 rows and the tile's 64 keys.
     float s[kKeyTiles][4];
@@ -195,13 +214,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int n = 0; n < kKeyTiles; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = n * 8 + 2 * t + (e & 1);
         float x = s[n][e] * scale_log2;
-        if (cls == kTilePartial || ragged) {
-          const bool seen = k0 + key < p.kv_tokens &&
-                            cuda_plan::visible(p.mask, p.window, q_pos[e / 2], s_k_pos[key]);
-          if (!seen) x = -INFINITY;
-        }
+        if (!((seen_bits >> (n * 4 + e)) & 1u)) x = -INFINITY;
         s[n][e] = x;
         tile_max[e / 2] = max_keep_nan(tile_max[e / 2], x);
       }
@@ -242,7 +256,6 @@ __global__ void __launch_bounds__(kThreads)
 
     copy_async_wait<0>();  // V arrived
     __syncthreads();       // and every warp is done with K: load the next K tile meanwhile
-    const int64_t next = next_visible_tile(p, tile + 1, kv_tiles, q_min, q_max);
     if (next < kv_tiles) {
       load_tile_async<T, kTileK, D, kThreads>(s_k, kStride, k_base, p.k.token_stride, next * kTileK,
                                               p.kv_tokens);

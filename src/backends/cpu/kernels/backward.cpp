@@ -80,9 +80,10 @@ void axpy(float alpha, const float* x, float* y, int64_t n) {
 }
 
 // One (query tile, key tile) block of one query head.
-void backward_block(const BackwardArgs& args, RowView<const float> delta, int64_t b, int64_t h,
-                    const cpu::Tile& qt, const cpu::Tile& kt, BlockVisibility visibility, Rows keys,
-                    Rows values, TokenView<float> dq, Workspace& ws) {
+void backward_block(const BackwardArgs& args, const MaskView& mask, RowView<const float> delta,
+                    int64_t b, int64_t h, const cpu::Tile& qt, const cpu::Tile& kt,
+                    BlockVisibility visibility, Rows keys, Rows values, TokenView<float> dq,
+                    Workspace& ws) {
   const int64_t dim = args.shape.head_dim;
   const Rows queries = rows_of(args.q, b, h, qt, kBlockQ, dim, ws.q);
   const Rows d_out = rows_of(args.d_out, b, h, qt, kBlockQ, dim, ws.d_out);
@@ -96,13 +97,15 @@ void backward_block(const BackwardArgs& args, RowView<const float> delta, int64_
     const float row_delta = delta.at(b, h, qi);
     const float* q = queries.at(i);
     const float* g = d_out.at(i);
-    const int64_t q_pos = cpu::position_of(args.q_positions, qi);
+    const MaskRow row = visibility == BlockVisibility::partial
+                            ? mask.row(cpu::position_of(args.q_positions, qi))
+                            : MaskRow{};
     float* p = ws.prob.data() + i * kBlockK;
     float* ds = ws.d_score.data() + i * kBlockK;
     for (int64_t j = 0; j < cols; ++j) {
       const int64_t kj = kt.begin + j;
       const bool visible = visibility == BlockVisibility::full ||
-                           args.mask.visible(q_pos, cpu::position_of(args.kv_positions, kj));
+                           row.visible(cpu::position_of(args.kv_positions, kj));
       // A row with LSE = -inf saw no key at all: it has no probability mass anywhere.
       if (!visible || lse == kNegInf) {
         p[j] = ds[j] = 0.0f;
@@ -160,6 +163,7 @@ void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk
   const int64_t items = shape.batch * shape.kv_heads * tiles_per_head;
   const int threads =
       static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(args.threads, items)));
+  const MaskView mask = args.mask.view();
 
   // Thread 0 adds straight into dq; the others into private dense buffers.
   const int64_t dq_elements = shape.batch * shape.q_tokens * shape.heads * dim;
@@ -192,9 +196,9 @@ void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk
       const Rows values = blocks ? rows_of(args.v, b, kvh, kt, kBlockK, dim, ws.v) : Rows{};
       for (int64_t h = kvh * shape.group_size(); h < (kvh + 1) * shape.group_size(); ++h) {
         for (const cpu::Tile& qt : q_tiles) {
-          const BlockVisibility visibility = cpu::classify(args.mask, qt, kt);
+          const BlockVisibility visibility = cpu::classify(mask, qt, kt);
           if (visibility == BlockVisibility::hidden) continue;
-          backward_block(args, delta, b, h, qt, kt, visibility, keys, values, my_dq, ws);
+          backward_block(args, mask, delta, b, h, qt, kt, visibility, keys, values, my_dq, ws);
         }
       }
       for (int64_t j = 0; j < kt.size(); ++j) {

@@ -57,9 +57,9 @@ KeyRows key_rows(InTokens x, int64_t b, int64_t kvh, const cpu::Tile& kt, int64_
 }
 
 // Folds one key tile into the state of one query tile.
-void attend_key_tile(const ForwardArgs& args, const cpu::Tile& qt, const cpu::Tile& kt,
-                     BlockVisibility visibility, KeyRows keys, KeyRows values, Workspace& ws,
-                     TileState& state) {
+void attend_key_tile(const ForwardArgs& args, const MaskView& mask, const cpu::Tile& qt,
+                     const cpu::Tile& kt, BlockVisibility visibility, KeyRows keys, KeyRows values,
+                     Workspace& ws, TileState& state) {
   const int64_t dim = args.shape.head_dim;
   const int64_t rows = qt.size();
   const int64_t cols = kt.size();
@@ -84,9 +84,9 @@ void attend_key_tile(const ForwardArgs& args, const cpu::Tile& qt, const cpu::Ti
   }
   if (visibility == BlockVisibility::partial) {
     for (int64_t i = 0; i < rows; ++i) {
-      const int64_t q_pos = cpu::position_of(args.q_positions, qt.begin + i);
+      const MaskRow row = mask.row(cpu::position_of(args.q_positions, qt.begin + i));
       for (int64_t j = 0; j < cols; ++j) {
-        if (!args.mask.visible(q_pos, cpu::position_of(args.kv_positions, kt.begin + j))) {
+        if (!row.visible(cpu::position_of(args.kv_positions, kt.begin + j))) {
           scores[i * kBlockK + j] = kNegInf;
         }
       }
@@ -135,6 +135,7 @@ void run_forward(const ForwardArgs& args, Begin begin, Finish finish) {
   const auto k_tiles = cpu::make_tiles(args.kv_positions, shape.kv_tokens, kBlockK);
   const int64_t items = shape.batch * shape.heads * static_cast<int64_t>(q_tiles.size());
   const int64_t dim = shape.head_dim;
+  const MaskView mask = args.mask.view();
 
 #pragma omp parallel num_threads(args.threads)
   {
@@ -160,11 +161,11 @@ void run_forward(const ForwardArgs& args, Begin begin, Finish finish) {
       }
       const int64_t kvh = shape.kv_head_of(h);
       for (const cpu::Tile& kt : k_tiles) {
-        const BlockVisibility visibility = cpu::classify(args.mask, qt, kt);
+        const BlockVisibility visibility = cpu::classify(mask, qt, kt);
         if (visibility == BlockVisibility::hidden) continue;
         const KeyRows keys = key_rows(args.k, b, kvh, kt, dim, ws.k);
         const KeyRows values = key_rows(args.v, b, kvh, kt, dim, ws.v);
-        attend_key_tile(args, qt, kt, visibility, keys, values, ws, state);
+        attend_key_tile(args, mask, qt, kt, visibility, keys, values, ws, state);
       }
       finish(b, h, qt, state);
     }

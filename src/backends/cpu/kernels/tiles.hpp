@@ -43,8 +43,8 @@ inline int64_t position_of(const int64_t* positions, int64_t index) {
   return positions ? positions[index] : index;
 }
 
-inline BlockVisibility classify(const Mask& mask, const Tile& q, const Tile& k) {
-  return classify_block(mask, q.min_position, q.max_position, k.min_position, k.max_position);
+inline BlockVisibility classify(const MaskView& mask, const Tile& q, const Tile& k) {
+  return mask.classify(q.min_position, q.max_position, k.min_position, k.max_position);
 }
 
 // True on the thread that called the kernel (OpenMP's master thread of the kernel's team): the
