@@ -17,6 +17,7 @@ packages=(
   python3-dev pybind11-dev python3-pybind11   # the Python package (python/)
   python3-numpy python3-mpi4py python3-torch python3-pytest python3-pip python3-setuptools
   python3-wheel
+  libsimgrid-dev                      # SimGrid 3.32 (smpicxx, smpirun): the SMPI build of sim/ (docs/simulation.md)
 )
 
 missing=()
