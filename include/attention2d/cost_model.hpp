@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -271,5 +272,25 @@ ForwardCallCosts fit_forward_call_costs(const std::vector<std::pair<int64_t, int
 // when they would take the whole block). All 0 without tile_block. The one formula of predict()
 // and the decode model.
 ForwardCallCosts forward_call_costs(const Machine& machine, int64_t head_dim);
+
+// One kernel call of the engine, as the simulated device (docs/simulation.md) sees it: `heads`
+// query heads of `batch` sequences, q_tokens x kv_tokens rows with their global positions in the
+// order the kernel receives them (empty: 0, 1, 2, ...).
+struct KernelCall {
+  Mask mask;
+  int64_t batch = 1;
+  int64_t heads = 1;
+  int64_t head_dim = 0;
+  int64_t q_tokens = 0;
+  int64_t kv_tokens = 0;
+  std::span<const int64_t> q_positions;
+  std::span<const int64_t> kv_positions;
+  bool backward = false;
+};
+// Its seconds on `machine`, by the rules predict() charges a rank's compute with: on accelerators
+// (tile_block = 0) 4 D FLOPs per visible (query, key) pair and head (2.5 times that backward) over
+// the kernel's rate; on CPUs (tile_block > 0) the tiles the CPU kernels compute and the forward's
+// per-panel and per-key costs. Summed over a rank's calls it is that rank's C_f or C_b.
+double kernel_call_seconds(const Machine& machine, const KernelCall& call);
 
 }  // namespace a2d
