@@ -15,6 +15,9 @@
 
 #include "attention2d/error.hpp"
 #include "attention2d/watchdog.hpp"
+#ifdef A2D_SMPI
+#include "attention2d/sim.hpp"
+#endif
 
 namespace a2d {
 namespace {
@@ -419,22 +422,40 @@ class MpiCommunicator final : public Communicator {
           into[i] += from[i];
       }
     };
-    std::vector<float> outgoing(static_cast<size_t>(largest)), incoming(outgoing.size());
+#ifdef A2D_SMPI
+    // Inside SimGrid the values are placeholders (sim.hpp): the scratch is too, and the sums
+    // cost time instead of arithmetic.
+    auto* scratch = reinterpret_cast<float*>(simulated_scratch(8 * largest));
+    float* outgoing = scratch;
+    float* incoming = scratch + largest;
+    (void)combine;
+#else
+    std::vector<float> outgoing_memory(static_cast<size_t>(largest));
+    std::vector<float> incoming_memory(outgoing_memory.size());
+    float* outgoing = outgoing_memory.data();
+    float* incoming = incoming_memory.data();
+#endif
     const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
     const float* to_send = send + offsets[block(rank_ - 1)];
     for (int step = 0; step < size_ - 1; ++step) {
       const size_t sent = block(rank_ - step - 1), got = block(rank_ - step - 2);
-      exchange(to_send, mpi_count(counts[sent] * record), next, incoming.data(),
+      exchange(to_send, mpi_count(counts[sent] * record), next, incoming,
                mpi_count(counts[got] * record), prev, MPI_FLOAT);
       // The received partial plus this rank's own contribution to that block.
-      float* sum = step + 2 == size_ ? recv : outgoing.data();
+      float* sum = step + 2 == size_ ? recv : outgoing;
+#ifdef A2D_SMPI
+      simulated_host_reduction(static_cast<int64_t>(sizeof(float)) * counts[got] * record);
+#else
       std::copy_n(send + offsets[got], counts[got] * record, sum);
-      combine(sum, incoming.data(), static_cast<int>(got));
+      combine(sum, incoming, static_cast<int>(got));
+#endif
       to_send = sum;
     }
   }
 
-  bool sleeps() const { return mpi_wait_setting().policy == WaitPolicy::sleep; }
+  bool sleeps() const {
+    return mpi_wait_setting().policy == WaitPolicy::sleep;
+  }
 
   // One step of a ring or pairwise schedule: send `send_count` elements to `dest` while receiving
   // `recv_count` from `source` (MPI_Sendrecv, or posted and waited for under the sleep policy).
