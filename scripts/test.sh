@@ -59,9 +59,10 @@ trap 'kill -- -"$builds_pid" 2>/dev/null || true' EXIT
 # Each test runs in one of the two passes, the strictest build that runs it in time
 # (tests/CMakeLists.txt, at its end): here the unit tests (the kernels as released, also run
 # sanitized below), the heavy and uninstrumented ones, and the Python and package tests (which the
-# sanitizer build does not have); every other test runs under the sanitizers below.
+# sanitizer build does not have) and the SimGrid simulation (sim/CMakeLists.txt; the sanitizer
+# build has no SMPI variant); every other test runs under the sanitizers below.
 (cd build && ctest --output-on-failure -j "$(nproc)" --timeout 600 \
-  -L '^(unit|heavy|uninstrumented|python|torch|package)$')
+  -L '^(unit|heavy|uninstrumented|python|torch|package|sim)$')
 phase "tests"
 
 # The sanitizer tests start as soon as their build is done; the CUDA compile and the fuzz
