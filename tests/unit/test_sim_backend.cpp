@@ -91,8 +91,8 @@ TEST(SimKernelTime, OneCallIsPredictsComputeOnOneRank) {
 // Accelerators count visible pairs: a causal call over strided positions, by hand.
 TEST(SimKernelTime, CountsTheVisiblePairsOfTheCallsPositions) {
   const Machine machine = preset_machine("h100-ndr", DType::bf16);
-  const std::vector<int64_t> q = iota(100, 3, 4);   // 3, 7, ..., 399
-  const std::vector<int64_t> k = iota(200, 0, 2);   // 0, 2, ..., 398
+  const std::vector<int64_t> q = iota(100, 3, 4);  // 3, 7, ..., 399
+  const std::vector<int64_t> k = iota(200, 0, 2);  // 0, 2, ..., 398
   int64_t pairs = 0;
   for (int64_t a : q)
     for (int64_t b : k)
@@ -106,8 +106,8 @@ TEST(SimKernelTime, CountsTheVisiblePairsOfTheCallsPositions) {
   call.kv_tokens = 200;
   call.q_positions = q;
   call.kv_positions = k;
-  const double expected = 2.0 * 3 * 4 * 128 * static_cast<double>(pairs) /
-                          machine.kernel_forward_flops;
+  const double expected =
+      2.0 * 3 * 4 * 128 * static_cast<double>(pairs) / machine.kernel_forward_flops;
   EXPECT_NEAR(kernel_call_seconds(machine, call), expected, 1e-12 * expected);
   // The same rows in another order: the same pairs.
   std::vector<int64_t> shuffled = k;
@@ -120,6 +120,48 @@ TEST(SimKernelTime, CountsTheVisiblePairsOfTheCallsPositions) {
   call.q_tokens = 5;  // positions that do not match the count
   call.q_positions = q;
   EXPECT_THROW(kernel_call_seconds(machine, call), Error);
+}
+
+// The closed forms per pair of runs against counting position by position, on random runs:
+// ascending, descending, single positions, repeated positions, overlapping, under every mask.
+TEST(SimKernelTime, PairsOfRunsEqualPairsOfPositions) {
+  uint64_t state = 12345;
+  const auto next = [&](int64_t bound) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(bound));
+  };
+  const auto random_runs = [&] {
+    std::vector<PositionRun> runs(static_cast<size_t>(1 + next(4)));
+    for (PositionRun& r : runs)
+      r = {next(200), next(9) - 4, 1 + next(40)};
+    return runs;
+  };
+  const auto expand = [](const std::vector<PositionRun>& runs) {
+    std::vector<int64_t> out;
+    for (const PositionRun& r : runs)
+      for (int64_t i = 0; i < r.count; ++i)
+        out.push_back(r.first + i * r.step);
+    return out;
+  };
+  for (int trial = 0; trial < 400; ++trial) {
+    const std::vector<PositionRun> q = random_runs(), k = random_runs();
+    const std::vector<int64_t> qp = expand(q), kp = expand(k);
+    for (const Mask& mask :
+         {Mask::none(), Mask::causal(), Mask::causal_window(1), Mask::causal_window(37)}) {
+      ASSERT_EQ(count_visible_pairs(mask, q, k),
+                count_visible_pairs(mask, qp.data(), static_cast<int64_t>(qp.size()), kp.data(),
+                                    static_cast<int64_t>(kp.size())))
+          << "trial " << trial << " " << mask.describe();
+    }
+    // Encoding positions as runs gives them back.
+    EXPECT_EQ(expand(position_runs(qp)), qp);
+  }
+  // A sorted gather of 4 cyclic parts of 1000 tokens is one run; a zigzag shard two.
+  EXPECT_EQ(position_runs(iota(250, 3, 4)).size(), 1u);
+  std::vector<int64_t> zigzag = iota(64, 128);
+  const std::vector<int64_t> mirror = iota(64, 1792);
+  zigzag.insert(zigzag.end(), mirror.begin(), mirror.end());
+  EXPECT_EQ(position_runs(zigzag).size(), 2u);
 }
 
 SimDevice gpu_device() {
@@ -174,7 +216,7 @@ TEST(SimBackend, ChargesKernelsByTheirPositionsAndDataByTheirBytes) {
   EXPECT_EQ(backend->charges().kernel_calls, 1);
 
   *phase = "forward.merge";
-  backend->copy_bytes(Place::in(*q), Place::in(*k), 1000);  // 1000 read, 1000 written
+  backend->copy_bytes(Place::in(*q), Place::in(*k), 1000);        // 1000 read, 1000 written
   backend->merge_partials(Place::in(*q), Place::in(*k), 10, 66);  // 2 read, 1 written
   const double data = (2000.0 + 3 * 4 * 10 * 66) / device.memory_bytes_per_s;
   EXPECT_NEAR(runtime.clock, kernel + data, 1e-15);
@@ -186,10 +228,21 @@ TEST(SimBackend, ChargesKernelsByTheirPositionsAndDataByTheirBytes) {
   backend->download(Place::in(*q_at), back.data(), n * 8);
   EXPECT_EQ(back, q_positions);
   EXPECT_THROW(backend->download(Place::in(*out), back.data(), 8), Error);
+  // Kept as runs (one here), read back in part, and overwritten in part.
+  backend->download(Place::in(*q_at) + 8 * 10, back.data(), 8 * 5);
+  EXPECT_EQ(std::vector<int64_t>(back.begin(), back.begin() + 5),
+            std::vector<int64_t>(q_positions.begin() + 10, q_positions.begin() + 15));
+  const int64_t seven = 7;
+  backend->upload(&seven, Place::in(*q_at) + 8 * 3, 8);
+  backend->download(Place::in(*q_at), back.data(), n * 8);
+  std::vector<int64_t> changed = q_positions;
+  changed[3] = 7;
+  EXPECT_EQ(back, changed);
   call.q_positions = Place::in(*q);  // positions nobody uploaded
-  EXPECT_THROW(backend->attention_forward(call, dense_token_tensor(*out, DType::bf16, n, heads, dim),
-                                          dense_row_tensor(*lse, heads, n)),
-               Error);
+  EXPECT_THROW(
+      backend->attention_forward(call, dense_token_tensor(*out, DType::bf16, n, heads, dim),
+                                 dense_row_tensor(*lse, heads, n)),
+      Error);
 }
 
 TEST(SimBackend, KeepsOneRanksBuffersApartAndCountsItsPeak) {

@@ -20,6 +20,85 @@ constexpr int64_t kAlignment = 256;  // as cudaMalloc's
 
 class SimBackendImpl;
 
+// What upload() wrote into a buffer: an int64 array (positions, orders) kept as runs of
+// arithmetic progressions where that is at least four times smaller (a sorted gather of cyclic
+// parts is one run, a zigzag shard two: P ranks' O(N) positions then take next to nothing), else
+// as bytes.
+class Uploaded {
+ public:
+  void write(const void* host, int64_t offset, int64_t bytes, int64_t buffer_bytes) {
+    if (offset == 0 && bytes == buffer_bytes && bytes % 8 == 0) {
+      const std::span<const int64_t> values(static_cast<const int64_t*>(host),
+                                            static_cast<size_t>(bytes / 8));
+      std::vector<PositionRun> runs = position_runs(values);
+      if (static_cast<int64_t>(runs.size()) * 4 * 24 <= bytes) {
+        runs_ = std::move(runs);
+        starts_.assign(1, 0);
+        for (const PositionRun& r : runs_)
+          starts_.push_back(starts_.back() + r.count);
+        raw_.clear();
+        return;
+      }
+    }
+    if (raw_.empty()) {
+      raw_.resize(static_cast<size_t>(buffer_bytes));
+      if (!runs_.empty()) {  // a partial write over runs: expand them first
+        std::vector<int64_t> values = expand(0, starts_.back());
+        std::memcpy(raw_.data(), values.data(), values.size() * 8);
+        runs_.clear();
+      }
+    }
+    std::memcpy(raw_.data() + offset, host, static_cast<size_t>(bytes));
+  }
+  bool empty() const { return raw_.empty() && runs_.empty(); }
+  bool holds(int64_t offset, int64_t bytes) const {
+    if (!raw_.empty()) return offset >= 0 && offset + bytes <= static_cast<int64_t>(raw_.size());
+    return !runs_.empty() && offset >= 0 && offset % 8 == 0 && bytes % 8 == 0 &&
+           offset / 8 + bytes / 8 <= starts_.back();
+  }
+  void read(int64_t offset, void* host, int64_t bytes) const {
+    if (!raw_.empty()) {
+      std::memcpy(host, raw_.data() + offset, static_cast<size_t>(bytes));
+      return;
+    }
+    const std::vector<int64_t> values = expand(offset / 8, bytes / 8);
+    std::memcpy(host, values.data(), static_cast<size_t>(bytes));
+  }
+  // `count` int64 values from `offset`: a span of the bytes, or the runs that hold them.
+  std::span<const int64_t> raw(int64_t offset, int64_t count) const {
+    if (raw_.empty()) return {};
+    return {reinterpret_cast<const int64_t*>(raw_.data() + offset), static_cast<size_t>(count)};
+  }
+  std::vector<PositionRun> runs(int64_t offset, int64_t count) const {
+    std::vector<PositionRun> out;
+    int64_t begin = offset / 8;
+    const int64_t end = begin + count;
+    auto it = std::upper_bound(starts_.begin(), starts_.end(), begin) - 1;
+    for (size_t r = static_cast<size_t>(it - starts_.begin()); begin < end; ++r) {
+      const PositionRun& run = runs_[r];
+      const int64_t skip = begin - starts_[r];
+      const int64_t take = std::min(end, starts_[r + 1]) - begin;
+      out.push_back({run.first + skip * run.step, run.step, take});
+      begin += take;
+    }
+    return out;
+  }
+
+ private:
+  std::vector<int64_t> expand(int64_t begin, int64_t count) const {
+    std::vector<int64_t> values;
+    values.reserve(static_cast<size_t>(count));
+    for (const PositionRun& r : runs(8 * begin, count))
+      for (int64_t i = 0; i < r.count; ++i)
+        values.push_back(r.first + i * r.step);
+    return values;
+  }
+
+  std::vector<std::byte> raw_;
+  std::vector<PositionRun> runs_;
+  std::vector<int64_t> starts_;  // element index of each run, and the total last
+};
+
 class SimBuffer final : public Buffer {
  public:
   SimBuffer(SimBackendImpl& backend, int64_t bytes, std::byte* memory, int64_t offset,
@@ -27,16 +106,12 @@ class SimBuffer final : public Buffer {
   ~SimBuffer() override;
 
   // What upload() wrote (positions, orders): the only values a sim buffer holds.
-  std::vector<std::byte>& uploaded() {
-    if (uploaded_.empty()) uploaded_.resize(static_cast<size_t>(bytes()));
-    return uploaded_;
-  }
-  const std::vector<std::byte>& uploaded_bytes() const { return uploaded_; }
+  Uploaded& uploaded() { return uploaded_; }
 
  private:
   SimBackendImpl& owner_;
   int64_t offset_, reserved_;
-  std::vector<std::byte> uploaded_;
+  Uploaded uploaded_;
 };
 
 class SimBackendImpl final : public SimBackend {
@@ -92,18 +167,17 @@ class SimBackendImpl final : public SimBackend {
     if (bytes == 0) return;
     A2D_REQUIRE(to.buffer && to.offset >= 0 && to.offset + bytes <= to.buffer->bytes(),
                 "sim upload: ", bytes, " bytes at ", to.offset, " do not fit the buffer");
-    auto& kept = sim_buffer(*to.buffer).uploaded();
-    std::memcpy(kept.data() + to.offset, host, static_cast<size_t>(bytes));
+    sim_buffer(*to.buffer).uploaded().write(host, to.offset, bytes, to.buffer->bytes());
   }
   void download(Place from, void* host, int64_t bytes) override {
     if (bytes == 0) return;
     A2D_REQUIRE(from.buffer && from.offset >= 0 && from.offset + bytes <= from.buffer->bytes(),
                 "sim download: ", bytes, " bytes at ", from.offset, " do not fit the buffer");
-    const auto& kept = sim_buffer(*from.buffer).uploaded_bytes();
-    A2D_REQUIRE(!kept.empty(),
+    const Uploaded& kept = sim_buffer(*from.buffer).uploaded();
+    A2D_REQUIRE(kept.holds(from.offset, bytes),
                 "sim download: the simulated device holds no values (docs/simulation.md): only "
                 "what was uploaded can be read back");
-    std::memcpy(host, kept.data() + from.offset, static_cast<size_t>(bytes));
+    kept.read(from.offset, host, bytes);
   }
   void fill_zero(Place /*at*/, int64_t bytes) override { data(bytes); }
 
@@ -196,21 +270,28 @@ class SimBackendImpl final : public SimBackend {
     return *sim;
   }
 
-  // The positions of a kernel call's rows, as uploaded (empty: 0, 1, 2, ...).
-  std::span<const int64_t> positions(const Place& place, int64_t count) {
+  // The positions of a kernel call's rows, as uploaded: a span of them, or their runs (both
+  // empty: 0, 1, 2, ...).
+  struct Positions {
+    std::span<const int64_t> values;
+    std::vector<PositionRun> runs;
+  };
+  Positions positions(const Place& place, int64_t count) {
     if (place.empty() || count == 0) return {};
     const int64_t bytes = count * static_cast<int64_t>(sizeof(int64_t));
     if (place.host) {
-      return {reinterpret_cast<const int64_t*>(place.host + place.offset),
-              static_cast<size_t>(count)};
+      return {
+          {reinterpret_cast<const int64_t*>(place.host + place.offset), static_cast<size_t>(count)},
+          {}};
     }
-    const auto& kept = sim_buffer(*place.buffer).uploaded_bytes();
-    A2D_REQUIRE(!kept.empty() && place.offset >= 0 &&
-                    place.offset + bytes <= static_cast<int64_t>(kept.size()),
+    const Uploaded& kept = sim_buffer(*place.buffer).uploaded();
+    A2D_REQUIRE(kept.holds(place.offset, bytes),
                 "sim kernel: the positions of a call must have been uploaded (the simulated "
                 "device holds no other values)");
-    return {reinterpret_cast<const int64_t*>(kept.data() + place.offset),
-            static_cast<size_t>(count)};
+    Positions out;
+    out.values = kept.raw(place.offset, count);
+    if (out.values.empty()) out.runs = kept.runs(place.offset, count);
+    return out;
   }
 
   void kernel(const AttentionShape& shape, const Mask& mask, const Place& q_positions,
@@ -222,8 +303,12 @@ class SimBackendImpl final : public SimBackend {
     call.head_dim = shape.head_dim;
     call.q_tokens = shape.q_tokens;
     call.kv_tokens = shape.kv_tokens;
-    call.q_positions = positions(q_positions, shape.q_tokens);
-    call.kv_positions = positions(kv_positions, shape.kv_tokens);
+    const Positions q = positions(q_positions, shape.q_tokens);
+    const Positions k = positions(kv_positions, shape.kv_tokens);
+    call.q_positions = q.values;
+    call.q_runs = q.runs;
+    call.kv_positions = k.values;
+    call.kv_runs = k.runs;
     call.backward = backward;
     const double seconds = kernel_call_seconds(device_.machine, call);
     charges_.kernel_s += seconds;
