@@ -15,9 +15,11 @@
 #     the host code between MPI calls;
 #   smpi/shared-malloc:local: the device's placeholder buffers are one sparse shared mapping
 #     that messages are never copied from or to;
-#   smpi/allgatherv:ring: MPI_Allgatherv as the ring NCCL runs (the engine's other collectives
-#     are its own rings of MPI_Sendrecv, or all-to-alls, which SMPI posts all at once as NCCL's
-#     grouped sends do);
+#   smpi/allgatherv:mpich_ring: MPI_Allgatherv as the ring NCCL runs, each rank passing blocks
+#     to its neighbour (SimGrid's algorithm named "ring" sends rank j's block straight to j + i at
+#     step i, so that up to a whole node's ranks cross the node's link at once); the engine's
+#     other collectives are its own rings of MPI_Sendrecv, or all-to-alls, which SMPI's default
+#     posts all at once, as NCCL's grouped sends do;
 #   -no-privatize: the ranks share the program's globals (docs/simulation.md, "Globals");
 #     --privatize gives every rank its own copy of the program instead (smpi/privatization:dlopen:
 #     about 20 MB more per rank), which must not change a result (sim/check_p16.py compares).
@@ -57,6 +59,6 @@ smpirun "$privatize" -np "$np" -platform "$xml" -hostfile "$hostfile" \
   --cfg=network/model:CM02 --cfg=network/latency-factor:1 --cfg=network/bandwidth-factor:1 \
   --cfg=network/TCP-gamma:0 --cfg=network/crosstraffic:0 \
   --cfg=smpi/simulate-computation:no --cfg=smpi/shared-malloc:local \
-  --cfg=smpi/allgatherv:ring \
+  --cfg=smpi/allgatherv:mpich_ring --cfg=smpi/alltoallv:default \
   --log=root.thresh:warning --log=smpi_config.thresh:error \
   $extra "$binary" sim "$@"
