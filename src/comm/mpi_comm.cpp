@@ -356,15 +356,18 @@ class MpiCommunicator final : public Communicator {
         std::memmove(recv, send, sizeof(float) * static_cast<size_t>(counts[0] * record));
       return request;
     }
+    if (blocking) {
+      // One block per message: only a block, not the whole array, must fit MPI's int count.
+      for (int64_t c : counts)
+        A2D_REQUIRE(c >= 0, "a collective's block size must not be negative");
+      ring_reduce_scatter(send, recv, counts, record, reduction);
+      return request;
+    }
     const MPI_Op op = plain_op(reduction);
     std::vector<int64_t> scaled(counts.begin(), counts.end());
     for (auto& c : scaled)
       c *= record;
     fill_counts(scaled, 1, request->counts, request->displacements);
-    if (blocking) {
-      ring_reduce_scatter(send, recv, counts, record, reduction);
-      return request;
-    }
     request->requests.resize(1);
     A2D_MPI(MPI_Ireduce_scatter(send, recv, request->counts.data(), MPI_FLOAT, op, comm_,
                                 &request->requests[0]));
