@@ -20,6 +20,10 @@
 #     step i, so that up to a whole node's ranks cross the node's link at once); the engine's
 #     other collectives are its own rings of MPI_Sendrecv, or all-to-alls, which SMPI's default
 #     posts all at once, as NCCL's grouped sends do;
+#   smpi/barrier:ompi_recursivedoubling, smpi/allreduce:rdb, smpi/reduce:binomial: logarithmic
+#     schedules for the small control collectives (agreement, timing), which the timed calls do
+#     not contain: SMPI's defaults are linear at rank 0, and SimGrid's wait on P requests costs it
+#     O(P^2) host time (at P = 4096 most of the simulation's);
 #   -no-privatize: the ranks share the program's globals (docs/simulation.md, "Globals");
 #     --privatize gives every rank its own copy of the program instead (smpi/privatization:dlopen:
 #     about 20 MB more per rank), which must not change a result (sim/check_p16.py compares).
@@ -60,5 +64,6 @@ smpirun "$privatize" -np "$np" -platform "$xml" -hostfile "$hostfile" \
   --cfg=network/TCP-gamma:0 --cfg=network/crosstraffic:0 \
   --cfg=smpi/simulate-computation:no --cfg=smpi/shared-malloc:local \
   --cfg=smpi/allgatherv:mpich_ring --cfg=smpi/alltoallv:default \
+  --cfg=smpi/barrier:ompi_recursivedoubling --cfg=smpi/allreduce:rdb --cfg=smpi/reduce:binomial \
   --log=root.thresh:warning --log=smpi_config.thresh:error \
   $extra "$binary" sim "$@"

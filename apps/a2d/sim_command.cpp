@@ -43,8 +43,8 @@ struct SimOptions {
   std::string plans = "attention2d,attention2d-overlap,ring,allgather-kv,ulysses,hybrid";
   int64_t gpus_per_node = 1;
   int64_t top = 0;
-  int64_t warmup = 1, iters = 1;
-  double memory_gbs = -1;  // -1: the preset's HBM bandwidth, 0 with a machine file
+  int64_t warmup = 0, iters = 1;  // deterministic: a warm-up call changes nothing
+  double memory_gbs = -1;         // -1: the preset's HBM bandwidth, 0 with a machine file
   double host_reduction_gbs = 0;
   int64_t pool_gib = 64;
   bool backward = false, json = false, cuda_rules = false;
@@ -275,7 +275,9 @@ int sim(int argc, char** argv, int first) {
                        "a grid takes the model's fastest plan of it");
     options.add_int("--top", &o.top, "also the planner's K fastest plans");
     options.add_flag("--backward", &o.backward, "also the backward pass");
-    options.add_int("--warmup", &o.warmup, "untimed calls per plan");
+    options.add_int("--warmup", &o.warmup,
+                    "untimed calls per plan (0: the simulation is deterministic, and the first "
+                    "call is timed as the others)");
     options.add_int("--iters", &o.iters, "timed calls per plan (the simulation is deterministic)");
     options.add_double("--memory-gbs", &o.memory_gbs,
                        "device memory bandwidth for data operations, GB/s (default: the preset "
@@ -283,8 +285,7 @@ int sim(int argc, char** argv, int first) {
     options.add_double(
         "--host-reduction-gbs", &o.host_reduction_gbs,
         "the MPI communicator's ring reduce-scatter sums, GB/s (0: free, as NCCL's)");
-    options.add_flag("--cuda-rules",
-                     &o.cuda_rules,
+    options.add_flag("--cuda-rules", &o.cuda_rules,
                      "refuse what the CUDA kernels refuse (always with --machine; with "
                      "--machine-file when the file describes GPUs)");
     options.add_int("--pool-gib", &o.pool_gib, "address space per rank for device buffers, GiB");
@@ -383,7 +384,7 @@ int sim(int argc, char** argv, int first) {
         world.set_phase("control");
         world.all_reduce(&peak, 1, Reduction::max);
         charges = slowest_charges(world, backend->charges().by_phase, o.warmup + o.iters);
-        prediction = predict(problem, row.plan, machine, per_node);
+        if (world.rank() == 0) prediction = predict(problem, row.plan, machine, per_node);
       }
       const double wall =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
