@@ -3,6 +3,9 @@
 
     sim/make_platforms.py            # rewrites every platform and its hosts file
     sim/make_platforms.py --check    # exits 1 if a committed file differs from what it writes
+    sim/make_platforms.py --cluster MACHINE_FILE --hosts H --name NAME
+                                     # an emulated cluster (scripts/cluster.sh) as its machine
+                                     # file describes it: sim/platforms/NAME.xml (scripts/sim_trust.sh)
 
 Every figure is a datasheet's or NCCL's, the same the cost model's presets use
 (docs/cost-model.md, "Machines"), so that a simulation and the model's prediction differ by what
@@ -107,11 +110,49 @@ def platforms():
             f"{topology[1][1]} spines). The cost model: sim/machines/h100-8x400.machine.")
 
 
+def machine_file(path):
+    values = {}
+    for line in open(path):
+        line = line.split("#")[0].strip()
+        if "=" in line:
+            key, value = (part.strip() for part in line.split("=", 1))
+            values[key] = value
+    return values
+
+
+def emulated_cluster(path, hosts, name):
+    """scripts/cluster.sh's hosts (one rank each) on their bridge: every host one link, shaped to
+    the machine file's inter-node bandwidth (the tbf rate) in each direction, with half the
+    measured message latency (a2d calibrate's ring shift across the cluster) at each end."""
+    m = machine_file(path)
+    if int(m.get("ranks_per_node", "1")) != 1:
+        sys.exit("make_platforms: the emulated cluster's platform takes one rank per host")
+    gbps = float(m["inter_bandwidth_gbs"])
+    latency_us = float(m["inter_latency_us"]) / 2
+    comment = (f"An emulated cluster of scripts/cluster.sh: {hosts} hosts x 1 rank, one link each of "
+               f"{gbps * 8000:g} Mbit/s per direction (tbf), {2 * latency_us:g} us per message "
+               f"(a2d calibrate across it); from its machine file {m.get('name', path)}.")
+    body = (f'<cluster id="{name}" prefix="host-" radical="0-{hosts - 1}" suffix="" speed="1Gf" '
+            f'bw="{gbps * 1000:g}MBps" lat="{latency_us:g}us" sharing_policy="SPLITDUPLEX"/>\n')
+    text = (HEADER + f"<!-- {comment} -->\n" + '<zone id="world" routing="Full">\n  ' + body +
+            "</zone>\n</platform>\n")
+    return text, "".join(f"host-{h}\n" for h in range(hosts))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true")
+    parser.add_argument("--cluster", help="an emulated cluster's machine file")
+    parser.add_argument("--hosts", type=int)
+    parser.add_argument("--name")
     args = parser.parse_args()
     os.makedirs(OUT, exist_ok=True)
+    if args.cluster:
+        xml, hosts = emulated_cluster(args.cluster, args.hosts, args.name)
+        for suffix, text in ((".xml", xml), (".hosts", hosts)):
+            with open(os.path.join(OUT, args.name + suffix), "w") as out:
+                out.write(text)
+        return 0
     stale = []
     for name, (xml, hosts) in platforms():
         for suffix, text in ((".xml", xml), (".hosts", hosts)):

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# What a simulation costs here beyond the sweeps' own records (docs/simulation.md, "Cost"):
+# Ring Attention at P = 2048 (its P^2 ring steps are what bound it), and the host memory of the
+# two ways SMPI can hold the ranks' globals (shared, as sim/run.sh runs them, or a copy of the
+# program per rank) at P = 16 and 256. Wall time and peak memory of every run, with the load
+# average, go to OUT (replaced). scripts/sim_scale.sh records the same for each of its runs.
+#
+#   scripts/sim_cost.sh [--out docs/sim/cost.jsonl]          (about 25 minutes here)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=docs/sim/cost.jsonl
+[ "${1:-}" = --out ] && out=$2
+mkdir -p "$(dirname "$out")"
+: >"$out"
+h100=(--machine-file sim/machines/h100-8x400.machine --cuda-rules --memory-gbs 3350 --heads 40
+      --head-dim 128 --causal --dtype bf16 --backward)
+sim/sweep.py --platform h100-fattree-512x8 --np 2048 --out "$out" --plans ring --timeout 3600 -- \
+  "${h100[@]}" --seq 65536
+for config in "a100-16x4 16" "h100-fattree-32x8 256"; do
+  read -r platform p <<<"$config"
+  for privatize in "" --privatize; do
+    load=$(cut -d' ' -f1-3 /proc/loadavg)
+    /usr/bin/time -f "%e %M" -o /tmp/a2d-sim-cost.$$ sim/run.sh --platform "$platform" -np "$p" \
+      $privatize -- --machine h100-ndr --gpus-per-node "$([ "$p" = 16 ] && echo 4 || echo 8)" \
+      --seq 65536 --heads 40 --head-dim 128 --causal --backward --plans attention2d >/dev/null
+    read -r wall rss </tmp/a2d-sim-cost.$$
+    echo "{\"platform\": \"$platform\", \"ranks\": $p, \"privatize\": \"${privatize:-no}\", \"sim_wall_s\": $wall, \"sim_max_rss_mib\": $((rss / 1024)), \"load_before\": \"$load\"}" >>"$out"
+  done
+done
+rm -f /tmp/a2d-sim-cost.$$
+cat "$out"
