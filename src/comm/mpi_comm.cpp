@@ -316,7 +316,15 @@ class MpiCommunicator final : public Communicator {
     fill_counts(bytes, words.size, request->counts, request->displacements);
     const int own = request->counts[rank_];
     const std::byte* own_slot = recv ? recv + request->displacements[rank_] * words.size : nullptr;
+#ifdef A2D_SMPI
+    // Placeholders (sim.hpp): this rank's block need not be copied into its slot, and SMPI would
+    // copy it (its Datatype::copy does not skip shared memory), touching every rank's slot of
+    // the gathered buffer: pages of the whole gather (21 GB at N = 2^20, 40 heads x 128 bf16).
+    const void* source = MPI_IN_PLACE;
+    (void)own_slot;
+#else
     const void* source = own == 0 || send == own_slot ? MPI_IN_PLACE : send;
+#endif
     if (size_ == 1) {
       if (source != MPI_IN_PLACE) std::memcpy(recv, send, static_cast<size_t>(own_bytes));
       return request;
