@@ -2,7 +2,7 @@
 """Tables (and a plot) of the simulations' JSON lines, for docs/simulation.md.
 
     sim/report.py paper docs/sim/paper.jsonl
-    sim/report.py scale docs/sim/scale.jsonl [--plot docs/sim/speedup_vs_p.svg]
+    sim/report.py scale docs/sim/scale-p*.jsonl [--plot docs/sim/speedup_vs_p.svg]
     sim/report.py trust docs/sim/trust.jsonl
     sim/report.py phases FILE.jsonl          (every row, phase by phase: simulated, the device's
                                               kernel and data time in it, predicted)
@@ -22,9 +22,12 @@ from collections import defaultdict
 PAPER = {("a100-16x4", 64): "up to 5x", ("h100-64x1", 64): "up to 9.4x"}
 
 
-def rows_of(path):
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.startswith("{")]
+def rows_of(paths):
+    rows = []
+    for path in paths if isinstance(paths, list) else [paths]:
+        with open(path) as f:
+            rows += [json.loads(line) for line in f if line.startswith("{")]
+    return rows
 
 
 def total(r, prefix=""):
@@ -138,8 +141,8 @@ def scale(path, plot):
             best[(p, n)] = (fastest, planned[0] if planned else None, ring, ring_note, group)
     print()
     print("| P | N | simulated best | planner's choice | regret (its sim time / best's) |"
-          " best ATTENTION2D over Ring (sim) | (model) |")
-    print("|---|---|---|---|---|---|---|")
+          " best over Ring (sim) | best ATTENTION2D (NO, O) over Ring (sim) | (model) |")
+    print("|---|---|---|---|---|---|---|---|")
     curve = defaultdict(dict)
     for (p, n), (fastest, planned, ring, ring_note, group) in sorted(best.items()):
         a2d = [r for r in group if "fwd_ms" in r and "failed" not in r
@@ -156,8 +159,10 @@ def scale(path, plot):
                 model_speed = f"{pred_speed:.2f}x"
                 curve[n][p] = (sim_speed, pred_speed)
         regret = f"{total(planned) / total(fastest):.2f}" if planned else "not simulated"
+        overall = f"{ring / total(fastest):.2f}x{ring_note}" if ring else "-"
         print(f"| {p} | 2^{int(math.log2(n))} | {label(fastest)} | "
-              f"{label(planned) if planned else '-'} | {regret} | {speed} | {model_speed} |")
+              f"{label(planned) if planned else '-'} | {regret} | {overall} | {speed} | "
+              f"{model_speed} |")
     print()
     if plot:
         write_plot(curve, plot)
@@ -241,7 +246,7 @@ def phases(path):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("kind", choices=["paper", "scale", "trust", "phases"])
-    parser.add_argument("jsonl")
+    parser.add_argument("jsonl", nargs="+")
     parser.add_argument("--plot")
     args = parser.parse_args()
     {"paper": lambda: paper(args.jsonl), "scale": lambda: scale(args.jsonl, args.plot),

@@ -76,9 +76,12 @@ def main():
     args = parser.parse_args()
     sim_args = args.sim_args[1:] if args.sim_args[:1] == ["--"] else args.sim_args
     seq = int(option(sim_args, "--seq"))
-    specs = [s for s in args.plans.split(",") if s]
     ranked = model_rows(args.a2d, args.np, sim_args)
-    for spec in [spec_of(r) for r in ranked[:args.top]]:
+    specs = []
+    for spec in [s for s in args.plans.split(",") if s] + [spec_of(r) for r in ranked[:args.top]]:
+        # A grid algorithm without its grid: the model's fastest plan of it (as a2d sim takes it).
+        if spec in ("attention2d", "attention2d-overlap", "hybrid"):
+            spec = next((spec_of(r) for r in ranked if r["algo"] == spec), spec)
         if spec not in specs:
             specs.append(spec)
     base = {"platform": args.platform, "ranks": args.np, "seq": seq}
