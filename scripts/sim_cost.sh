@@ -16,12 +16,12 @@ h100=(--machine-file sim/machines/h100-8x400.machine --cuda-rules --memory-gbs 3
       --head-dim 128 --causal --dtype bf16 --backward)
 sim/sweep.py --platform h100-fattree-512x8 --np 2048 --out "$out" --plans ring --timeout 3600 -- \
   "${h100[@]}" --seq 65536
-for config in "a100-16x4 16" "h100-fattree-32x8 256"; do
-  read -r platform p <<<"$config"
+for config in "a100-16x4 16 a100-hdr 4" "h100-fattree-32x8 256 h100-ndr 8"; do
+  read -r platform p machine per_node <<<"$config"
   for privatize in "" --privatize; do
     load=$(cut -d' ' -f1-3 /proc/loadavg)
     /usr/bin/time -f "%e %M" -o /tmp/a2d-sim-cost.$$ sim/run.sh --platform "$platform" -np "$p" \
-      $privatize -- --machine h100-ndr --gpus-per-node "$([ "$p" = 16 ] && echo 4 || echo 8)" \
+      $privatize -- --machine "$machine" --gpus-per-node "$per_node" \
       --seq 65536 --heads 40 --head-dim 128 --causal --backward --plans attention2d >/dev/null
     read -r wall rss </tmp/a2d-sim-cost.$$
     echo "{\"platform\": \"$platform\", \"ranks\": $p, \"privatize\": \"${privatize:-no}\", \"sim_wall_s\": $wall, \"sim_max_rss_mib\": $((rss / 1024)), \"load_before\": \"$load\"}" >>"$out"
