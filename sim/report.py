@@ -231,8 +231,9 @@ def trust(path):
 
 def phases(path):
     for r in rows_of(path):
-        if "skipped" in r:
-            print(f"{r.get('algo')} {r.get('grid')}: skipped: {r['skipped']}")
+        if "skipped" in r or "failed" in r:
+            why = "skipped: " + r["skipped"] if "skipped" in r else "failed: " + r["failed"]
+            print(f"{r.get('spec', r.get('algo'))} P={r.get('ranks')} N={r.get('seq')}: {why}")
             continue
         print(f"== {label(r)} P={r['ranks']} N={r['seq']}: fwd {r['fwd_ms']:.3f} ms (pred "
               f"{r['pred_fwd_ms']:.3f}), bwd {r.get('bwd_ms', 0):.3f} (pred {r.get('pred_bwd_ms', 0):.3f})")
