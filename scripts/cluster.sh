@@ -332,18 +332,43 @@ kill_namespaces() {  # SIGKILL every process inside this cluster's namespaces (o
   done
 }
 
+# "rank 3", "ranks 1, 2": a word and its list.
+plural() {
+  local word=$1
+  shift
+  local list
+  list=$(printf ', %s' "$@")
+  echo "$word$([ $# -gt 1 ] && echo s) ${list#, }"
+}
+
+# The host a rank of a job runs on: mpirun fills each host's slots in turn, or (--cyclic, map-by
+# node) deals ranks to the hosts in turn.
+host_of_rank() {
+  if [ "$cyclic" = 1 ]; then echo "$name-h$(($1 % hosts))"; else echo "$name-h$(($1 / slots))"; fi
+}
+
 # Waits for mpirun (pid $1); the ranks' pids are files named by rank in $2. Returns mpirun's
 # exit status, or 124 when it was still running $3 seconds after a rank had exited, or when
-# fewer than $5 ranks had started $4 seconds after it did.
+# fewer than $5 ranks had started $4 seconds after it did (naming the ranks that had not and
+# their hosts: a host frozen or unreachable while mpirun started the job leaves every rank
+# waiting for it before any of them can tell).
 watch_job() {
   local launcher=$1 pids=$2 grace=$3 start_timeout=$4 ranks=$5 first_exit="" file rank pid gone
-  local alive_ranks started=$SECONDS
+  local alive_ranks started=$SECONDS missing missing_hosts host
   while alive "$launcher"; do
     if [ -n "$started" ] && [ "$(find "$pids" -type f | wc -l)" -ge "$ranks" ]; then
       started=""
     elif [ -n "$started" ] && [ $((SECONDS - started)) -ge "$start_timeout" ]; then
+      missing=() missing_hosts=()
+      for ((rank = 0; rank < ranks; rank++)); do
+        [ -e "$pids/$rank" ] && continue
+        missing+=("$rank")
+        host=$(host_of_rank "$rank")
+        [[ " ${missing_hosts[*]} " == *" $host "* ]] || missing_hosts+=("$host")
+      done
       echo "cluster: only $(find "$pids" -type f | wc -l) of $ranks ranks started within" \
-        "$start_timeout s (a host unreachable while mpirun started the job?): ending it" >&2
+        "$start_timeout s (a host unreachable or frozen while mpirun started the job?): ending it" >&2
+      echo "cluster: not started: $(plural rank "${missing[@]}") on $(plural host "${missing_hosts[@]}")" >&2
       kill -KILL "$launcher" 2>/dev/null || true
       kill_namespaces "$name"
       wait "$launcher" 2>/dev/null || true
@@ -386,11 +411,11 @@ watch_job() {
 }
 
 run() {
-  local name="" placement=() grace=10 start_timeout=90
+  local name="" placement=() grace=10 start_timeout=90 cyclic=0
   while [ $# -gt 0 ]; do
     case "$1" in
       --name) name=$2; shift 2 ;;
-      --cyclic) placement=(--map-by node); shift ;;
+      --cyclic) placement=(--map-by node); cyclic=1; shift ;;
       --exit-grace) grace=$2; shift 2 ;;
       --start-timeout) start_timeout=$2; shift 2 ;;
       --) shift; break ;;
@@ -472,7 +497,10 @@ write_machine_file() {
     echo "# a2d machine file, written by scripts/cluster.sh for cluster '$name' on $(date -u +%FT%TZ)"
     echo "# $hosts hosts x $slots ranks, one link of $rate${delay:+ (delay $delay)} per $link"
     echo "name = cluster-${hosts}x${slots}-$rate-per-$link"
+    echo "device = cpu"
     echo "ranks_per_node = $slots"
+    echo "# this machine's physical memory, shared by the ranks of every emulated host"
+    echo "memory_gib = $(awk -v r="$ranks" '/^MemTotal:/ {printf "%.6g", $2 / 1048576 / r}' /proc/meminfo)"
     echo "shared_link = $([ "$link" = host ] && echo 1 || echo 0)"
     echo "# the link as shaped (tbf rate, bytes per second per direction); its latency: a ring"
     echo "# shift of 8 bytes across the cluster (a2d calibrate) plus the netem delay"

@@ -49,19 +49,23 @@ one() {
   load_before=$(cut -d' ' -f1-3 /proc/loadavg)
   cpu_before=$(head -1 /proc/stat)
   plan=$("$a2d" plan --json --machine-file "$machine" --gpus "$p" "${problem[@]}" --dtype fp32)
-  scripts/cluster.sh run --name "$A2D_CLUSTER" "$a2d" bench --json --backward \
+  # Every algorithm of a2d's table (its bench's default) but the hybrid, whose rows this script
+  # chooses itself (--hybrid U below): a2d bench --help names them.
+  local algos
+  algos=$("$a2d" bench --help | tr -s ' \n' ' ' | grep -o 'every one, [a-z0-9,-]*' | sed 's/every one, //; s/,hybrid//; s/hybrid,//')
+  scripts/cluster.sh run --name "$A2D_CLUSTER" "$a2d" bench --json --backward --algo "$algos" \
     --machine-file "$machine" --warmup 1 --iters "$iters" "${problem[@]}" --timeout 600 |
     sed 's/^{/{"placement": "block", /' >"$rows"
   local plan_algo plan_grid plan_cyclic plan_nt
   read -r plan_algo plan_grid plan_cyclic plan_nt < <(python3 -c 'import json, sys
 p = json.loads(sys.argv[1])
-print(p["algo"], p["grid"], "cyclic" if p["placement"] == "cyclic" else "-",
+print(p["algo"], p["grid"], "round-robin" if p["placement"] in ("round-robin", "cyclic") else "-",
       "-" if p["kv_transpose"] else "nt")' "$plan")
   if [ "$plan_nt" != - ]; then
     # a2d bench's rows take the K/V transpose; the planner's first does not: time it as well.
     local cyclic_flag=() machine_used=$machine placement=block
     if [ "$plan_cyclic" != - ]; then
-      cyclic_flag=(--cyclic) placement=cyclic
+      cyclic_flag=(--cyclic) placement=round-robin
       sed 's/^cyclic_placement = .*//' "$machine" >"$machine.cyclic"
       echo "cyclic_placement = 1" >>"$machine.cyclic"
       machine_used=$machine.cyclic
@@ -82,12 +86,14 @@ print(p["algo"], p["grid"], "cyclic" if p["placement"] == "cyclic" else "-",
       sed 's/^{/{"placement": "block", /' >>"$rows"
   fi
   if [ "$s" -gt 1 ]; then
-    # The other placement of ranks on hosts (rank q on host q mod H), predicted with it.
+    # The other placement of ranks on hosts (round-robin: rank q on host q mod H), predicted
+    # with it.
     sed 's/^cyclic_placement = .*//' "$machine" >"$machine.cyclic"
     echo "cyclic_placement = 1" >>"$machine.cyclic"
     scripts/cluster.sh run --name "$A2D_CLUSTER" --cyclic "$a2d" bench --json --backward \
-      --machine-file "$machine.cyclic" --warmup 1 --iters "$iters" "${problem[@]}" --timeout 600 |
-      sed 's/^{/{"placement": "cyclic", /' >>"$rows"
+      --algo "$algos" --machine-file "$machine.cyclic" --warmup 1 --iters "$iters" \
+      "${problem[@]}" --timeout 600 |
+      sed 's/^{/{"placement": "round-robin", /' >>"$rows"
   fi
   load_after=$(cut -d' ' -f1-3 /proc/loadavg)
   cpu_after=$(head -1 /proc/stat)

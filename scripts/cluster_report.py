@@ -52,7 +52,13 @@ def name(row):
     else:
         text = {"ring": "Ring", "allgather-kv": "all-gather K/V",
                 "ulysses": "Ulysses"}[row["algo"]] + f" ({row['layout']})"
-    return text + (" cyclic" if row.get("placement") == "cyclic" else "")
+    return text + (" round-robin" if round_robin(row.get("placement")) else "")
+
+
+def round_robin(placement):
+    """Rank q on node q mod nodes (mpirun --map-by node); rows of docs/cluster/*.jsonl written
+    before 2026-12 call it "cyclic"."""
+    return placement in ("round-robin", "cyclic")
 
 
 def comm_share(row):
@@ -112,7 +118,8 @@ def main():
         gather = min((r for r in ran if r["algo"] == "allgather-kv"), key=measured, default=None)
         fastest = min(ran, key=measured)
         chosen = next((r for r in ran if r["algo"] == first["plan_algo"] and
-                       r.get("placement", "block") == first.get("plan_placement", "block") and
+                       round_robin(r.get("placement")) ==
+                       round_robin(first.get("plan_placement")) and
                        (not r["algo"].startswith("attention2d") or
                         (r["grid"] == first["plan_grid"] and
                          r.get("kv_transpose", True) == first["plan_kv_transpose"]))), None)

@@ -24,7 +24,7 @@
 #                     [--heads 6] [--head-dim 32] [--timeout 20] [--margin 20] [--seconds 25]
 #                     [--flap 4] [--slow 10] [--seed 1] [--faults "link_flap ... freeze_host"]
 #                     [--algos "attention2d ... ulysses"] [--all-pairs] [--repeat K]
-#                     [--rto-max-ms MS] [--table FILE]
+#                     [--rto-max-ms MS] [--at SECONDS] [--table FILE]
 #
 # For a link taken down, "stall" is the time from the link going down until the host's traffic
 # is back (its eth0 counters grow by 64 kB after the link is up again, polled every 0.1 s): TCP's
@@ -32,6 +32,9 @@
 # --rto-max-ms MS: sets net.ipv4.tcp_rto_max_ms (Linux 6.15 and later; 120000 by default) in the
 # cluster's namespaces, to measure what capping the backoff buys. Off by default: the emulated
 # hosts keep the kernel's defaults, as real ones have them.
+# --at SECONDS: every fault at that moment after the launch instead of one drawn from the seed
+# (0.2 to 1.5 s strike while the job starts: inside mpirun's launch, MPI_Init or the first
+# collectives, before the watchdog runs; docs/reliability.md, "The start of a job").
 # Faults cycle through the algorithms (fault i with algorithm i mod A); --all-pairs runs every
 # fault with every algorithm; --repeat K runs the whole list K times (each run its own moment
 # and host from the seed). Exits 0 when every row passed, 1 otherwise, 77 where namespaces
@@ -42,7 +45,7 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 cluster="$repo/scripts/cluster.sh"
 a2d="$repo/build/a2d"
 hosts=3 slots=2 rate=200mbit seq=768 heads=6 head_dim=32 timeout=20 margin=20 seconds=25
-flap=4 slow=10 seed=1 all_pairs=0 repeat=1 table="" rto_max_ms=""
+flap=4 slow=10 seed=1 all_pairs=0 repeat=1 table="" rto_max_ms="" fixed_at=""
 faults="link_flap link_down slow stop_ranks kill_rank disk_full freeze_host"
 algos="attention2d attention2d-overlap ring allgather-kv ulysses"
 while [ $# -gt 0 ]; do
@@ -65,8 +68,9 @@ while [ $# -gt 0 ]; do
     --all-pairs) all_pairs=1; shift ;;
     --repeat) repeat=$2; shift 2 ;;
     --rto-max-ms) rto_max_ms=$2; shift 2 ;;
+    --at) fixed_at=$2; shift 2 ;;
     --table) table=$2; shift 2 ;;
-    -h | --help) sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "faults: unknown option '$1'" >&2; exit 2 ;;
   esac
 done
@@ -213,6 +217,7 @@ run_one() {
   local host=$(( 1 + RANDOM % (hosts - 1) )) rank=$(( RANDOM % ranks ))
   local at
   at=$(awk -v r=$RANDOM -v s="$seconds" 'BEGIN{printf "%.1f", 2 + (s / 2 - 2) * r / 32767}')
+  [ -z "$fixed_at" ] || at=$fixed_at
   local out="$work/out" log="$work/$fault.$algo.log" where="host h$host"
   rm -rf "$out" "$work/before"
   mkdir -p "$out" "$work/before"
@@ -230,7 +235,11 @@ run_one() {
   # The job, bounded from outside too (a hang beyond this is a failed row, not a stuck script).
   local start
   start=$(now)
-  timeout -s KILL $((timeout * 3 + 90)) "$cluster" run --name "$name" "$a2d" run "${problem[@]}" \
+  # The launcher's own bound on starting every rank (a host frozen before any rank of the job
+  # exists leaves no rank to report it: cluster.sh run names the ranks that did not start) is
+  # the watchdog's, plus the margin's half.
+  timeout -s KILL $((timeout * 3 + 90)) "$cluster" run --name "$name" \
+    --start-timeout $((timeout + margin / 2)) "$a2d" run "${problem[@]}" \
     "${algo_args[@]}" --iters "$iters" --timeout "$timeout" --check --out "$out" --force \
     >"$log" 2>&1 &
   local job=$!
@@ -248,10 +257,17 @@ run_one() {
     link_down) link down "$host"; restore_at=$((timeout + 15)); undo="link up $host" ;;
     slow) set_rate "$host" "$(rate_divided)"; restore_at=$slow; undo="set_rate $host $rate" ;;
     stop_ranks)
-      local stopped
-      stopped=$(rank_pids_of_host "$host" | tr '\n' ' ')
+      # The host's ranks, once the launch has started them (on a loaded machine later than the
+      # fault's moment; up to 60 s, as for kill_rank): a SIGSTOP to none would be no fault.
+      local stopped="" tries
+      for tries in $(seq 600); do
+        stopped=$(rank_pids_of_host "$host" | tr '\n' ' ')
+        [ "$(wc -w <<<"$stopped")" -lt "$slots" ] || break
+        kill -0 "$job" 2>/dev/null || break
+        sleep 0.1
+      done
       # shellcheck disable=SC2086
-      kill -STOP $stopped
+      [ -z "$stopped" ] || kill -STOP $stopped 2>/dev/null || true
       restore_at=$((timeout + 5))
       undo="kill -CONT $stopped"
       ;;
@@ -270,11 +286,29 @@ run_one() {
       ;;
     disk_full) where="rank 0's disk"; dd if=/dev/zero of="$out/filler" bs=64k 2>/dev/null || true ;;
     freeze_host)
-      # Resumed only after the job has ended (by then cluster.sh run has killed them).
-      local frozen
-      frozen=$(ip netns pids "$name-h$host" | tr '\n' ' ')
-      # shellcheck disable=SC2086
-      kill -STOP $frozen
+      # Resumed only after the job has ended (by then cluster.sh run has killed them). Struck
+      # once the launch has put a process on the host (its daemon, or the launcher's agent that
+      # starts it: stopped, it never does), as stop_ranks waits for the ranks.
+      local frozen="" tries
+      for tries in $(seq 600); do
+        frozen=$(ip netns pids "$name-h$host" | tr '\n' ' ')
+        [ -z "$frozen" ] || break
+        kill -0 "$job" 2>/dev/null || break
+        sleep 0.1
+      done
+      # Early in the launch the host's processes come and go (the agent's shell, `hostname`,
+      # then the daemon it execs): stopped until a pass finds every one of them stopped.
+      local pid all_stopped
+      for tries in $(seq 50); do
+        all_stopped=1
+        for pid in $(ip netns pids "$name-h$host"); do
+          [ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)" = T ] && continue
+          kill -STOP "$pid" 2>/dev/null && all_stopped=0
+          [[ " $frozen " == *" $pid "* ]] || frozen+=" $pid"
+        done
+        [ "$all_stopped" = 0 ] || break
+        sleep 0.05
+      done
       undo="kill -CONT $frozen"
       ;;
   esac
@@ -313,7 +347,7 @@ run_one() {
       ;;
     kill_rank) message=$(grep -m1 -E "exited on signal" "$log" || true) ;;
     disk_full) message=$(grep -m1 -E "No space left|cannot write" "$log" || true) ;;
-    *) message=$(grep -m1 -E "not answering.*on host" "$log" || true) ;;
+    *) message=$(grep -m1 -E "not answering.*on host|cluster: not started" "$log" || true) ;;
   esac
   message=$(echo "$message" | sed 's/^ *//; s/|/\//g' | cut -c1-110)
   files=$(check_files "$out" 2>&1) || { verdict=fail; why+=" files: $(echo "$files" | tail -1)"; files="BAD"; }
@@ -344,10 +378,25 @@ run_one() {
   esac
   case "$fault" in
     link_down | stop_ranks | freeze_host)
-      grep -q "a2d watchdog: rank [0-9]* made no progress .* in phase" "$log" ||
-        { verdict=fail; why+=" no watchdog report naming the phase"; }
-      grep -q "not answering (dead or stuck): ranks\? [0-9, ]* on host $name-h$host\$" "$log" ||
-        { verdict=fail; why+=" the report does not name host h$host's ranks"; }
+      # The watchdog's report (from the job's start on: startup_guard.hpp), or, where the fault
+      # struck while mpirun was starting its daemons, the launcher's line naming the ranks that
+      # did not start and their hosts: Open MPI starts no rank until every daemon has called
+      # back, so then no rank exists to tell the frozen host from the others, and the line names
+      # every host whose ranks did not start, that one among them.
+      # While mpirun's launch is unfinished (a daemon frozen before it called back), the PMIx
+      # servers of live hosts may not answer each other either: a report from the start
+      # (phase start.*) names the frozen host among those that did not answer.
+      if grep -Eq "^cluster: not started: ranks? [0-9, ]* on hosts? (.*, )?$name-h$host(, .*)?\$" "$log"; then
+        :
+      elif grep -q "a2d watchdog: rank [0-9]* made no progress .* in phase start\." "$log"; then
+        grep -Eq "not answering \(dead or stuck\): ranks? [0-9, ]* on hosts? (.*, )?$name-h$host(, .*)?\$" "$log" ||
+          { verdict=fail; why+=" the report from the start does not name host h$host"; }
+      else
+        grep -q "a2d watchdog: rank [0-9]* made no progress .* in phase" "$log" ||
+          { verdict=fail; why+=" no watchdog report naming the phase"; }
+        grep -q "not answering (dead or stuck): ranks\? [0-9, ]* on host $name-h$host\$" "$log" ||
+          { verdict=fail; why+=" the report does not name host h$host's ranks"; }
+      fi
       ;;
     kill_rank)
       grep -q "rank $rank with PID .* on node $name-h[0-9]* exited on signal 9" "$log" ||

@@ -15,9 +15,11 @@
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "attention2d/planner.hpp"
 #include "attention2d/tools/check.hpp"
 #include "attention2d/tools/cli.hpp"
 #include "attention2d/tools/harness.hpp"
+#include "attention2d/tools/timing.hpp"
 #include "attention2d/watchdog.hpp"
 #include "calibration.hpp"
 #include "commands.hpp"
@@ -27,15 +29,24 @@
 namespace a2d::commands {
 namespace {
 
+// Every algorithm of the table (src/table/), comma-separated: a2d bench's default rows.
+std::string every_algorithm() {
+  std::string names;
+  for (const Algorithm algorithm : all_algorithms())
+    names += (names.empty() ? "" : ",") + algorithm_name(algorithm);
+  return names;
+}
+
 struct BenchOptions {
   cli::ProblemOptions problem;
   cli::DeviceOptions device;
-  std::string algos = "attention2d,attention2d-overlap,ring,allgather-kv,ulysses";
-  std::string grid, layout, calibration, machine_file;
+  cli::MachineOptions machine;  // --calibration, --machine-file: the predictions' machine
+  std::string algos = every_algorithm();
+  std::string grid, layout;
   int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42, heads_parallel = 0;
   bool no_kv_transpose = false, backward = false, check = false, json = false, csv = false;
   bool calibrate = false, no_resample_kernel = false, sequential = false, balance = false;
-  double timeout = 300;
+  double timeout = kDefaultTimeout;
 };
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -159,8 +170,8 @@ cli::JsonLine json_of(const Row& r, const Problem& problem, int ranks, bool back
 
 void print_table(const std::vector<Row>& rows, const Problem& problem, int ranks, bool backward,
                  bool check, const std::string& machine, const std::string& where) {
-  std::printf("a2d bench: %s on %d ranks, %s\nprediction: %s\n", problem.describe().c_str(), ranks,
-              where.c_str(), machine.c_str());
+  std::printf("a2d bench: %s on %s, %s\nprediction: %s\n", problem.describe().c_str(),
+              cli::count_of(ranks, "rank").c_str(), where.c_str(), machine.c_str());
   std::printf("%-20s %-11s %9s %9s %9s %9s %8s %11s %11s %8s %9s %9s %7s %7s%s\n", "algorithm",
               "grid", "fwd ms", "(rank", "avg", "max)", "GF/s/rk", "bytes fwd", "bytes bwd", "msgs",
               "bwd ms", "peak MiB", "fwd m/p", "bwd m/p", check ? "  max err" : "");
@@ -238,17 +249,17 @@ int bench(int argc, char** argv, int first) {
     BenchOptions o;
     cli::Options options(
         "a2d bench [options]",
-        "Runs every algorithm (--algo a,b,...; all but hybrid by default) and every grid shape of\n"
-        "P for ATTENTION2D (unless --grid; for --algo hybrid every U x R x C with U > 1, unless\n"
-        "--heads-parallel or --grid) on the same seeded problem, under mpiexec, and reports per "
-        "row\n"
-        "the slowest rank's median time, the spread across ranks, GFLOP/s per rank, the bytes and\n"
-        "messages each rank sent, its peak memory, and the cost model's prediction for this\n"
-        "machine (from a2d calibrate) with measured / predicted.");
+        "Runs every algorithm of the table (or --algo a,b,...) on every grid shape of P (unless "
+        "--grid; for the hybrid every U x R x C with U > 1, unless --heads-parallel or --grid) on "
+        "the same seeded problem, under mpiexec, and reports per row the slowest rank's median "
+        "time, the spread across ranks, GFLOP/s per rank, the bytes and messages each rank sent, "
+        "its peak memory, and the cost model's prediction for this machine (its calibration, "
+        "`a2d calibrate`) with measured / predicted. Progress goes to rank 0's stderr.");
     o.problem.declare(options);
     o.device.declare(options);
     o.device.declare_comm(options);
-    options.add_string("--algo", &o.algos, "comma-separated algorithms");
+    options.add_string("--algo", &o.algos,
+                       "comma-separated algorithms (default: every one, " + o.algos + ")");
     options.add_string("--grid", &o.grid,
                        "only this ATTENTION2D grid RxC, or hybrid grid of each heads group "
                        "(default: every one)");
@@ -279,31 +290,32 @@ int bench(int argc, char** argv, int first) {
     options.add_flag("--check", &o.check, "compare every row's outputs with the fp64 reference");
     options.add_flag("--json", &o.json, "one JSON object per row");
     options.add_flag("--csv", &o.csv, "the JSON keys as CSV");
-    options.add_string("--calibration", &o.calibration,
-                       "calibration file for the predictions (default $A2D_CALIBRATION or "
-                       "./a2d-calibration.txt)");
-    options.add_string("--machine-file", &o.machine_file,
-                       "predict with this machine description (links, ranks per node, shared or\n"
-                       "own links; scripts/cluster.sh writes one); with --calibrate its kernel\n"
-                       "rates are replaced by the fresh calibration's");
+    o.machine.declare(options, false, false, false);
     options.add_flag(
         "--calibrate", &o.calibrate,
         "measure this machine as `a2d calibrate` does (median of 9, at the problem's\n"
         "heads and head dimension, kernel calls timed in regions of up to a second that\n"
         "do at most a row's kernel work per rank) before the rows and again after them,\n"
-        "and save the average to the calibration file, with the kernel's rates from its\n"
+        "and save the average to the calibration file (--calibration; checked before any\n"
+        "work), with the kernel's rates from its\n"
         "timings taken again between the rows' timed rounds (or rows, with\n"
         "--sequential), so that predictions and measurements come from the same span of\n"
         "a shared machine");
     options.add_flag("--no-resample-kernel", &o.no_resample_kernel,
                      "with --calibrate: the kernel's rates from the calibrations before and after\n"
                      "the rows only, not from its timings between the rows' rounds");
-    options.add_double("--timeout", &o.timeout, "watchdog timeout in seconds (0 = off)");
+    options.add_double("--timeout", &o.timeout,
+                       "watchdog: abort the job when no rank made progress for this many seconds "
+                       "(0 = off; docs/reliability.md)");
     bool help = false;
     Problem problem;
     std::vector<Row> rows;
     std::unique_ptr<Backend> backend;
     CommKind comm_kind = CommKind::mpi;
+    MachineChoice machine_choice;
+    // A machine file (the links of an emulated cluster) is read before any work and fails loudly;
+    // a missing calibration only leaves the rows unpredicted.
+    std::unique_ptr<Machine> file_machine;
     collective_check(world, [&] {
       help = !options.parse(argc, argv, first);
       if (help) return;
@@ -311,12 +323,21 @@ int bench(int argc, char** argv, int first) {
       A2D_REQUIRE(o.threads >= 1, "--threads must be at least 1");
       A2D_REQUIRE(!(o.json && o.csv), "choose one of --json and --csv");
       A2D_REQUIRE(o.calibrate || !o.no_resample_kernel, "--no-resample-kernel needs --calibrate");
-      problem = o.problem.problem();
+      problem = o.problem.problem(o.device.default_dtype());
       A2D_REQUIRE(o.problem.sink_file.empty(),
                   "a2d bench generates every input from --seed: use --sinks, not --sink FILE");
       rows = candidate_rows(o, problem, world.size());
       backend = o.device.backend(problem.dtype);
       comm_kind = o.device.comm_kind(*backend);
+      machine_choice = o.machine.choice();
+      if (!machine_choice.machine_file.empty()) {
+        file_machine = std::make_unique<Machine>(
+            load_machine_file(machine_choice.machine_file, problem.dtype));
+        model_ranks_per_node(*file_machine, world.size(), world.size());
+      }
+      // Where --calibrate will write, before it measures for minutes.
+      if (o.calibrate && world.rank() == 0)
+        cli::check_output_file("--calibration", machine_choice.calibration_file, true);
     });
     if (o.balance) {
       for (Row& row : rows) {
@@ -330,8 +351,20 @@ int bench(int argc, char** argv, int first) {
     AlgorithmWorld algorithm_world(world, log, *backend, comm_kind);
     algorithm_world.watch(watchdog, o.timeout);
 
-    const std::string calibration_file =
-        o.calibration.empty() ? default_calibration_file() : o.calibration;
+    const std::string calibration_file = machine_choice.calibration_file;
+    // Progress on rank 0's stderr: what runs now and how much is left.
+    const double started = seconds_now();
+    const auto progress = [&](const std::string& text) {
+      if (world.rank() != 0) return;
+      std::fprintf(stderr, "a2d bench [%6.1f s]: %s\n", seconds_now() - started, text.c_str());
+      std::fflush(stderr);
+    };
+    int runnable = 0;
+    for (const Row& row : rows)
+      if (row.skipped.empty()) ++runnable;
+    const auto row_name = [](const Row& row) {
+      return algorithm_name(row.plan.algorithm) + " " + grid_column(row.plan);
+    };
     // --calibrate measures before the rows and again after them, and the rows are predicted with
     // the average of the two and the kernel rates of the span of the rows: a shared machine's
     // speed drifts over a run of minutes.
@@ -347,12 +380,14 @@ int bench(int argc, char** argv, int first) {
     // time, and this machine's speed moves over minutes (docs/cost-model.md, section 5).
     std::unique_ptr<KernelSampler> kernel_sampler;
     if (o.calibrate) {
+      progress("calibrating this machine before the rows (--calibrate)");
       before = measure_calibration(world, settings);
       if (!o.no_resample_kernel) kernel_sampler = std::make_unique<KernelSampler>(world, settings);
     }
 
     ReferenceOutputs reference;
     if (o.check) {
+      progress("computing the fp64 reference (--check)");
       world.set_phase("check");  // rank 0 computes the reference, the others sleep
       if (world.rank() == 0) {
         reference = reference_outputs(
@@ -369,7 +404,11 @@ int bench(int argc, char** argv, int first) {
       ShardSet shards;
       std::unique_ptr<AttentionTimer> timer;
     };
+    int started_rows = 0;
     const auto start_row = [&](Row& row) {
+      ++started_rows;
+      progress("row " + std::to_string(started_rows) + "/" + std::to_string(runnable) + ": " +
+               row_name(row) + (o.sequential ? "" : " (setting up)"));
       auto live = std::make_unique<LiveRow>();
       live->row = &row;
       collective_check(world, [&] {
@@ -425,6 +464,9 @@ int bench(int argc, char** argv, int first) {
       for (Row& row : rows)
         if (row.skipped.empty()) live.push_back(start_row(row));
       for (int64_t round = 0; round < rounds; ++round) {
+        progress("round " + std::to_string(round + 1) + "/" + std::to_string(rounds) +
+                 (round < o.warmup ? " (warm-up)" : " (timed)") + " of " +
+                 std::to_string(live.size()) + " rows");
         for (auto& l : live)
           call_row(*l, round);
         if (kernel_sampler && round >= o.warmup) kernel_sampler->sample();
@@ -434,20 +476,16 @@ int bench(int argc, char** argv, int first) {
     }
 
     if (o.calibrate) {
+      progress("calibrating this machine after the rows (--calibrate)");
       Calibration measured = average_calibrations(before, measure_calibration(world, settings));
       if (kernel_sampler && kernel_sampler->samples() > 0) kernel_sampler->apply(measured);
       collective_check(world, [&] {
         if (world.rank() == 0) save_calibration(calibration_file, measured);
       });
+      progress("saved the calibration of " + std::to_string(world.size()) + " ranks to " +
+               cli::absolute_path(calibration_file));
     }
     std::string machine_text = "none: no calibration for this rank count (run a2d calibrate)";
-    // A machine file (the links of an emulated cluster) fails loudly when it cannot be read;
-    // a missing calibration only leaves the rows unpredicted.
-    std::unique_ptr<Machine> file_machine;
-    collective_check(world, [&] {
-      if (!o.machine_file.empty())
-        file_machine = std::make_unique<Machine>(load_machine_file(o.machine_file));
-    });
     try {
       Machine machine;
       if (file_machine) {
@@ -486,7 +524,7 @@ int bench(int argc, char** argv, int first) {
       std::cout.flush();
     }
     return pass ? 0 : 1;
-  });
+  }, startup_timeout(argc, argv, first, kDefaultTimeout));
 }
 
 }  // namespace a2d::commands

@@ -13,13 +13,13 @@
 
 #include "attention2d/collective.hpp"
 #include "attention2d/cost_model.hpp"
-#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/layout.hpp"
 #include "attention2d/mpi_comm.hpp"
-#include "attention2d/tools/timing.hpp"
 #include "attention2d/tools/cli.hpp"
+#include "attention2d/tools/data.hpp"
+#include "attention2d/tools/timing.hpp"
 #include "calibration.hpp"
 #include "commands.hpp"
 #include "run_support.hpp"
@@ -292,7 +292,11 @@ void CalibrationSettings::validate() const {
 Calibration measure_calibration(Communicator& world, const CalibrationSettings& settings) {
   const int64_t block = settings.block, heads = settings.heads, head_dim = settings.head_dim;
   const int64_t iters = settings.iters;
+  const auto stage = [&](int k, const char* what) {
+    if (settings.progress) settings.progress(std::to_string(k) + "/7: " + what);
+  };
   // The kernel, on every rank at once; the first round is a warm-up.
+  stage(1, "the kernel's forward and backward rates, unmasked and causal");
   KernelSampler sampler(world, settings);
   KernelBlock& kb = sampler.state_->kb;
   const ForwardArgs& fwd = kb.fwd;
@@ -304,6 +308,7 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   const double forward_s = forward.seconds_per_call();
   // What each call pays beside its score entries, per 24-row panel (loading its queries, keeping
   // and storing its running state) and per key (copying it into the kernel's tiles).
+  stage(2, "the forward's cost per panel and per key");
   const ForwardCallCosts call_costs = measure_forward_call_costs(world, kb, iters, forward_s);
 
   // Sorting gathered rows by position (in place, as the algorithms do under a causal mask): 4
@@ -311,6 +316,7 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   // 16 times per timed call: one pass takes less than a time slice, and a body that short would
   // run alone on its core and not show the sharing the algorithms' sorts run under.
   double permute_bytes_per_s = 0;
+  stage(3, "sorting gathered rows");
   {
     const int64_t tokens = 4 * block, per_token = heads * head_dim, parts = 4;
     std::vector<float> rows(static_cast<size_t>(tokens * per_token), 1.0f);
@@ -331,6 +337,7 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   // acc(D)] with it (merge). 4 passes over 4·block rows of every head per timed call, every rank
   // at once, the two timed in turn.
   double sum_bytes_per_s = 0, merge_bytes_per_s = 0;
+  stage(4, "the reductions' rates");
   {
     const int64_t records = 4 * block * heads, record = head_dim + 2;
     const size_t floats = static_cast<size_t>(records * record);
@@ -362,6 +369,7 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
   // all-computing time: w = 2 t_half / t_all - 1 (0: waiting is free, 1: it costs as much as
   // computing).
   double wait_share = 0;
+  stage(5, "what a waiting rank takes from computing ones");
   if (world.size() > 1) {
     const bool computes = computes_in_half(world);
     // As many calls per timed region as the forward's timing had, so that the two compare.
@@ -378,6 +386,7 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
 
   // Latency: an 8-byte ring shift on every rank at once, repeated back to back (the ranks stay
   // inside MPI). Bandwidth: the all-gather the algorithms use, 1 MiB from every rank.
+  stage(6, "latency, bandwidth and synchronisation");
   const int next = (world.rank() + 1) % world.size();
   const int prev = (world.rank() - 1 + world.size()) % world.size();
   const int64_t large = int64_t{1} << 18, small = int64_t{1} << 12;  // floats: 1 MiB, 16 KiB
@@ -420,33 +429,33 @@ Calibration measure_calibration(Communicator& world, const CalibrationSettings& 
     quarter.progress = [](void* context) { static_cast<Communicator*>(context)->progress(); };
     quarter.progress_context = &world;
     constexpr int kSteps = 8;
-    const std::vector<double> times =
-        slowest_seconds_each(world, iters,
-                             {[&] {
-                                for (int step = 0; step < kSteps; ++step)
-                                  attention_forward(quarter, o_view, lse_view);
-                              },
-                              [&] {
-                                for (int step = 0; step < kSteps; ++step) {
-                                  attention_forward(quarter, o_view, lse_view);
-                                  gather(small_counts);
-                                }
-                              },
-                              [&] {
-                                for (int step = 0; step < kSteps; ++step) {
-                                  RequestPtr shift = world.send_recv_async(
-                                      Place::at_host(send.data()), 4 * small, next,
-                                      Place::at_host(recv.data()), 4 * small, prev);
-                                  attention_forward(quarter, o_view, lse_view);
-                                  shift->wait();
-                                }
-                              }});
+    const std::vector<double> times = slowest_seconds_each(
+        world, iters,
+        {[&] {
+           for (int step = 0; step < kSteps; ++step)
+             attention_forward(quarter, o_view, lse_view);
+         },
+         [&] {
+           for (int step = 0; step < kSteps; ++step) {
+             attention_forward(quarter, o_view, lse_view);
+             gather(small_counts);
+           }
+         },
+         [&] {
+           for (int step = 0; step < kSteps; ++step) {
+             RequestPtr shift = world.send_recv_async(Place::at_host(send.data()), 4 * small, next,
+                                                      Place::at_host(recv.data()), 4 * small, prev);
+             attention_forward(quarter, o_view, lse_view);
+             shift->wait();
+           }
+         }});
     sync_s = std::max(
         0.0, (times[1] - times[0]) / kSteps - steps * latency_s - small_bytes / bytes_per_s);
     step_sync_s =
         std::max(0.0, (times[2] - times[0]) / kSteps - latency_s - 4.0 * small / bytes_per_s);
   }
 
+  stage(7, "done");
   Calibration c;
   c.ranks = world.size();
   c.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -479,7 +488,7 @@ void print_calibration(const Calibration& c, const CalibrationSettings& settings
       "  latency %.2f us per message, bandwidth %.3f GB/s per rank\n"
       "  synchronising after a kernel call: %.2f ms per blocking collective, %.2f ms per ring "
       "step\n"
-      "saved to %s [ranks %d]\n",
+      "saved to %s, section [ranks %d]\n",
       c.ranks, c.cores, static_cast<long long>(settings.block),
       static_cast<long long>(settings.block), static_cast<long long>(settings.heads),
       static_cast<long long>(settings.head_dim), c.kernel_forward_flops / 1e9,
@@ -495,7 +504,7 @@ int calibrate(int argc, char** argv, int first) {
   auto world_ptr = make_mpi_communicator(MPI_COMM_WORLD);
   Communicator& world = *world_ptr;
   return run_collectively(world, [&]() -> int {
-    std::string out = default_calibration_file();
+    std::string out;
     CalibrationSettings settings;
     cli::Options options(
         "a2d calibrate [options]",
@@ -508,8 +517,11 @@ int calibrate(int argc, char** argv, int first) {
         "rank), and saves them as the section for this rank count in the calibration file that\n"
         "`a2d model --machine local` and the planner read. Run it at every rank count you\n"
         "benchmark (mpirun -np P a2d calibrate), or let `a2d bench --calibrate` measure in the\n"
-        "same run.");
-    options.add_string("--out", &out, "calibration file (a section per rank count is kept)");
+        "same run. Progress goes to rank 0's stderr.");
+    options.add_string("--out", &out,
+                       "the calibration file, created with its directories if missing; its "
+                       "sections of other rank counts are kept (default: $A2D_CALIBRATION, else "
+                       "./a2d-calibration.txt)");
     options.add_int("--block", &settings.block, "query and key rows of the timed kernel call");
     options.add_int("--heads", &settings.heads, "heads of the timed kernel call");
     options.add_int("--head-dim", &settings.head_dim, "head dimension of the timed kernel call");
@@ -521,15 +533,25 @@ int calibrate(int argc, char** argv, int first) {
     bool help = false;
     collective_check(world, [&] {
       help = !options.parse(argc, argv, first);
+      if (help) return;
       settings.validate();
+      if (out.empty()) out = default_calibration_file();
+      // Where it will write, before it measures for a minute.
+      if (world.rank() == 0) cli::check_output_file("--out", out, true);
     });
     if (help) return 0;
 
+    const double started = seconds_now();
+    settings.progress = [&](const std::string& text) {
+      if (world.rank() != 0) return;
+      std::fprintf(stderr, "a2d calibrate [%5.1f s]: %s\n", seconds_now() - started, text.c_str());
+      std::fflush(stderr);
+    };
     const Calibration c = measure_calibration(world, settings);
     collective_check(world, [&] {
       if (world.rank() == 0) save_calibration(out, c);
     });
-    if (world.rank() == 0) print_calibration(c, settings, out);
+    if (world.rank() == 0) print_calibration(c, settings, cli::absolute_path(out));
     return 0;
   });
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -22,6 +23,8 @@ struct CalibrationSettings {
   // kernel_region_flops > 0, for no more calls than do that much work (a problem's per rank).
   double kernel_region_s = 1.0;
   double kernel_region_flops = 0;
+  // Called (on every rank) as each measurement starts, with "k/n: what"; empty: silent.
+  std::function<void(const std::string&)> progress;
   void validate() const;  // collective callers wrap it in collective_check
 };
 

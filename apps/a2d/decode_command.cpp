@@ -103,7 +103,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       A2D_REQUIRE(o.capacity >= 0, "--capacity must be >= 0 tokens, got ", o.capacity);
       A2D_REQUIRE(o.gpus_per_node >= 0, "--gpus-per-node must be >= 0");
       o.problem.seq = o.prompt;
-      problem = o.problem.problem();
+      problem = o.problem.problem(o.device.default_dtype());
       check_decodable(problem);
       plan = o.plan.plan(problem, world.size(), &chosen);
       backend = o.device.backend(problem.dtype);
@@ -171,14 +171,25 @@ int decode_main(int argc, char** argv, int first, bool bench) {
     int64_t reallocations = decoder->reallocations();
     world.all_reduce(&reallocations, 1, Reduction::max);
 
-    // The model's prediction on this machine (its calibration, if there is one).
+    // The model's prediction beside the measurement: this machine's calibration (or the machine
+    // file, or --machine as named); none from a default preset, which is not this machine.
     double predicted_step_s = -1, predicted_prefill_s = -1;
     int64_t predicted_bytes = -1;
     std::string machine_name = "n/a";
+    {
+      // The bytes do not depend on the machine (any machine's prediction carries them).
+      const Machine any = preset_machine(kDefaultMachine, problem.dtype);
+      const int per_node = o.gpus_per_node > 0 ? static_cast<int>(o.gpus_per_node) : ranks;
+      predicted_bytes =
+          std::max(predict_decode_step(problem, plan, any, per_node, o.prompt, o.tokens_per_step)
+                       .traffic.bytes,
+                   predict_decode_step(problem, plan, any, per_node, total - o.tokens_per_step,
+                                       o.tokens_per_step)
+                       .traffic.bytes);
+    }
     try {
-      const MachineChoice choice{
-          "", o.plan.calibration.empty() ? default_calibration_file() : o.plan.calibration,
-          o.plan.machine_file};
+      MachineChoice choice = o.plan.machine.choice();
+      if (choice.name.empty() && choice.machine_file.empty()) choice.name = "local";
       const Machine machine = choice.machine(ranks, problem.dtype);
       machine_name = machine.name;
       const int per_node = o.gpus_per_node > 0 ? static_cast<int>(o.gpus_per_node) : ranks;
@@ -187,10 +198,9 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       const DecodePrediction last_step = predict_decode_step(
           problem, plan, machine, per_node, total - o.tokens_per_step, o.tokens_per_step);
       predicted_step_s = 0.5 * (first_step.step_s + last_step.step_s);
-      predicted_bytes = std::max(first_step.traffic.bytes, last_step.traffic.bytes);
       predicted_prefill_s = predict(problem, plan, machine, per_node).forward_s;
     } catch (const Error&) {
-      // No usable machine description: the report says n/a.
+      // No calibration of this machine: the report's times say n/a.
     }
 
     const double median_step = median(step_s);
@@ -234,10 +244,10 @@ int decode_main(int argc, char** argv, int first, bool bench) {
         std::cout << j.str() << std::endl;
       } else {
         if (!chosen.empty()) std::cout << chosen << "\n";
-        std::printf("%s: %s\nprefill plan: %s, %d ranks, device %s, comm %s\n",
+        std::printf("%s: %s\nprefill plan: %s, %s, device %s, comm %s\n",
                     bench ? "a2d bench --decode" : "a2d decode", problem.describe().c_str(),
-                    plan.describe().c_str(), ranks, backend->name().c_str(),
-                    comm_kind_name(comm_kind).c_str());
+                    plan.describe().c_str(), cli::count_of(ranks, "rank").c_str(),
+                    backend->name().c_str(), comm_kind_name(comm_kind).c_str());
         std::printf("prompt %lld tokens, %lld steps of %lld tokens (cache %lld -> %lld tokens)\n",
                     static_cast<long long>(o.prompt), static_cast<long long>(o.steps),
                     static_cast<long long>(o.tokens_per_step), static_cast<long long>(o.prompt),

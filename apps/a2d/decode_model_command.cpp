@@ -21,9 +21,8 @@ bool has_flag(int argc, char** argv, int first, const char* flag) {
 
 int model_decode(int argc, char** argv, int first) {
   cli::ProblemOptions problem_options;
-  problem_options.dtype = "bf16";
   problem_options.causal = true;
-  std::string machine_name = "h100-ndr", calibration, machine_file;
+  cli::MachineOptions machine_options;
   int64_t gpus = 16, gpus_per_node = 8, prompt = 4096, steps = 1024, tokens_per_step = 1;
   bool json = false, decode = true;
   cli::Options options(
@@ -32,16 +31,17 @@ int model_decode(int argc, char** argv, int first) {
       "time, bytes and messages of a decode step of --tokens-per-step tokens at the first and\n"
       "the last step (cache --prompt and --prompt + (--steps - 1) x --tokens-per-step), and the\n"
       "steps per second over the run. docs/inference.md derives it.");
+  problem_options.dtype_by_machine = true;
   problem_options.declare(options);
   options.add_flag("--decode", &decode, "the decode model (this table)");
   options.add_int("--prompt", &prompt, "prompt tokens N");
   options.add_int("--steps", &steps, "decode steps S");
   options.add_int("--tokens-per-step", &tokens_per_step, "new tokens T per step");
-  options.add_string("--machine", &machine_name, "a100-hdr, h100-ndr or local (a2d calibrate)");
-  options.add_string("--calibration", &calibration, "calibration file of --machine local");
-  options.add_string("--machine-file", &machine_file, "a machine description file");
+  machine_options.declare(options, true, false, true);
   options.add_int("--gpus", &gpus, "ranks P");
-  options.add_int("--gpus-per-node", &gpus_per_node, "ranks per node");
+  options.add_int("--gpus-per-node", &gpus_per_node,
+                  "ranks per node (consecutive ranks share one); P must be a multiple where it "
+                  "is larger");
   options.add_flag("--json", &json, "one JSON object per line");
   if (!options.parse(argc, argv, first)) return 0;
   A2D_REQUIRE(!options.given("--seq"), "a2d model --decode takes the prompt length as --prompt N");
@@ -50,11 +50,10 @@ int model_decode(int argc, char** argv, int first) {
   A2D_REQUIRE(gpus >= 1 && gpus <= (1 << 16), "--gpus must be between 1 and 2^16");
   A2D_REQUIRE(gpus_per_node >= 1, "--gpus-per-node must be at least 1");
   problem_options.seq = prompt;
-  const Problem problem = problem_options.problem();
-  check_decodable(problem);
   const int ranks = static_cast<int>(gpus);
-  const MachineChoice choice{
-      machine_name, calibration.empty() ? default_calibration_file() : calibration, machine_file};
+  const MachineChoice choice = machine_options.choice();
+  const Problem problem = problem_options.problem(choice.default_dtype(ranks));
+  check_decodable(problem);
   const Machine machine = choice.machine(ranks, problem.dtype);
   const int per_node = model_ranks_per_node(
       machine, static_cast<int>(std::min<int64_t>(gpus_per_node, ranks)), ranks);
@@ -62,11 +61,11 @@ int model_decode(int argc, char** argv, int first) {
   const int64_t last = prompt + (steps - 1) * tokens_per_step;
   if (!json) {
     std::printf(
-        "a2d model --decode: %s\nmachine: %s (%s)\n%d ranks, %d per node; %lld steps of "
+        "a2d model --decode: %s\nmachine: %s (%s)\n%s, %d per node; %lld steps of "
         "%lld tokens after a prompt of %lld\n\n",
-        problem.describe().c_str(), machine.name.c_str(), machine.description.c_str(), ranks,
-        per_node, static_cast<long long>(steps), static_cast<long long>(tokens_per_step),
-        static_cast<long long>(prompt));
+        problem.describe().c_str(), machine.name.c_str(), machine.description.c_str(),
+        cli::count_of(ranks, "rank").c_str(), per_node, static_cast<long long>(steps),
+        static_cast<long long>(tokens_per_step), static_cast<long long>(prompt));
     std::printf("%-4s %-20s %-14s %11s %13s %13s %12s %9s %11s %12s\n", "#", "prefill algorithm",
                 "grid/layout", "prefill ms", "step ms first", "step ms last", "bytes/step",
                 "messages", "steps/s", "cache MiB");

@@ -60,7 +60,7 @@ struct KernelOptions {
   bool huge_pages = false;
   std::string path;    // empty: A2D_KERNEL_PATH, else auto
   std::string device;  // empty: default_device(dtype)
-  std::string dtype = "fp32";
+  std::string dtype;   // "": bf16 with --device cuda or fenced-cuda, else fp32
 };
 
 // Memory of the command's tensors. With --huge-pages every tensor is a 2 MiB-aligned block
@@ -226,20 +226,23 @@ int kernel(int argc, char** argv, int first) {
       "adds (its workspace, and the growth of the process's peak resident set where Linux "
       "allows).");
   options.add_int("--seq", &o.seq, "query sequence length N");
-  options.add_int("--kv-seq", &o.kv_seq, "key/value sequence length (0 = --seq)");
+  options.add_int("--kv-seq", &o.kv_seq, "key/value sequence length (default 0: --seq)");
   options.add_int("--heads", &o.heads, "query heads H");
-  options.add_int("--kv-heads", &o.kv_heads, "key/value heads; H must be a multiple (0 = --heads)");
+  options.add_int("--kv-heads", &o.kv_heads,
+                  "key/value heads; H must be a multiple (default 0: as many as --heads)");
   options.add_int("--head-dim", &o.head_dim, "head dimension D");
   options.add_int("--batch", &o.batch, "batch size B");
   options.add_flag("--causal", &o.causal, "causal mask (key position <= query position)");
   options.add_int("--window", &o.window,
-                  "causal with a window of W tokens (implies --causal; 0 = none)");
+                  "causal with a window of W tokens (implies --causal; default 0: none)");
   options.add_string("--doc-lens", &o.doc_lens, cli::kDocLensHelp);
-  options.add_flag("--sinks", &o.sinks,
-                   "attention sinks (values from --seed), added to O and LSE after the kernel\n"
-                   "(timed with it); the backward also computes dsink");
-  options.add_double("--softcap", &o.softcap, "logit softcapping CAP tanh(s / CAP) (0 = off)");
-  options.add_double("--scale", &o.scale, "softmax scale (0 = 1/sqrt(D))");
+  options.add_flag(
+      "--sinks", &o.sinks,
+      "attention sinks (values generated from --seed), added to O and LSE after the kernel\n"
+      "(timed with it); the backward also computes dsink");
+  options.add_double("--softcap", &o.softcap,
+                     "logit softcapping CAP tanh(s / CAP) (default 0: off)");
+  options.add_double("--scale", &o.scale, "softmax scale (default 0: 1/sqrt(D))");
   options.add_flag("--backward", &o.backward, "also time the backward pass");
   options.add_int("--threads", &o.threads,
                   "threads of the kernel (and of the FMA peak measurement)");
@@ -254,11 +257,12 @@ int kernel(int argc, char** argv, int first) {
       "when this build has it and a GPU is visible, else cpu");
   options.add_string("--dtype", &o.dtype,
                      "element type of Q, K, V, dO and O: fp32, bf16 or fp16 (inputs generated\n"
-                     "in fp32, rounded and stored in it; LSE, dQ, dK, dV stay fp32)");
+                     "in fp32, rounded and stored in it; LSE, dQ, dK, dV stay fp32) (default: "
+                     "bf16 on GPUs, fp32 on CPUs; docs/usage.md, \"Defaults\")");
   options.add_int("--seed", &o.seed, "seed of the generated inputs");
   options.add_int("--shuffle", &o.shuffle,
                   "global positions of the query and key rows: a random permutation from this\n"
-                  "seed (the order of a gathered or striped layout; 0 = rows in order)");
+                  "seed (the order of a gathered or striped layout; default 0: rows in order)");
   options.add_int("--warmup", &o.warmup, "untimed runs before timing");
   options.add_int("--repeats", &o.repeats, "timed runs; the median is reported");
   options.add_int(
@@ -286,7 +290,10 @@ int kernel(int argc, char** argv, int first) {
   A2D_REQUIRE(o.parts >= 1 && o.parts <= o.kv_seq, "--parts must be between 1 and the ", o.kv_seq,
               " keys, got ", o.parts);
   const bool in_parts = o.parts > 1;
-  const DType dtype = parse_dtype(o.dtype);
+  const DType dtype =
+      !o.dtype.empty()
+          ? parse_dtype(o.dtype)
+          : (o.device == "cuda" || o.device == "fenced-cuda" ? DType::bf16 : DType::f32);
   if (!o.path.empty()) set_kernel_path(parse_kernel_path(o.path));
   const KernelPath path = kernel_path();
   const std::string device = o.device.empty() ? default_device(dtype) : o.device;

@@ -1,6 +1,7 @@
 #include "problem_options.hpp"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 
 #include "attention2d/collective.hpp"
@@ -14,27 +15,32 @@ namespace a2d::cli {
 void ProblemOptions::declare(Options& options) {
   options.add_int("--batch", &batch, "batch size B");
   options.add_int("--heads", &heads, "query heads H");
-  options.add_int("--kv-heads", &kv_heads, "key/value heads; H must be a multiple (0 = --heads)");
+  options.add_int("--kv-heads", &kv_heads,
+                  "key/value heads; H must be a multiple (default 0: as many as --heads)");
   options.add_int("--seq", &seq, "sequence length N");
   options.add_int("--head-dim", &head_dim, "head dimension D");
   options.add_flag("--causal", &causal, "causal mask (key position <= query position)");
   options.add_int("--window", &window,
-                  "causal with a window of W tokens: q - W < k <= q (implies --causal; 0 = none)");
+                  "causal with a window of W tokens: q - W < k <= q (implies --causal; default 0: "
+                  "none)");
   options.add_string("--doc-lens", &doc_lens, kDocLensHelp);
   options.add_flag("--sinks", &sinks,
-                   "attention sinks: a logit per query head joining every softmax (gpt-oss),\n"
-                   "values from --seed");
+                   "attention sinks: a logit per query head joining every softmax (gpt-oss), "
+                   "values generated from the seed");
   options.add_string("--sink", &sink_file,
                      "attention sinks with these logits: float32 [heads] .npy");
   options.add_double("--softcap", &softcap,
-                     "logit softcapping: scores s -> CAP tanh(s / CAP) (0 = off)");
-  options.add_double("--scale", &scale, "softmax scale (0 = 1/sqrt(D))");
+                     "logit softcapping: scores s -> CAP tanh(s / CAP) (default 0: off)");
+  options.add_double("--scale", &scale, "softmax scale (default 0: 1/sqrt(D))");
   options.add_string("--dtype", &dtype,
-                     "element type of Q, K, V, O and the gradients: fp32, bf16 or fp16 (default " +
-                         dtype + "); statistics and partial sums stay fp32");
+                     std::string("element type of Q, K, V, O and the gradients: fp32, bf16 or "
+                                 "fp16; statistics and partial sums stay fp32 (default: ") +
+                         (dtype_by_machine ? "bf16 on a GPU machine, fp32 on a CPU one"
+                                           : "bf16 with --device cuda, else fp32") +
+                         "; docs/usage.md, \"Defaults\")");
 }
 
-Problem ProblemOptions::problem() const {
+Problem ProblemOptions::problem(DType default_dtype) const {
   A2D_REQUIRE(window >= 0, "--window must be >= 1 (or 0 for no window), got ", window);
   A2D_REQUIRE(scale >= 0, "--scale must be positive (or 0 for 1/sqrt(D)), got ", scale);
   Problem p;
@@ -49,9 +55,30 @@ Problem ProblemOptions::problem() const {
   A2D_REQUIRE(softcap >= 0, "--softcap must be positive (or 0 for none), got ", softcap);
   p.softcap = static_cast<float>(softcap);
   p.sinks = sinks || !sink_file.empty();
-  p.dtype = parse_dtype(dtype);
+  p.dtype = dtype.empty() ? default_dtype : parse_dtype(dtype);
   p.validate();
   return p;
+}
+
+std::string ProblemOptions::command_line(DType chosen) const {
+  std::string out = "--batch " + std::to_string(batch) + " --seq " + std::to_string(seq) +
+                    " --heads " + std::to_string(heads) + " --kv-heads " +
+                    std::to_string(kv_heads == 0 ? heads : kv_heads) + " --head-dim " +
+                    std::to_string(head_dim);
+  if (window > 0) {
+    out += " --window " + std::to_string(window);
+  } else if (causal) {
+    out += " --causal";
+  }
+  if (!doc_lens.empty()) out += " --doc-lens " + doc_lens;
+  if (!sink_file.empty()) {
+    out += " --sink " + sink_file;
+  } else if (sinks) {
+    out += " --sinks";
+  }
+  if (softcap > 0) out += " --softcap " + format_double(softcap, 9);
+  if (scale > 0) out += " --scale " + format_double(scale, 9);
+  return out + " --dtype " + dtype_name(chosen);
 }
 
 std::vector<float> ProblemOptions::sink_values(Communicator& world, int64_t head_count,
@@ -87,6 +114,10 @@ void DeviceOptions::declare_comm(Options& options) {
                      "libgloo-dev). Default: nccl with --device cuda, else mpi");
 }
 
+DType DeviceOptions::default_dtype() const {
+  return device == "cuda" || device == "fenced-cuda" ? DType::bf16 : DType::f32;
+}
+
 CommKind DeviceOptions::comm_kind(const Backend& backend) const {
   return comm.empty() ? default_comm_kind(backend) : parse_comm_kind(comm);
 }
@@ -99,22 +130,82 @@ std::unique_ptr<Backend> DeviceOptions::backend(DType dtype) const {
   return make_backend(name(dtype));
 }
 
+void MachineOptions::declare(Options& options, bool presets, bool memory, bool per_node) {
+  if (presets) {
+    options.add_string("--machine", &name,
+                       "the machine the cost model predicts for: a100-hdr, h100-ndr (GPU "
+                       "presets) or local (this machine's calibration, a2d calibrate) (default: "
+                       "local where calibrated for the job's rank count, else " +
+                           std::string(kDefaultMachine) + ")");
+  }
+  options.add_string("--calibration", &calibration,
+                     "the calibration file of this machine (default: $A2D_CALIBRATION, else "
+                     "./a2d-calibration.txt)");
+  options.add_string("--machine-file", &file,
+                     "a machine described in a file (links, ranks per node, memory, kernel "
+                     "rates; docs/cost-model.md, \"Machine files\"; scripts/cluster.sh writes "
+                     "one): the whole machine" +
+                         std::string(presets ? ", instead of --machine" : "") +
+                         (per_node ? ", and its ranks_per_node instead of --gpus-per-node" : ""));
+  if (memory) {
+    options.add_string("--max-memory", &max_memory,
+                       "plans needing more memory per rank are excluded: a size such as 60GiB "
+                       "or 500MiB, or none (default: the machine's memory per rank)");
+  }
+}
+
+MachineChoice MachineOptions::choice() const {
+  MachineChoice c;
+  c.name = name;
+  c.calibration_file = calibration.empty() ? default_calibration_file() : calibration;
+  c.machine_file = file;
+  c.max_memory = max_memory.empty() ? -1 : parse_size("--max-memory", max_memory);
+  A2D_REQUIRE(file.empty() || name.empty(), "--machine ", name, " and --machine-file ", file,
+              " contradict each other: the file describes the whole machine; give one of them");
+  return c;
+}
+
+int64_t parse_size(const std::string& option, const std::string& text) {
+  if (text == "none") return 0;
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &end);
+  std::string unit = end ? std::string(end) : std::string();
+  while (!unit.empty() && unit.front() == ' ')
+    unit.erase(0, 1);
+  double scale = -1;
+  const char* const units[][2] = {
+      {"", "B"}, {"K", "KiB"}, {"M", "MiB"}, {"G", "GiB"}, {"T", "TiB"}};
+  for (int i = 0; i < 5; ++i) {
+    if (unit == units[i][0] || unit == units[i][1]) scale = std::ldexp(1.0, 10 * i);
+  }
+  A2D_REQUIRE(!text.empty() && end != text.c_str() && errno == 0 && std::isfinite(value) &&
+                  value >= 0 && scale > 0,
+              option, " expects a size such as 80GiB, 500MiB or 4096 (bytes), or none; got '", text,
+              "'");
+  A2D_REQUIRE(unit.empty() || value * scale >= 1 || value == 0, option, " of ", text,
+              " is less than a byte");
+  return static_cast<int64_t>(value * scale);
+}
+
 void PlanOptions::declare(Options& options) {
-  options.add_string("--algo", &algo,
-                     "attention2d, attention2d-overlap, ring, allgather-kv, ulysses or hybrid "
-                     "(default: the fastest by the cost model)");
+  // The choices from the table of algorithms (src/table/), not a list of our own.
+  std::string names;
+  const std::vector<Algorithm> algorithms = all_algorithms();
+  for (size_t i = 0; i < algorithms.size(); ++i) {
+    names += (i == 0                       ? ""
+              : i + 1 == algorithms.size() ? " or "
+                                           : ", ") +
+             algorithm_name(algorithms[i]);
+  }
+  options.add_string("--algo", &algo, names + " (default: the fastest by the cost model)");
   options.add_string("--grid", &grid,
                      "process grid RxC of ATTENTION2D, or of each heads group of the hybrid\n"
                      "(default: the fastest by the cost model)");
   options.add_int("--heads-parallel", &heads_parallel,
                   "hybrid: U, the ranks of each heads all-to-all, with U x R x C = P (default:\n"
                   "P / (R C) with --grid, else the fastest by the cost model)");
-  options.add_string("--calibration", &calibration,
-                     "calibration file the planner reads (default $A2D_CALIBRATION or "
-                     "./a2d-calibration.txt)");
-  options.add_string("--machine-file", &machine_file,
-                     "machine description file the planner reads instead of the calibration\n"
-                     "(links, ranks per node; scripts/cluster.sh writes one)");
+  machine.declare(options, true, false, false);
   options.add_string(
       "--layout", &layout,
       "token layout: cyclic, striped, contiguous or zigzag (default: the algorithm's)");
@@ -228,9 +319,7 @@ Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen,
   const bool grid_matters =
       algo.empty() || algo == "attention2d" || algo == "attention2d-overlap" || hybrid;
   if (algo.empty() || (grid.empty() && grid_matters)) {
-    const MachineChoice machine{"", calibration.empty() ? default_calibration_file() : calibration,
-                                machine_file};
-    const PlannedRun planned = choose_plan(problem, ranks, ranks, machine, algo,
+    const PlannedRun planned = choose_plan(problem, ranks, ranks, machine.choice(), algo,
                                            grid_matters ? grid : "", static_cast<int>(u), shards);
     p = planned.plan;
     if (chosen) *chosen = "plan chosen by the cost model (" + planned.machine_description + ")";

@@ -9,6 +9,7 @@
 
 #include "attention2d/attention.hpp"
 #include "attention2d/backend.hpp"
+#include "attention2d/planner.hpp"
 #include "attention2d/relayout.hpp"
 #include "attention2d/tools/cli.hpp"
 
@@ -27,10 +28,16 @@ struct ProblemOptions {
   bool sinks = false;     // --sinks: sink logits from the seed
   std::string sink_file;  // --sink FILE.npy: sink logits [heads]
   double softcap = 0.0;
-  std::string dtype = "fp32";  // the command's default; --dtype changes it
+  std::string dtype;  // "" = the default: bf16 on GPUs, fp32 on CPUs (docs/usage.md, "Defaults")
+  // The help's words for that default: the machine's (a2d model, plan) or the device's.
+  bool dtype_by_machine = false;
 
   void declare(Options& options);
-  Problem problem() const;  // validated
+  // Validated; `default_dtype` where --dtype was not given (the device's or the machine's).
+  Problem problem(DType default_dtype) const;
+  // These options as a command line gives them (every one, with `dtype`), for a2d plan's
+  // "run it" line.
+  std::string command_line(DType dtype) const;
   // The sink logits [heads] of --sink (rank 0 reads the file: call it collectively; every rank
   // gets them) or, with --sinks, generated from `seed`. Empty without sinks.
   std::vector<float> sink_values(Communicator& world, int64_t head_count, uint64_t seed) const;
@@ -44,6 +51,9 @@ struct DeviceOptions {
   std::string comm;  // "" = default_comm_kind(backend): nccl on cuda, else mpi
 
   void declare(Options& options);
+  // The dtype without --dtype: bf16 for --device cuda (or fenced-cuda), whose kernels take 16-bit
+  // inputs only, else fp32.
+  DType default_dtype() const;
   // --comm, for the commands that run distributed algorithms.
   void declare_comm(Options& options);
   std::string name(DType dtype) const;  // the chosen device for inputs of dtype
@@ -73,6 +83,26 @@ struct ShardOptions {
   std::optional<UserShards> user_shards(int64_t seq, int ranks) const;
 };
 
+// --machine, --calibration, --machine-file (and --max-memory): the machine the cost model
+// predicts for, declared once. Without --machine or --machine-file: this machine's calibration for
+// the job's rank count, else kDefaultMachine (planner.hpp), as every output says.
+struct MachineOptions {
+  std::string name;         // "" = the default
+  std::string calibration;  // "" = default_calibration_file()
+  std::string file;
+  std::string max_memory;  // "" = the machine's memory per rank; "none" = no cap
+
+  // presets: also --machine; memory: also --max-memory; per_node: the command has
+  // --gpus-per-node (which a machine file's ranks_per_node replaces).
+  void declare(Options& options, bool presets, bool memory, bool per_node);
+  // Throws a2d::Error for a bad --max-memory or --machine with --machine-file.
+  MachineChoice choice() const;
+};
+
+// A size in bytes: a number with an optional unit B, KiB, MiB, GiB, TiB (or K, M, G, T, also
+// powers of 1024), "none" or "0" for no cap. Throws a2d::Error naming `option`.
+int64_t parse_size(const std::string& option, const std::string& text);
+
 struct PlanOptions {
   std::string algo;    // "" = the fastest by the cost model (a2d plan)
   std::string grid;    // "" = the fastest grid by the cost model
@@ -81,8 +111,7 @@ struct PlanOptions {
   int64_t threads = 1;
   bool no_kv_transpose = false;
   int64_t heads_parallel = 0;  // hybrid's U; 0 = from --grid, else the fastest by the model
-  std::string calibration;     // "" = default_calibration_file()
-  std::string machine_file;    // "" = the calibration (one node)
+  MachineOptions machine;      // the planner's machine
 
   void declare(Options& options);
   // Checked against the problem and ranks. Without --algo or --grid the cost model chooses

@@ -45,7 +45,7 @@ struct RunOptions {
   int64_t seed = 42;
   int64_t warmup = 1;
   int64_t iters = 3;
-  double timeout = 300;
+  double timeout = kDefaultTimeout;
 };
 
 // Rank 0 reads the input files; every rank learns the problem sizes from them.
@@ -94,14 +94,10 @@ std::vector<std::string> output_names(bool backward, bool sinks) {
   return names;
 }
 
-// Before any work: the output directory exists (or is created), is writable, and holds none of
-// the output files unless --force.
+// Before any work: the output directory exists (or is created, with its parents), is a
+// writable directory, and holds none of the output files unless --force.
 void prepare_output_dir(const RunOptions& o) {
-  if (::mkdir(o.out_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-    A2D_FAIL("cannot create the output directory ", o.out_dir, ": ", std::strerror(errno));
-  }
-  A2D_REQUIRE(::access(o.out_dir.c_str(), W_OK | X_OK) == 0, "the output directory ", o.out_dir,
-              " is not writable: ", std::strerror(errno));
+  cli::prepare_output_directory("--out", o.out_dir);
   if (o.force) return;
   for (const std::string& name :
        output_names(o.backward, o.problem.sinks || !o.problem.sink_file.empty())) {
@@ -175,11 +171,12 @@ int run(int argc, char** argv, int first) {
     options.add_string("--do", &o.do_file,
                        "dO as .npy [batch, seq, heads, head_dim] (with --backward)");
     options.add_string("--out", &o.out_dir,
-                       "write o.npy, lse.npy (dq, dk, dv.npy) here, global order");
+                       "write o.npy, lse.npy (dq, dk, dv.npy) into this directory, global order "
+                       "(created with its parents if missing)");
     options.add_flag("--force", &o.force, "overwrite existing output files");
     options.add_string("--out-dtype", &o.out_dtype,
-                       "element type of o, dq, dk, dv.npy: float32 (default; exact for every "
-                       "--dtype) or float16 (--dtype fp16); lse.npy is float32");
+                       "element type of o, dq, dk, dv.npy: float32 (exact for every --dtype) or "
+                       "float16 (for --dtype fp16); lse.npy is float32 (default float32)");
     options.add_flag("--check", &o.check,
                      "compare every output with the fp64 reference; exit 1 over the bound");
     options.add_flag("--json", &o.json, "one JSON object per line instead of the report");
@@ -191,7 +188,7 @@ int run(int argc, char** argv, int first) {
     options.add_double("--timeout", &o.timeout,
                        "watchdog: abort the job, naming the phase and the ranks that did not "
                        "arrive, when no rank made progress for this many seconds (0 = off; "
-                       "the default, 300, outlasts a network outage of up to 120 s, whose TCP "
+                       "default 300, which outlasts a network outage of up to 120 s, whose TCP "
                        "backoff stalls a job up to twice as long: docs/reliability.md)");
     bool asked_help = false;
     collective_check(world, [&] {
@@ -229,7 +226,7 @@ int run(int argc, char** argv, int first) {
     std::optional<UserShards> user_shards;
     collective_check(world, [&] {
       A2D_REQUIRE(o.warmup >= 0 && o.iters >= 1, "--warmup must be >= 0 and --iters >= 1");
-      problem = o.problem.problem();
+      problem = o.problem.problem(o.device.default_dtype());
       const std::optional<TokenLayout> user = o.shards.layout(problem.seq, world.size());
       if (user) user_shards = UserShards{*user, RelayoutBackward::stateless};
       plan = o.plan.plan(problem, world.size(), &chosen, user_shards ? &*user_shards : nullptr);
@@ -342,7 +339,7 @@ int run(int argc, char** argv, int first) {
       }
     }
     return pass ? 0 : 1;
-  });
+  }, startup_timeout(argc, argv, first, kDefaultTimeout));
 }
 
 }  // namespace a2d::commands

@@ -57,11 +57,30 @@ void AlgorithmWorld::watch(std::unique_ptr<Watchdog>& watchdog, double timeout) 
   watchdog = std::make_unique<Watchdog>(get(), timeout);
 }
 
-int run_counted(int* argc, char*** argv, const CountedBody& body) {
-  MpiSession mpi(argc, argv);
+int run_counted(int* argc, char*** argv, const CountedBody& body, double startup_timeout) {
+  MpiSession mpi(argc, argv, startup_timeout);
   auto log = std::make_shared<TrafficLog>();
   CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
   return run_collectively(world, [&]() -> int { return body(world, log); });
+}
+
+double startup_timeout(int argc, char** argv, int first, double fallback) {
+  double timeout = fallback;
+  for (int i = first; i < argc; ++i) {
+    const std::string arg = argv[i];
+    std::string value;
+    if (arg == "--timeout" && i + 1 < argc) {
+      value = argv[++i];
+    } else if (arg.rfind("--timeout=", 0) == 0) {
+      value = arg.substr(10);
+    } else {
+      continue;
+    }
+    char* end = nullptr;
+    const double parsed = std::strtod(value.c_str(), &end);
+    timeout = end && *end == '\0' && !value.empty() ? parsed : fallback;
+  }
+  return timeout;
 }
 
 int run_collectively(Communicator& world, const std::function<int()>& body) {
@@ -255,8 +274,8 @@ double forward_flops(const Problem& p) {
 std::string RunReport::text() const {
   std::ostringstream out;
   out << "a2d run: " << problem.describe() << "\n"
-      << "plan: " << plan.describe() << " on " << ranks << " ranks, device " << device << ", comm "
-      << comm << "\n";
+      << "plan: " << plan.describe() << " on " << cli::count_of(ranks, "rank") << ", device "
+      << device << ", comm " << comm << "\n";
   char line[256];
   std::snprintf(line, sizeof line, "%-9s %10s %10s %10s %10s %12s %14s %9s\n", "phase", "ms(slow)",
                 "rank min", "rank avg", "rank max", "GFLOP/s/rank", "bytes sent/rank", "messages");

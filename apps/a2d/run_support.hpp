@@ -29,7 +29,15 @@ int run_collectively(Communicator& world, const std::function<int()>& body);
 // `body` run collectively on it (run_collectively).
 using CountedBody =
     std::function<int(CountingCommunicator& world, const std::shared_ptr<TrafficLog>& log)>;
-int run_counted(int* argc, char*** argv, const CountedBody& body);
+// The watchdog's default --timeout of run and bench, seconds (docs/reliability.md).
+constexpr double kDefaultTimeout = 300;
+
+// startup_timeout > 0: the start of the job is watched until the command's watchdog runs
+// (MpiSession); the commands with --timeout pass startup_timeout(), others nothing.
+int run_counted(int* argc, char*** argv, const CountedBody& body, double startup_timeout = 0);
+// The --timeout a command line gives (`fallback` where it gives none or a value that is not a
+// number: the options' own parse, after MPI_Init, refuses that), read before MPI starts.
+double startup_timeout(int argc, char** argv, int first, double fallback);
 
 // The world the algorithms run on (--comm), made collectively over MPI_COMM_WORLD: `world`
 // itself for mpi (the algorithms stage a GPU's buffers through host memory); for nccl an NCCL

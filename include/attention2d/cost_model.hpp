@@ -79,33 +79,56 @@ struct Machine {
   int ranks_per_node = 0;
   // How the launcher placed the world ranks on nodes: consecutive ranks share a node (false:
   // block placement, ATTENTION2D's columns inside nodes) or rank q sits on node q mod nodes
-  // (true: cyclic, mpirun --map-by node; for R = nodes, a grid's rows inside nodes).
+  // (true: round-robin placement, mpirun --map-by node; for R = nodes, a grid's rows inside
+  // nodes).
   bool cyclic_placement = false;
+  // The memory a rank may fill (bytes): a GPU's device memory (the presets' datasheet figure, a
+  // machine file's memory_gib), or this node's physical memory over the ranks that share it
+  // (local). The planner excludes the plans whose memory_per_rank exceeds it. 0: unknown.
+  int64_t memory_bytes = 0;
+  // The ranks are GPUs that a2d's CUDA backend computes on (the presets; a machine file's
+  // `device = gpu`): the planner then refuses problems its kernels do not take (dtype, head
+  // dimension, mask), and bf16 is the default dtype. False: CPU processes (local, device = cpu).
+  bool gpu = false;
 };
 
+// A size in bytes as the programs print it: "80 GiB", "812.5 MiB", "96 KiB", "512 B".
+std::string format_bytes(double bytes);
+
 // `a100-hdr`, `h100-ndr` (datasheet numbers, docs/cost-model.md cites each one), with the kernel
-// rates of `dtype` (bf16 and fp16: the tensor-core rate).
+// rates of `dtype` (bf16 and fp16: the tensor-core rate) and 80 GiB of device memory per GPU.
 Machine preset_machine(const std::string& name, DType dtype);
 std::vector<std::string> preset_names();
 
 // This machine, as measured by `a2d calibrate` at `ranks` ranks (the calibration file holds one
-// section per rank count it was run at). Throws, saying which command to run, when the file or
-// the section is missing.
+// section per rank count it was run at), with this node's physical memory shared by the ranks.
+// Throws, saying which command to run, when the file or the section is missing.
 Machine local_machine(const std::string& calibration_file, int ranks);
+// Whether the calibration file has a section for `ranks` ranks (false when there is no file).
+bool has_calibration(const std::string& calibration_file, int ranks);
 // Where `a2d calibrate` writes and the model reads by default: $A2D_CALIBRATION if set, else
 // a2d-calibration.txt in the working directory.
 std::string default_calibration_file();
 
 // A machine described by a file (`--machine-file` of a2d model, plan, bench and run; written by
-// scripts/cluster.sh for an emulated cluster): one `key = value` per line, `#` comments, every
-// field of Machine. Required: ranks_per_node, shared_link (0 or 1), intra_latency_us,
-// intra_bandwidth_gbs, inter_latency_us, inter_bandwidth_gbs (GB/s per direction per link),
-// kernel_forward_gflops, kernel_backward_gflops. Optional (0 or absent: not charged, as in a
-// calibration file): name, kernel_forward_causal_gflops, kernel_backward_causal_gflops, block,
-// kernel_forward_panel_us, kernel_forward_key_us, permute_gbs, sum_gbs, merge_gbs, cores
-// (shared_cores), sync_us, step_sync_us, cyclic_placement (0 or 1). Throws naming the file and the
-// key on a missing or malformed entry, and on a key it does not know.
-Machine load_machine_file(const std::string& file);
+// scripts/cluster.sh for an emulated cluster; docs/cost-model.md, "Machine files", has an
+// example), with the kernel rates of `dtype`: one `key = value` per line, `#` comments, each key
+// once. Required: device (gpu or cpu), ranks_per_node (a whole number >= 1), shared_link (0 or
+// 1), intra_latency_us, intra_bandwidth_gbs, inter_latency_us, inter_bandwidth_gbs (GB/s per
+// direction per link), memory_gib (per rank), and the forward and backward kernel rates of
+// `dtype`: kernel_forward_gflops_<dtype> and kernel_backward_gflops_<dtype> (<dtype> fp32, bf16
+// or fp16), or, on a CPU machine, kernel_forward_gflops and kernel_backward_gflops for every
+// dtype without its own (a GPU's rates differ by dtype, so a gpu file gives them per dtype).
+// Optional (0 or absent: not charged, as in a calibration file): name, the causal kernel rates
+// (kernel_forward_causal_gflops[_<dtype>], ...), cyclic_placement (0 or 1), sync_us,
+// step_sync_us, and the CPU kernels' terms (cpu only): block, kernel_forward_panel_us,
+// kernel_forward_key_us, permute_gbs, sum_gbs, merge_gbs, cores (shared_cores). Throws naming
+// the file, the line and the key on a missing, repeated, out-of-range or malformed entry, and on
+// a key it does not know.
+Machine load_machine_file(const std::string& file, DType dtype);
+// The `device` a machine file gives (true: gpu), read before its dtype is known (the default
+// dtype follows it). Throws as load_machine_file does on a missing or unknown device.
+bool machine_file_is_gpu(const std::string& file);
 // `links` with the kernel rates, reordering, reduction and synchronisation costs of `kernel`
 // (a fresh calibration of the same rank count): the links and placement stay the file's.
 Machine with_kernel_rates(const Machine& links, const Machine& kernel);
@@ -160,7 +183,7 @@ struct Prediction {
   Traffic backward;
   double words_forward = 0;
   double words_backward = 0;
-  int64_t memory_bytes = 0;       // peak per rank: shards plus the algorithm's transient buffers
+  int64_t memory_bytes = 0;       // peak per rank: memory_per_rank(problem, plan, shards)
   std::vector<PhaseCost> phases;  // each with the most any rank sends in it
   // The exchanges between the caller's shards and the plan's layout (predict's UserShards; all 0
   // without them or when every rank holds the same tokens in both): bytes and messages of the rank
@@ -183,6 +206,16 @@ struct Prediction {
 Prediction predict(const Problem& problem, const Plan& plan, const Machine& machine,
                    int ranks_per_node, const UserShards* shards = nullptr);
 
+// The peak memory per rank (bytes) of running `plan` on `problem`: the shards a rank keeps (Q, O,
+// K, V in the dtype, LSE in fp32, and with the backward dO, dQ, dK, dV) plus the larger of the
+// forward's and the backward's transient buffers as the algorithm allocates them (the forward's
+// alone without the backward); with `shards`, also the caller's shards beside the plan's and the
+// largest record of the exchanges between them. Prediction::memory_bytes is this (with the
+// backward). Pure arithmetic: what the planner compares with Machine::memory_bytes and what a
+// front end compares with the memory it may use before it allocates.
+int64_t memory_per_rank(const Problem& problem, const Plan& plan,
+                        const UserShards* shards = nullptr, bool with_backward = true);
+
 // Every algorithm and every grid of P that can run the problem, fastest (forward + backward)
 // first; skipped ones are listed with the reason.
 struct RankedPlan {
@@ -193,14 +226,24 @@ struct RankedPlan {
 struct PlanSearch {
   std::vector<RankedPlan> ranked;
   std::vector<std::pair<std::string, std::string>> skipped;  // (algorithm, reason)
+  // Plans that can run but need more memory per rank than the search's cap, in the same order.
+  std::vector<RankedPlan> excluded;
+  int64_t memory_cap = 0;  // the cap they exceed (0: none)
 };
+// Predicted times that differ by less than this fraction are a tie: the model cannot tell them
+// apart (it is within +-35 % at best, docs/benchmarks.md), so the plan needing less memory per
+// rank ranks first, then the one sending fewer bytes per rank, then the machine's own placement.
+inline constexpr double kPlanTieTolerance = 0.01;
 // With choose_placement, and nodes of several ranks, every plan is also predicted with the other
 // placement of ranks on nodes (Machine::cyclic_placement), each ranked on its own. With `shards`
 // every plan is charged the exchanges from and to the caller's layout, and the baselines are also
-// tried in that layout (Ring Attention on zigzag shards exchanges nothing).
+// tried in that layout (Ring Attention on zigzag shards exchanges nothing). Plans needing more
+// than `memory_cap` bytes per rank (> 0) go to `excluded`. Ranked fastest first, ties
+// (kPlanTieTolerance of the fastest of those left) broken by memory, then bytes.
 PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machine,
                         int ranks_per_node, bool include_backward = true,
-                        bool choose_placement = false, const UserShards* shards = nullptr);
+                        bool choose_placement = false, const UserShards* shards = nullptr,
+                        int64_t memory_cap = 0);
 
 // How many times the busiest rank's bytes of `phase` the busiest link of a node carries when
 // the ranks of a node share one link (Machine::shared_link): the most ranks of one node whose

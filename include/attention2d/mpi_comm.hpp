@@ -12,6 +12,10 @@
 
 namespace a2d {
 
+namespace watchdog_detail {
+class StartupGuard;  // internal: src/comm/startup_guard.hpp
+}
+
 // How ranks wait for MPI, from the environment variable A2D_MPI_WAIT: spin (the default: MPI's
 // blocking calls, which poll) or sleep (test, then sleep 10 us doubling up to 8 ms, or up to
 // sleep:MICROSECONDS; the blocking collectives become rings of posted steps). Sleep is for ranks
@@ -47,7 +51,12 @@ std::unique_ptr<Communicator> make_gloo_communicator(MPI_Comm comm,
 // reports.
 class MpiSession {
  public:
-  MpiSession(int* argc, char*** argv);
+  // With startup_timeout > 0 the start of the job is watched from before MPI_Init until a
+  // Watchdog runs on this rank: a rank or host that stops while the job starts (inside MPI_Init
+  // or the first collectives) is reported as the watchdog reports, naming its host, and the job
+  // ends with exit code 124 (docs/reliability.md, "The start of a job"; needs a PMIx launcher:
+  // Open MPI's mpirun, Slurm's srun --mpi=pmix). A program passes its watchdog's timeout.
+  MpiSession(int* argc, char*** argv, double startup_timeout = 0);
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
@@ -56,6 +65,7 @@ class MpiSession {
   int size() const { return size_; }
 
  private:
+  std::unique_ptr<watchdog_detail::StartupGuard> guard_;
   bool owns_ = false;
   int rank_ = 0;
   int size_ = 1;

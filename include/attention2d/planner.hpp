@@ -1,50 +1,90 @@
 // attention2d: the planner, the library call behind `a2d plan`, the Python module's choose_plan
 // and `a2d run` / `a2d bench` without --algo or --grid. It picks the machine model and the
-// fastest plan by the cost model (cost_model.hpp's search_plans), restricted as the caller asks.
+// fastest plan that fits in memory by the cost model (cost_model.hpp's search_plans), restricted
+// as the caller asks.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "attention2d/cost_model.hpp"
 
 namespace a2d {
 
+// The machine every planning command models when none is named and this machine has no
+// calibration for the job's rank count (docs/usage.md, "Defaults").
+inline constexpr const char* kDefaultMachine = "h100-ndr";
+
 struct MachineChoice {
   // a100-hdr, h100-ndr, local (needs the calibration), or "" = local if calibrated for the rank
-  // count, else `generic`: a placeholder machine (1 us, 10 GB/s, 50 GFLOP/s per rank) used only to
-  // rank plans when nothing was calibrated; docs/cost-model.md.
+  // count, else kDefaultMachine; the machine's description says which and why.
   std::string name;
   std::string calibration_file;
-  // A machine file: the machine, its ranks per node and its links from the file (name and
-  // calibration_file are then ignored).
+  // A machine file: the machine, its ranks per node and its links from the file (then `name`
+  // must be empty: a file and a preset contradict each other).
   std::string machine_file;
+  // The memory per rank plans must fit in (bytes): -1 = the machine's (Machine::memory_bytes),
+  // 0 = no cap.
+  int64_t max_memory = -1;
 
-  // The machine for `ranks` ranks; a preset's kernel rates are those of `dtype`.
+  // Whether the machine is one of GPUs (the default dtype is then bf16, else fp32): known before
+  // the dtype, which the machine's kernel rates depend on.
+  bool gpu(int ranks) const;
+  DType default_dtype(int ranks) const;
+  // The machine for `ranks` ranks; a preset's or file's kernel rates are those of `dtype`.
+  // Throws a2d::Error for a name and a file together, an unknown name, or a file it cannot use.
   Machine machine(int ranks, DType dtype) const;
+  // The cap `max_memory` gives on `machine` (0: none).
+  int64_t memory_cap(const Machine& machine) const;
 };
 
 // The ranks per node to model: the machine file's where the machine has one, else `requested`;
-// at most `ranks`.
+// at most `ranks`. Throws a2d::Error when the job's ranks span several nodes but are not a
+// multiple of the ranks per node (a partly filled node the model would misplace).
 int model_ranks_per_node(const Machine& machine, int requested, int ranks);
+
+// Throws a2d::Error, saying what to change, when the machine's ranks are GPUs and a2d's CUDA
+// kernels do not compute the problem (dtype, head dimension, documents, softcap): a plan for
+// that machine could not run.
+void check_machine_runs(const Machine& machine, const Problem& problem);
 
 struct PlannedRun {
   Plan plan;
   Prediction prediction;
-  // A machine file's nodes of several ranks: the placement of ranks on nodes the planner chose
-  // (true: cyclic, mpirun --map-by node).
   std::string machine_description;
+  // A machine file's nodes of several ranks: the placement of ranks on nodes the planner chose
+  // (true: round-robin, mpirun --map-by node).
   bool cyclic_placement = false;
+  // The reasons: the next plans the search ranks after it (up to two other plans, under the same
+  // restrictions; not the same plan in the other placement), the fastest Ring Attention plan that
+  // fits (the paper's baseline; none when none fits or the restrictions exclude it), the memory cap
+  // and the plans it excluded.
+  std::vector<RankedPlan> runners_up;
+  std::optional<RankedPlan> best_ring;
+  int64_t memory_cap = 0;
+  int excluded = 0;
+  int ranks_per_node = 1;
 };
 
-// The fastest plan by the model; `algo`, `grid` ("" = free) and `heads_parallel` (0 = free)
-// restrict the search. `ranks_per_node` is the caller's, unless the machine (a machine file) has
-// its own, or, without a machine file, Slurm's environment places `ranks` ranks evenly on nodes
-// (read_node_layout; its placement, block or cyclic, is then the launcher's, not the planner's
-// choice). With `shards` every plan is charged the exchanges from and to the caller's layout.
-// Throws a2d::Error naming why each algorithm was skipped when no plan fits.
+// The fastest plan by the model that fits in the machine's memory (choice.max_memory); `algo`,
+// `grid` ("" = free) and `heads_parallel` (0 = free) restrict the search. `ranks_per_node` is the
+// caller's, unless the machine (a machine file) has its own, or, without a machine file, Slurm's
+// environment places `ranks` ranks evenly on nodes (read_node_layout; its placement, block or
+// round-robin, is then the launcher's, not the planner's choice). With `shards` every plan is
+// charged the exchanges from and to the caller's layout. Throws a2d::Error naming why each
+// algorithm was skipped when no plan can run, and, when plans can run but none fits in memory,
+// how many they are, what the smallest needs and what would fit (more ranks, bf16, a shorter
+// sequence).
 PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
                        const MachineChoice& choice, const std::string& algo,
                        const std::string& grid, int heads_parallel = 0,
                        const UserShards* shards = nullptr);
+
+// When no plan fits in `memory_cap` bytes per rank: what would (the fewest ranks, a multiple of
+// ranks_per_node, at which some plan fits; bf16 where the problem is fp32; the longest sequence
+// that fits on `ranks`), one clause each, for an error message.
+std::string what_would_fit(const Problem& problem, int ranks, int ranks_per_node,
+                           int64_t memory_cap);
 
 }  // namespace a2d

@@ -20,7 +20,12 @@
 //
 // Idle ranks: a library host (the Python layer) calls note_idle() when a call returns, and the
 // rank is then outside attention2d until its next phase. A rank outside never triggers (a healthy
-// job may stay in Python for hours); asked, it answers and counts as not progressing, reported as
+// job may stay in Python for hours). A rank outside that answers is alive and busy elsewhere (a
+// checkpoint save, an evaluation): the ranks waiting for it inside attention2d keep waiting, up to
+// `idle_limit_seconds` since it left the library (the Python layer passes the process group's own
+// timeout, torch's 30 minutes by default). Only a rank that does not answer (dead, frozen,
+// unreachable), a rank stuck inside attention2d, or one outside for longer than the idle limit
+// ends the job; an idle rank is reported as
 //     idle: rank 2 (outside attention2d since 9.1 s, after phase forward.merge) on host node2
 // The command-line program never calls it: its ranks are inside from start to end.
 //
@@ -61,14 +66,19 @@ class Communicator;
 
 class Watchdog {
  public:
+  // How long the ranks inside wait for an idle rank that answers (torch's default process group
+  // timeout): see "Idle ranks" above.
+  static constexpr double kDefaultIdleLimit = 1800;
+
 #ifdef A2D_WITH_MPI
   // Collective over `comm`. timeout_seconds <= 0 creates an inactive watchdog.
-  Watchdog(MPI_Comm comm, double timeout_seconds);
+  Watchdog(MPI_Comm comm, double timeout_seconds, double idle_limit_seconds = kDefaultIdleLimit);
 #endif
   // Collective over `gloo_world`, a Gloo communicator (or a CountingCommunicator around one):
   // the watchdog takes its own view of the mesh. timeout_seconds <= 0 creates an inactive
   // watchdog. Throws a2d::Error for another kind of communicator, or in a build without Gloo.
-  Watchdog(Communicator& gloo_world, double timeout_seconds);
+  Watchdog(Communicator& gloo_world, double timeout_seconds,
+           double idle_limit_seconds = kDefaultIdleLimit);
   ~Watchdog();
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
@@ -88,7 +98,9 @@ class Watchdog {
 
   // Internal (the Gloo communicator): a transfer on the mesh `mesh` failed with `message`. If
   // the active watchdog watches that mesh, it reports the message and ends the job, and this
-  // call does not return; otherwise it returns at once and the caller throws.
+  // call does not return; otherwise it returns at once and the caller throws. mesh == nullptr
+  // (a transport the watchdog does not carry: a caller's process group, group_comm.hpp): any
+  // active watchdog reports it (naming the rank that is gone where its own link saw it go).
   static void transport_failed(const void* mesh, const std::string& message);
 
   // Ends the job on SIGTERM (and SIGINT when `interrupt` is true) instead of dying at once, so
@@ -110,7 +122,7 @@ class Watchdog {
   static void stop_on_signals(bool interrupt, void (*before_stop)() = nullptr);
 
  private:
-  void start(double timeout_seconds);
+  void start(double timeout_seconds, double idle_limit_seconds);
 
   struct State;
   std::unique_ptr<State> state_;

@@ -15,6 +15,7 @@
 
 #include "attention2d/error.hpp"
 #include "attention2d/watchdog.hpp"
+#include "comm/startup_guard.hpp"
 #ifdef A2D_SMPI
 #include "attention2d/sim.hpp"
 #endif
@@ -605,13 +606,16 @@ void sleeping_barrier(MPI_Comm comm, std::chrono::microseconds max_sleep) {
   test_until_done(1, &request, max_sleep);
 }
 
-MpiSession::MpiSession(int* argc, char*** argv) {
+MpiSession::MpiSession(int* argc, char*** argv, double startup_timeout) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
+    if (startup_timeout > 0)
+      guard_ = std::make_unique<watchdog_detail::StartupGuard>(startup_timeout);
     int provided = 0;
     A2D_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
     owns_ = true;
+    if (guard_) guard_->mpi_initialized();
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);
@@ -619,6 +623,7 @@ MpiSession::MpiSession(int* argc, char*** argv) {
 }
 
 MpiSession::~MpiSession() {
+  guard_.reset();  // its thread may use PMIx and MPI: stopped before MPI_Finalize
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (owns_ && !finalized) MPI_Finalize();

@@ -34,6 +34,7 @@
 
 #include "attention2d/comm.hpp"
 #include "attention2d/error.hpp"
+#include "startup_guard.hpp"
 #include "watchdog_link.hpp"
 
 namespace a2d {
@@ -325,7 +326,7 @@ std::string stall_report(int rank, double timeout, const std::map<int, Status>& 
   }
   if (!any_inside) last = furthest;
   std::map<std::pair<double, std::string>, std::vector<int>> groups;
-  std::map<std::pair<double, std::string>, double> longest;
+  std::map<std::pair<double, std::string>, double> longest;  // -1: not known for any of them
   std::map<std::string, std::vector<int>> idle;
   std::map<std::string, double> idle_longest;
   for (const auto& [peer, s] : answers) {
@@ -336,7 +337,8 @@ std::string stall_report(int rank, double timeout, const std::map<int, Status>& 
     }
     const auto key = std::make_pair(s.sequence, std::string(s.phase));
     groups[key].push_back(peer);
-    longest[key] = std::max(longest[key], s.seconds);
+    const auto known = longest.find(key);
+    longest[key] = known == longest.end() ? s.seconds : std::max(known->second, s.seconds);
   }
   std::ostringstream out;
   out << "a2d watchdog: rank " << rank << " made no progress for " << mine.seconds << " s in phase "
@@ -346,8 +348,9 @@ std::string stall_report(int rank, double timeout, const std::map<int, Status>& 
         << (key.first == last && last < furthest ? "did not arrive (furthest behind): "
             : key.first < furthest               ? "behind: "
                                                  : "waiting: ")
-        << rank_list(ranks) << " (phase " << static_cast<int64_t>(key.first) << " " << key.second
-        << ", " << longest[key] << " s)" << hosts_of(ranks, hosts) << "\n";
+        << rank_list(ranks) << " (phase " << static_cast<int64_t>(key.first) << " " << key.second;
+    if (longest[key] >= 0) out << ", " << longest[key] << " s";
+    out << ")" << hosts_of(ranks, hosts) << "\n";
   }
   for (const auto& [phase, ranks] : idle) {
     out << "  idle: " << rank_list(ranks) << " (outside attention2d since " << idle_longest[phase]
@@ -367,12 +370,9 @@ std::string stall_report(int rank, double timeout, const std::map<int, Status>& 
 
 #ifdef A2D_WITH_MPI
 namespace {
-
-constexpr int kTagRequest = 71;
-constexpr int kTagReply = 72;
-constexpr int kTagEnding = 73;  // "I end the job for a signal": the others stay quiet
 // How long a rank that called MPI_Abort waits for the launcher to end it before it exits itself.
 constexpr double kAbortGraceSeconds = 5.0;
+}  // namespace
 
 // MPI_Abort asks the launcher to end every rank; it may never return when the launcher waits
 // on a host whose processes are all stopped (its daemon too). This rank then ends itself after
@@ -387,6 +387,12 @@ constexpr double kAbortGraceSeconds = 5.0;
   MPI_Abort(MPI_COMM_WORLD, code);
   std::_Exit(code);
 }
+
+namespace {
+
+constexpr int kTagRequest = 71;
+constexpr int kTagReply = 72;
+constexpr int kTagEnding = 73;  // "I end the job for a signal": the others stay quiet
 
 // The MPI link: a duplicate of the communicator, served by the watchdog's thread.
 class MpiLink final : public Link {
@@ -502,6 +508,7 @@ class MpiLink final : public Link {
 struct Engine {
   std::unique_ptr<Link> link;
   double timeout = 0;
+  double idle_limit = 0;  // how long an idle rank that answers is waited for
   std::atomic<bool> stop{false};
   std::thread thread;
   uint64_t round = 0;
@@ -533,8 +540,9 @@ struct Engine {
     }
     if (answers.size() == everyone) {
       for (const auto& [peer, s] : answers) {
-        // That rank is progressing: this is no hang (yet).
-        if (!s.outside && s.seconds < timeout) return;
+        // That rank is progressing inside, or alive and busy outside attention2d (a checkpoint,
+        // an evaluation) within the idle limit: this is no hang (yet).
+        if (s.seconds < (s.outside ? idle_limit : timeout)) return;
       }
     }
     // Ranks that wait for the same one time out together: rank 0 reports at once, the others
@@ -644,7 +652,8 @@ using watchdog_detail::g_state;
 using watchdog_detail::g_state_mutex;
 
 #ifdef A2D_WITH_MPI
-Watchdog::Watchdog(MPI_Comm comm, double timeout_seconds) : state_(std::make_unique<State>()) {
+Watchdog::Watchdog(MPI_Comm comm, double timeout_seconds, double idle_limit_seconds)
+    : state_(std::make_unique<State>()) {
   if (timeout_seconds <= 0) return;
   int level = 0;
   MPI_Query_thread(&level);
@@ -654,20 +663,21 @@ Watchdog::Watchdog(MPI_Comm comm, double timeout_seconds) : state_(std::make_uni
               level);
   A2D_REQUIRE(!g_active.load(), "only one watchdog may be active in a process");
   state_->link = std::make_unique<watchdog_detail::MpiLink>(comm);
-  start(timeout_seconds);
+  start(timeout_seconds, idle_limit_seconds);
 }
 #endif
 
-Watchdog::Watchdog(Communicator& gloo_world, double timeout_seconds)
+Watchdog::Watchdog(Communicator& gloo_world, double timeout_seconds, double idle_limit_seconds)
     : state_(std::make_unique<State>()) {
   if (timeout_seconds <= 0) return;
   A2D_REQUIRE(!g_active.load(), "only one watchdog may be active in a process");
   state_->link = watchdog_detail::make_gloo_link(gloo_world);
-  start(timeout_seconds);
+  start(timeout_seconds, idle_limit_seconds);
 }
 
-void Watchdog::start(double timeout_seconds) {
+void Watchdog::start(double timeout_seconds, double idle_limit_seconds) {
   state_->timeout = timeout_seconds;
+  state_->idle_limit = std::max(idle_limit_seconds, timeout_seconds);
   {
     std::lock_guard<std::mutex> lock(watchdog_detail::g_tracker.mutex);
     watchdog_detail::g_tracker.since = watchdog_detail::now();
@@ -678,6 +688,7 @@ void Watchdog::start(double timeout_seconds) {
     g_state = state_.get();
   }
   state_->thread = std::thread([state = state_.get()] { state->run(); });
+  watchdog_detail::startup_done();  // the start of the job is watched no longer (startup_guard.hpp)
 }
 
 Watchdog::~Watchdog() {
@@ -716,7 +727,7 @@ std::string Watchdog::current_phase() {
 void Watchdog::transport_failed(const void* mesh, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(g_state_mutex);
-    if (!g_state || !g_state->link || !g_state->link->carries(mesh)) return;
+    if (!g_state || !g_state->link || (mesh != nullptr && !g_state->link->carries(mesh))) return;
     std::lock_guard<std::mutex> failure_lock(g_state->failure_mutex);
     if (g_state->failure.empty()) g_state->failure = message;
   }

@@ -26,7 +26,8 @@ constexpr int kPhaseChars = 64;
 // What a rank reports about itself (sent as bytes between ranks of one program).
 struct Status {
   double sequence = 0;  // number of phases entered so far
-  double seconds = 0;   // inside: since the last progress; outside: since it left the library
+  double seconds = 0;   // inside: since the last progress; outside: since it left the library;
+                        // negative: not known (a rank starting, seen by startup_guard.hpp)
   double outside = 0;   // 1: outside attention2d (Watchdog::note_idle); phase = the last one
   char phase[kPhaseChars] = {};
 };
@@ -46,6 +47,11 @@ std::string stall_report(int rank, double timeout, const std::map<int, Status>& 
 bool claim_ending();
 // Blocks forever (the thread that claimed the end is ending the process).
 [[noreturn]] void wait_for_the_end();
+#ifdef A2D_WITH_MPI
+// Ends the MPI job with exit code `code` (MPI_Abort); if the launcher has not ended this rank 5 s
+// later (it may wait forever on a frozen host), the rank exits itself with that code.
+[[noreturn]] void abort_mpi_job(int code);
+#endif
 
 // Bytes moved between the job's hosts, as progress (a transfer of one MPI call may take longer
 // than the timeout on a slow link, or after TCP's retransmission backoff, with no phase or tile

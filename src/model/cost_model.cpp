@@ -2,8 +2,12 @@
 // phases into forward and backward times per algorithm (docs/cost-model.md).
 #include "attention2d/cost_model.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <deque>
 #include <fstream>
@@ -39,6 +43,10 @@ Machine preset_machine(const std::string& name, DType dtype) {
   // 9.6 us over the network.
   m.intra.latency_s = 3.4e-6;
   m.inter.latency_s = 9.6e-6;
+  // A100 SXM 80GB and H100 SXM 80GB: 80 GiB of HBM per GPU (nvidia-smi: 81920 MiB on the A100,
+  // 81559 MiB on the H100); what attention may use of it is less (--max-memory).
+  m.memory_bytes = int64_t{80} << 30;
+  m.gpu = true;
   if (name == "a100-hdr") {
     // A100 SXM: 312 TFLOP/s dense bf16, 19.5 TFLOP/s fp32; FlashAttention-2 reaches 73 % of peak
     // forward and 50 % at the low end of its range (we take it for the backward).
@@ -47,7 +55,7 @@ Machine preset_machine(const std::string& name, DType dtype) {
     m.kernel_backward_flops = 0.50 * peak;
     m.intra.bytes_per_s = 300e9;  // NVLink 3: 600 GB/s bidirectional per GPU
     m.inter.bytes_per_s = 25e9;   // one HDR InfiniBand port (200 Gb/s) per GPU
-    m.description = "A100 SXM, NVLink 3 in the node, one HDR 200 Gb/s port per GPU";
+    m.description = "A100 SXM 80 GB, NVLink 3 in the node, one HDR 200 Gb/s port per GPU";
   } else if (name == "h100-ndr") {
     // H100 SXM: 989 TFLOP/s dense bf16, 67 TFLOP/s fp32; FlashAttention-3 reaches 740 TFLOP/s
     // (75 %) forward and 561 TFLOP/s (57 %) backward, its best published figures.
@@ -56,7 +64,7 @@ Machine preset_machine(const std::string& name, DType dtype) {
     m.kernel_backward_flops = (561.0 / 989.0) * peak;
     m.intra.bytes_per_s = 450e9;  // NVLink 4: 900 GB/s bidirectional per GPU
     m.inter.bytes_per_s = 50e9;   // one NDR InfiniBand port (400 Gb/s) per GPU
-    m.description = "H100 SXM, NVLink 4 in the node, one NDR 400 Gb/s port per GPU";
+    m.description = "H100 SXM 80 GB, NVLink 4 in the node, one NDR 400 Gb/s port per GPU";
   } else if (name == "local") {
     A2D_FAIL("the local machine comes from a calibration file: use local_machine()");
   } else {
@@ -209,11 +217,35 @@ Machine local_machine(const std::string& file, int ranks) {
   m.permute_bytes_per_s = optional("permute_gbs") * 1e9;
   m.sum_bytes_per_s = optional("sum_gbs") * 1e9;
   m.merge_bytes_per_s = optional("merge_gbs") * 1e9;
+  // This node's physical memory, shared by the ranks (all on this node).
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0) m.memory_bytes = static_cast<int64_t>(pages) * page / ranks;
   std::ostringstream text;
-  text << "this machine as calibrated at " << ranks << " ranks on " << m.shared_cores << " cores ("
-       << file << ")";
+  text << "this machine as calibrated at " << ranks << (ranks == 1 ? " rank" : " ranks") << " on "
+       << m.shared_cores << (m.shared_cores == 1 ? " core" : " cores") << " (" << file << "), "
+       << format_bytes(static_cast<double>(m.memory_bytes)) << " of memory per rank";
   m.description = text.str();
   return m;
+}
+
+bool has_calibration(const std::string& file, int ranks) {
+  return read_sections(file).count(ranks) > 0;
+}
+
+std::string format_bytes(double bytes) {
+  static const char* const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  int unit = 0;
+  while (std::fabs(bytes) >= 1024 && unit < 5) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char buffer[32];
+  if (unit == 0 || bytes == std::floor(bytes)) {
+    std::snprintf(buffer, sizeof buffer, "%.0f %s", bytes, units[unit]);
+  } else {
+    std::snprintf(buffer, sizeof buffer, "%.1f %s", bytes, units[unit]);
+  }
+  return buffer;
 }
 
 // ---- Machine files ---------------------------------------------------------------------------
@@ -228,11 +260,96 @@ Machine local_machine(const std::string& file, int ranks) {
 //   intra_latency_us = 2.2
 //   kernel_forward_gflops = 4.1 ...   (as in a calibration file)
 
-Machine load_machine_file(const std::string& file) {
+namespace {
+
+// One machine file's entries: key -> (value text, line), each key once.
+struct MachineFileEntries {
+  std::string file;
+  std::map<std::string, std::pair<std::string, int>> values;
+
+  bool has(const std::string& key) const { return values.count(key) > 0; }
+  std::string where(const std::string& key) const {
+    const auto it = values.find(key);
+    return it == values.end() ? file : file + ":" + std::to_string(it->second.second);
+  }
+  // A number >= `least` (> 0 where `positive`), or `fallback` when absent and not required.
+  double number(const std::string& key, bool required, bool positive, double fallback = 0) const {
+    const auto it = values.find(key);
+    if (it == values.end()) {
+      A2D_REQUIRE(!required, "the machine file ", file, " needs '", key, "'");
+      return fallback;
+    }
+    const std::string& text = it->second.first;
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str(), &end);
+    A2D_REQUIRE(!text.empty() && end && *end == '\0' && std::isfinite(value), where(key), ": '",
+                key, "' needs a number, got '", text, "'");
+    A2D_REQUIRE(positive ? value > 0 : value >= 0, where(key), ": '", key, "' must be ",
+                positive ? "positive" : ">= 0", ", got ", text);
+    return value;
+  }
+  // A whole number in [least, most].
+  int64_t whole(const std::string& key, bool required, int64_t least, int64_t most,
+                int64_t fallback = 0) const {
+    if (!has(key)) {
+      A2D_REQUIRE(!required, "the machine file ", file, " needs '", key, "'");
+      return fallback;
+    }
+    const std::string& text = values.at(key).first;
+    char* end = nullptr;
+    errno = 0;
+    const long long value = std::strtoll(text.c_str(), &end, 10);
+    A2D_REQUIRE(!text.empty() && end && *end == '\0' && errno == 0, where(key), ": '", key,
+                "' needs a whole number, got '", text, "'");
+    A2D_REQUIRE(value >= least && value <= most, where(key), ": '", key, "' must be between ",
+                least, " and ", most, ", got ", text);
+    return value;
+  }
+};
+
+// The kernel-rate keys, each also with a dtype suffix (_fp32, _bf16, _fp16).
+const char* const kRateKeys[] = {"kernel_forward_gflops", "kernel_backward_gflops",
+                                 "kernel_forward_causal_gflops", "kernel_backward_causal_gflops"};
+// Keys of the CPU kernels' terms, which a gpu machine file may not give.
+const char* const kCpuKeys[] = {"block",
+                                "kernel_forward_panel_us",
+                                "kernel_forward_key_us",
+                                "permute_gbs",
+                                "sum_gbs",
+                                "merge_gbs",
+                                "cores"};
+const char* const kOtherKeys[] = {"name",
+                                  "device",
+                                  "ranks_per_node",
+                                  "shared_link",
+                                  "intra_latency_us",
+                                  "intra_bandwidth_gbs",
+                                  "inter_latency_us",
+                                  "inter_bandwidth_gbs",
+                                  "memory_gib",
+                                  "sync_us",
+                                  "step_sync_us",
+                                  "cyclic_placement"};
+
+bool known_machine_key(const std::string& key) {
+  for (const char* k : kOtherKeys)
+    if (key == k) return true;
+  for (const char* k : kCpuKeys)
+    if (key == k) return true;
+  for (const char* k : kRateKeys) {
+    if (key == k) return true;
+    for (const DType dtype : {DType::f32, DType::bf16, DType::f16})
+      if (key == std::string(k) + "_" + dtype_name(dtype)) return true;
+  }
+  return false;
+}
+
+MachineFileEntries read_machine_file(const std::string& file) {
   std::ifstream in(file);
   A2D_REQUIRE(in, "cannot read the machine file ", file);
-  std::map<std::string, double> values;
-  std::string name, line;
+  MachineFileEntries entries;
+  entries.file = file;
+  std::string line;
   int number = 0;
   while (std::getline(in, line)) {
     ++number;
@@ -248,83 +365,89 @@ Machine load_machine_file(const std::string& file) {
     };
     trim(key);
     trim(value);
-    if (key == "name") {
-      name = value;
-      continue;
-    }
-    char* end = nullptr;
-    const double number_value = std::strtod(value.c_str(), &end);
-    A2D_REQUIRE(
-        !value.empty() && end && *end == '\0' && std::isfinite(number_value) && number_value >= 0,
-        file, ":", number, ": '", key, "' needs a number >= 0, got '", value, "'");
-    values[key] = number_value;
+    A2D_REQUIRE(known_machine_key(key), file, ":", number, ": unknown key '", key,
+                "' in the machine file (docs/cost-model.md, \"Machine files\", lists them)");
+    A2D_REQUIRE(!entries.has(key), file, ":", number, ": '", key,
+                "' is given twice (first on line ", entries.values[key].second, ")");
+    entries.values[key] = {value, number};
   }
-  static const char* const known[] = {"ranks_per_node",
-                                      "shared_link",
-                                      "intra_latency_us",
-                                      "intra_bandwidth_gbs",
-                                      "inter_latency_us",
-                                      "inter_bandwidth_gbs",
-                                      "kernel_forward_gflops",
-                                      "kernel_backward_gflops",
-                                      "kernel_forward_causal_gflops",
-                                      "kernel_backward_causal_gflops",
-                                      "block",
-                                      "kernel_forward_panel_us",
-                                      "kernel_forward_key_us",
-                                      "permute_gbs",
-                                      "sum_gbs",
-                                      "merge_gbs",
-                                      "cores",
-                                      "sync_us",
-                                      "step_sync_us",
-                                      "cyclic_placement"};
-  for (const auto& entry : values) {
-    const std::string& key = entry.first;  // (clang 14 cannot capture a structured binding)
-    A2D_REQUIRE(std::find_if(std::begin(known), std::end(known),
-                             [&](const char* k) { return key == k; }) != std::end(known),
-                "unknown key '", key, "' in the machine file ", file);
-  }
-  const auto required = [&](const char* key, bool positive) {
-    const auto it = values.find(key);
-    A2D_REQUIRE(it != values.end() && (!positive || it->second > 0), "the machine file ", file,
-                " needs ", positive ? "a positive '" : "'", key, "'");
-    return it->second;
-  };
-  const auto optional = [&](const char* key) {
-    const auto it = values.find(key);
-    return it == values.end() ? 0.0 : it->second;
-  };
+  return entries;
+}
+
+bool entries_gpu(const MachineFileEntries& entries) {
+  A2D_REQUIRE(entries.has("device"), "the machine file ", entries.file,
+              " needs 'device' (gpu: a2d's CUDA backend on every rank; cpu: CPU processes)");
+  const std::string& device = entries.values.at("device").first;
+  A2D_REQUIRE(device == "gpu" || device == "cpu", entries.where("device"),
+              ": 'device' is gpu or cpu, got '", device, "'");
+  return device == "gpu";
+}
+
+}  // namespace
+
+bool machine_file_is_gpu(const std::string& file) {
+  return entries_gpu(read_machine_file(file));
+}
+
+Machine load_machine_file(const std::string& file, DType dtype) {
+  const MachineFileEntries f = read_machine_file(file);
   Machine m;
-  m.name = name.empty() ? "file" : name;
-  m.ranks_per_node = static_cast<int>(required("ranks_per_node", true));
-  const double shared = required("shared_link", false);
-  A2D_REQUIRE(shared == 0 || shared == 1, "shared_link is 0 or 1 in ", file);
-  m.shared_link = shared == 1;
-  m.intra.latency_s = required("intra_latency_us", false) * 1e-6;
-  m.intra.bytes_per_s = required("intra_bandwidth_gbs", true) * 1e9;
-  m.inter.latency_s = required("inter_latency_us", false) * 1e-6;
-  m.inter.bytes_per_s = required("inter_bandwidth_gbs", true) * 1e9;
-  m.kernel_forward_flops = required("kernel_forward_gflops", true) * 1e9;
-  m.kernel_backward_flops = required("kernel_backward_gflops", true) * 1e9;
-  m.kernel_forward_causal_flops = optional("kernel_forward_causal_gflops") * 1e9;
-  m.kernel_backward_causal_flops = optional("kernel_backward_causal_gflops") * 1e9;
-  m.tile_block = static_cast<int64_t>(optional("block"));
-  m.kernel_forward_panel_s = optional("kernel_forward_panel_us") * 1e-6;
-  m.kernel_forward_key_s = optional("kernel_forward_key_us") * 1e-6;
-  m.permute_bytes_per_s = optional("permute_gbs") * 1e9;
-  m.sum_bytes_per_s = optional("sum_gbs") * 1e9;
-  m.merge_bytes_per_s = optional("merge_gbs") * 1e9;
-  m.shared_cores = static_cast<int>(optional("cores"));
-  m.sync_s = optional("sync_us") * 1e-6;
-  m.step_sync_s = optional("step_sync_us") * 1e-6;
-  const double cyclic = optional("cyclic_placement");
-  A2D_REQUIRE(cyclic == 0 || cyclic == 1, "cyclic_placement is 0 or 1 in ", file);
-  m.cyclic_placement = cyclic == 1;
+  m.gpu = entries_gpu(f);
+  m.name = f.has("name") ? f.values.at("name").first : "file";
+  A2D_REQUIRE(!m.name.empty(), f.where("name"), ": 'name' is empty");
+  m.ranks_per_node = static_cast<int>(f.whole("ranks_per_node", true, 1, 1 << 20));
+  m.shared_link = f.whole("shared_link", true, 0, 1) == 1;
+  m.intra.latency_s = f.number("intra_latency_us", true, false) * 1e-6;
+  m.intra.bytes_per_s = f.number("intra_bandwidth_gbs", true, true) * 1e9;
+  m.inter.latency_s = f.number("inter_latency_us", true, false) * 1e-6;
+  m.inter.bytes_per_s = f.number("inter_bandwidth_gbs", true, true) * 1e9;
+  m.memory_bytes =
+      static_cast<int64_t>(f.number("memory_gib", true, true) * 1024.0 * 1024.0 * 1024.0);
+  // The kernel rates of `dtype`: its own keys, or on a CPU machine the plain ones (the CPU
+  // kernels compute in fp32 whatever the inputs' dtype).
+  const std::string suffix = std::string("_") + dtype_name(dtype);
+  if (m.gpu) {
+    for (const char* key : kRateKeys) {
+      A2D_REQUIRE(!f.has(key), f.where(key), ": a gpu machine gives its kernel rates per dtype ('",
+                  key, "_bf16', '", key,
+                  "_fp16', ...): a GPU's tensor-core rates are not its fp32 "
+                  "rates");
+    }
+    for (const char* key : kCpuKeys) {
+      A2D_REQUIRE(!f.has(key), f.where(key), ": '", key,
+                  "' describes the CPU kernels; this machine file has device = gpu");
+    }
+  }
+  const auto rate = [&](const std::string& key, bool required) {
+    if (f.has(key + suffix)) return f.number(key + suffix, true, true) * 1e9;
+    if (!m.gpu && f.has(key)) return f.number(key, true, true) * 1e9;
+    A2D_REQUIRE(!required, "the machine file ", file, " gives no '", key, suffix, "'",
+                m.gpu ? "" : (" (nor '" + key + "' for every dtype)"),
+                ": the kernel rate of --dtype ", dtype_name(dtype), " on this machine");
+    return 0.0;
+  };
+  m.kernel_forward_flops = rate("kernel_forward_gflops", true);
+  m.kernel_backward_flops = rate("kernel_backward_gflops", true);
+  m.kernel_forward_causal_flops = rate("kernel_forward_causal_gflops", false);
+  m.kernel_backward_causal_flops = rate("kernel_backward_causal_gflops", false);
+  m.tile_block = f.whole("block", false, 0, int64_t{1} << 20);
+  m.kernel_forward_panel_s = f.number("kernel_forward_panel_us", false, false) * 1e-6;
+  m.kernel_forward_key_s = f.number("kernel_forward_key_us", false, false) * 1e-6;
+  m.permute_bytes_per_s = f.number("permute_gbs", false, false) * 1e9;
+  m.sum_bytes_per_s = f.number("sum_gbs", false, false) * 1e9;
+  m.merge_bytes_per_s = f.number("merge_gbs", false, false) * 1e9;
+  m.shared_cores = static_cast<int>(f.whole("cores", false, 0, 1 << 20));
+  m.sync_s = f.number("sync_us", false, false) * 1e-6;
+  m.step_sync_s = f.number("step_sync_us", false, false) * 1e-6;
+  m.cyclic_placement = f.whole("cyclic_placement", false, 0, 1) == 1;
   std::ostringstream text;
-  text << "machine file " << file << ": " << m.ranks_per_node << " ranks per node, "
+  text << "machine file " << file << ": " << (m.gpu ? "GPUs, " : "CPU processes, ")
+       << m.ranks_per_node << (m.ranks_per_node == 1 ? " rank" : " ranks") << " per node, "
        << (m.shared_link ? "one shared link per node" : "one link per rank") << " of "
-       << m.inter.bytes_per_s * 8 / 1e6 << " Mbit/s"
+       << (m.inter.bytes_per_s < 125e6 ? m.inter.bytes_per_s * 8 / 1e6
+                                       : m.inter.bytes_per_s * 8 / 1e9)
+       << (m.inter.bytes_per_s < 125e6 ? " Mbit/s, " : " Gbit/s, ")
+       << format_bytes(static_cast<double>(m.memory_bytes)) << " per rank"
        << (m.cyclic_placement ? ", ranks dealt to nodes in turn" : "");
   m.description = text.str();
   return m;
@@ -339,6 +462,8 @@ Machine with_kernel_rates(const Machine& links, const Machine& kernel) {
   m.ranks_per_node = links.ranks_per_node;
   m.cyclic_placement = links.cyclic_placement;
   m.shared_cores = links.shared_cores;
+  m.memory_bytes = links.memory_bytes;
+  m.gpu = links.gpu;
   m.description = links.description + "; kernel rates of " + kernel.description;
   return m;
 }
@@ -490,8 +615,21 @@ std::vector<int> sample_ranks(const Plan& plan) {
 // tensors in the dtype's element size e and statistics and partial sums in fp32 (the records of
 // wire_records). Index arrays (positions, permutations: 8 bytes per gathered row) are left out.
 
-double memory_bytes(const Problem& p, const Plan& plan) {
+}  // namespace
+
+double model::shard_bytes(const Problem& p, double tokens, bool with_backward) {
+  const double b = static_cast<double>(p.batch), d = static_cast<double>(p.head_dim);
+  const double h = static_cast<double>(p.heads), hkv = static_cast<double>(p.kv_heads);
+  const double e = static_cast<double>(dtype_bytes(p.dtype));
+  const double copies = with_backward ? 4 : 2;  // Q, O (dO, dQ); K, V (dK, dV)
+  return b * tokens * (e * (copies * h * d + copies * hkv * d) + 4 * h);
+}
+
+namespace {
+
+double memory_bytes(const Problem& p, const Plan& plan, bool with_backward) {
   const AlgorithmEntry& entry = algorithm_entry(plan.algorithm);
+  if (entry.memory_bytes) return entry.memory_bytes(p, plan, with_backward);
   A2D_REQUIRE(entry.memory, "no memory model for ", algorithm_name(plan.algorithm));
   model::MemoryTerms terms;
   terms.b = static_cast<double>(p.batch);
@@ -508,12 +646,9 @@ double memory_bytes(const Problem& p, const Plan& plan) {
   terms.big_n = static_cast<double>(p.seq);
   terms.kv_row = terms.b * terms.hkv * 2 * terms.d;  // elements of one [k v] record row
   terms.q_row = terms.b * terms.h * terms.d;         // elements of one query row over the heads
-  // Shards the caller keeps: Q, O, dO, dQ; K, V, dK, dV (dtype); LSE (fp32).
-  const double shards =
-      terms.b * terms.n *
-      (terms.e * (4 * terms.h * terms.d + 4 * terms.hkv * terms.d) + terms.f * terms.h);
   const model::Transient transient = entry.memory(p, plan, terms);
-  return shards + std::max(transient.forward, transient.backward);
+  return model::shard_bytes(p, terms.n, with_backward) +
+         (with_backward ? std::max(transient.forward, transient.backward) : transient.forward);
 }
 
 struct Step {
@@ -649,7 +784,7 @@ Prediction predict_algorithm(const Problem& problem, const Plan& plan, const Mac
   const model::CriticalPath path = entry.critical_path(times);
   out.forward_s = path.forward_s;
   out.backward_s = path.backward_s;
-  out.memory_bytes = static_cast<int64_t>(memory_bytes(problem, plan));
+  out.memory_bytes = static_cast<int64_t>(memory_bytes(problem, plan, true));
   return out;
 }
 
@@ -694,6 +829,23 @@ void require_shards_fit(const Problem& problem, const Plan& plan, const TokenLay
   A2D_REQUIRE(user.tokens() == problem.seq && user.parts() == plan.ranks(), "the shards' layout (",
               user.describe(), ") must split the problem's ", problem.seq,
               " tokens over the plan's ", plan.ranks(), " ranks");
+}
+
+// Memory the exchanges add (docs/cost-model.md, "Relayout"): the caller's shards beside the
+// plan's (which memory_bytes counts as the shards), and the largest exchange's send and receive
+// records. 0 where every rank holds the same tokens in both layouts.
+double relayout_memory_bytes(const Problem& problem, const Plan& plan, const UserShards& shards,
+                             bool with_backward) {
+  const TokenLayout planned_layout = plan_layout(problem, plan);
+  if (same_assignment(shards.layout, planned_layout)) return 0;
+  const RelayoutRecords records = relayout_records(problem, shards.backward);
+  const double own = static_cast<double>(shards.layout.max_count());
+  const double planned = static_cast<double>(planned_layout.max_count());
+  const double largest =
+      static_cast<double>(with_backward ? std::max({records.forward_in, records.forward_out,
+                                                    records.backward_in, records.backward_out})
+                                        : std::max(records.forward_in, records.forward_out));
+  return model::shard_bytes(problem, own, with_backward) + largest * (own + planned);
 }
 
 // The exchanges added to `out`: per phase the most bytes any rank sends (exact) and the most
@@ -774,17 +926,7 @@ void add_relayout(Prediction& out, const Problem& problem, const Plan& plan, con
   out.forward_s += out.relayout_forward_s;
   out.backward_s += out.relayout_backward_s;
 
-  // Memory: the caller's shards beside the plan's (which the prediction counts as the shards),
-  // and the largest exchange's send and receive records.
-  const double b = static_cast<double>(problem.batch), d = static_cast<double>(problem.head_dim);
-  const double h = static_cast<double>(problem.heads), hkv = static_cast<double>(problem.kv_heads);
-  const double e = static_cast<double>(dtype_bytes(problem.dtype));
-  const double own = static_cast<double>(shards.layout.max_count());
-  const double planned = static_cast<double>(plan_layout(problem, plan).max_count());
-  const double user_shards = b * own * (e * (4 * h * d + 4 * hkv * d) + 4 * h);
-  const double largest = static_cast<double>(std::max(
-      {records.forward_in, records.forward_out, records.backward_in, records.backward_out}));
-  out.memory_bytes += static_cast<int64_t>(user_shards + largest * (own + planned));
+  out.memory_bytes += static_cast<int64_t>(relayout_memory_bytes(problem, plan, shards, true));
 }
 
 Prediction predict_with(const Problem& problem, const Plan& plan, const Machine& machine,
@@ -807,9 +949,21 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
   return predict_with(problem, plan, machine, ranks_per_node, shards, &counts);
 }
 
+int64_t memory_per_rank(const Problem& problem, const Plan& plan, const UserShards* shards,
+                        bool with_backward) {
+  problem.validate();
+  check_plan(plan, problem, plan.ranks());
+  double bytes = memory_bytes(problem, plan, with_backward);
+  if (shards) {
+    require_shards_fit(problem, plan, shards->layout);
+    bytes += relayout_memory_bytes(problem, plan, *shards, with_backward);
+  }
+  return static_cast<int64_t>(bytes);
+}
+
 PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machine,
                         int ranks_per_node, bool include_backward, bool choose_placement,
-                        const UserShards* shards) {
+                        const UserShards* shards, int64_t memory_cap) {
   PlanSearch search;
   // Every algorithm's plans: ATTENTION2D's on every grid of P, with and without the K/V
   // transpose; the baselines' in their default layout and the caller's; the hybrid at every
@@ -856,8 +1010,51 @@ PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machin
   const auto total = [&](const RankedPlan& r) {
     return r.prediction.forward_s + (include_backward ? r.prediction.backward_s : 0.0);
   };
+  const auto bytes = [](const RankedPlan& r) {
+    return r.prediction.forward.bytes + r.prediction.backward.bytes;
+  };
   std::stable_sort(search.ranked.begin(), search.ranked.end(),
                    [&](const RankedPlan& a, const RankedPlan& b) { return total(a) < total(b); });
+  // Ties: of the plans left, those within kPlanTieTolerance of the fastest of them, the one
+  // needing the least memory per rank first, then the fewest bytes per rank, then the machine's
+  // own placement of ranks, then the fastest.
+  // (Quadratic in the plans within the tolerance only.)
+  std::vector<RankedPlan> ordered;
+  ordered.reserve(search.ranked.size());
+  std::vector<bool> taken(search.ranked.size(), false);
+  size_t first_left = 0;
+  while (ordered.size() < search.ranked.size()) {
+    while (taken[first_left])
+      ++first_left;
+    const double limit = total(search.ranked[first_left]) * (1 + kPlanTieTolerance);
+    size_t best = first_left;
+    for (size_t i = first_left + 1; i < search.ranked.size() && total(search.ranked[i]) <= limit;
+         ++i) {
+      if (taken[i]) continue;
+      const RankedPlan& a = search.ranked[i];
+      const RankedPlan& b = search.ranked[best];
+      if (a.prediction.memory_bytes != b.prediction.memory_bytes) {
+        if (a.prediction.memory_bytes < b.prediction.memory_bytes) best = i;
+      } else if (bytes(a) != bytes(b)) {
+        if (bytes(a) < bytes(b)) best = i;
+      } else if (a.cyclic_placement != b.cyclic_placement) {
+        // The same plan in both placements: the machine's own (no launcher option to change).
+        if (a.cyclic_placement == machine.cyclic_placement) best = i;
+      }
+    }
+    taken[best] = true;
+    ordered.push_back(std::move(search.ranked[best]));
+  }
+  // The plans that do not fit in the cap, apart, in the same order.
+  search.memory_cap = memory_cap;
+  search.ranked.clear();
+  for (RankedPlan& r : ordered) {
+    if (memory_cap > 0 && r.prediction.memory_bytes > memory_cap) {
+      search.excluded.push_back(std::move(r));
+    } else {
+      search.ranked.push_back(std::move(r));
+    }
+  }
   return search;
 }
 

@@ -10,6 +10,7 @@
 
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
+#include "model/model_internal.hpp"
 
 namespace a2d::model {
 namespace {
@@ -63,6 +64,24 @@ std::map<std::string, Traffic> hybrid_traffic(const Problem& problem, const Plan
   for (auto& [name, t] : all_to_all_traffic(problem, plan, rank))
     phases[name] = t;
   return phases;
+}
+
+double hybrid_memory_bytes(const Problem& problem, const Plan& plan, bool with_backward) {
+  // The world shards, and beside them the group's (ATTENTION2D's shards and transient buffers on
+  // the group problem) or the all-to-all buffers, whichever is larger.
+  const int ranks = plan.ranks(), group_ranks = plan.grid.size(), u = plan.heads_parallel;
+  const TokenLayout layout(LayoutKind::cyclic, problem.seq, ranks);
+  const double own = static_cast<double>(layout.max_count());
+  const double group_tokens = std::ceil(static_cast<double>(problem.seq) / group_ranks);
+  WireRecords wire;
+  set_heads_records(wire, problem, hybrid_heads(problem, u, 0));
+  const int64_t record = with_backward ? std::max(wire.ulysses_backward_in, wire.ulysses_in)
+                                       : std::max(wire.ulysses_in, wire.ulysses_out);
+  const double exchange =
+      static_cast<double>(problem.batch) * (u * own + group_tokens) * static_cast<double>(record);
+  const double group = static_cast<double>(memory_per_rank(
+      hybrid_group_problem(problem, plan), hybrid_group_plan(plan), nullptr, with_backward));
+  return shard_bytes(problem, own, with_backward) + std::max(exchange, group);
 }
 
 Prediction predict_hybrid(const Problem& problem, const Plan& plan, const Machine& machine,
@@ -139,21 +158,7 @@ Prediction predict_hybrid(const Problem& problem, const Plan& plan, const Machin
   out.forward_s += seconds[kAllToAlls[0]] + seconds[kAllToAlls[1]];
   out.backward_s += seconds[kAllToAlls[2]] + seconds[kAllToAlls[3]];
 
-  // Memory: the world shards, and beside them the group's (ATTENTION2D's shards and transient
-  // buffers, predicted above) or the all-to-all buffers of the backward, whichever is larger.
-  const double b = static_cast<double>(problem.batch), d = static_cast<double>(problem.head_dim);
-  const double h = static_cast<double>(problem.heads), hkv = static_cast<double>(problem.kv_heads);
-  const double e = static_cast<double>(dtype_bytes(problem.dtype));
-  const TokenLayout layout(LayoutKind::cyclic, problem.seq, ranks);
-  const double own = static_cast<double>(layout.max_count());
-  const double group_tokens = std::ceil(static_cast<double>(problem.seq) / group_ranks);
-  WireRecords wire;
-  set_heads_records(wire, problem, hybrid_heads(problem, u, 0));
-  const double shards = b * own * (e * (4 * h * d + 4 * hkv * d) + 4 * h);
-  const double exchange = b * (u * own + group_tokens) *
-                          static_cast<double>(std::max(wire.ulysses_backward_in, wire.ulysses_in));
-  out.memory_bytes =
-      static_cast<int64_t>(shards + std::max(exchange, static_cast<double>(out.memory_bytes)));
+  out.memory_bytes = static_cast<int64_t>(hybrid_memory_bytes(problem, plan, true));
   return out;
 }
 

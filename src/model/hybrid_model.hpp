@@ -14,6 +14,10 @@ namespace a2d::model {
 // grid rank, and the four all-to-alls of its sequence group.
 std::map<std::string, Traffic> hybrid_traffic(const Problem& problem, const Plan& plan, int rank);
 
+// memory_per_rank() of a hybrid plan (without the caller's shards): the world shards, and beside
+// them the group's memory or the all-to-all buffers, whichever is larger.
+double hybrid_memory_bytes(const Problem& problem, const Plan& plan, bool with_backward);
+
 // predict() of a hybrid plan.
 Prediction predict_hybrid(const Problem& problem, const Plan& plan, const Machine& machine,
                           int ranks_per_node);

@@ -80,6 +80,9 @@ struct MemoryTerms {
   int ranks;
   double n, big_n, kv_row, q_row;
 };
+// Bytes of the shards a rank of `tokens` tokens keeps: Q, O, K, V in the dtype and LSE in fp32,
+// and with the backward dO, dQ, dK, dV in the dtype too.
+double shard_bytes(const Problem& p, double tokens, bool with_backward);
 // Bytes of the forward's and the backward's transient buffers on the busiest rank.
 struct Transient {
   double forward = 0;

@@ -79,6 +79,7 @@ const AlgorithmEntry& hybrid_entry() {
     e.group_plan = hybrid_group_plan;
     e.group_rank = group_rank;
     e.predict = model::predict_hybrid;
+    e.memory_bytes = model::hybrid_memory_bytes;
     e.traffic = model::hybrid_traffic;
     return e;
   }();

@@ -119,9 +119,15 @@ void require_cyclic_layout(const Plan& plan) {
 }
 
 void require_one_group(const Plan& plan, int ranks) {
-  A2D_REQUIRE(plan.grid.rows == 1 && plan.grid.cols == ranks, algorithm_name(plan.algorithm),
-              " runs on all ranks as one group; --grid applies to attention2d only (got ",
-              plan.grid.describe(), " for ", ranks, " ranks)");
+  if (plan.grid.rows == 1 && plan.grid.cols == ranks) return;
+  std::vector<std::string> names;  // those of the table whose plans have a grid
+  for (const AlgorithmEntry* entry : algorithm_entries())
+    if (entry->traits.grid) names.push_back(entry->traits.name);
+  std::string grid_algorithms;
+  for (size_t i = 0; i < names.size(); ++i)
+    grid_algorithms += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  A2D_FAIL(algorithm_name(plan.algorithm), " runs on all ranks as one group; --grid applies to ",
+           grid_algorithms, " (got ", plan.grid.describe(), " for ", ranks, " ranks)");
 }
 
 }  // namespace a2d

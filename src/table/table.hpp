@@ -62,6 +62,9 @@ struct AlgorithmEntry {
   // A lower bound of the busiest rank's FLOPs beyond any single rank's (null: none).
   double (*critical_flops)(const Problem& problem, const Plan& plan) = nullptr;
 
+  // The whole memory per rank, where the algorithm composes it itself (the hybrid; null: the
+  // shards and `memory`'s transient buffers).
+  double (*memory_bytes)(const Problem& problem, const Plan& plan, bool with_backward) = nullptr;
   // The busiest rank's transient buffers, forward and backward.
   model::Transient (*memory)(const Problem& problem, const Plan& plan,
                              const model::MemoryTerms& terms) = nullptr;

@@ -29,8 +29,11 @@ python3 "$here/check_json.py" \
   algo,grid,ranks,fwd_ms,bwd_ms,pred_fwd_ms,pred_bwd_ms,bytes_sent_fwd,bytes_sent_bwd,messages_fwd,messages_bwd,peak_mem_bytes \
   -- "$mpiexec" --oversubscribe -np 4 "$a2d" bench "${problem[@]}" --calibration "$cal" --check --json \
   > "$work/bench.json" || fail "bench --json"
-# 3 ATTENTION2D grids x 2 variants + ring + allgather-kv + ulysses (4 ranks do not divide 2 K/V heads).
-[ "$(grep -c '"fwd_ms"' "$work/bench.json")" -eq 8 ] || fail "expected 8 measured rows"
+# Every algorithm of the table by default: 3 ATTENTION2D grids x 2 variants + ring + allgather-kv
+# + the hybrid (U = 2 on 1x2 and 2x1, U = 4 on 1x1); ulysses skipped (4 ranks do not divide 2 K/V
+# heads).
+[ "$(grep -c '"fwd_ms"' "$work/bench.json")" -eq 11 ] || fail "expected 11 measured rows"
+[ "$(grep -c '"algo": "hybrid"' "$work/bench.json")" -eq 3 ] || fail "expected 3 hybrid rows"
 grep -q '"skipped": "ulysses shards the heads' "$work/bench.json" || fail "ulysses not skipped with its reason"
 grep -q '"pass": false' "$work/bench.json" && fail "a row failed --check"
 # Rows timed one after another instead of round-robin: the same rows, each still checked.
@@ -40,7 +43,7 @@ grep -q '"pass": false' "$work/bench.json" && fail "a row failed --check"
 grep -q '"pass": false' "$work/sequential.json" && fail "a --sequential row failed --check"
 # Where the time went: measured and predicted milliseconds per phase, on every measured row.
 for key in '"ms.forward.kernel"' '"ms.backward.kernel"' '"pred_ms.forward.kernel"' '"pred_ms.backward.kernel"'; do
-  [ "$(grep -c "$key" "$work/bench.json")" -eq 8 ] || fail "phase times: $key not on every row"
+  [ "$(grep -c "$key" "$work/bench.json")" -eq 11 ] || fail "phase times: $key not on every row"
 done
 grep -q '"ms.forward.kv_allgather"' "$work/bench.json" || fail "no communication phase time"
 "$mpiexec" --oversubscribe -np 2 "$a2d" bench "${problem[@]}" --calibration "$cal" --csv --algo ring,attention2d \

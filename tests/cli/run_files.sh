@@ -92,7 +92,8 @@ grep -q "bad magic" <<<"$out" || fail "junk file not reported: $out"
 if out=$(run 2 "${inputs[@]}" --seq 100 2>&1); then fail "accepted --seq with files"; fi
 grep -q "conflicts with --q" <<<"$out" || fail "conflict not reported: $out"
 if out=$(run 2 "${inputs[@]}" --out /proc/a2d-cannot-write 2>&1); then fail "wrote into /proc"; fi
-grep -q "cannot create the output directory" <<<"$out" || fail "unwritable dir not reported: $out"
+grep -q -- "--out /proc/a2d-cannot-write: cannot create the directory /proc/a2d-cannot-write" <<<"$out" ||
+  fail "unwritable dir not reported: $out"
 # Ulysses with K/V heads the ranks do not divide (2 heads, 3 ranks): refused on every rank.
 if out=$(run 3 "${inputs[@]}" --algo ulysses 2>&1); then fail "ulysses accepted 2 K/V heads on 3 ranks"; fi
 [ "$(echo "$out" | grep -c 'the number of ranks (3) must divide the number of K/V heads (2).*(on every rank)')" = 1 ] ||

@@ -270,9 +270,11 @@ TEST(GlooProcesses, TheWatchdogReportsAStalledRankAndEndsEveryRank) {
 
 // Ranks 1 and 2 are idle (note_idle) past the timeout while rank 0 waits inside: only rank 0
 // triggers, and its report shows the idle ranks with the phase they left.
+// Ranks idle past the idle limit (here 3 s; by default torch's 30 minutes) while rank 0 waits
+// for one of them inside: reported as idle, never triggering themselves.
 TEST(GlooProcesses, IdleRanksAreReportedButNeverTrigger) {
   const std::vector<Outcome> outcomes = run_ranks(3, [](int rank, Communicator& world) {
-    Watchdog watchdog(world, 1.0);
+    Watchdog watchdog(world, 1.0, 3.0);
     if (rank == 0) {
       world.set_phase("test.waits_for_rank_2");
       int x = 0;
@@ -294,6 +296,29 @@ TEST(GlooProcesses, IdleRanksAreReportedButNeverTrigger) {
   EXPECT_NE(outcomes[0].err.find(" s, after phase test.last_call)"), std::string::npos) << text;
   EXPECT_EQ(text.find("rank 1 made no progress"), std::string::npos) << text;
   EXPECT_EQ(text.find("rank 2 made no progress"), std::string::npos) << text;
+}
+
+// A rank alive outside attention2d for 4 timeouts (a checkpoint save) while the others wait for
+// it inside: no hang; the job finishes.
+TEST(GlooProcesses, ARankBusyOutsideTheLibraryIsWaitedFor) {
+  const std::vector<Outcome> outcomes = run_ranks(3, [](int rank, Communicator& world) {
+    Watchdog watchdog(world, 1.0);
+    world.set_phase("test.step");
+    int64_t x = 1;
+    world.all_reduce(&x, 1, Reduction::sum);
+    if (rank == 2) {
+      Watchdog::note_idle();
+      std::this_thread::sleep_for(std::chrono::seconds(4));
+      world.set_phase("test.step");
+    }
+    x = 1;
+    world.all_reduce(&x, 1, Reduction::sum);
+    return x == 3 ? 0 : 5;
+  });
+  const std::string text = all_of(outcomes);
+  for (const Outcome& o : outcomes)
+    EXPECT_EQ(o.code, 0) << text;
+  EXPECT_EQ(text.find("a2d watchdog"), std::string::npos) << text;
 }
 
 // Rank 2 destroys its watchdog (goodbye) and its mesh, and exits; ranks 0 and 1 stay inside,

@@ -162,7 +162,10 @@ def test_plan_and_model_are_plain_values():
     rows = attention2d.model(seq=65536, heads=32, head_dim=128, causal=True, ranks=16,
                              machine="h100-ndr")
     totals = [r["forward_s"] + r["backward_s"] for r in rows]
-    assert_all_ranks(len(rows) > 3 and totals == sorted(totals), "model rows not ranked")
+    # Fastest first, except that times within 1 % are a tie the planner gives to the plan with
+    # less memory (kPlanTieTolerance): never slower than the next by more than that.
+    assert_all_ranks(len(rows) > 3 and all(a <= b * 1.01 for a, b in zip(totals, totals[1:])),
+                     "model rows not ranked")
     assert_all_ranks(all(isinstance(r["words_forward"], float) for r in rows), "words")
     best_a2d = min(r["words_forward"] for r in rows if r["algorithm"] == "attention2d")
     ring = min(r["words_forward"] for r in rows if r["algorithm"] == "ring")

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The watchdog under a torch.distributed launch (scripts/launch.py, gloo), on by default: rank 1
-# skips a backward, raises (then waits outside attention2d), or exits normally mid-training; each
-# RUNS times (default 10). Every run must end within TIMEOUT + 15 s of the misbehaviour (rank 1
-# prints its moment; the processes' start, slow under load, is not counted) with exit code 124 and
-# a report naming what the waiting ranks are in, or the rank that is gone.
+# skips a backward, raises (then waits outside attention2d), exits normally mid-training, or stops
+# itself (SIGSTOP); each RUNS times (default 10). Every run must end within TIMEOUT + 15 s of the
+# misbehaviour (rank 1 prints its moment; the processes' start, slow under load, is not counted;
+# for raise, within the idle limit of 2 x TIMEOUT + 15 s) with exit code 124 and a report naming
+# what the waiting ranks are in, or the rank that is gone or not answering. And a healthy job
+# whose rank 1 spends 2.5 x TIMEOUT outside attention2d (a checkpoint save) while the others wait
+# inside must finish, exit code 0, with no report.
 #   watchdog_torch.sh PYTHON [RUNS] [TIMEOUT]
 set -uo pipefail
 python=$1
@@ -12,7 +15,7 @@ timeout=${3:-3}
 here=$(cd "$(dirname "$0")" && pwd)
 launch="$here/../../scripts/launch.py"
 fail() { echo "watchdog_torch.sh: $*" >&2; exit 1; }
-for mode in skip raise exit; do
+for mode in skip raise exit freeze slow; do
   for run in $(seq 1 "$runs"); do
     out=$("$python" "$launch" --nproc 3 --timeout $(( ${timeout%.*} + 60 )) --grace 2 -- \
           "$python" "$here/misbehave.py" "$mode" "$timeout" 2>&1)
@@ -21,15 +24,25 @@ for mode in skip raise exit; do
     moment=$(echo "$out" | sed -n 's/^misbehave.py: rank 1 misbehaves at \([0-9.]*\)$/\1/p' | head -1)
     [ -n "$moment" ] || { echo "$out"; fail "$mode run $run: rank 1 never reached its misbehaviour"; }
     elapsed=$(awk -v a="$moment" -v b="$end" 'BEGIN { printf "%d", b - a }')
+    bound=$(( ${timeout%.*} + 15 ))
     case $mode in
-      skip)  expected="phase [0-9]* backward\.|phase [0-9]* forward\." ;;
-      raise) expected="outside attention2d" ;;
-      exit)  expected="rank 1 (is gone|left|closed)" ;;
+      skip)   expected="phase [0-9]* backward\.|phase [0-9]* forward\." ;;
+      raise)  expected="outside attention2d"; bound=$(( 2 * ${timeout%.*} + 15 )) ;;
+      exit)   expected="rank 1 (is gone|left|closed)" ;;
+      freeze) expected="not answering \(dead or stuck\): rank 1 " ;;
+      slow)
+        if [ "$code" -ne 0 ] || grep -q "a2d watchdog" <<<"$out" ||
+           [ "$(grep -o "misbehave.py: rank [0-9] finished" <<<"$out" | wc -l)" -ne 3 ]; then
+          echo "$out"
+          fail "slow run $run: exit $code (a rank busy outside attention2d must not end a healthy job)"
+        fi
+        echo "watchdog_torch.sh: slow run $run: finished, exit 0, ${elapsed} s after rank 1 left"
+        continue
+        ;;
     esac
-    if [ "$code" -ne 124 ] || ! grep -Eq "$expected" <<<"$out" ||
-       [ "$elapsed" -gt $(( ${timeout%.*} + 15 )) ]; then
+    if [ "$code" -ne 124 ] || ! grep -Eq "$expected" <<<"$out" || [ "$elapsed" -gt "$bound" ]; then
       echo "$out"
-      fail "$mode run $run: exit $code ${elapsed} s after the misbehaviour (expected 124 within $timeout + 15 s and /$expected/)"
+      fail "$mode run $run: exit $code ${elapsed} s after the misbehaviour (expected 124 within $bound s and /$expected/)"
     fi
     echo "watchdog_torch.sh: $mode run $run: exit 124, ${elapsed} s after the misbehaviour"
   done

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <sstream>
 #include <vector>
@@ -156,11 +157,13 @@ TEST(CostModel, SearchListsEveryCandidateAndSkipsUlyssesWithAReason) {
               std::string::npos)
         << search.skipped[i].second;
   }
+  // Fastest first, but for ties: plans within kPlanTieTolerance of each other rank by memory
+  // (test_planner.cpp checks that order).
   for (size_t i = 1; i < search.ranked.size(); ++i) {
     const auto total = [](const RankedPlan& r) {
       return r.prediction.forward_s + r.prediction.backward_s;
     };
-    EXPECT_LE(total(search.ranked[i - 1]), total(search.ranked[i]));
+    EXPECT_LE(total(search.ranked[i - 1]), total(search.ranked[i]) * (1 + kPlanTieTolerance));
   }
 }
 
@@ -620,6 +623,16 @@ TEST(CostModel, Bf16ChargesTwoBytesPerTensorElementAndFourPerStatistic) {
   EXPECT_DOUBLE_EQ(2 * p.words_forward, static_cast<double>(p.forward.bytes));
 }
 
+// The message of the a2d::Error `body` throws ("" when it throws none).
+std::string error_of(const std::function<void()>& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    return e.message();
+  }
+  return "";
+}
+
 TEST(CostModel, MachineFilesHoldEveryFieldAndFailLoudly) {
   const std::string file = ::testing::TempDir() + "/a2d-machine-test.txt";
   const auto write = [&](const std::string& text) {
@@ -629,18 +642,22 @@ TEST(CostModel, MachineFilesHoldEveryFieldAndFailLoudly) {
     std::fclose(out);
   };
   const std::string required =
-      "ranks_per_node = 4\nshared_link = 1\nintra_latency_us = 2\nintra_bandwidth_gbs = 3\n"
-      "inter_latency_us = 60   # a comment\ninter_bandwidth_gbs = 0.0125\n"
-      "kernel_forward_gflops = 5\nkernel_backward_gflops = 4\n";
+      "device = cpu\nranks_per_node = 4\nshared_link = 1\nintra_latency_us = 2\n"
+      "intra_bandwidth_gbs = 3\ninter_latency_us = 60   # a comment\n"
+      "inter_bandwidth_gbs = 0.0125\nmemory_gib = 1.5\nkernel_forward_gflops = 5\n"
+      "kernel_backward_gflops = 4\n";
   write("name = test-cluster\n" + required +
         "kernel_forward_causal_gflops = 3\nkernel_backward_causal_gflops = 2\nblock = 1024\n"
         "kernel_forward_panel_us = 1.5\nkernel_forward_key_us = 0.25\npermute_gbs = 6\n"
         "sum_gbs = 7\nmerge_gbs = 8\ncores = 2\nsync_us = 30\nstep_sync_us = 40\n"
-        "cyclic_placement = 1\n");
-  const Machine m = load_machine_file(file);
+        "cyclic_placement = 1\nkernel_forward_gflops_bf16 = 6\n");
+  const Machine m = load_machine_file(file, DType::f32);
   EXPECT_EQ(m.name, "test-cluster");
+  EXPECT_FALSE(m.gpu);
+  EXPECT_FALSE(machine_file_is_gpu(file));
   EXPECT_EQ(m.ranks_per_node, 4);
   EXPECT_TRUE(m.shared_link);
+  EXPECT_EQ(m.memory_bytes, int64_t{3} << 29);
   EXPECT_DOUBLE_EQ(m.intra.latency_s, 2e-6);
   EXPECT_DOUBLE_EQ(m.intra.bytes_per_s, 3e9);
   EXPECT_DOUBLE_EQ(m.inter.latency_s, 60e-6);
@@ -659,7 +676,13 @@ TEST(CostModel, MachineFilesHoldEveryFieldAndFailLoudly) {
   EXPECT_DOUBLE_EQ(m.sync_s, 30e-6);
   EXPECT_DOUBLE_EQ(m.step_sync_s, 40e-6);
   EXPECT_TRUE(m.cyclic_placement);
-  // Every required key, in turn, missing; an unknown key; a malformed value; a missing file.
+  // Kernel rates per dtype: a dtype's own key over the plain one (which serves every dtype on a
+  // CPU machine).
+  EXPECT_DOUBLE_EQ(load_machine_file(file, DType::bf16).kernel_forward_flops, 6e9);
+  EXPECT_DOUBLE_EQ(load_machine_file(file, DType::bf16).kernel_backward_flops, 4e9);
+  EXPECT_DOUBLE_EQ(load_machine_file(file, DType::f16).kernel_forward_flops, 5e9);
+
+  // Every required key, in turn, missing: an error naming it.
   std::istringstream lines(required);
   for (std::string skip; std::getline(lines, skip);) {
     std::string text;
@@ -667,18 +690,65 @@ TEST(CostModel, MachineFilesHoldEveryFieldAndFailLoudly) {
     for (std::string line; std::getline(again, line);)
       if (line != skip) text += line + "\n";
     write(text);
-    EXPECT_THROW(load_machine_file(file), Error) << "without: " << skip;
+    const std::string key = skip.substr(0, skip.find(' '));
+    EXPECT_NE(error_of([&] { load_machine_file(file, DType::f32); }).find("'" + key),
+              std::string::npos)
+        << "without: " << skip;
   }
+  // A required key replaced by a bad value: the message names the line and says why.
+  const auto with = [&](const std::string& key, const std::string& value) {
+    std::string text;
+    std::istringstream again(required);
+    for (std::string line; std::getline(again, line);)
+      text += (line.rfind(key + " ", 0) == 0 ? key + " = " + value : line) + "\n";
+    write(text);
+    return error_of([&] { load_machine_file(file, DType::f32); });
+  };
+  EXPECT_NE(with("ranks_per_node", "8.5").find(":2: 'ranks_per_node' needs a whole number"),
+            std::string::npos);
+  EXPECT_NE(with("ranks_per_node", "0").find("must be between 1"), std::string::npos);
+  EXPECT_NE(with("shared_link", "2").find("'shared_link' must be between 0 and 1"),
+            std::string::npos);
+  EXPECT_NE(with("inter_bandwidth_gbs", "0").find("must be positive"), std::string::npos);
+  EXPECT_NE(with("inter_latency_us", "-1").find("must be >= 0"), std::string::npos);
+  EXPECT_NE(with("memory_gib", "lots").find("'memory_gib' needs a number"), std::string::npos);
+  EXPECT_NE(with("device", "tpu").find("'device' is gpu or cpu"), std::string::npos);
+  // Unknown keys, repeated keys, malformed lines.
   write(required + "inter_bandwidth = 1\n");
-  EXPECT_THROW(load_machine_file(file), Error);
+  EXPECT_NE(error_of([&] { load_machine_file(file, DType::f32); }).find("unknown key"),
+            std::string::npos);
   write(required + "sum_gbs = fast\n");
-  EXPECT_THROW(load_machine_file(file), Error);
+  EXPECT_THROW(load_machine_file(file, DType::f32), Error);
   write(required + "cyclic_placement = 0.5\n");
-  EXPECT_THROW(load_machine_file(file), Error);
-  write(required + "shared_link = 2\n");
-  EXPECT_THROW(load_machine_file(file), Error);
+  EXPECT_THROW(load_machine_file(file, DType::f32), Error);
+  write(required + "shared_link = 0\n");
+  EXPECT_NE(error_of([&] { load_machine_file(file, DType::f32); }).find("given twice"),
+            std::string::npos);
+  write(required + "no equals sign\n");
+  EXPECT_THROW(load_machine_file(file, DType::f32), Error);
+
+  // A GPU machine: rates per dtype only (a plain rate is refused), none of the CPU kernels'
+  // terms, and a dtype without rates refused by name.
+  std::string gpu = required;
+  gpu.replace(gpu.find("device = cpu"), 12, "device = gpu");
+  gpu.replace(gpu.find("kernel_forward_gflops = 5\nkernel_backward_gflops = 4\n"), 52,
+              "kernel_forward_gflops_bf16 = 300\nkernel_backward_gflops_bf16 = 200\n");
+  write(gpu);
+  EXPECT_TRUE(machine_file_is_gpu(file));
+  EXPECT_TRUE(load_machine_file(file, DType::bf16).gpu);
+  EXPECT_DOUBLE_EQ(load_machine_file(file, DType::bf16).kernel_backward_flops, 200e9);
+  EXPECT_NE(error_of([&] {
+              load_machine_file(file, DType::f16);
+            }).find("gives no 'kernel_forward_gflops_fp16'"),
+            std::string::npos);
+  write(gpu + "kernel_forward_gflops = 1\n");
+  EXPECT_NE(error_of([&] { load_machine_file(file, DType::bf16); }).find("per dtype"),
+            std::string::npos);
+  write(gpu + "cores = 2\n");
+  EXPECT_NE(error_of([&] { load_machine_file(file, DType::bf16); }).find("CPU kernels"),
+            std::string::npos);
   std::remove(file.c_str());
-  EXPECT_THROW(load_machine_file(file), Error);
+  EXPECT_THROW(load_machine_file(file, DType::f32), Error);
 }
 
 TEST(CostModel, SharedLinksCarryTheOffNodeTrafficOfEveryRankOfTheirNode) {

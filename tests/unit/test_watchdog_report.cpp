@@ -80,6 +80,33 @@ TEST(WatchdogReport, TheStallReportNamesWhoWaitsAndWhoIsSilent) {
   EXPECT_EQ(report.rfind(last), report.size() - last.size()) << report;
 }
 
+// The start of a job (startup_guard.hpp): ranks seen starting through PMIx, whose time in their
+// stage is not known (negative), are listed without one; a rank that did not answer is named.
+TEST(WatchdogReport, StartingRanksAreListedWithoutATimeTheyDoNotHave) {
+  std::map<int, Status> answers;
+  Status own;
+  own.sequence = 2;
+  own.seconds = 5.5;
+  std::strcpy(own.phase, "start.setup");
+  Status starting;
+  starting.sequence = 1;
+  starting.seconds = -1;
+  std::strcpy(starting.phase, "start.mpi_init");
+  answers[0] = own;
+  answers[2] = starting;
+  answers[3] = starting;
+  const std::string report = stall_report(0, 5, answers, {"h0", "h1", "h1", "h2"});
+  EXPECT_NE(report.find("did not arrive (furthest behind): ranks 2, 3 (phase 1 start.mpi_init) "
+                        "on hosts h1, h2\n"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("waiting: rank 0 (phase 2 start.setup, 5.5 s) on host h0\n"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("not answering (dead or stuck): rank 1 on host h1\n"), std::string::npos)
+      << report;
+}
+
 // On this process's own connections: none to the given peers, so no lines.
 TEST(WatchdogReport, NoConnectionsNoLines) {
   EXPECT_EQ(tcp_stall_lines({"192.0.2.1"}, {"192.0.2.1"}, {"h0"}), "");

@@ -65,4 +65,26 @@ class JsonLine {
 
 std::string format_double(double value, int precision);
 
+// "1 rank", "4 ranks": a count and its noun (plural with an s, as every noun it is used for).
+std::string count_of(int64_t count, const std::string& noun);
+
+// `text` as lines of at most `first_width` (the first) and `width` characters, words kept whole,
+// each line after the first indented by `indent` spaces; a line break in `text` is a space.
+std::string wrap(const std::string& text, size_t first_width = 100, size_t width = 100,
+                 size_t indent = 0);
+
+// Output paths, checked before any work with the true reason of a refusal. `option` names the
+// option in the messages.
+// A file the program will write (replacing it if it exists, in place or by renaming a file of the
+// same directory over it): refused when it is a directory or not a regular file, or when its
+// directory is missing (created with its parents where `create_parents`), not a directory, or
+// not writable (a file is created and removed there to find out: the test root and read-only
+// mounts answer truly).
+void check_output_file(const std::string& option, const std::string& path, bool create_parents);
+// A directory the program will write files into: created with its parents when missing; refused
+// when it is a file, or not writable (tested as above).
+void prepare_output_directory(const std::string& option, const std::string& path);
+// `path` made absolute (against the working directory) for "wrote ..." lines.
+std::string absolute_path(const std::string& path);
+
 }  // namespace a2d::cli
