@@ -43,6 +43,12 @@ class SmpiRuntime final : public SimRuntime {
     return region_;
   }
 
+  bool contains(const void* address, int64_t bytes) const {
+    const auto* at = static_cast<const std::byte*>(address);
+    return region_ != nullptr && at >= region_ && bytes >= 0 &&
+           at - region_ <= region_bytes_ - bytes;
+  }
+
  private:
   std::byte* region_ = nullptr;
   int64_t region_bytes_ = 0;
@@ -50,9 +56,19 @@ class SmpiRuntime final : public SimRuntime {
 
 }  // namespace
 
-SimRuntime& smpi_runtime() {
+namespace {
+SmpiRuntime& the_runtime() {
   static SmpiRuntime runtime;
   return runtime;
+}
+}  // namespace
+
+SimRuntime& smpi_runtime() {
+  return the_runtime();
+}
+
+bool is_placeholder(const void* address, int64_t bytes) {
+  return the_runtime().contains(address, bytes);
 }
 
 namespace {
