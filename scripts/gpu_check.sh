@@ -14,6 +14,9 @@
 #                    and misaligned record inputs) against the same reference; no MPI needed
 #   algorithms.log   section "algorithms": every algorithm at P = 1 on the GPU over --comm mpi
 #                    (the staged communicator), --check; NOT RUN where there is no MPI
+#   python.log       section "python": torch CUDA tensors through the Python package
+#                    (scripts/gpu_python_check.py): P = 1 against SDPA's fp32 math, a tiny
+#                    transformers Llama step, P = 2 on the one GPU (NCCL or staged)
 #   sanitizer.log    section "sanitizer": compute-sanitizer --tool memcheck and --tool racecheck
 #                    on one tiny case, forward and backward, and on one --parts case
 #   speed-a2d.jsonl, speed-torch.jsonl, speed.txt
@@ -96,6 +99,41 @@ if wanted parts; then
   grep '^{' "$OUT/parts.log" >"$OUT/parts.jsonl" 2>/dev/null || true
   note "partial/merge checks (a2d kernel --parts): $parts_fail of $parts_runs failed ($(elapsed))"
   failures=$((failures + parts_fail))
+fi
+
+# ---- python: torch CUDA tensors through the package (scripts/gpu_python_check.py) ----
+# The package's modules were configured with the build (gpu_common.sh: A2D_WITH_PYTHON=ON, the
+# image's python3 and torch); built here under this section's limit, then three checks: P = 1
+# against SDPA's fp32 math (forward, backward, a side stream, refusals), a tiny transformers Llama
+# step, and P = 2 on the one GPU (NCCL where it runs two ranks on one GPU, else refused and
+# staged). The dry run lists the checks (the script itself, no GPU needed).
+if wanted python; then
+  section python 120
+  ((dry)) && python3 scripts/gpu_python_check.py --list >>"$OUT/python.log" 2>&1
+  python_fail=0 python_runs=0
+  run_timeout=60 step python.log cmake --build "$build" -j "$(nproc)" --target a2d_python
+  code=$?
+  if ((code != 0 && code != 125)); then
+    note "python: the package's build FAILED ($code; python.log)"
+    python_fail=1 python_runs=1
+  else
+    pyenv=(env PYTHONPATH="$PWD/$build/python")
+    for part in sdpa llama; do
+      python_runs=$((python_runs + 1))
+      step python.log "${pyenv[@]}" python3 scripts/gpu_python_check.py "$part"
+      code=$?
+      ((code != 0 && code != 125)) && { python_fail=$((python_fail + 1));
+        echo "FAILED ($code): $part" >>"$OUT/python.log"; }
+    done
+    python_runs=$((python_runs + 1))
+    step python.log "${pyenv[@]}" python3 scripts/launch.py --nproc 2 --timeout 28 -- \
+      python3 scripts/gpu_python_check.py ranks
+    code=$?
+    ((code != 0 && code != 125)) && { python_fail=$((python_fail + 1));
+      echo "FAILED ($code): ranks" >>"$OUT/python.log"; }
+  fi
+  note "python (CUDA tensors: SDPA, tiny Llama, P = 2): $python_fail of $python_runs failed ($(elapsed))"
+  failures=$((failures + python_fail))
 fi
 
 # ---- sanitizer: memcheck and racecheck on one tiny case ----

@@ -3,7 +3,8 @@
 # the repository root): the options (--dry-run), $OUT, the MPI (scripts/gpu_mpi.sh: the system's,
 # else the one carried in .gpu-deps/debs), the log helpers, the time limits, the versions
 # (versions.txt) and the build of a2d for sm_90 with CUDA, NCCL and, where mpicxx is there, MPI
-# (build.log). Sets dry, OUT, build, a2d, mpi, failures, not_run, start and the functions note,
+# (build.log; the Python package is configured there too, against the image's python3 and torch,
+# and built by gpu_check.sh's section "python"). Sets dry, OUT, build, a2d, mpi, failures, not_run, start and the functions note,
 # run, section, step, elapsed, wanted.
 #
 # Time limits (docs/gpu.md, "How the H200 run goes"): every run of a check is one `step` under
@@ -135,7 +136,8 @@ generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
 if run build.log cmake -S . -B "$build" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
      -DA2D_WITH_CUDA=ON -DA2D_CUDA_ARCHITECTURES=90 -DA2D_CUDA_PTXAS_VERBOSE=ON \
-     -DA2D_WITH_MPI=$mpi -DA2D_BUILD_TESTS=OFF -DA2D_BUILD_BENCH=OFF -DA2D_WITH_PYTHON=OFF \
+     -DA2D_WITH_MPI=$mpi -DA2D_BUILD_TESTS=OFF -DA2D_BUILD_BENCH=OFF -DA2D_WITH_PYTHON=ON \
+     -DPython_EXECUTABLE="$(command -v python3 || echo /usr/bin/python3)" \
      "${nccl_args[@]}" &&
    { ((dry)) || grep -q "CUDA=ON" "$OUT/build.log" ||
      { echo "A2D_WITH_CUDA turned itself off" >>"$OUT/build.log"; false; }; } &&

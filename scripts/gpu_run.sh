@@ -9,6 +9,7 @@
 #   build         240 s   a2d for sm_90 (CUDA, NCCL; MPI where mpicxx is there)
 #   kernels        90 s   a2d kernel --check, awkward shapes, bf16 (CUDA_LAUNCH_BLOCKING=1) + fp16
 #   parts          60 s   a2d kernel --parts: partial/accumulate, merge/finalize, misaligned records
+#   python        120 s   torch CUDA tensors through the package: SDPA fp32 math, tiny Llama, P = 2
 #   sanitizer      60 s   compute-sanitizer memcheck + racecheck, one tiny case
 #   algorithms     75 s   every algorithm at P = 1, --comm mpi (needs MPI)
 #   staged         90 s   every algorithm at P = 4 and 8 on the GPU, --comm mpi (needs MPI)
@@ -47,7 +48,7 @@ export A2D_GPU_PREBUILT=1
 status=0
 # The correctness sections first (so that a slow speed section cannot crowd them out), then the
 # communicators, then the timings.
-A2D_GPU_SECTIONS="kernels parts sanitizer algorithms" scripts/gpu_check.sh "$@" || status=1
+A2D_GPU_SECTIONS="kernels parts python sanitizer algorithms" scripts/gpu_check.sh "$@" || status=1
 A2D_GPU_SECTIONS="staged nccl" scripts/gpu_comm_check.sh "$@" || status=1
 A2D_GPU_SECTIONS="speed" scripts/gpu_check.sh "$@" || status=1
 A2D_GPU_SECTIONS="bench" scripts/gpu_comm_check.sh "$@" || status=1

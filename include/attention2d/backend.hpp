@@ -196,6 +196,18 @@ class Backend {
   // Optional (CPU only; others throw): a buffer over the caller's host memory, not copied and not
   // owned. The memory must outlive the buffer.
   virtual BufferPtr wrap_host(void* memory, int64_t bytes);
+  // Optional (cuda; fenced-cuda as its stand-in; others throw): a buffer over the caller's
+  // device memory (a torch CUDA tensor's, on this backend's device), not copied and not owned.
+  // The memory must outlive the buffer; the caller orders its own work around the backend's
+  // with follow_stream and lead_stream. The fenced backends stand in for it with a fenced copy
+  // made here and written back to `memory` when the buffer goes (host memory, for tests only).
+  virtual BufferPtr wrap_device(void* memory, int64_t bytes);
+  // Cross-stream order without a host wait (a cudaStream_t, 0 the legacy default stream):
+  // follow_stream makes the operations issued from now on wait for the work issued so far on
+  // `stream`; lead_stream makes the work issued later on `stream` wait for every operation
+  // issued so far here. The host backends' operations are synchronous: nothing to order.
+  virtual void follow_stream(void* /*stream*/) {}
+  virtual void lead_stream(void* /*stream*/) {}
   virtual void upload(const void* host, Place to, int64_t bytes) = 0;
   virtual void download(Place from, void* host, int64_t bytes) = 0;
   // Optional: upload() that may return before the copy is made, for the staged communicator's
@@ -251,8 +263,9 @@ class Backend {
                                  const RowTensor& lse, const RowTensor& delta, double* dsink) = 0;
 };
 
-// "cpu", "fenced", "fenced-cuda" or "cuda"; anything else throws a2d::Error naming the choices.
-// "cuda" throws a2d::Error when the build has no CUDA backend or no GPU is visible.
+// "cpu", "fenced", "fenced-cuda", "cuda" (the node-local rank's GPU) or "cuda:N" (GPU N);
+// anything else throws a2d::Error naming the choices. "cuda" throws a2d::Error when the build has
+// no CUDA backend or no GPU is visible.
 std::unique_ptr<Backend> make_backend(const std::string& device);
 std::vector<std::string> backend_names();  // those this build has
 // Whether this build has the CUDA backend, and how many GPUs it sees (0 without the backend).

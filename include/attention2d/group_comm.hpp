@@ -44,6 +44,16 @@ namespace a2d {
 // when this communicator and every split of it are gone). Not collective.
 std::unique_ptr<Communicator> make_group_communicator(const A2dGroupOps& ops);
 
+// Collective over `host` (a communicator of the same ranks on host memory: the Gloo mesh, or the
+// Gloo part, of the caller's torch process group): the project's NCCL communicator on
+// `backend`'s GPU (the cuda backend), NCCL's unique id broadcast over `host`, which keeps carrying
+// the host operations (src/comm/nccl_comm.hpp). Ranks whose GPUs coincide where the installed
+// NCCL cannot run them are refused on every rank before any NCCL call (docs/gpu.md,
+// "Communicators"). A build without the CUDA backend and NCCL (and MPI, which the NCCL
+// communicator's sources are built with) throws a2d::Error saying so.
+std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host,
+                                                     Backend& backend);
+
 // This process alone (a group of one rank, whose operations never leave the process).
 std::unique_ptr<Communicator> make_self_communicator();
 

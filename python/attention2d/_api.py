@@ -449,28 +449,80 @@ def _view(x):
 
 
 _TORCH_DTYPES = ("float32", "bfloat16", "float16")
+_CUDA_DTYPES = ("bfloat16", "float16")  # the CUDA kernels are tensor-core kernels
 _NUMPY_DTYPES = ("float32", "float16")  # numpy has no bfloat16
 
+# Tests only: the backend that CPU torch tensors run on as if they were CUDA tensors ("fenced-cuda":
+# memory only the backend may touch, the CUDA kernels' rules; docs/gpu.md, "CUDA tensors from
+# PyTorch"). None in use: CPU tensors run on the CPU backend.
+_CPU_STAND_IN = None
 
-def _check_inputs(q, k, v, dims=(4,)):
-    """This rank's problem with its inputs, as an error text ("" if they are fine)."""
+
+def _current_cuda_device():
+    return torch.cuda.current_device()
+
+
+def _device_text(x):
+    """The device a tensor's call runs on: "cpu" (numpy, CPU torch tensors) or "cuda:N"."""
+    if _is_torch(x) and x.device.type == "cuda":
+        return "cuda:%d" % (x.device.index if x.device.index is not None
+                            else _current_cuda_device())
+    return "cpu"
+
+
+def _check_devices(tensors, cuda):
+    """Where named torch tensors live, as an error text ("" if the call can run them): one device
+    for all, CPU or (with `cuda`) the rank's current CUDA device, in a layout the kernels read
+    (the last dimension dense). Checked before any data moves."""
+    devices = [(name, x.device) for name, x in tensors if _is_torch(x)]
+    if not devices:
+        return ""
+    kinds = {str(d) for _, d in devices}
+    if len(kinds) > 1:
+        return "%s must be on one device, got %s" % (
+            ", ".join(n for n, _ in devices), ", ".join("%s on %s" % (n, d) for n, d in devices))
+    name, device = devices[0]
+    if device.type == "cpu":
+        return ""
+    if device.type != "cuda":
+        return ("%s is on device %s: attention2d runs CPU and CUDA tensors" % (name, device))
+    if not cuda:
+        return ("%s is on device %s: this entry runs CPU tensors only (attention2d.Decoder's CUDA "
+                "path is not built yet)" % (name, device))
+    current = _current_cuda_device()
+    if device.index is not None and device.index != current:
+        return ("%s is on %s, but this rank's current CUDA device is cuda:%d: attention2d runs "
+                "each rank on its current device (torch.cuda.set_device(local_rank) before the "
+                "call, or move the tensors there)" % (name, device, current))
+    for tensor_name, x in tensors:
+        if x.dim() >= 1 and x.shape[-1] > 1 and x.stride(-1) != 1:
+            return ("%s (CUDA) has stride %d in its last dimension: the CUDA kernels read rows of "
+                    "head_dim contiguous elements; pass %s.contiguous() (no copy is made "
+                    "silently on the GPU)" % (tensor_name, x.stride(-1), tensor_name))
+    return ""
+
+
+def _check_inputs(q, k, v, dims=(4,), cuda=False):
+    """This rank's problem with its inputs, as an error text ("" if they are fine). cuda: whether
+    the entry runs torch CUDA tensors (attention(); attention2d.Decoder does not yet)."""
     tensors = (("q", q), ("k", k), ("v", v))
     kinds = {_is_torch(x) for _, x in tensors}
     if len(kinds) != 1:
         return "q, k and v must all be torch tensors or all numpy arrays"
+    placement = _check_devices(tensors, cuda) if _is_torch(q) else ""
+    if placement:
+        return placement
     for name, x in tensors:
         if _is_torch(x):
-            if x.device.type != "cpu":
-                return ("%s is on device %s: the Python package runs on CPU tensors; the C++ "
-                        "CUDA backend (a2d --device cuda) is not wired to it yet"
-                        % (name, x.device))
-            allowed = _TORCH_DTYPES
+            allowed = _CUDA_DTYPES if x.device.type == "cuda" else _TORCH_DTYPES
         else:
             if not isinstance(x, np.ndarray):
                 return "%s must be a torch tensor or a numpy array, got %s" % (name, type(x))
             allowed = _NUMPY_DTYPES
         if _describe_dtype(x) not in allowed:
-            return "%s has dtype %s; supported: %s" % (name, _describe_dtype(x), ", ".join(allowed))
+            return "%s has dtype %s; supported%s: %s" % (
+                name, _describe_dtype(x), " on CUDA (tensor-core kernels)"
+                if allowed is _CUDA_DTYPES else "", ", ".join(allowed))
         if len(x.shape) not in dims:
             return ("%s must have 4 dimensions [batch, local tokens, heads, head_dim]%s, got "
                     "shape %s" % (name, " or 3 [local tokens, heads, head_dim]"
@@ -482,7 +534,7 @@ def _check_inputs(q, k, v, dims=(4,)):
         return "q, k and v must have one dtype, got %s, %s and %s" % (
             _describe_dtype(q), _describe_dtype(k), _describe_dtype(v))
     if len(q.shape) == 3:
-        return _check_inputs(q[None], k[None], v[None])
+        return _check_inputs(q[None], k[None], v[None], cuda=cuda)
     b, n, h, d = q.shape
     if tuple(k.shape) != tuple(v.shape):
         return "k and v must have the same shape, got %s and %s" % (list(k.shape), list(v.shape))
@@ -552,17 +604,30 @@ def clear_cache():
     _channel.release()
 
 
-def _engine(chan, problem, chosen, shards):
-    """The engine of (problem, plan, the caller's layout `shards`) on the channel: `shards` is
-    ("plan",) for shards in the plan's own layout, else (kind, counts)."""
-    key = (id(chan), _problem_key(problem), chosen.describe(), chosen.threads, shards)
+def _engine_device(device):
+    """(backend, over NCCL) of the engine for tensors on `device` ("cpu" or "cuda:N")."""
+    if device == "cpu":
+        return (_CPU_STAND_IN or "cpu"), False
+    return device, True
+
+
+def _engine(chan, problem, chosen, shards, device="cpu"):
+    """The engine of (problem, plan, the caller's layout `shards`) on the channel, for tensors on
+    `device` ("cpu", or "cuda:N": the CUDA backend on that GPU, its messages over NCCL where the
+    channel's group is an NCCL group, else staged through host memory): `shards` is ("plan",)
+    for shards in the plan's own layout, else (kind, counts)."""
+    backend, on_gpu = _engine_device(device)
+    nccl = on_gpu and getattr(chan, "nccl", False)
+    key = (id(chan), _problem_key(problem), chosen.describe(), chosen.threads, shards, backend,
+           nccl)
 
     def make():
         _channel.start_watchdog_once(chan)
         with _InPythonWords():
             if shards[0] == "plan":
-                return _core.Engine(problem, chosen, chan.transport)
-            return _core.Engine(problem, chosen, chan.transport, shards[0], list(shards[1]))
+                return _core.Engine(problem, chosen, chan.transport, device=backend, nccl=nccl)
+            return _core.Engine(problem, chosen, chan.transport, shards[0], list(shards[1]),
+                                device=backend, nccl=nccl)
 
     return _engines.get(key, make)
 
@@ -581,31 +646,47 @@ watchdog = _channel.watchdog
 # The autograd function
 
 
-def _run_forward(engine, q, k, v, sinks_address, empty):
+def _run_forward(engine, q, k, v, sinks_address, empty, stream=0):
     """O and LSE in the caller's layout; also the plan-layout Q, K, V, O, LSE the backward
-    needs (the same tensors when the layouts agree). `empty(shape, dtype)` makes tensors."""
+    needs (the same tensors when the layouts agree). `empty(shape, dtype)` makes tensors (on the
+    inputs' device); `stream`: torch's current CUDA stream there (0 on the CPU)."""
     b, n, h, d = q.shape
     if engine.exchanges:
         m = engine.plan_tokens
         qp, kp, vp = (empty((b, m) + tuple(x.shape[2:]), x.dtype) for x in (q, k, v))
         engine.exchange_in([(_view(x), _view(y)) for x, y in ((q, qp), (k, kp), (v, vp))], [],
-                           False)
+                           False, stream)
     else:
         m, qp, kp, vp = n, q, k, v
     op = empty(qp.shape, q.dtype)
     lsep = empty((b, h, m), "float32")
-    engine.forward(_view(qp), _view(kp), _view(vp), _view(op), _view(lsep), sinks_address)
+    engine.forward(_view(qp), _view(kp), _view(vp), _view(op), _view(lsep), sinks_address, stream)
     if not engine.exchanges:
         return op, lsep, (qp, kp, vp, op, lsep)
     out = empty(q.shape, q.dtype)
     lse = empty((b, h, n), "float32")
-    engine.exchange_out([(_view(op), _view(out))], [(_view(lsep), _view(lse))], False)
+    engine.exchange_out([(_view(op), _view(out))], [(_view(lsep), _view(lse))], False, stream)
     return out, lse, (qp, kp, vp, op, lsep)
 
 
-def _torch_empty(shape, dtype):
+def _torch_empty(shape, dtype, device=None):
+    """A tensor from torch's allocator (on a CUDA device: its caching allocator, on the current
+    stream, which the engine's work is ordered against: _stream_of)."""
     return torch.empty(tuple(shape), dtype=getattr(torch, dtype) if isinstance(dtype, str)
-                       else dtype)
+                       else dtype, device=device)
+
+
+def _torch_empty_on(device):
+    return lambda shape, dtype: _torch_empty(shape, dtype, device)
+
+
+def _stream_of(x):
+    """torch's current stream on a CUDA tensor's device as a cudaStream_t (0 for CPU tensors):
+    the engine's work waits for what was queued on it and it waits for the engine's (events; no
+    host or device-wide synchronisation)."""
+    if _is_torch(x) and x.device.type == "cuda":
+        return int(torch.cuda.current_stream(x.device).cuda_stream)
+    return 0
 
 
 def _numpy_empty(shape, dtype):
@@ -622,10 +703,13 @@ if torch is not None:
         def forward(ctx, q, k, v, sinks, engine, chan, lse_wanted):
             q, k, v = _engine_ready(q), _engine_ready(k), _engine_ready(v)
             sink_values = None
-            if sinks is not None:
-                sink_values = sinks.detach().to(torch.float32).contiguous()
+            if sinks is not None:  # the kernels read the sinks on the host ([heads] floats)
+                sink_values = sinks.detach().to("cpu", torch.float32).contiguous()
+            stream = _stream_of(q)
             out, lse, saved = _run_forward(engine, q, k, v, 0 if sink_values is None
-                                           else sink_values.data_ptr(), _torch_empty)
+                                           else sink_values.data_ptr(), _torch_empty_on(q.device),
+                                           stream)
+            ctx.sinks_device = None if sinks is None else sinks.device
             ctx.engine = engine
             ctx.chan = chan
             ctx.has_sinks = sinks is not None
@@ -659,33 +743,40 @@ if torch is not None:
                                "and softcap only: detach the LSE (lse.detach()) or drop %s"
                                % ("sinks" if ctx.has_sinks else "softcap"))
                 ctx.chan.raise_collectively(refusal, phase="backward arguments")
+            device, stream = qp.device, _stream_of(qp)
             if d_out is None:
-                d_out = torch.zeros(ctx.user_shapes[0], dtype=qp.dtype)
-            d_out = _engine_ready(d_out.to(qp.dtype))
+                d_out = torch.zeros(ctx.user_shapes[0], dtype=qp.dtype, device=device)
+            # autograd's dO may come in any layout: copied where the kernels cannot read it.
+            d_out = d_out.to(device=device, dtype=qp.dtype)
+            if d_out.dim() >= 1 and d_out.shape[-1] > 1 and d_out.stride(-1) != 1:
+                d_out = d_out.contiguous()
+            d_out = _engine_ready(d_out)
             if engine.exchanges:
-                dop = torch.empty(op.shape, dtype=op.dtype)
-                engine.exchange_in([(_view(d_out), _view(dop))], [], True)
+                dop = torch.empty(op.shape, dtype=op.dtype, device=device)
+                engine.exchange_in([(_view(d_out), _view(dop))], [], True, stream)
             else:
                 dop = d_out
-            dqp, dkp, dvp = (torch.empty(x.shape, dtype=x.dtype) for x in (qp, kp, vp))
-            dsink = torch.zeros(sink_values.shape, dtype=torch.float32)
+            dqp, dkp, dvp = (torch.empty(x.shape, dtype=x.dtype, device=device)
+                             for x in (qp, kp, vp))
+            dsink = torch.zeros(sink_values.shape, dtype=torch.float32)  # host: backend.hpp
             engine.backward(_view(qp), _view(kp), _view(vp), _view(op), _view(dop), _view(lsep),
                             _view(dqp), _view(dkp), _view(dvp),
                             sink_values.data_ptr() if ctx.has_sinks else 0,
-                            dsink.data_ptr() if ctx.has_sinks else 0)
+                            dsink.data_ptr() if ctx.has_sinks else 0, stream)
             if lse_gradient:
                 _add_lse_gradient(engine, d_lse, ctx.user_shapes[0][1], qp, kp, vp, op, lsep, dqp,
                                   dkp)
             if engine.exchanges:
-                dq, dk, dv = (torch.empty(shape, dtype=qp.dtype) for shape in ctx.user_shapes)
+                dq, dk, dv = (torch.empty(shape, dtype=qp.dtype, device=device)
+                              for shape in ctx.user_shapes)
                 engine.exchange_out([(_view(dqp), _view(dq)), (_view(dkp), _view(dk)),
-                                     (_view(dvp), _view(dv))], [], True)
+                                     (_view(dvp), _view(dv))], [], True, stream)
             else:
                 dq, dk, dv = dqp, dkp, dvp
             # The engine gives every rank the sum over all ranks' rows. The sinks are a replicated
             # parameter, whose gradients a sequence-sharded model sums over the ranks like every
             # other: each rank returns its 1/P of the sum, so that sum is exact.
-            d_sinks = dsink / engine.size if ctx.has_sinks else None
+            d_sinks = (dsink / engine.size).to(ctx.sinks_device) if ctx.has_sinks else None
             return dq, dk, dv, d_sinks, None, None, None
 
     def _add_lse_gradient(engine, d_lse, user_tokens, qp, kp, vp, op, lsep, dqp, dkp):
@@ -695,23 +786,25 @@ if torch is not None:
         i: dV of a backward whose dO is scale * dlse_i * q_i (one more backward)."""
         b, m, h, d = qp.shape
         scale = engine.problem.scale or d ** -0.5
+        device, stream = qp.device, _stream_of(qp)
         if d_lse is None:  # this rank's LSE is unused, another rank's is not
-            d_lse = torch.zeros((b, h, user_tokens), dtype=torch.float32)
-        d_lse = d_lse.to(torch.float32).contiguous()
+            d_lse = torch.zeros((b, h, user_tokens), dtype=torch.float32, device=device)
+        d_lse = d_lse.to(device=device, dtype=torch.float32).contiguous()
         if engine.exchanges:
-            d_lsep = torch.empty(lsep.shape, dtype=torch.float32)
-            engine.exchange_in([], [(_view(d_lse), _view(d_lsep))], True)
+            d_lsep = torch.empty(lsep.shape, dtype=torch.float32, device=device)
+            engine.exchange_in([], [(_view(d_lse), _view(d_lsep))], True, stream)
         else:
             d_lsep = d_lse
         weight = (scale * d_lsep).transpose(1, 2).unsqueeze(-1)  # [b, m, h, 1]
-        pk = torch.empty(qp.shape, dtype=qp.dtype)
-        lse_k = torch.empty(lsep.shape, dtype=torch.float32)  # kept alive: the engine writes it
-        engine.forward(_view(qp), _view(kp), _view(kp), _view(pk), _view(lse_k), 0)
+        pk = torch.empty(qp.shape, dtype=qp.dtype, device=device)
+        # kept alive: the engine writes it
+        lse_k = torch.empty(lsep.shape, dtype=torch.float32, device=device)
+        engine.forward(_view(qp), _view(kp), _view(kp), _view(pk), _view(lse_k), 0, stream)
         dqp += (weight * pk.float()).to(dqp.dtype)
         d_out = (weight * qp.float()).to(qp.dtype).contiguous()
-        scratch = [torch.empty(x.shape, dtype=x.dtype) for x in (qp, kp, vp)]
+        scratch = [torch.empty(x.shape, dtype=x.dtype, device=device) for x in (qp, kp, vp)]
         engine.backward(_view(qp), _view(kp), _view(vp), _view(op), _view(d_out), _view(lsep),
-                        _view(scratch[0]), _view(scratch[1]), _view(scratch[2]), 0, 0)
+                        _view(scratch[0]), _view(scratch[1]), _view(scratch[2]), 0, 0, stream)
         dkp += scratch[2]
 
 
@@ -829,7 +922,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     and refuses a mismatch (an all-gather of N integers: for debugging). Without it only the
     ranks' token counts are checked, which contiguous and zigzag shards share for most N."""
     chan = channel(comm, group)
-    error = _refusal or _check_inputs(q, k, v, dims=(3, 4))
+    error = _refusal or _check_inputs(q, k, v, dims=(3, 4), cuda=True)
     thd = not error and len(q.shape) == 3
     if thd:
         q, k, v = q[None], k[None], v[None]
@@ -850,8 +943,9 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     if not error and sinks is not None:
         if tuple(sinks.shape) != (q.shape[2],):
             error = "sinks must have shape [heads] = [%d], got %s" % (q.shape[2], list(sinks.shape))
-        elif _is_torch(sinks) and sinks.device.type != "cpu":
-            error = "sinks are on device %s: attention2d runs on CPU tensors" % sinks.device
+        elif _is_torch(sinks) and sinks.device.type not in ("cpu", str(q.device.type)):
+            error = ("sinks are on device %s, q on %s: pass them on q's device or the CPU"
+                     % (sinks.device, q.device))
     sink_list = None
     if sinks is not None and not error:
         sink_list = [float(x) for x in (sinks.detach().tolist() if _is_torch(sinks)
@@ -879,7 +973,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
                      "of this rank's shard, in shard order)" % (len(my_positions), q.shape[-3]))
     if not error:
         b, n, h, d = q.shape[-4:] if len(q.shape) == 4 else (1,) + tuple(q.shape)
-        local = (int(b), int(n), int(h), int(k.shape[-2]), int(d), _describe_dtype(q))
+        local = (int(b), int(n), int(h), int(k.shape[-2]), int(d), _describe_dtype(q),
+                 _device_text(q).split(":")[0])
     gathered = chan.raise_collectively(error, ((local, signature), my_positions),
                                        phase="attention() arguments")
     all_positions = [p for _, p in gathered]
@@ -894,11 +989,12 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
                 raise Error("the ranks passed different arguments; every rank must pass the "
                             "same ones: %s is %r on rank 0 and %r on rank %d"
                             % (name, mine, theirs, rank))
-        for field, mine, theirs in zip(("batch", "heads", "kv_heads", "head_dim", "dtype"),
+        for field, mine, theirs in zip(("batch", "heads", "kv_heads", "head_dim", "dtype",
+                                        "device type"),
                                        first_local[:1] + first_local[2:],
                                        shapes[:1] + shapes[2:]):
             if mine != theirs:
-                what = "dtypes" if field == "dtype" else "shapes"
+                what = {"dtype": "dtypes", "device type": "devices"}.get(field, "shapes")
                 raise Error("the ranks passed different %s; %s is %r on rank 0 and %r on "
                             "rank %d" % (what, field, mine, theirs, rank))
     counts = [shapes[1] for shapes, _ in gathered]
@@ -919,7 +1015,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
         raise Error(error)
     if positions is not None:
         _check_positions(all_positions, layout, shards, seq, ranks)
-    b, _, h, hk, d, dtype = first_local
+    b, _, h, hk, d, dtype, _ = first_local
     problem = _problem(seq, h, d, hk, b, causal, window, softmax_scale, dtype, bounds,
                        sinks is not None, softcap)
     if isinstance(layout, Layout) and layout.plan is not None:
@@ -936,7 +1032,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     else:
         chosen = _resolve_plan(problem, ranks, algo, grid, machine, calibration, threads,
                                heads_parallel=heads_parallel, order=chan.order, shards=shards)
-    engine = _engine(chan, problem, chosen, shards)
+    engine = _engine(chan, problem, chosen, shards, _device_text(q))
 
     if _is_torch(q):
         if sinks is not None and not _is_torch(sinks):

@@ -58,6 +58,9 @@ class Channel:
         # "group" transport a Gloo mesh made when the watchdog starts (None: not yet).
         self.watchdog_transport = watchdog_transport
         self.watchdog_maker = None
+        # Whether CUDA tensors' messages travel over NCCL: the group's device backend is NCCL
+        # (the project's NCCL communicator, bootstrapped through `transport`: docs/gpu.md).
+        self.nccl = False
 
     @property
     def handle(self):
@@ -274,18 +277,41 @@ def _c10d_module():
     return _c10d
 
 
-def _group_transport(group, position):
-    """The group's own operations as the transport, this rank at engine rank `position`."""
+def _is_nccl_group(backend):
+    """Whether a group's backend text ("nccl", "cpu:gloo,cuda:nccl", "gloo") carries CUDA
+    tensors over NCCL."""
+    return backend == "nccl" or "cuda:nccl" in backend
+
+
+def _host_transport_kind(backend):
+    """How the engine's host messages cross a group of `backend`: "group" (its own gloo part),
+    "mesh" (a Gloo mesh bootstrapped through it: an NCCL-only group moves no host memory), or an
+    error text."""
+    if backend == "gloo" or "cpu:gloo" in backend:
+        return "group"
+    if backend == "nccl":
+        if not _core.gloo_built():
+            return ("group= is an NCCL process group, whose host messages (the engine's argument "
+                    "checks, NCCL's bootstrap) need a Gloo mesh of attention2d's own, and this "
+                    "build has no Gloo (libgloo-dev when attention2d is built); pass a group made "
+                    "with backend='cpu:gloo,cuda:nccl'")
+        return "mesh"
+    return ("group= is a %s process group: attention2d runs over gloo groups, NCCL groups "
+            "(CUDA tensors) and groups of both ('cpu:gloo,cuda:nccl')" % backend)
+
+
+def _group_transport(group, position, size):
+    """The transport over the group, this rank at engine rank `position`, and whether CUDA
+    tensors' messages travel over NCCL: the group's own operations (its gloo part), or for an
+    NCCL-only group a Gloo mesh of attention2d's bootstrapped through it."""
     backend = str(dist.get_backend(group))
-    # "gloo", or a group with a backend per device ("cpu:gloo,cuda:nccl", torch 2's default
-    # without backend=): CPU tensors go to its gloo part.
-    if backend != "gloo" and "cpu:gloo" not in backend:
-        raise Error("group= is a %s process group: the Python package runs CPU tensors, whose "
-                    "messages a gloo group carries (an NCCL group moves GPU memory: the C++ CUDA "
-                    "backend is not wired to Python yet); make a gloo group for attention2d "
-                    "(torch.distributed.new_group(backend='gloo'))" % backend)
+    kind = _host_transport_kind(backend)
+    if kind not in ("group", "mesh"):
+        raise Error(kind)
+    if kind == "mesh":
+        return _gloo_world(group, position, size), True
     ops = _c10d_module().group_ops(group, "cpu")
-    return _core.Transport.group(ops, position)
+    return _core.Transport.group(ops, position), _is_nccl_group(backend)
 
 
 def _watch_group(group, key):
@@ -307,18 +333,22 @@ def _torch_channel(group, kind, position=None, size=None, label=None, order=None
     size = dist.get_world_size(group) if size is None else size
     position = rank if position is None else position
     label = label or "the torch process group of %d rank%s" % (size, "" if size == 1 else "s")
-    if kind == "mesh" or size == 1:
+    nccl = _is_nccl_group(str(dist.get_backend(group)))
+    host_kind = _host_transport_kind(str(dist.get_backend(group)))
+    if kind == "mesh" or size == 1 or host_kind == "mesh":
         if not _core.gloo_built():
             raise Error("set_transport('mesh') needs a build with Gloo (libgloo-dev when "
-                        "attention2d was built); the default transport, 'group', needs none")
+                        "attention2d was built); the default transport, 'group', needs none"
+                        if kind == "mesh" or size == 1 else _host_transport_kind("nccl"))
         transport = _gloo_world(group, position, size)
         made = Channel("torch", transport, label, None, order, watchdog_transport=transport)
     else:
-        transport = _group_transport(group, position)
+        transport, nccl = _group_transport(group, position, size)
         made = Channel("torch", transport, label, None, order)
         if _core.gloo_built():
             group_ref = weakref.ref(group)
             made.watchdog_maker = lambda: _gloo_world(group_ref(), position, size)
+    made.nccl = nccl
     target = group if handle is None else handle
     made._handle = weakref.ref(target)
     _watch_group(group, (id(target), kind))

@@ -91,11 +91,15 @@ int64_t extent_bytes(const HostTensor& h) {
   return (last + 1) * static_cast<int64_t>(a2d::dtype_bytes(h.dtype));
 }
 
-// The caller's memory as CPU-backend buffers for the length of one call (not copied).
+// The caller's memory as the engine backend's buffers for the length of one call (not copied):
+// host memory on the CPU backend, a CUDA tensor's device memory on the cuda backend (the
+// fenced-cuda backend stands in for it in tests: backend.hpp, wrap_device).
 struct Wrapped {
   explicit Wrapped(a2d::Backend& target) : backend(target) {}
   a2d::Buffer& wrap(const HostTensor& h) {
-    buffers.push_back(backend.wrap_host(reinterpret_cast<void*>(h.address), extent_bytes(h)));
+    void* memory = reinterpret_cast<void*>(h.address);
+    buffers.push_back(backend.host_accessible() ? backend.wrap_host(memory, extent_bytes(h))
+                                                : backend.wrap_device(memory, extent_bytes(h)));
     return *buffers.back();
   }
   // [batch, tokens, heads, head_dim], the last dimension dense.
@@ -317,24 +321,62 @@ class Transport {
 // Pairs (from, to) of tensors given as (address, dtype, shape, strides) tuples.
 using TensorPairs = std::vector<std::pair<py::tuple, py::tuple>>;
 
-// One distributed attention of a fixed problem and plan over a transport, on the CPU backend.
+// Orders one call's operations on a device backend after the caller's stream's work so far, and
+// the caller's stream's later work after them (backend.hpp, follow_stream / lead_stream): torch's
+// current stream then sees the outputs without the host or the device waiting as a whole. Nothing
+// on the host backends (synchronous).
+class OnCallerStream {
+ public:
+  OnCallerStream(a2d::Backend& backend, uintptr_t stream)
+      : backend_(backend), stream_(reinterpret_cast<void*>(stream)) {
+    backend_.follow_stream(stream_);
+  }
+  ~OnCallerStream() {
+    try {
+      backend_.lead_stream(stream_);
+    } catch (...) {  // a destructor must not throw; the call's own error is the one to report
+    }
+  }
+  OnCallerStream(const OnCallerStream&) = delete;
+  OnCallerStream& operator=(const OnCallerStream&) = delete;
+
+ private:
+  a2d::Backend& backend_;
+  void* stream_;
+};
+
+// The engine's backend on `device` ("cpu", "cuda:N", or "fenced-cuda" standing in for a GPU in
+// tests) and its world: a duplicate of the transport, or with `nccl` the project's NCCL
+// communicator on the backend's GPU, bootstrapped through the transport (which keeps carrying the
+// host operations: group_comm.hpp, make_nccl_communicator).
+std::unique_ptr<a2d::Communicator> engine_world(Transport& transport, a2d::Backend& backend,
+                                                bool nccl) {
+  if (!nccl) return transport.duplicate();
+  py::gil_scoped_release release;
+  return a2d::make_nccl_communicator(transport.duplicate(), backend);
+}
+
+// One distributed attention of a fixed problem and plan over a transport, on the backend of the
+// caller's tensors' device (cpu, or cuda:N for torch CUDA tensors).
 // With the caller's layout (`shards`: contiguous with counts, zigzag, cyclic) different from the
 // plan's, exchange_in() moves tensors from the caller's layout into the plan's and
 // exchange_out() back, each in one all-to-all (relayout.hpp); forward() and backward() take
 // plan-layout shards.
 class Engine {
  public:
-  Engine(const a2d::Problem& problem, const a2d::Plan& plan, Transport& transport)
-      : backend_(a2d::make_backend("cpu")) {
+  Engine(const a2d::Problem& problem, const a2d::Plan& plan, Transport& transport,
+         const std::string& device = "cpu", bool nccl = false)
+      : backend_(a2d::make_backend(device)) {
     CallScope scope;
-    world_ = transport.duplicate();
+    world_ = engine_world(transport, *backend_, nccl);
     a2d::set_error_rank(world_->rank());
     attention_ = a2d::make_attention(problem, plan, *world_, *backend_);
   }
 
   Engine(const a2d::Problem& problem, const a2d::Plan& plan, Transport& transport,
-         const std::string& kind, const std::vector<int64_t>& counts)
-      : Engine(problem, plan, transport) {
+         const std::string& kind, const std::vector<int64_t>& counts,
+         const std::string& device = "cpu", bool nccl = false)
+      : Engine(problem, plan, transport, device, nccl) {
     CallScope scope;
     const a2d::TokenLayout shards = caller_layout(kind, counts, problem.seq, world_->size());
     const a2d::TokenLayout& planned = attention_->layout();
@@ -357,30 +399,37 @@ class Engine {
   // Token tensors [batch, tokens, heads, width] and fp32 rows [batch, heads, tokens], each pair
   // (caller's layout, plan's layout) for exchange_in and (plan's, caller's) for exchange_out.
   // backward: whether the exchange belongs to the backward (the phase it is charged to).
-  void exchange_in(const TensorPairs& tokens, const TensorPairs& rows, bool backward) {
-    exchange(*to_plan_, tokens, rows,
-             backward ? a2d::kRelayoutBackwardIn : a2d::kRelayoutForwardIn);
+  // stream: the caller's stream (torch's current cudaStream_t; 0 on the CPU) the call is ordered
+  // after and before (OnCallerStream).
+  void exchange_in(const TensorPairs& tokens, const TensorPairs& rows, bool backward,
+                   uintptr_t stream) {
+    exchange(*to_plan_, tokens, rows, backward ? a2d::kRelayoutBackwardIn : a2d::kRelayoutForwardIn,
+             stream);
   }
-  void exchange_out(const TensorPairs& tokens, const TensorPairs& rows, bool backward) {
+  void exchange_out(const TensorPairs& tokens, const TensorPairs& rows, bool backward,
+                    uintptr_t stream) {
     exchange(*to_user_, tokens, rows,
-             backward ? a2d::kRelayoutBackwardOut : a2d::kRelayoutForwardOut);
+             backward ? a2d::kRelayoutBackwardOut : a2d::kRelayoutForwardOut, stream);
   }
+  std::string device() const { return backend_->name(); }
 
   // sinks: the address of the sinks' fp32 logits [heads] (0 without sinks); dsink: where the
   // backward writes their gradient [heads] (the sum over every rank's rows).
   void forward(const py::tuple& q, const py::tuple& k, const py::tuple& v, const py::tuple& out,
-               const py::tuple& lse, uintptr_t sinks) {
+               const py::tuple& lse, uintptr_t sinks, uintptr_t stream) {
     Wrapped w(*backend_);
     a2d::ForwardShards s;
     wrap_common(w, s, q, k, v, out, lse, sinks);
     CallScope scope;
     py::gil_scoped_release release;
+    OnCallerStream ordered(*backend_, stream);
     attention_->forward(s);
   }
 
   void backward(const py::tuple& q, const py::tuple& k, const py::tuple& v, const py::tuple& out,
                 const py::tuple& d_out, const py::tuple& lse, const py::tuple& dq,
-                const py::tuple& dk, const py::tuple& dv, uintptr_t sinks, uintptr_t dsink) {
+                const py::tuple& dk, const py::tuple& dv, uintptr_t sinks, uintptr_t dsink,
+                uintptr_t stream) {
     Wrapped w(*backend_);
     a2d::BackwardShards s;
     wrap_common(w, s, q, k, v, out, lse, sinks);
@@ -391,12 +440,13 @@ class Engine {
     s.dsink = reinterpret_cast<float*>(dsink);
     CallScope scope;
     py::gil_scoped_release release;
+    OnCallerStream ordered(*backend_, stream);
     attention_->backward(s);
   }
 
  private:
   void exchange(a2d::LayoutExchange& exchange, const TensorPairs& tokens, const TensorPairs& rows,
-                const std::string& phase) {
+                const std::string& phase, uintptr_t stream) {
     A2D_REQUIRE(to_plan_ != nullptr,
                 "this engine's shards are in the plan's layout: nothing to "
                 "exchange");
@@ -424,6 +474,7 @@ class Engine {
     }
     CallScope scope;
     py::gil_scoped_release release;
+    OnCallerStream ordered(*backend_, stream);
     exchange.exchange(*world_, token_moves, row_moves, phase);
   }
 
@@ -736,18 +787,28 @@ PYBIND11_MODULE(_core, m) {
       .def("step", &DecoderEngine::step);
 
   py::class_<Engine>(m, "Engine")
-      .def(py::init<const a2d::Problem&, const a2d::Plan&, Transport&>())
+      .def(py::init<const a2d::Problem&, const a2d::Plan&, Transport&, const std::string&, bool>(),
+           py::arg("problem"), py::arg("plan"), py::arg("transport"), py::arg("device") = "cpu",
+           py::arg("nccl") = false)
       .def(py::init<const a2d::Problem&, const a2d::Plan&, Transport&, const std::string&,
-                    const std::vector<int64_t>&>())
+                    const std::vector<int64_t>&, const std::string&, bool>(),
+           py::arg("problem"), py::arg("plan"), py::arg("transport"), py::arg("kind"),
+           py::arg("counts"), py::arg("device") = "cpu", py::arg("nccl") = false)
       .def_property_readonly("exchanges", &Engine::exchanges)
       .def_property_readonly("plan_tokens", &Engine::plan_tokens)
-      .def("exchange_in", &Engine::exchange_in)
-      .def("exchange_out", &Engine::exchange_out)
+      .def_property_readonly("device", &Engine::device)
+      .def("exchange_in", &Engine::exchange_in, py::arg("tokens"), py::arg("rows"),
+           py::arg("backward"), py::arg("stream") = 0)
+      .def("exchange_out", &Engine::exchange_out, py::arg("tokens"), py::arg("rows"),
+           py::arg("backward"), py::arg("stream") = 0)
       .def_property_readonly("problem", &Engine::problem)
       .def_property_readonly("plan", &Engine::plan)
       .def_property_readonly("rank", &Engine::rank)
       .def_property_readonly("size", &Engine::size)
       .def("tokens", &Engine::tokens)
-      .def("forward", &Engine::forward)
-      .def("backward", &Engine::backward);
+      .def("forward", &Engine::forward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+           py::arg("lse"), py::arg("sinks"), py::arg("stream") = 0)
+      .def("backward", &Engine::backward, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+           py::arg("d_out"), py::arg("lse"), py::arg("dq"), py::arg("dk"), py::arg("dv"),
+           py::arg("sinks"), py::arg("dsink"), py::arg("stream") = 0);
 }

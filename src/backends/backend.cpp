@@ -34,6 +34,11 @@ BufferPtr Backend::wrap_host(void* /*memory*/, int64_t /*bytes*/) {
   A2D_FAIL("the ", name(), " backend cannot use host memory as its buffers; upload it instead");
 }
 
+BufferPtr Backend::wrap_device(void* /*memory*/, int64_t /*bytes*/) {
+  A2D_FAIL("the ", name(), " backend has no device memory to wrap (device tensors need the cuda ",
+           "backend)");
+}
+
 std::vector<std::string> backend_names() {
   std::vector<std::string> names{"cpu", "fenced", "fenced-cuda"};
   if (cuda_backend_built()) names.push_back("cuda");
@@ -64,10 +69,19 @@ std::unique_ptr<Backend> make_backend(const std::string& device) {
   if (device == "cpu") return backends::make_cpu_backend();
   if (device == "fenced") return backends::make_fenced_backend();
   if (device == "fenced-cuda") return backends::make_fenced_backend(/*cuda_rules=*/true);
-  if (device == "cuda") {
+  if (device == "cuda" || device.rfind("cuda:", 0) == 0) {
+    int ordinal = -1;
+    if (device != "cuda") {
+      const std::string digits = device.substr(5);
+      A2D_REQUIRE(!digits.empty() && digits.size() < 6 &&
+                      digits.find_first_not_of("0123456789") == std::string::npos,
+                  "unknown device '", device, "': cuda:N takes a GPU's ordinal N");
+      ordinal = std::stoi(digits);
+    }
 #ifdef A2D_WITH_CUDA
-    return backends::make_cuda_backend();
+    return backends::make_cuda_backend(ordinal);
 #else
+    (void)ordinal;
     A2D_FAIL(
         "--device cuda: this build has no CUDA backend (configure with -DA2D_WITH_CUDA=ON "
         "where a CUDA toolkit is installed); use --device cpu");

@@ -11,7 +11,8 @@ std::unique_ptr<Backend> make_cpu_backend();
 // cuda_rules: "fenced-cuda", refusing the kernel calls the CUDA backend refuses.
 std::unique_ptr<Backend> make_fenced_backend(bool cuda_rules = false);
 #ifdef A2D_WITH_CUDA
-std::unique_ptr<Backend> make_cuda_backend();  // cuda_backend.cu; throws without a GPU
+// cuda_backend.cu; throws without a GPU. device < 0: the node-local rank's GPU (modulo the count).
+std::unique_ptr<Backend> make_cuda_backend(int device = -1);
 int cuda_device_count();
 #endif
 

@@ -13,8 +13,15 @@
 #include <vector>
 
 #include "attention2d/error.hpp"
+#include "attention2d/gloo_comm.hpp"
 #include "attention2d/watchdog.hpp"
+#include "comm_choice.hpp"
 #include "self_mail.hpp"
+#if defined(A2D_WITH_CUDA) && defined(A2D_WITH_MPI)
+#include <cstdlib>
+
+#include "nccl_comm.hpp"
+#endif
 
 namespace a2d {
 namespace {
@@ -579,6 +586,45 @@ std::unique_ptr<Communicator> make_group_communicator(const A2dGroupOps& ops) {
   std::vector<int> members(static_cast<size_t>(ops.size));
   std::iota(members.begin(), members.end(), 0);
   return std::make_unique<GroupCommunicator>(std::move(group), std::move(members), 0);
+}
+
+namespace {
+// Throws on every rank of `host` when any rank's `refusal` is not empty: the lowest such rank's
+// message, so that every rank reports the same cause.
+void refuse_together(Communicator& host, const std::string& refusal) {
+  const std::vector<std::string> all = all_gather_bytes(host, refusal);
+  for (size_t rank = 0; rank < all.size(); ++rank) {
+    if (all[rank].empty()) continue;
+    if (static_cast<int>(rank) == host.rank()) A2D_FAIL(all[rank]);
+    A2D_FAIL(all[rank], " (rank ", rank, ")");
+  }
+}
+}  // namespace
+
+std::unique_ptr<Communicator> make_nccl_communicator(std::unique_ptr<Communicator> host,
+                                                     Backend& backend) {
+  A2D_REQUIRE(host, "the NCCL communicator needs a host communicator");
+#if defined(A2D_WITH_CUDA) && defined(A2D_WITH_MPI)
+  std::string identity, refusal;
+  try {
+    identity = nccl::gpu_identity(backend);
+  } catch (const Error& e) {
+    refusal = e.what();
+  }
+  refuse_together(*host, refusal);
+  const char* flag = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+  refuse_together(*host,
+                  comm_choice::sharing_refusal(all_gather_bytes(*host, identity), nccl::version(),
+                                               flag && std::strcmp(flag, "1") == 0));
+  return nccl::make_communicator(std::move(host), backend);
+#else
+  (void)backend;
+  refuse_together(*host,
+                  "NCCL through the caller's process group needs a build with the CUDA backend "
+                  "and NCCL (-DA2D_WITH_CUDA=ON, with MPI found: the NCCL communicator is built "
+                  "with it); this build has neither");
+  return nullptr;  // not reached
+#endif
 }
 
 }  // namespace a2d

@@ -55,7 +55,10 @@ def test_unsupported_dtype_and_device():
                                                     layout=lay), "supported: float32")
     meta = torch.empty(q.shape, device="meta")
     raised_everywhere(lambda: attention2d.attention(meta, k, v, layout=lay),
-                      "the Python package runs on CPU tensors")
+                      "q, k, v must be on one device, got q on meta, k on cpu")
+    meta_kv = torch.empty(k.shape, device="meta")
+    raised_everywhere(lambda: attention2d.attention(meta, meta_kv, meta_kv, layout=lay),
+                      "q is on device meta: attention2d runs CPU and CUDA tensors")
     raised_everywhere(lambda: attention2d.attention(q, k.half(), v, layout=lay),
                       "must have one dtype")
     raised_everywhere(lambda: attention2d.attention(q.numpy(), k, v), "must all be torch tensors")

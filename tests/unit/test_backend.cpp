@@ -13,8 +13,8 @@
 
 #include "algorithms/records.hpp"
 #include "attention2d/backend.hpp"
-#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
+#include "attention2d/tools/data.hpp"
 #include "backends/backends.hpp"
 
 namespace a2d {
@@ -224,6 +224,48 @@ TEST(FencedBackend, ItsBuffersHaveNoHostAddressAndAStrayReadCrashes) {
   // Host memory cannot be wrapped as its buffers.
   std::vector<float> host(4);
   EXPECT_THROW(fenced->wrap_host(host.data(), 16), Error);
+}
+
+// wrap_device's stand-in (the device path of the Python package on fenced-cuda): the caller's
+// memory is copied into fenced memory the host may not touch, the backend's operations work on
+// it, and it is written back when the buffer goes. Host backends have no device memory to wrap.
+TEST(FencedBackend, WrapDeviceStandsInForACallersDeviceTensor) {
+  const std::unique_ptr<Backend> fenced = make_backend("fenced-cuda");
+  std::vector<float> caller{1.0f, 2.0f, 3.0f, 4.0f};
+  {
+    BufferPtr wrapped = fenced->wrap_device(caller.data(), 16);
+    EXPECT_EQ(wrapped->host_data(), nullptr);
+    EXPECT_EQ(wrapped->bytes(), 16);
+    float read = 0;
+    fenced->download(Place::in(*wrapped, 8), &read, 4);
+    EXPECT_EQ(read, 3.0f);  // the caller's contents
+    const float seven = 7.0f;
+    fenced->upload(&seven, Place::in(*wrapped, 4), 4);
+    fenced->fill_zero(Place::in(*wrapped, 12), 4);
+    fenced->follow_stream(nullptr);  // the host backends order nothing: no effect
+    fenced->lead_stream(nullptr);
+    EXPECT_EQ(caller[1], 2.0f);  // not written back yet
+  }
+  EXPECT_EQ(caller, (std::vector<float>{1.0f, 7.0f, 3.0f, 0.0f}));
+  std::vector<float> host(4);
+  EXPECT_THROW(make_backend("cpu")->wrap_device(host.data(), 16), Error);
+}
+
+// "cuda:N" names a GPU; a malformed ordinal is refused, and without the CUDA backend (or a GPU)
+// every cuda device is.
+TEST(BackendNames, CudaTakesAnOrdinal) {
+  for (const char* bad : {"cuda:", "cuda:x", "cuda:-1", "cuda:0x1", "cuda:1234567"}) {
+    try {
+      make_backend(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cuda:N takes a GPU's ordinal"), std::string::npos)
+          << e.what();
+    }
+  }
+  if (cuda_device_count() == 0) {
+    EXPECT_THROW(make_backend("cuda:0"), Error);
+  }
 }
 
 // Random inputs in [batch, tokens, heads, dim] fp32.

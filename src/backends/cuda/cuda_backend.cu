@@ -275,15 +275,19 @@ class DeviceBuffer final : public Buffer {
       check_cuda(cudaMemsetAsync(memory_, 0xff, static_cast<size_t>(bytes), stream), "poison");
     }
   }
+  // The caller's device memory (wrap_device): neither poisoned nor freed here.
+  DeviceBuffer(Backend& backend, int64_t bytes, void* foreign)
+      : Buffer(backend, bytes, nullptr), memory_(foreign), stream_(nullptr), owned_(false) {}
   ~DeviceBuffer() override {
     // Stream-ordered: the memory returns to the pool after the operations issued before.
-    if (memory_) cudaFreeAsync(memory_, stream_);
+    if (memory_ && owned_) cudaFreeAsync(memory_, stream_);
   }
   std::byte* memory() const { return static_cast<std::byte*>(memory_); }
 
  private:
   void* memory_ = nullptr;
   cudaStream_t stream_;
+  bool owned_ = true;
 };
 
 class PinnedBuffer final : public Buffer {
@@ -368,6 +372,30 @@ class CudaBackend final : public Backend {
     return std::make_unique<PinnedBuffer>(*this, bytes);
   }
   void synchronize() override { check_cuda(cudaStreamSynchronize(stream_), "synchronize"); }
+
+  BufferPtr wrap_device(void* memory, int64_t bytes) override {
+    A2D_REQUIRE(bytes >= 0, "cannot wrap ", bytes, " bytes");
+    if (bytes > 0) {
+      cudaPointerAttributes attributes{};
+      check_cuda(cudaPointerGetAttributes(&attributes, memory), "cudaPointerGetAttributes");
+      A2D_REQUIRE(
+          attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged,
+          "wrap_device: the address is not device memory (a CPU tensor?)");
+      A2D_REQUIRE(attributes.device == device_, "wrap_device: the memory is on GPU ",
+                  attributes.device, ", but this backend runs on GPU ", device_);
+    }
+    return std::make_unique<DeviceBuffer>(*this, bytes, memory);
+  }
+  // Cross-stream ordering by events: neither the host nor the device waits as a whole.
+  void follow_stream(void* stream) override {
+    CudaFence caller(static_cast<cudaStream_t>(stream));
+    check_cuda(cudaStreamWaitEvent(stream_, caller.event(), 0), "follow the caller's stream");
+  }
+  void lead_stream(void* stream) override {
+    CudaFence done(stream_);
+    check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done.event(), 0),
+               "the caller's stream waits for the backend");
+  }
 
   // For the NCCL communicator (cuda_backend.hpp).
   cudaStream_t stream() const { return stream_; }
@@ -815,14 +843,19 @@ int cuda_device_count() {
   return count;
 }
 
-std::unique_ptr<Backend> make_cuda_backend() {
+std::unique_ptr<Backend> make_cuda_backend(int device) {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   A2D_REQUIRE(status == cudaSuccess && count > 0, "--device cuda: no CUDA GPU is available here (",
               status == cudaSuccess ? "no devices" : cudaGetErrorString(status),
               "); use --device cpu");
+  if (device >= 0) {
+    A2D_REQUIRE(device < count, "cuda:", device, ": there are ", count,
+                " GPUs here (cuda:0 to cuda:", count - 1, ")");
+    return std::make_unique<CudaBackend>(device);
+  }
   // One GPU per rank: the node-local rank's (Open MPI and Slurm set it), else the first.
-  int device = 0;
+  device = 0;
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"}) {
     if (const char* value = std::getenv(name)) {
       device = std::atoi(value) % count;

@@ -159,10 +159,13 @@ class FencedBuffer final : public Buffer {
 
   std::byte* memory() const { return memory_; }
   int64_t mapped() const { return mapped_; }
+  // wrap_device's stand-in: the caller's memory, written back when the buffer goes.
+  void write_back_to(void* caller) { write_back_ = caller; }
 
  private:
   std::byte* memory_;
   int64_t mapped_;
+  void* write_back_ = nullptr;
 };
 
 class FencedBackend final : public HostBackend {
@@ -206,6 +209,17 @@ class FencedBackend final : public HostBackend {
     const int64_t page = page_bytes();
     const int64_t mapped = std::max<int64_t>(page, (bytes + page - 1) / page * page);
     return std::make_unique<FencedBuffer>(*this, bytes, arena_.allocate(mapped), mapped);
+  }
+
+  // The stand-in for a device tensor's memory (backend.hpp): a fenced copy of the caller's, which
+  // only the backend's operations may touch, written back when the buffer goes.
+  BufferPtr wrap_device(void* memory, int64_t bytes) override {
+    BufferPtr buffer = allocate(bytes);
+    if (bytes > 0) {
+      HostBackend::upload(memory, Place::in(*buffer), bytes);
+      static_cast<FencedBuffer&>(*buffer).write_back_to(memory);
+    }
+    return buffer;
   }
 
   void upload_async(const void* host, Place to, int64_t bytes, const Fence* /*after*/) override {
@@ -258,6 +272,12 @@ class FencedBackend final : public HostBackend {
 FencedBuffer::~FencedBuffer() {
   auto& backend = static_cast<FencedBackend&>(this->backend());
   backend.make_deferred();
+  if (write_back_) {
+    try {
+      backend.download(Place::in(*this), write_back_, bytes());
+    } catch (...) {  // a destructor must not throw; the test then finds the caller's copy stale
+    }
+  }
   backend.release(memory_, mapped_);
 }
 
