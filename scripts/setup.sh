@@ -21,6 +21,7 @@ packages=(
   python3-dev python3-venv python3-pip   # the Python package (python/): its headers, and the
                                          # venv scripts/venv.sh makes (torch, pybind11, ... from PyPI)
   ccache                              # compiles reused across builds and clones (build.sh, pip_install.sh)
+  libsimgrid-dev                      # SimGrid 3.32 (smpicxx, smpirun): the SMPI build of sim/ (docs/simulation.md)
 )
 
 missing=()

@@ -60,12 +60,13 @@ trap 'kill -- -"$builds_pid" 2>/dev/null || true' EXIT
 # Each test runs in one of the two passes, the strictest build that runs it in time
 # (tests/CMakeLists.txt, at its end): here the unit tests (the kernels as released, also run
 # sanitized below), the heavy and uninstrumented ones, and the Python and package tests (which the
-# sanitizer build does not have); every other test runs under the sanitizers below.
+# sanitizer build does not have) and the SimGrid simulation (sim/CMakeLists.txt; the sanitizer
+# build has no SMPI variant); every other test runs under the sanitizers below.
 # Each pass's output is also kept (test-times.log) for the slowest tests at the end.
 times_log=$PWD/test-times.log
 : >"$times_log"
 (cd build && ctest --output-on-failure -j "$(nproc)" --timeout 600 \
-  -L '^(unit|heavy|uninstrumented|python|torch|package)$') | tee -a "$times_log"
+  -L '^(unit|heavy|uninstrumented|python|torch|package|sim)$') | tee -a "$times_log"
 phase "tests"
 
 # The sanitizer tests start as soon as their build is done; the CUDA compile and the fuzz

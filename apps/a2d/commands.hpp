@@ -19,6 +19,9 @@ int bench(int argc, char** argv, int first);      // needs MPI
 int model(int argc, char** argv, int first);
 int plan(int argc, char** argv, int first);
 int decode(int argc, char** argv, int first);  // needs MPI
+int sim(int argc, char** argv, int first);     // the SMPI build only (sim_command.cpp)
+// a2d sim in every other build: says where it runs.
+int sim_elsewhere(int argc, char** argv, int first);
 // a2d decode's body; bench = true for a2d bench --decode (needs MPI).
 int decode_main(int argc, char** argv, int first, bool bench);
 // a2d model --decode: the decode step's prediction (docs/inference.md).

@@ -68,6 +68,13 @@ const Subcommand kSubcommands[] = {
     {"calibrate", "measure this machine (kernel rate, latency, bandwidth) for the cost model",
      a2d::commands::calibrate},
 #endif
+#ifdef A2D_WITH_SIM_COMMAND
+    {"sim", "plans of the engine on the simulated device inside SimGrid (sim/run.sh)",
+     a2d::commands::sim},
+#else
+    {"sim", "inside SimGrid only: build/smpi/a2d under sim/run.sh (docs/simulation.md)",
+     a2d::commands::sim_elsewhere},
+#endif
 };
 
 void print_help() {
@@ -87,6 +94,15 @@ void print_help() {
 
 namespace a2d::commands {
 bool g_verbose = false;
+
+#ifndef A2D_WITH_SIM_COMMAND
+int sim_elsewhere(int /*argc*/, char** /*argv*/, int /*first*/) {
+  std::cerr << "a2d sim runs inside SimGrid: sim/run.sh starts the SMPI build of a2d\n"
+               "(build/smpi/a2d, built beside this one where libsimgrid-dev is installed) on a\n"
+               "simulated platform; docs/simulation.md\n";
+  return 2;
+}
+#endif
 
 const char* error_text(const std::exception& e) {
   if (g_verbose) return e.what();

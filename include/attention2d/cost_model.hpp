@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -314,5 +315,42 @@ ForwardCallCosts fit_forward_call_costs(const std::vector<std::pair<int64_t, int
 // when they would take the whole block). All 0 without tile_block. The one formula of predict()
 // and the decode model.
 ForwardCallCosts forward_call_costs(const Machine& machine, int64_t head_dim);
+
+// Positions first, first + step, ..., `count` of them (step may be negative or 0).
+struct PositionRun {
+  int64_t first = 0;
+  int64_t step = 1;
+  int64_t count = 0;
+};
+// `positions` as maximal runs, in order (a sorted gather of cyclic parts is one run, a zigzag
+// shard two): what the simulated device keeps of uploaded positions.
+std::vector<PositionRun> position_runs(std::span<const int64_t> positions);
+// Visible (query, key) pairs between positions given as runs: closed forms per pair of runs
+// (floor sums) without documents, else counted position by position. count_visible_pairs
+// (kernel.hpp) of the expanded positions.
+int64_t count_visible_pairs(const Mask& mask, std::span<const PositionRun> q,
+                            std::span<const PositionRun> k);
+
+// One kernel call of the engine, as the simulated device (docs/simulation.md) sees it: `heads`
+// query heads of `batch` sequences, q_tokens x kv_tokens rows with their global positions in the
+// order the kernel receives them: the positions, or else the runs, or else 0, 1, 2, ...
+struct KernelCall {
+  Mask mask;
+  int64_t batch = 1;
+  int64_t heads = 1;
+  int64_t head_dim = 0;
+  int64_t q_tokens = 0;
+  int64_t kv_tokens = 0;
+  std::span<const int64_t> q_positions;
+  std::span<const int64_t> kv_positions;
+  std::span<const PositionRun> q_runs;
+  std::span<const PositionRun> kv_runs;
+  bool backward = false;
+};
+// Its seconds on `machine`, by the rules predict() charges a rank's compute with: on accelerators
+// (tile_block = 0) 4 D FLOPs per visible (query, key) pair and head (2.5 times that backward) over
+// the kernel's rate; on CPUs (tile_block > 0) the tiles the CPU kernels compute and the forward's
+// per-panel and per-key costs. Summed over a rank's calls it is that rank's C_f or C_b.
+double kernel_call_seconds(const Machine& machine, const KernelCall& call);
 
 }  // namespace a2d

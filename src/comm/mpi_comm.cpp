@@ -16,6 +16,9 @@
 #include "attention2d/error.hpp"
 #include "attention2d/watchdog.hpp"
 #include "comm/startup_guard.hpp"
+#ifdef A2D_SMPI
+#include "attention2d/sim.hpp"
+#endif
 
 namespace a2d {
 namespace {
@@ -110,6 +113,13 @@ WaitSetting read_wait_setting() {
 
 // Tests the requests until all are done, sleeping between tests 10 us doubling to `cap`.
 void test_until_done(int count, MPI_Request* requests, std::chrono::microseconds cap) {
+#ifdef A2D_SMPI
+  // Inside SimGrid waiting takes no host time: the policy keeps its schedules (rings of sends),
+  // and the simulator does the waiting.
+  (void)cap;
+  A2D_MPI(MPI_Waitall(count, requests, MPI_STATUSES_IGNORE));
+  return;
+#endif
   auto pause = std::min(std::chrono::microseconds(10), cap);
   for (;;) {
     int done = 0;
@@ -226,6 +236,13 @@ class MpiCommunicator final : public Communicator {
     auto request = std::make_unique<MpiRequest>();
     if (dest == rank_ && source == rank_) {
       A2D_REQUIRE(send_bytes == recv_bytes, "a send to oneself must match its receive");
+#ifdef A2D_SMPI
+      // Placeholders (sim.hpp): nothing to move, and the copy would touch the shared region's
+      // pages; ATTENTION2D places each rank's K/V part into its slot of the gathered buffer so
+      // (a send to itself on an R x 1 grid), and the ranks together touched all of it: 21.5 GB
+      // at P = 256, N = 2^20, 40 heads x 128 bf16, on a 256 x 1 grid.
+      if (is_placeholder(send, send_bytes) && is_placeholder(recv, recv_bytes)) return request;
+#endif
       if (send_bytes > 0 && send != recv) std::memmove(recv, send, static_cast<size_t>(send_bytes));
       return request;
     }
@@ -307,7 +324,15 @@ class MpiCommunicator final : public Communicator {
     fill_counts(bytes, words.size, request->counts, request->displacements);
     const int own = request->counts[rank_];
     const std::byte* own_slot = recv ? recv + request->displacements[rank_] * words.size : nullptr;
+#ifdef A2D_SMPI
+    // Placeholders (sim.hpp): this rank's block need not be copied into its slot, and SMPI would
+    // copy it (its Datatype::copy does not skip shared memory), touching every rank's slot of
+    // the gathered buffer: pages of the whole gather (21 GB at N = 2^20, 40 heads x 128 bf16).
+    const void* source = MPI_IN_PLACE;
+    (void)own_slot;
+#else
     const void* source = own == 0 || send == own_slot ? MPI_IN_PLACE : send;
+#endif
     if (size_ == 1) {
       if (source != MPI_IN_PLACE) std::memcpy(recv, send, static_cast<size_t>(own_bytes));
       return request;
@@ -347,15 +372,18 @@ class MpiCommunicator final : public Communicator {
         std::memmove(recv, send, sizeof(float) * static_cast<size_t>(counts[0] * record));
       return request;
     }
+    if (blocking) {
+      // One block per message: only a block, not the whole array, must fit MPI's int count.
+      for (int64_t c : counts)
+        A2D_REQUIRE(c >= 0, "a collective's block size must not be negative");
+      ring_reduce_scatter(send, recv, counts, record, reduction);
+      return request;
+    }
     const MPI_Op op = plain_op(reduction);
     std::vector<int64_t> scaled(counts.begin(), counts.end());
     for (auto& c : scaled)
       c *= record;
     fill_counts(scaled, 1, request->counts, request->displacements);
-    if (blocking) {
-      ring_reduce_scatter(send, recv, counts, record, reduction);
-      return request;
-    }
     request->requests.resize(1);
     A2D_MPI(MPI_Ireduce_scatter(send, recv, request->counts.data(), MPI_FLOAT, op, comm_,
                                 &request->requests[0]));
@@ -420,22 +448,40 @@ class MpiCommunicator final : public Communicator {
           into[i] += from[i];
       }
     };
-    std::vector<float> outgoing(static_cast<size_t>(largest)), incoming(outgoing.size());
+#ifdef A2D_SMPI
+    // Inside SimGrid the values are placeholders (sim.hpp): the scratch is too, and the sums
+    // cost time instead of arithmetic.
+    auto* scratch = reinterpret_cast<float*>(simulated_scratch(8 * largest));
+    float* outgoing = scratch;
+    float* incoming = scratch + largest;
+    (void)combine;
+#else
+    std::vector<float> outgoing_memory(static_cast<size_t>(largest));
+    std::vector<float> incoming_memory(outgoing_memory.size());
+    float* outgoing = outgoing_memory.data();
+    float* incoming = incoming_memory.data();
+#endif
     const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;
     const float* to_send = send + offsets[block(rank_ - 1)];
     for (int step = 0; step < size_ - 1; ++step) {
       const size_t sent = block(rank_ - step - 1), got = block(rank_ - step - 2);
-      exchange(to_send, mpi_count(counts[sent] * record), next, incoming.data(),
+      exchange(to_send, mpi_count(counts[sent] * record), next, incoming,
                mpi_count(counts[got] * record), prev, MPI_FLOAT);
       // The received partial plus this rank's own contribution to that block.
-      float* sum = step + 2 == size_ ? recv : outgoing.data();
+      float* sum = step + 2 == size_ ? recv : outgoing;
+#ifdef A2D_SMPI
+      simulated_host_reduction(static_cast<int64_t>(sizeof(float)) * counts[got] * record);
+#else
       std::copy_n(send + offsets[got], counts[got] * record, sum);
-      combine(sum, incoming.data(), static_cast<int>(got));
+      combine(sum, incoming, static_cast<int>(got));
+#endif
       to_send = sum;
     }
   }
 
-  bool sleeps() const { return mpi_wait_setting().policy == WaitPolicy::sleep; }
+  bool sleeps() const {
+    return mpi_wait_setting().policy == WaitPolicy::sleep;
+  }
 
   // One step of a ring or pairwise schedule: send `send_count` elements to `dest` while receiving
   // `recv_count` from `source` (MPI_Sendrecv, or posted and waited for under the sleep policy).

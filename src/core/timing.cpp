@@ -2,6 +2,10 @@
 
 #include <time.h>
 
+#ifdef A2D_SMPI
+#include <simgrid/engine.h>
+#endif
+
 #include <algorithm>
 #include <chrono>
 #include <numeric>
@@ -9,7 +13,13 @@
 namespace a2d {
 
 double seconds_now() {
+#ifdef A2D_SMPI
+  // Inside SimGrid: the simulated clock, which the ranks' kernels and messages advance
+  // (docs/simulation.md); the host's own time is not part of the simulation.
+  return simgrid_get_clock();
+#else
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+#endif
 }
 
 double cpu_seconds_now() {

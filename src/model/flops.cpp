@@ -19,12 +19,10 @@ namespace a2d {
 using model::flops;
 using model::total_pairs;
 using model::Wide;
-namespace {
-using model::ceil_div;
 
 // sum_{i=0}^{n-1} floor((a i + b) / m) for n >= 0, m >= 1, a >= 0, b >= 0 (the classic
 // Euclid-like recursion; O(log) steps).
-Wide floor_sum(Wide n, Wide m, Wide a, Wide b) {
+Wide model::floor_sum(Wide n, Wide m, Wide a, Wide b) {
   Wide total = 0;
   while (n > 0) {
     if (a >= m) {
@@ -43,6 +41,10 @@ Wide floor_sum(Wide n, Wide m, Wide a, Wide b) {
   }
   return total;
 }
+
+namespace {
+using model::ceil_div;
+using model::floor_sum;
 
 // Keys t = key_class (mod modulus) with 0 <= t <= x, for x >= -1.
 Wide class_up_to(Wide x, Wide key_class, Wide modulus) {

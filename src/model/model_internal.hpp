@@ -48,6 +48,8 @@ __extension__ typedef __int128 Wide;
 inline Wide ceil_div(Wide a, Wide b) {
   return a <= 0 ? 0 : (a + b - 1) / b;
 }
+// sum_{i=0}^{n-1} floor((a i + b) / m) for n >= 0, m >= 1, a >= 0, b >= 0 (flops.cpp).
+Wide floor_sum(Wide n, Wide m, Wide a, Wide b);
 // Queries q = first + i * step (i < count), keys t = key_class (mod modulus), 0 <= t < n_tokens:
 // the visible (q, k) pairs.
 Wide progression_vs_class(const Mask& mask, Wide n_tokens, Wide first, Wide step, Wide count,

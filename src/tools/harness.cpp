@@ -5,10 +5,10 @@
 #include <limits>
 #include <sstream>
 
-#include "attention2d/tools/check.hpp"
-#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/reference.hpp"
+#include "attention2d/tools/check.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention2d/watchdog.hpp"
 
 namespace a2d {
@@ -157,6 +157,7 @@ void download_values(Backend& backend, Buffer& buffer, DType dtype, std::vector<
 
 void ShardSet::upload_inputs() {
   const DType t = problem.dtype;
+  A2D_REQUIRE(!device_only_, "these shards have no host copies to upload (make_device_shards)");
   if (zero_copy()) return;
   upload_values(*backend, q, *buffers_.q, t);
   upload_values(*backend, k, *buffers_.k, t);
@@ -170,6 +171,8 @@ void ShardSet::upload_inputs() {
 }
 
 void ShardSet::download_outputs() {
+  A2D_REQUIRE(!device_only_,
+              "these shards have no host copies to download to (make_device_shards)");
   if (zero_copy()) return;
   const DType t = problem.dtype;
   download_values(*backend, *buffers_.out, t, out);
@@ -243,6 +246,31 @@ ShardSet make_shards(const Problem& p, const TokenLayout& layout, int64_t part, 
                    dense_tokens(s.d_out.data(), s.tokens, p.heads, p.head_dim));
   }
   s.upload_inputs();
+  return s;
+}
+
+ShardSet make_device_shards(const Problem& p, const TokenLayout& layout, int64_t part,
+                            bool backward, Backend& backend) {
+  ShardSet s;
+  s.problem = p;
+  s.backend = &backend;
+  s.with_backward = backward;
+  s.device_only_ = true;
+  s.tokens = layout.count(part);
+  const int64_t q_bytes = p.batch * s.tokens * p.heads * p.head_dim * dtype_bytes(p.dtype);
+  const int64_t kv_bytes = p.batch * s.tokens * p.kv_heads * p.head_dim * dtype_bytes(p.dtype);
+  s.buffers_.q = backend.allocate(q_bytes);
+  s.buffers_.k = backend.allocate(kv_bytes);
+  s.buffers_.v = backend.allocate(kv_bytes);
+  s.buffers_.out = backend.allocate(q_bytes);
+  s.buffers_.lse = backend.allocate(p.batch * p.heads * s.tokens * 4);
+  if (backward) {
+    s.buffers_.d_out = backend.allocate(q_bytes);
+    s.buffers_.dq = backend.allocate(q_bytes);
+    s.buffers_.dk = backend.allocate(kv_bytes);
+    s.buffers_.dv = backend.allocate(kv_bytes);
+  }
+  if (p.sinks) s.sinks.assign(static_cast<size_t>(p.heads), 0.0f);
   return s;
 }
 

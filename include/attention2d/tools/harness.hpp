@@ -58,17 +58,24 @@ struct ShardSet {
  private:
   friend ShardSet make_shards(const Problem&, const TokenLayout&, int64_t, uint64_t, bool, bool,
                               Backend&);
+  friend ShardSet make_device_shards(const Problem&, const TokenLayout&, int64_t, bool, Backend&);
   struct Tensors {
     std::shared_ptr<Buffer> q, k, v, d_out, out, lse, dq, dk, dv;
   };
   bool zero_copy() const;
   Tensors buffers_;
+  bool device_only_ = false;
 };
 
 // Buffers for the shards `part` holds; inputs filled from (seed, global index) and uploaded when
 // `generate`.
 ShardSet make_shards(const Problem& problem, const TokenLayout& layout, int64_t part, uint64_t seed,
                      bool generate, bool backward, Backend& backend);
+// Buffers only, in the backend's memory, with no host copies (the host vectors stay empty and
+// upload_inputs / download_outputs refuse): for the simulated device (sim.hpp), whose buffers hold
+// no values and where P ranks' host copies would not fit in one machine.
+ShardSet make_device_shards(const Problem& problem, const TokenLayout& layout, int64_t part,
+                            bool backward, Backend& backend);
 
 // Root holds `global` (ignored elsewhere); every rank receives its shard's inputs and uploads
 // them.

@@ -108,7 +108,9 @@ bool finite_tokens(InTokens x, int64_t batch, int64_t tokens, int64_t heads, int
 }
 
 // No NaN and no +inf (LSE is -inf for rows that see no key, which every path handles).
-bool usable_rows(RowView<const float> x, int64_t batch, int64_t heads, int64_t tokens) {
+// (Used by the AVX2 path only; a build without it, such as the SMPI one, leaves it unused.)
+[[maybe_unused]] bool usable_rows(RowView<const float> x, int64_t batch, int64_t heads,
+                                  int64_t tokens) {
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t t = 0; t < tokens; ++t) {
