@@ -8,7 +8,7 @@ gradients as sequence parallelism needs. Random weights from a config, nothing f
     .venv/bin/python scripts/launch.py --nproc 4 -- .venv/bin/python examples/hf_train.py
 
 (With PYTHONPATH=build/python for the build tree's package; .venv is scripts/venv.sh's.)
---compile wraps the model in torch.compile(fullgraph=True); --packed packs documents of random
+--compile wraps the model in torch.compile(fullgraph=True) (inside DDP); --packed packs documents of random
 lengths into each sequence (position_ids restarting at 0, as DataCollatorWithFlattening does)."""
 
 import argparse
@@ -41,9 +41,10 @@ config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_s
                                   use_cache=False)
 torch.manual_seed(0)  # the same initial weights on every rank
 model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="attention2d")
-ddp = torch.nn.parallel.DistributedDataParallel(model)
-attention2d.register_ddp_hook(ddp)  # DDP sums over the sequence's ranks
-forward = torch.compile(ddp, backend=args.backend, fullgraph=True) if args.compile else ddp
+if args.compile:  # the model in one graph; DDP outside it (DDP's own hooks do not trace)
+    model = torch.compile(model, backend=args.backend, fullgraph=True)
+forward = torch.nn.parallel.DistributedDataParallel(model)
+attention2d.register_ddp_hook(forward)  # DDP sums over the sequence's ranks
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 mine = attention2d.shard(torch.arange(args.seq)[None], "contiguous")[0]  # this rank's tokens
 
