@@ -59,6 +59,8 @@ def models(kind, implementation, **changes):
         sharded = transformers.AutoModelForCausalLM.from_config(
             config(kind, **changes), attn_implementation=implementation)
     sharded.load_state_dict(reference.state_dict())
+    assert (reference.config._attn_implementation, sharded.config._attn_implementation) == (
+        "eager", implementation)
     return reference.float(), sharded.float()
 
 
