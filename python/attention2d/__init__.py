@@ -16,7 +16,8 @@ ring_flash_attn_func / zigzag_ring_flash_attn_func take flash-attn's and ring-fl
 arguments. layout() gives the plan's own layout (no exchange); plan() and model() the planner's
 choice and the cost model's predictions; unshard() puts a tensor back together; Decoder prefills
 a prompt into a distributed KV cache and decodes (docs/inference.md); register_ddp_hook makes
-DDP exact under sequence parallelism. docs/python.md has the whole story.
+DDP exact under sequence parallelism; attention2d.transformers.register() serves Hugging Face
+models built with attn_implementation="attention2d". docs/python.md has the whole story.
 """
 
 from ._core import Error, version as __version__

@@ -830,6 +830,38 @@ if torch is not None:
         dkp += scratch[2]
 
 
+    def _backward_in_user_layout(engine, q, k, v, out, lse, d_out):
+        """dQ, dK, dV in the caller's layout from the caller's Q, K, V, O, LSE and dO (the
+        torch.library op's backward, which saves only the caller's tensors): with a layout
+        exchange they go into the plan's layout first (one all-to-all more than the autograd
+        function's backward, which saved the plan-layout shards)."""
+        q, k, v, out, d_out = (_engine_ready(x) for x in (q, k, v, out, d_out.to(q.dtype)))
+        lse = lse.to(torch.float32).contiguous()
+        device, stream = q.device, _stream_of(q)
+        if engine.exchanges:
+            b, h, m = q.shape[0], q.shape[2], engine.plan_tokens
+            qp, kp, vp, op, dop = (torch.empty((b, m) + tuple(x.shape[2:]), dtype=x.dtype,
+                                               device=device)
+                                   for x in (q, k, v, out, d_out))
+            lsep = torch.empty((b, h, m), dtype=torch.float32, device=device)
+            engine.exchange_in([(_view(x), _view(y)) for x, y in
+                                ((q, qp), (k, kp), (v, vp), (out, op), (d_out, dop))],
+                               [(_view(lse), _view(lsep))], True, stream)
+        else:
+            qp, kp, vp, op, dop, lsep = q, k, v, out, d_out, lse
+        dqp, dkp, dvp = (torch.empty(x.shape, dtype=x.dtype, device=device)
+                         for x in (qp, kp, vp))
+        engine.backward(_view(qp), _view(kp), _view(vp), _view(op), _view(dop), _view(lsep),
+                        _view(dqp), _view(dkp), _view(dvp), 0, 0, stream=stream)
+        if not engine.exchanges:
+            return dqp, dkp, dvp
+        dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=device)
+                      for x in (q, k, v))
+        engine.exchange_out([(_view(dqp), _view(dq)), (_view(dkp), _view(dk)),
+                             (_view(dvp), _view(dv))], [], True, stream)
+        return dq, dk, dv
+
+
 # ---------------------------------------------------------------------------------------------
 # attention()
 
@@ -904,11 +936,51 @@ def _check_positions(all_positions, layout, shards, seq, ranks):
                            want[wrong]))
 
 
+def _documents_from_positions(all_positions, layout, shards, seq, ranks):
+    """The document boundaries [0, ..., seq] of the whole sequence from every rank's positions
+    (position_ids, in shard order): each document's positions run 0, 1, ..., l - 1 in the
+    global order of the caller's layout (transformers' packed sequences, DataCollatorWithFlattening).
+    Anything else is refused (the same verdict on every rank): it means positions that are not
+    global, or shards in another layout than the one named."""
+    if isinstance(layout, Layout):
+        order = [list(layout.tokens(r)) for r in range(ranks)]
+    elif shards[0] == "plan":  # one rank
+        order = [list(range(seq))]
+    else:
+        order = [list(t) for t in _layout_tokens(shards[0], seq, ranks, list(shards[1]))]
+    if ranks > 1 and all(len(p) > 0 and list(p) == list(range(len(p))) for p in all_positions):
+        raise Error("position_ids are 0..n-1 on every rank (the model's default when "
+                    "position_ids is not passed): pass position_ids with the global positions of "
+                    "each rank's tokens, e.g. attention2d.shard(torch.arange(N)[None], layout) "
+                    "(documents that end exactly at every shard boundary look the same and are "
+                    "refused too)")
+    glob = [0] * seq
+    for r in range(ranks):
+        for i, t in enumerate(order[r]):
+            glob[int(t)] = all_positions[r][i]
+    bounds = [0]
+    for i, p in enumerate(glob):
+        if p == 0 and i > 0:
+            bounds.append(i)
+        elif p != (glob[i - 1] + 1 if i > 0 else 0):
+            rank = next(r for r in range(ranks) if i in order[r])
+            raise Error("position_ids: the global token %d (rank %d's local token %d) has position "
+                        "%d after %s: each document's positions must run 0, 1, 2, ... in the "
+                        "order of layout=%r (packed documents restart at 0); positions that are "
+                        "not global, or shards cut in another layout, look like this"
+                        % (i, rank, order[rank].index(i), p,
+                           "position %d" % glob[i - 1] if i else "the sequence's start",
+                           layout.kind if isinstance(layout, Layout) else shards[0]))
+    bounds.append(seq)
+    return None if len(bounds) == 2 else tuple(bounds)  # one document: no boundaries
+
+
 def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", grid=None,
               comm=None, return_lse=False, layout=None, threads=1, machine=None,
               calibration=None, cu_seqlens=None, sinks=None, softcap=0.0, heads_parallel=None,
               group=None, window_size=None, dropout_p=0.0, deterministic=None,
-              return_attn_probs=False, mask=None, positions=None, _refusal=""):
+              return_attn_probs=False, mask=None, positions=None, _refusal="", _documents=False,
+              _engine_only=False):
     """This rank's shard of softmax(q k^T * scale) v over the whole distributed sequence.
 
     q: [batch, local tokens, heads, head_dim] (or 3-D [local tokens, heads, head_dim], flash-attn's
@@ -1042,7 +1114,12 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     shards, error = _user_layout(layout, counts, ranks, seq)
     if error:
         raise Error(error)
-    if positions is not None:
+    if positions is not None and _documents:
+        # attention2d.transformers: the documents are where the global positions restart at 0.
+        if cu_seqlens is not None:
+            raise Error("pass cu_seqlens or documents from positions, not both")
+        bounds = _documents_from_positions(all_positions, layout, shards, seq, ranks)
+    elif positions is not None:
         _check_positions(all_positions, layout, shards, seq, ranks)
     b, _, h, hk, d, dtype, _ = first_local
     problem = _problem(seq, h, d, hk, b, causal, window, softmax_scale, dtype, bounds,
@@ -1062,6 +1139,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
         chosen = _resolve_plan(problem, ranks, algo, grid, machine, calibration, threads,
                                heads_parallel=heads_parallel, order=chan.order, shards=shards)
     engine = _engine(chan, problem, chosen, shards, _device_text(q))
+    if _engine_only:
+        return engine
 
     if _is_torch(q):
         if sinks is not None and not _is_torch(sinks):

@@ -1,0 +1,107 @@
+"""One training step (forward, backward, AdamW) of a tiny Hugging Face Llama (from a config,
+random weights) with attn_implementation="attention2d" over the launched ranks, and at one rank
+also with "sdpa" (torch's CPU flash attention), the two alternating in one run; the attention's
+share of the attention2d step (time inside the attention op's forward and backward). Prints the
+median over --iters steps after --warmup, the slowest rank's, and the load average.
+
+    PYTHONPATH=build/python .venv/bin/python scripts/launch.py --nproc 1 -- \\
+        .venv/bin/python bench/python/hf_step.py --seq 2048
+    ... --nproc 4 -- ... (attention2d only: sdpa cannot shard the sequence)"""
+
+import argparse
+import copy
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import transformers
+
+import attention2d
+import attention2d.transformers as hf
+from attention2d import _api
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--seq", type=int, default=2048)
+parser.add_argument("--iters", type=int, default=5)
+parser.add_argument("--warmup", type=int, default=1)
+args = parser.parse_args()
+dist.init_process_group("gloo")
+P, rank = dist.get_world_size(), dist.get_rank()
+hf.register()
+
+inside = [0.0]
+
+
+def timed(fn):
+    def wrapper(*a, **k):
+        start = time.perf_counter()
+        try:
+            return fn(*a, **k)
+        finally:
+            inside[0] += time.perf_counter() - start
+    return wrapper
+
+
+hf._call = timed(hf._call)  # the op's forward (and the backward's engine lookup)
+_api._backward_in_user_layout = timed(_api._backward_in_user_layout)
+
+config = transformers.LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512,
+                                  num_hidden_layers=2, num_attention_heads=8,
+                                  num_key_value_heads=2, max_position_embeddings=args.seq,
+                                  use_cache=False)
+implementations = ["attention2d", "sdpa"] if P == 1 else ["attention2d"]
+models = {}
+for name in implementations:
+    torch.manual_seed(0)
+    models[name] = transformers.AutoModelForCausalLM.from_config(  # a config of its own: from_config
+        copy.deepcopy(config), attn_implementation=name)           # sets _attn_implementation on it
+    assert models[name].config._attn_implementation == name
+optimizers = {n: torch.optim.AdamW(m.parameters(), lr=1e-4) for n, m in models.items()}
+ids = torch.randint(0, 1024, (1, args.seq), generator=torch.Generator().manual_seed(1))
+labels = torch.full_like(ids, -100)
+labels[:, :-1] = ids[:, 1:]
+mine = attention2d.shard(torch.arange(args.seq)[None], "contiguous")[0]
+times = {n: [] for n in implementations}
+shares = []
+for it in range(args.warmup + args.iters):
+    for name in implementations:
+        model = models[name]
+        kwargs = dict(labels=labels[:, mine], shift_labels=labels[:, mine],
+                      num_items_in_batch=int((labels != -100).sum()))
+        dist.barrier()
+        inside[0] = 0.0
+        start = time.perf_counter()
+        if name == "sdpa":
+            out = model(input_ids=ids, position_ids=torch.arange(args.seq)[None], **kwargs)
+        else:
+            out = model(input_ids=ids[:, mine], position_ids=mine[None], **kwargs)
+        out.loss.backward()
+        for p in model.parameters():
+            if P > 1:
+                dist.all_reduce(p.grad)
+        optimizers[name].step()
+        optimizers[name].zero_grad()
+        elapsed = torch.tensor([time.perf_counter() - start, inside[0]], dtype=torch.float64)
+        if P > 1:
+            gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(P)]
+            dist.all_gather(gathered, elapsed)
+            elapsed = max(gathered, key=lambda t: float(t[0]))  # the slowest rank's
+        if it >= args.warmup:
+            times[name].append(float(elapsed[0]))
+            if name == "attention2d":
+                shares.append(float(elapsed[1]) / float(elapsed[0]))
+if rank == 0:
+    load = os.getloadavg()[0]
+    for name in implementations:
+        print("P=%d N=%d %-11s step median %.1f ms (min %.1f, max %.1f)"
+              % (P, args.seq, name, 1e3 * statistics.median(times[name]),
+                 1e3 * min(times[name]), 1e3 * max(times[name])))
+    print("attention2d: the attention's share of the step %.0f %% (median)"
+          % (100 * statistics.median(shares)))
+    if P == 1:
+        print("attention2d / sdpa: %.2f" % (statistics.median(times["attention2d"])
+                                            / statistics.median(times["sdpa"])))
+    print("load average %.1f" % load)
+dist.destroy_process_group()

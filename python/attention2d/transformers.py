@@ -1,0 +1,230 @@
+"""Hugging Face transformers models on attention2d: `attn_implementation="attention2d"`.
+
+    import attention2d.transformers
+    attention2d.transformers.register()                   # once, after init_process_group
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="attention2d")
+    mine = attention2d.shard(torch.arange(N)[None], "contiguous")     # this rank's positions
+    out = model(input_ids=ids[:, mine[0]], position_ids=mine, ...)
+
+Every rank of the group passes its shard of `input_ids` (in `layout`, contiguous by default) with
+`position_ids` holding the global positions of those tokens; each layer's attention then runs
+over the whole sequence through attention2d and the model computes exactly what the unsharded
+model computes. Causal self-attention with GQA, the models' sliding windows (Mistral, Qwen2,
+Gemma 2/3's local layers), `attn_logit_softcapping` (Gemma 2) and the models' scaling are
+honoured; packed sequences are read from `position_ids` (each document's positions run 0, 1, ...,
+as transformers' DataCollatorWithFlattening makes them; the same documents in every row of the
+batch). What cannot be served is refused in the model's words, on every rank, before any of the
+attention's data moves: padding in `attention_mask`, attention dropout in training, ALiBi, a
+non-causal or cross-attention, a KV cache, 4-D or custom masks, attention sinks.
+
+The attention is one torch.library custom op, `torch.ops.attention2d.hf_attention` (a fake
+implementation for tracing, its backward another op, `hf_attention_backward`), so that
+`torch.compile` of the model traces through it (docs/python.md, "torch.compile").
+"""
+
+import functools
+from typing import Optional, Tuple
+
+import torch
+
+from . import _api
+from ._channel import Error
+
+__all__ = ["register", "NAME"]
+
+NAME = "attention2d"
+_configs = []  # handle -> dict(group=, layout=, options=)
+
+
+class _Unsupported:
+    """What attention2d's mask function hands the model in place of a mask it cannot express:
+    the attention function turns it into a refusal on every rank."""
+
+    def __init__(self, reason):
+        self.reason = reason
+
+
+def _mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
+                   attention_mask=None, use_vmap=False, **kwargs):
+    """transformers' mask interface: attention2d masks causality, the window and the documents
+    itself, so the model gets back only the 2-D padding mask (checked by the attention), or a
+    refusal for what cannot be expressed."""
+    if use_vmap:
+        return _Unsupported("the model combines its causal mask with an or_mask_function / "
+                            "and_mask_function (bidirectional image tokens, a custom mask): "
+                            "attention2d masks causal attention, sliding windows and packed "
+                            "documents (position_ids) only")
+    if not isinstance(q_offset, int) or q_offset or kv_offset or kv_length != q_length:
+        return _Unsupported("a KV cache (past_key_values, use_cache=True): attention2d computes "
+                            "self-attention of the sharded sequence; pass use_cache=False "
+                            "(attention2d.Decoder serves inference)")
+    return attention_mask
+
+
+def _refusal(module, query, key, attention_mask, dropout, kwargs):
+    """The model's setting that attention2d cannot serve, in the model's words ("" if none):
+    decided from shapes and the configuration (no tensor data), so that it also traces."""
+    config = getattr(module, "config", None)
+    model = type(module).__name__
+    if isinstance(attention_mask, _Unsupported):
+        return attention_mask.reason
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 2:
+        return ("a %d-D attention_mask reached %s (a prepared or custom mask): attention2d masks "
+                "causal attention, sliding windows and packed documents itself; pass no "
+                "attention_mask (packed documents: position_ids restarting at 0)"
+                % (attention_mask.dim(), model))
+    if config is not None and (getattr(config, "alibi", False)
+                               or getattr(config, "position_embedding_type", "") == "alibi"):
+        return ("%s uses ALiBi (config.alibi / position_embedding_type='alibi'): attention2d "
+                "adds no ALiBi biases; use attn_implementation='eager' or 'sdpa'" % model)
+    if not getattr(module, "is_causal", True):
+        return ("%s.is_causal is False (an encoder's or a cross-attention): attention2d serves "
+                "the causal self-attention of decoder models" % model)
+    if query.shape[2] != key.shape[2]:
+        return ("%s attends %d query tokens to %d keys (cross-attention or a KV cache): "
+                "attention2d computes self-attention of the sharded sequence; pass "
+                "use_cache=False" % (model, query.shape[2], key.shape[2]))
+    if dropout:
+        return ("config.attention_dropout=%s and the model is training: attention2d computes "
+                "exact attention without dropout; set config.attention_dropout=0.0 (or call "
+                "model.eval())" % dropout)
+    for name in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        if kwargs.get(name) is not None:
+            return ("%s was passed (flash-attention's packed-batch arguments): attention2d reads "
+                    "the documents from the global position_ids; drop it (DataCollatorWithFlattening"
+                    "(return_flash_attn_kwargs=False))" % name)
+    if kwargs.get("s_aux") is not None:
+        return ("%s has attention sinks (s_aux): not wired to transformers yet (attention2d."
+                "attention(sinks=) computes them); use attn_implementation='eager'" % model)
+    return ""
+
+
+def _local_refusal(q, position_ids, padding):
+    """Refusals that need the tensors' values (run inside the op, not traced)."""
+    if padding is not None and not bool(padding.all()):
+        return ("attention_mask has padding (zeros): attention2d cannot mask padded tokens; pack "
+                "the batch's sequences into rows without padding and mark the documents with "
+                "position_ids restarting at 0 (transformers' DataCollatorWithFlattening), and "
+                "pass no attention_mask")
+    if position_ids is None:
+        return ("position_ids is needed: pass the global positions of this rank's tokens "
+                "(attention2d.shard(torch.arange(N)[None], layout)), else every rank's tokens "
+                "would be taken for positions 0..n-1")
+    if position_ids.dim() != 2 or position_ids.shape[-1] != q.shape[1]:
+        return ("position_ids has shape %s for %d local tokens: pass [batch or 1, local tokens]"
+                % (list(position_ids.shape), q.shape[1]))
+    if position_ids.shape[0] > 1 and not bool((position_ids == position_ids[:1]).all()):
+        return ("position_ids differ between the batch's rows: attention2d packs the same "
+                "documents in every row; put each packing in its own batch (batch size 1)")
+    return ""
+
+
+def _call(q, k, v, position_ids, padding, handle, scale, window, softcap, refusal, engine_only):
+    config = _configs[handle]
+    refusal = refusal or _local_refusal(q, position_ids, padding)
+    positions = None if refusal else position_ids[0]
+    with torch.no_grad():
+        return _api.attention(q, k, v, causal=True, window=window, softmax_scale=scale,
+                              softcap=softcap, group=config["group"], layout=config["layout"],
+                              return_lse=True, positions=positions, _documents=True,
+                              _refusal=refusal, _engine_only=engine_only, **config["options"])
+
+
+@torch.library.custom_op("attention2d::hf_attention", mutates_args=())
+def hf_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 position_ids: Optional[torch.Tensor], padding: Optional[torch.Tensor],
+                 handle: int, scale: Optional[float], window: int, softcap: float,
+                 refusal: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """This rank's attention output [batch, local tokens, heads, head_dim] and fp32 LSE [batch,
+    heads, local tokens] of q [batch, local tokens, heads, head_dim] and k, v (kv_heads);
+    collective over the registered group."""
+    out, lse = _call(q, k, v, position_ids, padding, handle, scale, window, softcap, refusal,
+                     False)
+    return out, lse
+
+
+@hf_attention.register_fake
+def _(q, k, v, position_ids, padding, handle, scale, window, softcap, refusal):
+    b, n, h, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((b, h, n), dtype=torch.float32)
+
+
+@torch.library.custom_op("attention2d::hf_attention_backward", mutates_args=())
+def hf_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                          lse: torch.Tensor, d_out: torch.Tensor,
+                          position_ids: Optional[torch.Tensor], handle: int,
+                          scale: Optional[float], window: int,
+                          softcap: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV of hf_attention (collective). The same engine as the forward (the engine cache
+    keeps it); with a layout exchange, Q, K, V, O, LSE and dO go into the plan's layout again
+    (the op saves only the caller's tensors)."""
+    engine = _call(q, k, v, position_ids, None, handle, scale, window, softcap, "", True)
+    return _api._backward_in_user_layout(engine, q, k, v, out, lse, d_out)
+
+
+@hf_attention_backward.register_fake
+def _(q, k, v, out, lse, d_out, position_ids, handle, scale, window, softcap):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, position_ids, _, handle, scale, window, softcap, _ = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, position_ids)
+    ctx.arguments = (handle, scale, window, softcap)
+
+
+def _backward(ctx, d_out, d_lse):
+    q, k, v, out, lse, position_ids = ctx.saved_tensors
+    dq, dk, dv = hf_attention_backward(q, k, v, out, lse, d_out, position_ids, *ctx.arguments)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+hf_attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+               sliding_window=None, softcap=None, *, handle, **kwargs):
+    """transformers' attention interface: query [batch, heads, local tokens, head_dim], key and
+    value [batch, kv_heads, local tokens, head_dim]; returns (out [batch, local tokens, heads,
+    head_dim], None)."""
+    refusal = _refusal(module, query, key, attention_mask, dropout, kwargs)
+    if kwargs.get("output_attentions"):
+        refusal = refusal or ("output_attentions=True: attention2d never forms the attention "
+                              "probabilities; use attn_implementation='eager' to inspect them")
+    padding = (attention_mask if isinstance(attention_mask, torch.Tensor)
+               and attention_mask.dim() == 2 else None)
+    out, _ = hf_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
+                          kwargs.get("position_ids"), padding, handle,
+                          None if scaling is None else float(scaling),
+                          int(sliding_window or 0), float(softcap or 0.0), refusal)
+    return out, None
+
+
+def register(group=None, layout="contiguous", name=NAME, **options):
+    """Registers attention2d with transformers' AttentionInterface and AttentionMaskInterface as
+    `name`: models built or loaded with attn_implementation=name then run their attention over
+    the ranks of `group` (a ProcessGroup or DeviceMesh; default: torch.distributed's default
+    group), each rank holding its shard of the sequence in `layout` ("contiguous", "zigzag",
+    "cyclic" or an attention2d.Layout) and passing position_ids with its tokens' global positions.
+    options: attention()'s others (algo, grid, threads, heads_parallel). Registering the same
+    name again replaces the earlier registration. Returns name."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+    except ImportError as e:
+        raise Error("attention2d.transformers needs Hugging Face transformers (pip install "
+                    "transformers): %s" % e) from None
+    if not isinstance(layout, _api.Layout) and layout not in _api.USER_LAYOUTS:
+        raise Error("layout=%r: choose one of %s, or a Layout from attention2d.layout()"
+                    % (layout, ", ".join(repr(x) for x in _api.USER_LAYOUTS)))
+    unknown = set(options) - {"algo", "grid", "threads", "heads_parallel", "machine",
+                              "calibration"}
+    if unknown:
+        raise Error("register(): unknown option %s (attention()'s algo, grid, threads, "
+                    "heads_parallel)" % ", ".join(sorted(unknown)))
+    handle = len(_configs)
+    _configs.append({"group": group, "layout": layout, "options": dict(options)})
+    AttentionInterface.register(name, functools.partial(_attention, handle=handle))
+    AttentionMaskInterface.register(name, _mask_function)
+    return name

@@ -1,0 +1,223 @@
+"""Hugging Face transformers models with attn_implementation="attention2d" (issue 48), under
+scripts/launch.py (torch.distributed's gloo group): tiny Llama (GQA), Qwen2 (sliding-window
+layers) and Gemma 2 (alternating local/global layers, attn_logit_softcapping, final logit
+softcapping) built with from_config (random weights, nothing from a hub), each rank holding its
+shard of the sequence with global position_ids, against the one-process model with
+attn_implementation="eager" on the whole sequence: logits, loss and every parameter's gradient
+(summed over the ranks) at each of 3 AdamW steps (fp32: 1e-5 relative). Packed documents
+(position_ids restarting at 0), zigzag shards, torch.compile of the model, and the refusals of
+what cannot be served (on every rank, in the model's words)."""
+
+import functools
+import os
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import attention2d
+from conftest import COMM, TORCH_LAUNCH, assert_all_ranks, relative_error
+
+transformers = pytest.importorskip("transformers")
+import attention2d.transformers  # noqa: E402
+
+P, RANK = COMM.Get_size(), COMM.Get_rank()
+FP32 = 1e-5
+SEQ = 29  # odd, not divisible by 2, 3 or 4; longer than the windows
+pytestmark = pytest.mark.skipif(not TORCH_LAUNCH and P > 1,
+                                reason="needs the torch.distributed launch")
+
+attention2d.transformers.register()  # "attention2d", contiguous shards, the default group
+attention2d.transformers.register(layout="zigzag", name="attention2d_zigzag")
+
+
+def config(kind, **changes):
+    common = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                  tie_word_embeddings=False, use_cache=False)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(**common)
+    elif kind == "qwen2":  # layer 0 full attention, layer 1 a window of 7
+        cfg = transformers.Qwen2Config(**common, use_sliding_window=True, sliding_window=7,
+                                       max_window_layers=1)
+    else:  # local (window 6) and global layers, softcaps small enough to bend the scores
+        cfg = transformers.Gemma2Config(**common, head_dim=8, sliding_window=6,
+                                        attn_logit_softcapping=1.5, final_logit_softcapping=4.0,
+                                        query_pre_attn_scalar=8)
+    for name, value in changes.items():
+        setattr(cfg, name, value)
+    return cfg
+
+
+def models(kind, implementation, **changes):
+    torch.manual_seed(1234)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = transformers.AutoModelForCausalLM.from_config(
+            config(kind, **changes), attn_implementation="eager")
+        sharded = transformers.AutoModelForCausalLM.from_config(
+            config(kind, **changes), attn_implementation=implementation)
+    sharded.load_state_dict(reference.state_dict())
+    assert (reference.config._attn_implementation, sharded.config._attn_implementation) == (
+        "eager", implementation)
+    return reference.float(), sharded.float()
+
+
+def batch(documents, rows=2, seed=7):
+    """input_ids [rows, SEQ], position_ids [1, SEQ] (restarting at each document) and the shifted
+    labels (-100 at each document's last token, as DataCollatorWithFlattening makes them)."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 61, (rows, SEQ), generator=gen)
+    positions = torch.cat([torch.arange(n) for n in documents])[None]
+    labels = torch.full((rows, SEQ), -100)
+    labels[:, :-1] = ids[:, 1:]
+    ends = torch.cumsum(torch.tensor(documents), 0) - 1
+    labels[:, ends] = -100
+    return ids, positions, labels
+
+
+def train_and_compare(kind, implementation="attention2d", layout="contiguous",
+                      documents=(SEQ,), compile_model=False, steps=3, **changes):
+    reference, sharded = models(kind, implementation, **changes)
+    ids, positions, labels = batch(list(documents))
+    mine = attention2d.shard(torch.arange(SEQ)[None], layout)[0]
+    items = int((labels != -100).sum())
+    forward = compile_model(sharded) if compile_model else sharded
+    # eps=1e-5, not AdamW's 1e-8: the first steps move each parameter by lr * g / (|g| + eps),
+    # so with eps=1e-8 a gradient element within rounding of zero moves it by +-lr at random, and
+    # fp32 eager itself then differs from fp64 eager by 1e-4 after 3 steps (Gemma 2's norms).
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3, eps=1e-5)
+                  for m in (reference, sharded)]
+    errors = {"logits": 0.0, "loss": 0.0, "gradients": 0.0}
+    worst = ""
+    for _ in range(steps):
+        want = reference(input_ids=ids, position_ids=positions, labels=labels,
+                         shift_labels=labels)
+        got = forward(input_ids=ids[:, mine], position_ids=positions[:, mine],
+                      labels=labels[:, mine], shift_labels=labels[:, mine],
+                      num_items_in_batch=items)
+        want.loss.backward()
+        got.loss.backward()
+        errors["logits"] = max(errors["logits"],
+                               relative_error(got.logits.detach(), want.logits[:, mine].detach()))
+        loss = got.loss.detach().clone()
+        dist.all_reduce(loss) if P > 1 else None
+        errors["loss"] = max(errors["loss"], abs(float(loss) / float(want.loss.detach()) - 1))
+        for (name, p), (_, q) in zip(sharded.named_parameters(), reference.named_parameters()):
+            grad = p.grad.clone()
+            if P > 1:
+                dist.all_reduce(grad)
+            p.grad.copy_(grad)  # the sum over the ranks, as DDP with register_ddp_hook gives
+            e = relative_error(grad, q.grad)
+            if e > errors["gradients"]:
+                errors["gradients"], worst = e, name
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+    return errors, worst
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gemma2"])
+def test_training_equals_one_process(kind):
+    """3 AdamW steps, contiguous shards, one document."""
+    errors, worst = train_and_compare(kind)
+    assert_all_ranks(max(errors.values()) <= FP32, "%s: %s (worst gradient %s)"
+                     % (kind, errors, worst))
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_packed_documents_zigzag(kind):
+    """Packed documents (position_ids restarting at 0; one crosses the shard boundaries, one is
+    shorter than the window) on zigzag shards."""
+    errors, worst = train_and_compare(kind, "attention2d_zigzag", "zigzag",
+                                      documents=(12, 4, 13))
+    assert_all_ranks(max(errors.values()) <= FP32, "%s: %s (worst gradient %s)"
+                     % (kind, errors, worst))
+
+
+def refusal(kind, call, **changes):
+    """The message every rank raised (asserted identical on every rank)."""
+    _, sharded = models(kind, "attention2d", **changes)
+    try:
+        call(sharded)
+    except attention2d.Error as e:
+        message = str(e)
+    else:
+        message = "(nothing raised)"
+    messages = COMM.allgather(message)
+    assert_all_ranks(len(set(messages)) == 1, "the ranks raised different messages: %s"
+                     % messages)
+    return message
+
+
+def forward_of(ids=None, positions="global", **kwargs):
+    ids = torch.randint(0, 61, (1, SEQ), generator=torch.Generator().manual_seed(3)) \
+        if ids is None else ids
+    mine = attention2d.shard(torch.arange(SEQ)[None], "contiguous")[0]
+    if positions == "global":
+        kwargs["position_ids"] = mine[None]
+    elif positions is not None:
+        kwargs["position_ids"] = positions
+
+    def call(model):
+        return model(input_ids=ids[:, mine], **kwargs)
+    return call
+
+
+def test_refusals_in_the_models_words():
+    dropout = refusal("llama", lambda m: (m.train(), forward_of()(m)), attention_dropout=0.1)
+    assert_all_ranks("config.attention_dropout=0.1" in dropout, dropout)
+    n = len(attention2d.shard(torch.arange(SEQ), "contiguous", dim=0))
+    padding = torch.ones(1, n, dtype=torch.long)
+    if RANK == P - 1:
+        padding[0, -1] = 0  # only the last rank has padding: every rank refuses
+    padded = refusal("qwen2", forward_of(attention_mask=padding))
+    assert_all_ranks("attention_mask has padding" in padded and "DataCollatorWithFlattening"
+                     in padded, padded)
+    def generate(model):  # the prefill fills a cache with this rank's shard; the next call
+        cache = forward_of(use_cache=True)(model).past_key_values  # must not use it
+        return forward_of(use_cache=True, past_key_values=cache)(model)
+    cache = refusal("llama", generate)
+    assert_all_ranks("KV cache" in cache, cache)
+    attentions = refusal("llama", forward_of(output_attentions=True))
+    assert_all_ranks("output_attentions" in attentions, attentions)
+    if P > 1:
+        default = refusal("llama", forward_of(positions=None))
+        assert_all_ranks("position_ids are 0..n-1 on every rank" in default, default)
+        mine = attention2d.shard(torch.arange(SEQ)[None], "contiguous")
+        zigzag = attention2d.shard(torch.arange(SEQ)[None], "zigzag")
+        if COMM.allreduce(zigzag.shape == mine.shape, op=lambda a, b: a and b):  # P = 2
+            wrong = refusal("llama", forward_of(positions=zigzag))  # zigzag called contiguous
+            assert_all_ranks("each document's positions must run 0, 1, 2" in wrong, wrong)
+    shifted = attention2d.shard(torch.arange(1, SEQ + 1)[None], "contiguous")  # not from 0
+    wrong = refusal("llama", forward_of(positions=shifted))
+    assert_all_ranks("has position 1 after the sequence's start" in wrong, wrong)
+
+
+def test_non_causal_is_refused():
+    def call(model):
+        for layer in model.model.layers:
+            layer.self_attn.is_causal = False
+        return forward_of()(model)
+    message = refusal("llama", call)
+    assert_all_ranks("LlamaAttention.is_causal is False" in message, message)
+
+
+@pytest.mark.parametrize("backend", [
+    "aot_eager",
+    pytest.param("inductor", marks=pytest.mark.skipif(
+        not os.environ.get("A2D_TEST_INDUCTOR"),
+        reason="inductor's C++ compiles take 35-100 s here: A2D_TEST_INDUCTOR=1 runs it"))])
+def test_compiled_model_equals_eager(backend):
+    """torch.compile(model, fullgraph=True) of the whole model (Gemma 2: windows, softcaps, packed
+    documents): the attention is a torch.library op (fake implementation, registered autograd),
+    so dynamo traces the model in one graph, no graph break (fullgraph=True raises at any); the
+    same results as the one-process eager model. aot_eager traces the forward and backward
+    through the op's fake implementations as inductor does, without compiling C++."""
+    torch._dynamo.reset()
+    compile_model = functools.partial(torch.compile, backend=backend, fullgraph=True)
+    errors, worst = train_and_compare("gemma2", documents=(12, 4, 13),
+                                      compile_model=compile_model, steps=2)
+    assert_all_ranks(max(errors.values()) <= FP32, "compiled (%s) gemma2: %s (worst gradient %s)"
+                     % (backend, errors, worst))
