@@ -166,7 +166,7 @@ double kernel_call_seconds(const Machine& machine, const KernelCall& call) {
     const std::vector<int64_t> k = positions_of(call.kv_positions, call.kv_runs, call.kv_tokens);
     pairs = count_visible_pairs(call.mask, q.data(), call.q_tokens, k.data(), call.kv_tokens);
   }
-  const bool causal = call.mask.is_causal();
+  const bool causal = call.mask.masks_by_position();
   if (!call.backward) {
     const double rate = causal && machine.kernel_forward_causal_flops > 0
                             ? machine.kernel_forward_causal_flops
