@@ -25,6 +25,7 @@
 #include "attention2d/gloo_comm.hpp"
 #include "attention2d/tools/harness.hpp"
 #include "attention2d/inference.hpp"
+#include "attention2d/memory_check.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/planner.hpp"
 #include "attention2d/relayout.hpp"
@@ -274,6 +275,9 @@ class Engine {
     CallScope scope;
     world_ = transport.duplicate();
     a2d::set_error_rank(world_->rank());
+    // Collective, before any buffer exists: refused on every rank when a host cannot hold what a
+    // forward call allocates (attention2d/memory_check.hpp); the backward's at its first call.
+    a2d::check_memory(*world_, a2d::attention_memory_check(problem, plan, false));
     attention_ = a2d::make_attention(problem, plan, *world_, *backend_);
   }
 
@@ -336,6 +340,10 @@ class Engine {
     s.dsink = reinterpret_cast<float*>(dsink);
     CallScope scope;
     py::gil_scoped_release release;
+    if (!backward_checked_) {
+      a2d::check_memory(*world_, a2d::attention_memory_check(problem(), plan(), true));
+      backward_checked_ = true;
+    }
     attention_->backward(s);
   }
 
@@ -375,6 +383,7 @@ class Engine {
   std::unique_ptr<a2d::Communicator> world_;
   std::unique_ptr<a2d::DistributedAttention> attention_;
   std::unique_ptr<a2d::LayoutExchange> to_plan_, to_user_;
+  bool backward_checked_ = false;  // the backward's memory check, made at its first call
 };
 
 // A prefill and its decode steps (inference.hpp) over a transport, on the CPU backend: the KV
@@ -387,6 +396,7 @@ class DecoderEngine {
     CallScope scope;
     world_ = transport.duplicate();
     a2d::set_error_rank(world_->rank());
+    a2d::check_memory(*world_, a2d::attention_memory_check(problem, plan, false));
     decoder_ = a2d::make_decoder(problem, plan, *world_, *backend_, capacity);
   }
 
