@@ -93,6 +93,12 @@ struct MemoryCheck {
   bool seq_may_change = true;    // false for sizes read from files
   bool dtype_may_change = true;  // false when the dtype is fixed (bf16 already, files of a dtype)
   std::string seq_option = "--seq";
+  // Other options that change the need (a2d bench's --sequential): each is tried at the request.
+  struct Alternative {
+    std::string option;  // "--sequential (one row at a time)"
+    MemoryModel model;
+  };
+  std::vector<Alternative> alternatives;
   // How to run it anyway: "--no-memory-check or A2D_NO_MEMORY_CHECK=1".
   std::string override_hint = "--no-memory-check or A2D_NO_MEMORY_CHECK=1";
   // false: this rank skips the refusal (the front end's override); the environment variable

@@ -105,6 +105,18 @@ class Suggestions {
     if (check_.ranks_may_change) clauses.push_back(more_ranks());
     if (check_.seq_may_change && r.seq > 1) clauses.push_back(shorter());
     if (check_.dtype_may_change && r.dtype == DType::f32) clauses.push_back(narrower());
+    for (const MemoryCheck::Alternative& a : check_.alternatives) {
+      MemoryNeed need;
+      bool ok = false;
+      try {
+        need = a.model(r);
+        ok = host_bytes(need, r.ranks) <= available_;
+      } catch (const Error&) {
+        continue;
+      }
+      clauses.push_back(a.option + ": " + (ok ? "fits" : "does not fit either") + " (" +
+                        bytes_text(host_bytes(need, r.ranks)) + " on this host)");
+    }
     std::string text;
     for (const std::string& c : clauses)
       if (!c.empty()) text += "\n  " + c;
@@ -112,13 +124,16 @@ class Suggestions {
   }
 
  private:
-  // The host's need at `request` (rank 0's parts on it, with per_host_ ranks or fewer).
+  // What a host like this one holds of `need` (its ranks, rank 0's parts on it).
+  int64_t host_bytes(const MemoryNeed& need, int ranks) const {
+    return std::min<int64_t>(per_host_, ranks) * need.every_rank_bytes() + need.rank0_bytes();
+  }
+
   bool fits(const MemoryRequest& request, MemoryNeed* need = nullptr) const {
     try {
       const MemoryNeed n = check_.model(request);
       if (need) *need = n;
-      const int64_t ranks = std::min<int64_t>(per_host_, request.ranks);
-      return ranks * n.every_rank_bytes() + n.rank0_bytes() <= available_;
+      return host_bytes(n, request.ranks) <= available_;
     } catch (const Error&) {
       return false;
     }
@@ -183,10 +198,8 @@ class Suggestions {
     narrow.dtype = DType::bf16;
     MemoryNeed need;
     const bool ok = fits(narrow, &need);
-    const int64_t host_need =
-        std::min<int64_t>(per_host_, narrow.ranks) * need.every_rank_bytes() + need.rank0_bytes();
     return std::string("--dtype bf16: ") + (ok ? "fits" : "does not fit either") + " (" +
-           bytes_text(host_need) + " on this host)";
+           bytes_text(host_bytes(need, narrow.ranks)) + " on this host)";
   }
 
   const MemoryCheck& check_;
