@@ -180,6 +180,22 @@ struct CallScope {
   ~CallScope() { a2d::Watchdog::note_idle(); }
 };
 
+// A KeyboardInterrupt in one rank of a job of several leaves the others waiting for it: under
+// mpirun its exit blocks in MPI_Finalize (mpi4py's, at exit) while the others wait in a
+// collective, alive and outside the library to their watchdog, which waits for such a rank up to
+// its idle limit (30 minutes). So the watchdog takes SIGINT as it takes SIGTERM, where Python's
+// default handler has it (a handler the program installed stays in charge): back to SIG_DFL here
+// (from the main thread; elsewhere Python keeps it), and Watchdog::stop_on_signals takes it.
+bool take_python_sigint() {
+  const py::module_ signal = py::module_::import("signal");
+  const py::module_ threading = py::module_::import("threading");
+  if (!threading.attr("current_thread")().is(threading.attr("main_thread")())) return false;
+  const py::object sigint = signal.attr("SIGINT");
+  if (!signal.attr("getsignal")(sigint).is(signal.attr("default_int_handler"))) return false;
+  signal.attr("signal")(sigint, signal.attr("SIG_DFL"));
+  return true;
+}
+
 // The ranks of a group or communicator and the transport the engines use over them: an MPI
 // communicator (a duplicate of an mpi4py one) or a full mesh of Gloo connections (bootstrapped
 // through a torch process group by the Python layer). Every engine duplicates it.
@@ -243,7 +259,8 @@ class Transport {
 
   // Collective: (re)starts the process's watchdog over these ranks. From then on a SIGTERM (where
   // its disposition is still the default) ends the job: one line naming it, exit 143 on every
-  // rank (docs/reliability.md, "Signals"). SIGINT stays Python's KeyboardInterrupt.
+  // rank (docs/reliability.md, "Signals"). So does a SIGINT in a job of several ranks where
+  // Python's own handler has it (exit 130); a single process keeps its KeyboardInterrupt.
   void start_watchdog(double timeout, double idle_limit) {
     g_watchdog.reset();
     if (kind_ == "mpi") {
@@ -251,7 +268,7 @@ class Transport {
     } else {
       g_watchdog = std::make_unique<a2d::Watchdog>(*base_, timeout, idle_limit);
     }
-    a2d::Watchdog::stop_on_signals(false);
+    a2d::Watchdog::stop_on_signals(base_->size() > 1 && take_python_sigint());
   }
 
  private:
