@@ -1,7 +1,7 @@
 """A tiny causal language model trained with its sequence sharded over MPI ranks, the attention
 computed by attention2d across them (exact: the same numbers as one process would get).
 
-    PYTHONPATH=build/python mpirun -np 4 python3 examples/train_tiny.py [--steps 20]
+    PYTHONPATH=build/python mpirun -np 4 .venv/bin/python examples/train_tiny.py [--steps 20]
 
 Each rank holds the tokens attention2d.layout() gives it; everything but the attention is local
 to those tokens; the loss and the parameter gradients are summed over the ranks (as data

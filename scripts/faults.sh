@@ -267,7 +267,7 @@ run_one() {
         sleep 0.1
       done
       # shellcheck disable=SC2086
-      kill -STOP $stopped
+      [ -z "$stopped" ] || kill -STOP $stopped 2>/dev/null || true
       restore_at=$((timeout + 5))
       undo="kill -CONT $stopped"
       ;;
@@ -286,11 +286,29 @@ run_one() {
       ;;
     disk_full) where="rank 0's disk"; dd if=/dev/zero of="$out/filler" bs=64k 2>/dev/null || true ;;
     freeze_host)
-      # Resumed only after the job has ended (by then cluster.sh run has killed them).
-      local frozen
-      frozen=$(ip netns pids "$name-h$host" | tr '\n' ' ')
-      # shellcheck disable=SC2086
-      kill -STOP $frozen
+      # Resumed only after the job has ended (by then cluster.sh run has killed them). Struck
+      # once the launch has put a process on the host (its daemon, or the launcher's agent that
+      # starts it: stopped, it never does), as stop_ranks waits for the ranks.
+      local frozen="" tries
+      for tries in $(seq 600); do
+        frozen=$(ip netns pids "$name-h$host" | tr '\n' ' ')
+        [ -z "$frozen" ] || break
+        kill -0 "$job" 2>/dev/null || break
+        sleep 0.1
+      done
+      # Early in the launch the host's processes come and go (the agent's shell, `hostname`,
+      # then the daemon it execs): stopped until a pass finds every one of them stopped.
+      local pid all_stopped
+      for tries in $(seq 50); do
+        all_stopped=1
+        for pid in $(ip netns pids "$name-h$host"); do
+          [ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)" = T ] && continue
+          kill -STOP "$pid" 2>/dev/null && all_stopped=0
+          [[ " $frozen " == *" $pid "* ]] || frozen+=" $pid"
+        done
+        [ "$all_stopped" = 0 ] || break
+        sleep 0.05
+      done
       undo="kill -CONT $frozen"
       ;;
   esac
@@ -365,8 +383,14 @@ run_one() {
       # did not start and their hosts: Open MPI starts no rank until every daemon has called
       # back, so then no rank exists to tell the frozen host from the others, and the line names
       # every host whose ranks did not start, that one among them.
+      # While mpirun's launch is unfinished (a daemon frozen before it called back), the PMIx
+      # servers of live hosts may not answer each other either: a report from the start
+      # (phase start.*) names the frozen host among those that did not answer.
       if grep -Eq "^cluster: not started: ranks? [0-9, ]* on hosts? (.*, )?$name-h$host(, .*)?\$" "$log"; then
         :
+      elif grep -q "a2d watchdog: rank [0-9]* made no progress .* in phase start\." "$log"; then
+        grep -Eq "not answering \(dead or stuck\): ranks? [0-9, ]* on hosts? (.*, )?$name-h$host(, .*)?\$" "$log" ||
+          { verdict=fail; why+=" the report from the start does not name host h$host"; }
       else
         grep -q "a2d watchdog: rank [0-9]* made no progress .* in phase" "$log" ||
           { verdict=fail; why+=" no watchdog report naming the phase"; }

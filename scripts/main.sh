@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 scripts/setup.sh
+scripts/venv.sh  # torch 2.11 and the Python tools from PyPI (.venv/), before the build finds them
 scripts/build.sh build
 ranks=${A2D_RANKS:-4}
 set -x

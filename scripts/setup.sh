@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything attention2d needs to build, test and benchmark on Debian 12 (apt-get).
 # Idempotent: packages already present are not reinstalled. Run as root (or with sudo available).
+# The Python package's dependencies (torch 2.11, numpy, pytest, mpi4py, pybind11, transformers)
+# come from PyPI into a git-ignored virtual environment: scripts/venv.sh (test.sh and main.sh run
+# it after this script).
 set -euo pipefail
 
 packages=(
   build-essential cmake pkg-config git
   libopenmpi-dev openmpi-bin          # the MPI engine of the distributed algorithms
+  libpmix-dev                         # the launcher's PMIx: the start of a job is watched through it
   libgloo-dev                         # the Gloo communicator (--comm gloo; jobs without mpirun)
   libgtest-dev libgmock-dev           # GoogleTest (CTest-registered tests)
   python3                             # test helpers that parse JSON output
@@ -14,9 +18,9 @@ packages=(
   iproute2 util-linux                 # scripts/cluster.sh: ip netns, tc (tbf), unshare --uts
   slurm-wlm munge                     # scripts/slurm_cluster.sh: Slurm 22.05 on the emulated hosts
   libopenblas-dev                     # bench/a2d_tile_gemm only: BLAS vs own micro-kernels
-  python3-dev pybind11-dev python3-pybind11   # the Python package (python/)
-  python3-numpy python3-mpi4py python3-torch python3-pytest python3-pip python3-setuptools
-  python3-wheel
+  python3-dev python3-venv python3-pip   # the Python package (python/): its headers, and the
+                                         # venv scripts/venv.sh makes (torch, pybind11, ... from PyPI)
+  ccache                              # compiles reused across builds and clones (build.sh, pip_install.sh)
 )
 
 missing=()

@@ -20,7 +20,7 @@
 # A job that failed with no fault during it is counted and fails the soak too.
 #
 # Python: scripts/soak_python.py under mpirun (2 ranks, this machine's namespace: the faults
-# strike the cluster, not it), PYTHONPATH=build/python, /usr/bin/python3: forward and backward
+# strike the cluster, not it), PYTHONPATH=build/python, the venv's interpreter (.venv/bin/python): forward and backward
 # calls with changing shapes, masks, algorithms and dtypes, each checked, and every 30th call a
 # decode run of 100 steps; each call ends with gc.collect() and malloc_trim(0), after which each
 # rank records its RSS at rest. That RSS and the ranks' open files are sampled every 2 s. After the
@@ -44,7 +44,8 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cluster="$repo/scripts/cluster.sh"
 a2d="$repo/build/a2d"
-python=/usr/bin/python3
+python=$repo/.venv/bin/python  # the interpreter build/python was built for (scripts/venv.sh)
+[ -x "$python" ] || python=/usr/bin/python3
 minutes="" faults=0 seed=1 hosts=3 timeout=20 log="" start_timeout=60
 while [ $# -gt 0 ]; do
   case "$1" in

@@ -11,6 +11,7 @@ start=$(date +%s)
 phase() { echo "test.sh: $1 done at $(( $(date +%s) - start )) s"; }
 
 scripts/setup.sh
+scripts/venv.sh  # torch 2.11 and the Python tools from PyPI (.venv/), before the build finds them
 scripts/build.sh build
 phase "setup and build"
 # The sanitizer build, the CUDA compile and the fuzz targets' build run in the background at the lowest priority while the
@@ -60,8 +61,11 @@ trap 'kill -- -"$builds_pid" 2>/dev/null || true' EXIT
 # (tests/CMakeLists.txt, at its end): here the unit tests (the kernels as released, also run
 # sanitized below), the heavy and uninstrumented ones, and the Python and package tests (which the
 # sanitizer build does not have); every other test runs under the sanitizers below.
+# Each pass's output is also kept (test-times.log) for the slowest tests at the end.
+times_log=$PWD/test-times.log
+: >"$times_log"
 (cd build && ctest --output-on-failure -j "$(nproc)" --timeout 600 \
-  -L '^(unit|heavy|uninstrumented|python|torch|package)$')
+  -L '^(unit|heavy|uninstrumented|python|torch|package)$') | tee -a "$times_log"
 phase "tests"
 
 # The sanitizer tests start as soon as their build is done; the CUDA compile and the fuzz
@@ -96,7 +100,8 @@ phase "sanitizer build (beside the tests)"
 # sanitized) runs there only.
 (cd build-asan && ctest --output-on-failure -j "$(nproc)" --timeout 900 \
   -LE '^(heavy|uninstrumented)$' \
-  -E 'Nq4096|kernel_memory_65536|Nq1000_Nk1000|KernelDtypes.CrossLengthsNoMaskBatch2|KernelDtypes.ThousandTokens')
+  -E 'Nq4096|kernel_memory_65536|Nq1000_Nk1000|KernelDtypes.CrossLengthsNoMaskBatch2|KernelDtypes.ThousandTokens') |
+  sed -u 's/Test *\(#[0-9]*\): /Test \1: [sanitizers] /' | tee -a "$times_log"
 phase "sanitizer tests"
 
 wait "$builds_pid" || background_failed
@@ -108,4 +113,9 @@ phase "CUDA and fuzz builds (beside the tests)"
 # longer.
 scripts/fuzz.sh 20
 
+# The ten slowest tests of both passes (wall time each; tests of the first pass ran two at a
+# time, the MPI ones one at a time under their lock): where the suite's time goes.
+echo "test.sh: the ten slowest tests:"
+sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \(.*[^ .]\) *\.*  *Passed *\([0-9.]*\) sec$/\2 \1/p' "$times_log" |
+  sort -rn | head -10 | awk '{printf "  %8.1f s  %s\n", $1, substr($0, index($0, " ") + 1)}'
 echo "test.sh: all tests passed in $(( $(date +%s) - start )) s"

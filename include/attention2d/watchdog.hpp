@@ -98,7 +98,9 @@ class Watchdog {
 
   // Internal (the Gloo communicator): a transfer on the mesh `mesh` failed with `message`. If
   // the active watchdog watches that mesh, it reports the message and ends the job, and this
-  // call does not return; otherwise it returns at once and the caller throws.
+  // call does not return; otherwise it returns at once and the caller throws. mesh == nullptr
+  // (a transport the watchdog does not carry: a caller's process group, group_comm.hpp): any
+  // active watchdog reports it (naming the rank that is gone where its own link saw it go).
   static void transport_failed(const void* mesh, const std::string& message);
 
   // Ends the job on SIGTERM (and SIGINT when `interrupt` is true) instead of dying at once, so

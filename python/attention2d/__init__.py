@@ -22,18 +22,20 @@ DDP exact under sequence parallelism. docs/python.md has the whole story.
 from ._core import Error, version as __version__
 from ._api import (ENGINE_CACHE_SIZE, USER_LAYOUTS, Layout, attention, cache_info, clear_cache,
                    layout, model, plan, shard, unshard, watchdog)
-from ._channel import DEFAULT_WATCHDOG_TIMEOUT
+from ._channel import DEFAULT_TRANSPORT, DEFAULT_WATCHDOG_TIMEOUT, TRANSPORTS, set_transport
 from ._ddp import register_ddp_hook
 from ._decode import Decoder
 from ._flash import (flash_attn_func, flash_attn_varlen_func, ring_flash_attn_func,
                      zigzag_ring_flash_attn_func)
 
 __all__ = [
+    "DEFAULT_TRANSPORT",
     "DEFAULT_WATCHDOG_TIMEOUT",
     "Decoder",
     "ENGINE_CACHE_SIZE",
     "Error",
     "Layout",
+    "TRANSPORTS",
     "USER_LAYOUTS",
     "attention",
     "cache_info",
@@ -45,6 +47,7 @@ __all__ = [
     "plan",
     "register_ddp_hook",
     "ring_flash_attn_func",
+    "set_transport",
     "shard",
     "unshard",
     "watchdog",

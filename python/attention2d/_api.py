@@ -3,6 +3,7 @@ moves), plan and engine caching, the torch autograd function, layouts and shardi
 
 import atexit
 import collections
+import math
 
 import numpy as np
 
@@ -106,6 +107,21 @@ def _document_lengths(cu_seqlens, seq):
     return lengths
 
 
+def _softmax_scale(value):
+    """softmax_scale as a float: None means 1/sqrt(head_dim) (the core's 0); anything else must
+    be finite and positive (the kernels' scale), or it is refused, never replaced."""
+    try:
+        scale = float(value)
+    except (TypeError, ValueError):
+        raise Error("softmax_scale must be None (1/sqrt(head_dim)) or a number, got %r"
+                    % (value,)) from None
+    if not (math.isfinite(scale) and scale > 0):
+        raise Error("softmax_scale=%r: attention2d takes None (1/sqrt(head_dim)) or a finite "
+                    "positive scale; 0 (uniform attention) and negative or infinite scales are "
+                    "not computed by its kernels" % (value,))
+    return scale
+
+
 def _problem(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
              softmax_scale=None, dtype="float32", cu_seqlens=None, sinks=False, softcap=0.0):
     with _InPythonWords():
@@ -120,7 +136,7 @@ def _problem(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=
                         % window)
         p.causal = bool(causal)
         p.window = int(window or 0)
-        p.scale = 0.0 if softmax_scale is None else float(softmax_scale)
+        p.scale = 0.0 if softmax_scale is None else _softmax_scale(softmax_scale)
         p.dtype = _dtype_name(dtype)
         p.documents = _document_lengths(cu_seqlens, p.seq)
         p.sinks = bool(sinks)
@@ -344,7 +360,11 @@ def _as_layout(spec, seq, chan, counts=None):
 
 def shard(x, layout, dim=1, comm=None, group=None):
     """This rank's shard of the full tensor x (torch or numpy; tokens along `dim`). layout: a
-    Layout, or "contiguous" / "zigzag" / "cyclic" over the group's (or communicator's) ranks."""
+    Layout, or "contiguous" / "zigzag" / "cyclic" over the ranks of group= (or comm=). Without
+    group= a layout name is cut over the DEFAULT group's ranks, not over the group the attention
+    runs on: under data x sequence parallelism pass the sequence group here too (or a Layout made
+    with group=), else the shards are cut for the wrong number of ranks (attention(positions=...)
+    finds such a mismatch)."""
     lay = layout if isinstance(layout, Layout) else _as_layout(layout, x.shape[dim],
                                                                channel(comm, group))
     index = lay.tokens()
@@ -505,11 +525,17 @@ class _EngineCache:
     def clear(self):
         self._engines.clear()
 
+    def forget_channel(self, chan):
+        """Drops the engines made on `chan` (released: its group is gone)."""
+        for key in [key for key in self._engines if key[0] == id(chan)]:
+            del self._engines[key]
+
     def __len__(self):
         return len(self._engines)
 
 
 _engines = _EngineCache()
+_channel._on_release.append(_engines.forget_channel)
 
 
 def cache_info():
@@ -518,8 +544,12 @@ def cache_info():
 
 
 def clear_cache():
-    """Drops every cached engine (collective only in that every rank should do it together)."""
+    """Drops every cached engine and every channel (the groups' transports, the watchdog): after
+    it attention2d holds nothing of any process group. Collective only in that every rank should
+    do it together. torch dropping a group (destroy_process_group) releases its channel and
+    engines by itself."""
     _engines.clear()
+    _channel.release()
 
 
 def _engine(chan, problem, chosen, shards):
@@ -589,7 +619,7 @@ if torch is not None:
         so that the backward moves only dO in and dQ, dK, dV out) and the fp32 LSE."""
 
         @staticmethod
-        def forward(ctx, q, k, v, sinks, engine):
+        def forward(ctx, q, k, v, sinks, engine, chan, lse_wanted):
             q, k, v = _engine_ready(q), _engine_ready(k), _engine_ready(v)
             sink_values = None
             if sinks is not None:
@@ -597,21 +627,40 @@ if torch is not None:
             out, lse, saved = _run_forward(engine, q, k, v, 0 if sink_values is None
                                            else sink_values.data_ptr(), _torch_empty)
             ctx.engine = engine
+            ctx.chan = chan
             ctx.has_sinks = sinks is not None
+            ctx.lse_wanted = lse_wanted
             ctx.user_shapes = (q.shape, k.shape, v.shape)
             ctx.save_for_backward(*saved, sink_values if sink_values is not None
                                   else torch.empty(0))
-            ctx.mark_non_differentiable(lse)
+            if lse_wanted:
+                ctx.set_materialize_grads(False)  # an unused output's gradient is None
+            else:
+                ctx.mark_non_differentiable(lse)  # never returned to the caller
             return out, lse
 
         @staticmethod
-        def backward(ctx, d_out, _d_lse):
+        def backward(ctx, d_out, d_lse):
             if torch.is_grad_enabled():
                 raise Error("attention2d's backward is not differentiable itself: "
                             "create_graph=True (double backward, gradient penalties through "
                             "the attention) is not supported")
             engine = ctx.engine
             qp, kp, vp, op, lsep, sink_values = ctx.saved_tensors
+            # Whether any rank's LSE carries a gradient (the backward is collective: every rank
+            # takes the same path).
+            lse_gradient = ctx.lse_wanted and any(ctx.chan.allgather(
+                d_lse is not None, "backward arguments"))
+            if lse_gradient:
+                problem = engine.problem
+                refusal = ""
+                if ctx.has_sinks or problem.softcap:
+                    refusal = ("the gradient through the returned LSE is computed without sinks "
+                               "and softcap only: detach the LSE (lse.detach()) or drop %s"
+                               % ("sinks" if ctx.has_sinks else "softcap"))
+                ctx.chan.raise_collectively(refusal, phase="backward arguments")
+            if d_out is None:
+                d_out = torch.zeros(ctx.user_shapes[0], dtype=qp.dtype)
             d_out = _engine_ready(d_out.to(qp.dtype))
             if engine.exchanges:
                 dop = torch.empty(op.shape, dtype=op.dtype)
@@ -624,6 +673,9 @@ if torch is not None:
                             _view(dqp), _view(dkp), _view(dvp),
                             sink_values.data_ptr() if ctx.has_sinks else 0,
                             dsink.data_ptr() if ctx.has_sinks else 0)
+            if lse_gradient:
+                _add_lse_gradient(engine, d_lse, ctx.user_shapes[0][1], qp, kp, vp, op, lsep, dqp,
+                                  dkp)
             if engine.exchanges:
                 dq, dk, dv = (torch.empty(shape, dtype=qp.dtype) for shape in ctx.user_shapes)
                 engine.exchange_out([(_view(dqp), _view(dq)), (_view(dkp), _view(dk)),
@@ -634,7 +686,33 @@ if torch is not None:
             # parameter, whose gradients a sequence-sharded model sums over the ranks like every
             # other: each rank returns its 1/P of the sum, so that sum is exact.
             d_sinks = dsink / engine.size if ctx.has_sinks else None
-            return dq, dk, dv, d_sinks, None
+            return dq, dk, dv, d_sinks, None, None, None
+
+    def _add_lse_gradient(engine, d_lse, user_tokens, qp, kp, vp, op, lsep, dqp, dkp):
+        """Adds the LSE's gradient to dQ and dK (plan layout). lse_i = log sum_j exp(s_ij) with
+        s_ij = scale q_i . k_j (masked): d lse_i / d q_i = scale (P K)_i, the attention output
+        with K as the values (one more forward), and d lse_i / d k_j = scale p_ij q_i, summed over
+        i: dV of a backward whose dO is scale * dlse_i * q_i (one more backward)."""
+        b, m, h, d = qp.shape
+        scale = engine.problem.scale or d ** -0.5
+        if d_lse is None:  # this rank's LSE is unused, another rank's is not
+            d_lse = torch.zeros((b, h, user_tokens), dtype=torch.float32)
+        d_lse = d_lse.to(torch.float32).contiguous()
+        if engine.exchanges:
+            d_lsep = torch.empty(lsep.shape, dtype=torch.float32)
+            engine.exchange_in([], [(_view(d_lse), _view(d_lsep))], True)
+        else:
+            d_lsep = d_lse
+        weight = (scale * d_lsep).transpose(1, 2).unsqueeze(-1)  # [b, m, h, 1]
+        pk = torch.empty(qp.shape, dtype=qp.dtype)
+        lse_k = torch.empty(lsep.shape, dtype=torch.float32)  # kept alive: the engine writes it
+        engine.forward(_view(qp), _view(kp), _view(kp), _view(pk), _view(lse_k), 0)
+        dqp += (weight * pk.float()).to(dqp.dtype)
+        d_out = (weight * qp.float()).to(qp.dtype).contiguous()
+        scratch = [torch.empty(x.shape, dtype=x.dtype) for x in (qp, kp, vp)]
+        engine.backward(_view(qp), _view(kp), _view(vp), _view(op), _view(d_out), _view(lsep),
+                        _view(scratch[0]), _view(scratch[1]), _view(scratch[2]), 0, 0)
+        dkp += scratch[2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -689,11 +767,35 @@ def _user_layout(layout, counts, ranks, seq):
     return (layout, tuple(counts)), ""
 
 
+def _check_positions(all_positions, layout, shards, seq, ranks):
+    """attention(positions=...): every rank's global token indices against the layout the call
+    was told (the same verdict on every rank)."""
+    if isinstance(layout, Layout):
+        expected = [list(layout.tokens(r)) for r in range(ranks)]
+        named = "layout= (%s)" % layout.kind
+    elif shards[0] == "plan":  # one rank
+        expected = [list(range(seq))]
+        named = "one rank"
+    else:
+        counts = list(shards[1])
+        expected = [list(t) for t in _layout_tokens(shards[0], seq, ranks, counts)]
+        named = "layout=%r" % shards[0]
+    for rank, (got, want) in enumerate(zip(all_positions, expected)):
+        if list(got) != [int(t) for t in want]:
+            wrong = next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)
+            raise Error("rank %d holds global positions %s... (positions=), but %s of %d tokens "
+                        "on %d ranks gives it %s...: its local token %d is position %d, not %d "
+                        "(shard with attention2d.shard(x, layout, group=...) over the same group)"
+                        % (rank, list(got)[max(0, wrong - 2):wrong + 3], named, seq, ranks,
+                           [int(t) for t in want][max(0, wrong - 2):wrong + 3], wrong, got[wrong],
+                           want[wrong]))
+
+
 def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", grid=None,
               comm=None, return_lse=False, layout=None, threads=1, machine=None,
               calibration=None, cu_seqlens=None, sinks=None, softcap=0.0, heads_parallel=None,
               group=None, window_size=None, dropout_p=0.0, deterministic=None,
-              return_attn_probs=False, _refusal=""):
+              return_attn_probs=False, positions=None, _refusal=""):
     """This rank's shard of softmax(q k^T * scale) v over the whole distributed sequence.
 
     q: [batch, local tokens, heads, head_dim] (or 3-D [local tokens, heads, head_dim], flash-attn's
@@ -718,7 +820,14 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
 
     torch tensors (float32, bfloat16, float16, CPU): differentiable; returns out, (out, lse) with
     return_lse, or (out, lse, None) with return_attn_probs (flash-attn's shape; no
-    probabilities). numpy arrays (float32, float16): the forward only."""
+    probabilities). numpy arrays (float32, float16): the forward only. The LSE returned with
+    return_lse / return_attn_probs is differentiable (its gradient costs one more forward and
+    backward; refused with sinks or softcap).
+
+    positions: optional, this rank's global token indices in shard order (e.g. the positions a
+    model's rotary embedding uses); each call then checks them against layout= on every rank
+    and refuses a mismatch (an all-gather of N integers: for debugging). Without it only the
+    ranks' token counts are checked, which contiguous and zigzag shards share for most N."""
     chan = channel(comm, group)
     error = _refusal or _check_inputs(q, k, v, dims=(3, 4))
     thd = not error and len(q.shape) == 3
@@ -733,6 +842,11 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
         error = error or str(e)
     if not error and window and not causal:
         error = "window=%d needs causal=True (the window is q - window < k <= q)" % window
+    if not error and softmax_scale is not None:
+        try:
+            _softmax_scale(softmax_scale)
+        except Error as e:
+            error = str(e)
     if not error and sinks is not None:
         if tuple(sinks.shape) != (q.shape[2],):
             error = "sinks must have shape [heads] = [%d], got %s" % (q.shape[2], list(sinks.shape))
@@ -751,16 +865,29 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
                    else layout)
     signature = (bool(causal), int(window or 0), softmax_scale, _algo_name(algo),
                  _grid_text(grid), layout_spec, bounds, sink_list, float(softcap or 0.0),
-                 heads_parallel)
+                 heads_parallel, positions is not None)
     local = None
+    my_positions = None
+    if not error and positions is not None:
+        try:
+            my_positions = [int(x) for x in (positions.tolist() if hasattr(positions, "tolist")
+                                             else positions)]
+        except (TypeError, ValueError):
+            error = "positions must be a 1-D list or tensor of this rank's global token indices"
+        if not error and len(my_positions) != q.shape[-3]:
+            error = ("positions has %d entries for %d local tokens (one global index per token "
+                     "of this rank's shard, in shard order)" % (len(my_positions), q.shape[-3]))
     if not error:
-        b, n, h, d = q.shape
-        local = (int(b), int(n), int(h), int(k.shape[2]), int(d), _describe_dtype(q))
-    gathered = chan.raise_collectively(error, (local, signature), phase="attention() arguments")
+        b, n, h, d = q.shape[-4:] if len(q.shape) == 4 else (1,) + tuple(q.shape)
+        local = (int(b), int(n), int(h), int(k.shape[-2]), int(d), _describe_dtype(q))
+    gathered = chan.raise_collectively(error, ((local, signature), my_positions),
+                                       phase="attention() arguments")
+    all_positions = [p for _, p in gathered]
+    gathered = [g for g, _ in gathered]
     # Every rank now holds every rank's shapes and arguments and reaches the same verdict.
     first_local, first_signature = gathered[0]
     names = ("causal", "window", "softmax_scale", "algo", "grid", "layout", "cu_seqlens",
-             "sinks", "softcap", "heads_parallel")
+             "sinks", "softcap", "heads_parallel", "positions (given or not)")
     for rank, (shapes, sig) in enumerate(gathered):
         for name, mine, theirs in zip(names, first_signature, sig):
             if mine != theirs:
@@ -790,6 +917,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     shards, error = _user_layout(layout, counts, ranks, seq)
     if error:
         raise Error(error)
+    if positions is not None:
+        _check_positions(all_positions, layout, shards, seq, ranks)
     b, _, h, hk, d, dtype = first_local
     problem = _problem(seq, h, d, hk, b, causal, window, softmax_scale, dtype, bounds,
                        sinks is not None, softcap)
@@ -812,7 +941,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     if _is_torch(q):
         if sinks is not None and not _is_torch(sinks):
             sinks = torch.as_tensor(np.asarray(sinks, dtype=np.float32))
-        out, lse = _AttentionFunction.apply(q, k, v, sinks, engine)
+        out, lse = _AttentionFunction.apply(q, k, v, sinks, engine, chan,
+                                            bool(return_lse or return_attn_probs))
     else:
         q, k, v = _engine_ready(q), _engine_ready(k), _engine_ready(v)
         sink_values = None if sinks is None else np.ascontiguousarray(sinks, dtype=np.float32)

@@ -3,18 +3,25 @@
 A Channel is the set of ranks a call is collective over, and the transport the engine's messages
 cross:
 
-  torch   a torch.distributed ProcessGroup (or a DeviceMesh): the engine talks over its own full
-          mesh of Gloo TCP connections (attention2d._core.Transport.gloo), whose addresses are
-          exchanged once through the group (all_gather_object). No mpirun and no mpi4py needed:
+  torch   a torch.distributed ProcessGroup (or a DeviceMesh). Two transports (set_transport):
+          "group" (the default): the group itself, its point-to-point operations and collectives
+          through attention2d._c10d, a torch extension built against the installed torch
+          (attention2d/group_comm.hpp); "mesh": a full mesh of Gloo TCP connections of the
+          engine's own (attention2d._core.Transport.gloo, where the build has Gloo), whose
+          addresses cross the group once (all_gather_object). No mpirun and no mpi4py needed:
           torchrun, or any launcher that sets the env:// variables.
   mpi     an mpi4py communicator (MPI.COMM_WORLD by default under mpirun / srun).
-  local   one process and no launcher: a Gloo "mesh" of one rank (no network, no MPI).
+  local   one process and no launcher (no network, no MPI).
 
-Channels are made once per group or communicator and kept; every engine made on a channel
-duplicates its transport (its own message space over the same connections)."""
+Channels are made once per group or communicator and kept while the group lives: a channel holds
+its group only weakly and is released (with its engines) when torch drops the group, as
+destroy_process_group() does, so that a new init_process_group() finds nothing of the old one;
+clear_cache() releases every channel at once. Every engine made on a channel duplicates its
+transport (its own message space over the same group or connections)."""
 
 import os
 import pickle
+import weakref
 
 from . import _core
 from ._core import Error
@@ -37,14 +44,24 @@ DEFAULT_WATCHDOG_TIMEOUT = 300.0
 class Channel:
     """The ranks of one group or communicator and the transport the engine uses over them."""
 
-    def __init__(self, kind, transport, label, handle, order=None):
+    def __init__(self, kind, transport, label, handle, order=None, watchdog_transport=None):
         self.kind = kind            # "torch", "mpi" or "local"
         self.transport = transport  # attention2d._core.Transport
         self.label = label          # for messages: "the torch process group of 4 ranks"
-        self.handle = handle        # the group / communicator / mesh (kept alive with the channel)
+        # The group / communicator / mesh: a torch group or mesh weakly (torch owns it, and it
+        # must be able to go: see release_group), an mpi4py communicator strongly.
+        self._handle = handle
         self.order = order          # DeviceMesh: (heads_parallel, rows, cols) the mesh fixes
         self.rank = transport.rank
         self.size = transport.size
+        # What the watchdog runs over (a Gloo mesh or MPI): the transport itself, or for the
+        # "group" transport a Gloo mesh made when the watchdog starts (None: not yet).
+        self.watchdog_transport = watchdog_transport
+        self.watchdog_maker = None
+
+    @property
+    def handle(self):
+        return self._handle() if isinstance(self._handle, weakref.ref) else self._handle
 
     def allgather(self, value, phase):
         """Every rank's `value` (any picklable object), in rank order, over the engine's transport;
@@ -85,6 +102,11 @@ def _group_timeout(chan):
     """The process group's own timeout in seconds (torch's collectives give up after it), or
     None where it cannot be read (mpi4py, an older torch)."""
     group = chan.handle
+    if group is not None and _is_device_mesh(group):
+        try:
+            group = group.get_group() if group.ndim == 1 else group._flatten().get_group()
+        except Exception:  # noqa: BLE001 - a mesh torch cannot flatten: the documented default
+            return None
     if group is None or not _is_process_group(group):
         return None
     import torch
@@ -103,6 +125,26 @@ def _group_timeout(chan):
         if timeout is not None and hasattr(timeout, "total_seconds"):
             return float(timeout.total_seconds())
     return None
+
+# How the engine's messages cross a torch group: "group" (the group's own operations, through
+# attention2d._c10d) or "mesh" (a Gloo mesh of the engine's own). docs/python.md, "Transport",
+# has the measurement that chose the default. A2D_TRANSPORT overrides it.
+TRANSPORTS = ("group", "mesh")
+DEFAULT_TRANSPORT = "group"
+_transport = {"kind": os.environ.get("A2D_TRANSPORT") or DEFAULT_TRANSPORT,
+              "default_group_used": False}
+
+
+def set_transport(kind):
+    """How the engine's messages cross a torch process group from now on: "group" (the group's
+    own point-to-point operations and collectives, through attention2d._c10d) or "mesh" (a full
+    mesh of Gloo connections of the engine's own; needs a build with Gloo). Returns the previous
+    kind. Channels already made keep theirs; every rank must choose the same."""
+    if kind not in TRANSPORTS:
+        raise Error("transport %r: choose one of %s" % (kind, ", ".join(repr(t) for t in TRANSPORTS)))
+    previous = _transport["kind"]
+    _transport["kind"] = kind
+    return previous
 
 
 def _is_process_group(x):
@@ -130,9 +172,15 @@ def _default_target():
     torchrun-style launch (WORLD_SIZE > 1) without an initialised process group is refused: the
     ranks would otherwise each compute alone."""
     if dist is not None and dist.is_available() and dist.is_initialized():
+        _transport["default_group_used"] = True
         return dist.distributed_c10d._get_default_group()
     world_size = _env_int("WORLD_SIZE")
     mpi_launch = any(name in os.environ for name in _MPI_LAUNCH_VARIABLES)
+    if _transport["default_group_used"] and not mpi_launch:
+        raise Error("torch.distributed is not initialised any more: destroy_process_group() was "
+                    "called after attention2d last ran on the default group. Call "
+                    "init_process_group() again before attention2d (it then uses the new default "
+                    "group), or pass group=")
     if world_size is not None and world_size > 1 and not mpi_launch:
         raise Error("WORLD_SIZE=%d in the environment (a torchrun-style launch), but "
                     "torch.distributed is not initialised, so attention2d would run this process "
@@ -159,20 +207,19 @@ def channel(comm=None, group=None):
     target = group if group is not None else comm
     if target is None:
         target = _default_target()
-    if target is None and not _core.gloo_built():
-        from mpi4py import MPI  # a build without Gloo: this process alone over MPI
-
-        target = MPI.COMM_WORLD
-    key = ("local",) if target is None else id(target)
+    kind = _transport["kind"]
+    key = ("local",) if target is None else (id(target), kind)
     made = _channels.get(key)
     if made is not None and made.handle is target:
         return made
     if target is None:
-        made = Channel("local", _core.Transport.local(), "this process alone (1 rank)", None)
+        transport = _core.Transport.local()
+        made = Channel("local", transport, "this process alone (1 rank)", None,
+                       watchdog_transport=transport if _core.gloo_built() else None)
     elif _is_process_group(target):
-        made = _torch_channel(target)
+        made = _torch_channel(target, kind)
     elif _is_device_mesh(target):
-        made = _mesh_channel(target)
+        made = _mesh_channel(target, kind)
     elif _is_mpi_comm(target):
         made = _mpi_channel(target)
     else:
@@ -185,9 +232,12 @@ def channel(comm=None, group=None):
 
 
 def _mpi_channel(comm):
-    transport = _core.Transport.mpi(comm)
+    from mpi4py import MPI
+
+    transport = _core.Transport.mpi(MPI._handleof(comm))
     return Channel("mpi", transport, "the MPI communicator of %d rank%s"
-                   % (transport.size, "" if transport.size == 1 else "s"), comm)
+                   % (transport.size, "" if transport.size == 1 else "s"), comm,
+                   watchdog_transport=transport)
 
 
 def _gloo_world(group, my_index, size):
@@ -202,18 +252,99 @@ def _gloo_world(group, my_index, size):
     return _core.Transport.gloo(my_index, size, exchange)
 
 
-def _torch_channel(group):
+def _c10d_module():
+    """attention2d._c10d, checked against the running torch (a torch extension runs only with
+    the torch release it was built against)."""
+    try:
+        from . import _c10d
+    except ImportError as e:
+        raise Error("attention2d's transport over torch process groups (attention2d._c10d) is "
+                    "missing or does not load (%s): it is built against the torch installed when "
+                    "attention2d was built; rebuild attention2d (pip install --force-reinstall "
+                    "--no-cache-dir .), or use attention2d.set_transport('mesh') where the build "
+                    "has Gloo" % e) from None
+    running = torch.__version__.split("+")[0]
+    if _c10d.torch_version != running:
+        raise Error("attention2d._c10d was built against torch %s, but this is torch %s: rebuild "
+                    "attention2d for this torch (pip install --force-reinstall --no-cache-dir .)"
+                    % (_c10d.torch_version, running))
+    if _c10d.abi != _core.group_ops_abi:
+        raise Error("attention2d._c10d and attention2d._core come from different builds: "
+                    "reinstall attention2d")
+    return _c10d
+
+
+def _group_transport(group, position):
+    """The group's own operations as the transport, this rank at engine rank `position`."""
+    backend = str(dist.get_backend(group))
+    # "gloo", or a group with a backend per device ("cpu:gloo,cuda:nccl", torch 2's default
+    # without backend=): CPU tensors go to its gloo part.
+    if backend != "gloo" and "cpu:gloo" not in backend:
+        raise Error("group= is a %s process group: the Python package runs CPU tensors, whose "
+                    "messages a gloo group carries (an NCCL group moves GPU memory: the C++ CUDA "
+                    "backend is not wired to Python yet); make a gloo group for attention2d "
+                    "(torch.distributed.new_group(backend='gloo'))" % backend)
+    ops = _c10d_module().group_ops(group, "cpu")
+    return _core.Transport.group(ops, position)
+
+
+def _watch_group(group, key):
+    """Releases the channel `key` (and its engines) when torch drops `group`: after
+    destroy_process_group() nothing of attention2d keeps the group or its store alive."""
+    try:
+        weakref.finalize(group, release_channel, key)
+    except TypeError:  # pragma: no cover - pybind11 objects take weak references
+        pass
+
+
+def _torch_channel(group, kind, position=None, size=None, label=None, order=None, handle=None):
+    """A channel over `group` (every rank of it), this rank at engine rank `position` (default:
+    its rank in the group) of `size` (default: the group's)."""
     rank = dist.get_rank(group)
     if rank < 0:
         raise Error("this process (global rank %d) is not a member of the process group passed "
                     "as group=" % dist.get_rank())
-    size = dist.get_world_size(group)
-    transport = _gloo_world(group, rank, size)
-    return Channel("torch", transport, "the torch process group of %d rank%s"
-                   % (size, "" if size == 1 else "s"), group)
+    size = dist.get_world_size(group) if size is None else size
+    position = rank if position is None else position
+    label = label or "the torch process group of %d rank%s" % (size, "" if size == 1 else "s")
+    if kind == "mesh" or size == 1:
+        if not _core.gloo_built():
+            raise Error("set_transport('mesh') needs a build with Gloo (libgloo-dev when "
+                        "attention2d was built); the default transport, 'group', needs none")
+        transport = _gloo_world(group, position, size)
+        made = Channel("torch", transport, label, None, order, watchdog_transport=transport)
+    else:
+        transport = _group_transport(group, position)
+        made = Channel("torch", transport, label, None, order)
+        if _core.gloo_built():
+            group_ref = weakref.ref(group)
+            made.watchdog_maker = lambda: _gloo_world(group_ref(), position, size)
+    target = group if handle is None else handle
+    made._handle = weakref.ref(target)
+    _watch_group(group, (id(target), kind))
+    return made
 
 
-def _mesh_channel(mesh):
+def _mesh_group(mesh, shape):
+    """One process group over every rank of an N-D DeviceMesh: the default group where the mesh
+    spans the whole world, else the mesh flattened (DeviceMesh._flatten: torch >= 2.6, and only
+    for a mesh with mesh_dim_names)."""
+    if mesh.mesh.numel() == dist.get_world_size() and mesh.device_type == "cpu":
+        return dist.distributed_c10d._get_default_group()
+    flatten = getattr(mesh, "_flatten", None)
+    if flatten is None:
+        raise Error("group=DeviceMesh of %d dimensions needs DeviceMesh._flatten() (torch >= "
+                    "2.6) for one group over its ranks; pass group=mesh._flatten().get_group() "
+                    "with algo= and grid= instead" % len(shape))
+    if not getattr(mesh, "mesh_dim_names", None):
+        raise Error("group=DeviceMesh %s spans %d of the %d ranks and has no mesh_dim_names, so "
+                    "torch cannot flatten it into one group: make it with mesh_dim_names=(...) "
+                    "(init_device_mesh(..., mesh_dim_names=...))"
+                    % (shape, mesh.mesh.numel(), dist.get_world_size()))
+    return flatten().get_group()
+
+
+def _mesh_channel(mesh, kind):
     """A DeviceMesh of 1 dimension (ranks: the planner chooses), 2 (rows x columns of the
     ATTENTION2D grid) or 3 (heads groups x rows x columns of the hybrid). Its ranks take the
     grid's positions: world rank = u * R * C + row + col * R."""
@@ -222,16 +353,8 @@ def _mesh_channel(mesh):
         raise Error("group=DeviceMesh must have 1, 2 (rows x columns) or 3 (heads x rows x "
                     "columns) dimensions, got %d" % len(shape))
     if len(shape) == 1:
-        group = mesh.get_group()
-        made = _torch_channel(group)
-        made.handle = mesh
-        return made
-    flatten = getattr(mesh, "_flatten", None)
-    if flatten is None:
-        raise Error("group=DeviceMesh of %d dimensions needs DeviceMesh._flatten() (torch >= "
-                    "2.6) for one group over its ranks; pass group=mesh._flatten().get_group() "
-                    "with algo= and grid= instead" % len(shape))
-    group = flatten().get_group()
+        return _torch_channel(mesh.get_group(), kind, handle=mesh)
+    group = _mesh_group(mesh, shape)
     heads, rows, cols = (1,) + shape if len(shape) == 2 else shape
     me = dist.get_rank()
     positions = {}
@@ -245,21 +368,33 @@ def _mesh_channel(mesh):
         raise Error("this process (global rank %d) is not in the DeviceMesh passed as group="
                     % me)
     size = heads * rows * cols
-    transport = _gloo_world(group, positions[me], size)
-    return Channel("torch", transport, "the DeviceMesh %s (%d ranks)" % (shape, size), mesh,
-                   order=(heads, rows, cols))
+    return _torch_channel(group, kind, positions[me], size,
+                          "the DeviceMesh %s (%d ranks)" % (shape, size), (heads, rows, cols),
+                          handle=mesh)
+
+
+def _watchdog_transport(chan):
+    """The transport the watchdog runs over on `chan` (made now where it is a Gloo mesh of its
+    own), or None where the build has none for it."""
+    if chan.watchdog_transport is None and chan.watchdog_maker is not None:
+        chan.watchdog_transport = chan.watchdog_maker()
+    return chan.watchdog_transport
 
 
 def start_watchdog_once(chan):
     """Collective over `chan`: starts the watchdog (over the first channel used) unless it was
-    turned off or already runs."""
+    turned off or already runs. A build without Gloo has no watchdog over torch groups (and
+    over one process): there the group's own timeout bounds a wait."""
     timeout = _watchdog["timeout"]
     if not timeout or _watchdog["channel"] is not None:
+        return
+    transport = _watchdog_transport(chan)
+    if transport is None:
         return
     idle = _watchdog["idle_timeout"]
     if idle is None:
         idle = _group_timeout(chan) or DEFAULT_IDLE_TIMEOUT
-    chan.transport.start_watchdog(float(timeout), float(idle))
+    transport.start_watchdog(float(timeout), float(idle))
     _watchdog["channel"] = chan
 
 
@@ -282,10 +417,34 @@ def watchdog(timeout, comm=None, group=None, idle_timeout=None):
     _watchdog["timeout"] = float(timeout) if timeout else None
     _watchdog["idle_timeout"] = float(idle_timeout) if idle_timeout is not None else None
     if timeout:
-        start_watchdog_once(channel(comm, group))
+        chan = channel(comm, group)
+        if _watchdog_transport(chan) is None:
+            raise Error("this build of attention2d has no watchdog over %s (the watchdog's link "
+                        "is a Gloo mesh: libgloo-dev when attention2d is built); a torch group's "
+                        "own timeout (init_process_group(timeout=...)) bounds a wait" % chan.label)
+        start_watchdog_once(chan)
+
+
+# Called with the key of a channel that is released (to drop the engines made on it).
+_on_release = []
+
+
+def release_channel(key):
+    """Drops the channel `key` (torch dropped its group, or clear_cache()), the engines made on
+    it and, if it runs over it, the watchdog."""
+    chan = _channels.pop(key, None)
+    if chan is None:
+        return
+    for forget in _on_release:
+        forget(chan)
+    if _watchdog["channel"] is chan:
+        _core.stop_watchdog()
+        _watchdog["channel"] = None
 
 
 def release():
+    """Drops every channel, its engines and the watchdog."""
+    for key in list(_channels):
+        release_channel(key)
     _core.stop_watchdog()
     _watchdog["channel"] = None
-    _channels.clear()

@@ -2,19 +2,24 @@
 //
 // Thin on purpose: the problem and plan as plain values, the planner and the cost model, the
 // shard layout, and an Engine that holds one DistributedAttention (built once per problem, plan
-// and communicator) on the CPU backend. Tensors cross as (address, dtype, shape, strides) tuples
+// and communicator) on the CPU backend. Its transports: the caller's torch process group (a
+// table of the group's operations from attention2d._c10d: group_comm.hpp), a Gloo mesh of its
+// own (where the build has Gloo), an MPI communicator (where the build has MPI; mpi4py's
+// handle), or this process alone. Tensors cross as (address, dtype, shape, strides) tuples
 // read from numpy arrays or torch tensors by the pure-Python layer (python/attention2d), which
 // also checks them collectively before any call; the engine wraps their memory without copying.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#ifdef A2D_WITH_MPI
 #include <mpi.h>
-#include <mpi4py/mpi4py.h>
+#endif
 
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "attention2d/attention.hpp"
@@ -23,10 +28,13 @@
 #include "attention2d/cost_model.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/gloo_comm.hpp"
-#include "attention2d/tools/harness.hpp"
+#include "attention2d/group_comm.hpp"
 #include "attention2d/inference.hpp"
 #include "attention2d/memory_check.hpp"
+#include "attention2d/tools/harness.hpp"
+#ifdef A2D_WITH_MPI
 #include "attention2d/mpi_comm.hpp"
+#endif
 #include "attention2d/planner.hpp"
 #include "attention2d/relayout.hpp"
 #include "attention2d/version.hpp"
@@ -36,22 +44,21 @@ namespace py = pybind11;
 
 namespace {
 
-// mpi4py's C API, imported on first use: importing mpi4py.MPI initialises MPI, which a job
-// launched by torchrun (no MPI launcher) must not do.
-void import_mpi4py_once() {
-  static bool imported = false;
-  if (imported) return;
-  if (import_mpi4py() < 0) throw py::error_already_set();
-  imported = true;
+#ifdef A2D_WITH_MPI
+// An MPI communicator from mpi4py's handle (MPI._handleof(comm): the MPI_Comm's value as an
+// integer), so that building needs no mpi4py (the [mpi] extra brings it at run time).
+template <class Handle>
+Handle handle_from(uintptr_t value) {
+  if constexpr (std::is_pointer_v<Handle>) {
+    return reinterpret_cast<Handle>(value);  // Open MPI: a pointer
+  } else {
+    return static_cast<Handle>(value);  // MPICH: an integer
+  }
 }
-
-MPI_Comm mpi_comm_of(py::object comm) {
-  import_mpi4py_once();
-  PyObject* object = comm.ptr();
-  MPI_Comm* handle = PyMPIComm_Get(object);
-  if (handle == nullptr) throw py::error_already_set();
-  return *handle;
+MPI_Comm mpi_comm_of(uintptr_t handle) {
+  return handle_from<MPI_Comm>(handle);
 }
+#endif
 
 // A tensor from Python: (address, dtype name, shape, strides in elements).
 struct HostTensor {
@@ -201,12 +208,42 @@ bool take_python_sigint() {
 // through a torch process group by the Python layer). Every engine duplicates it.
 class Transport {
  public:
-  static std::shared_ptr<Transport> mpi(py::object comm) {
+  // comm: mpi4py's handle of the communicator (the caller keeps the communicator alive).
+  static std::shared_ptr<Transport> mpi(uintptr_t comm) {
+#ifdef A2D_WITH_MPI
     auto t = std::make_shared<Transport>();
     const MPI_Comm handle = mpi_comm_of(comm);
     t->base_ = a2d::make_mpi_communicator(handle);
     t->mpi_ = handle;
     t->kind_ = "mpi";
+    return t;
+#else
+    (void)comm;
+    A2D_FAIL(
+        "this build of attention2d has no MPI (it was built where no MPI was found): pass a "
+        "torch.distributed group instead, or rebuild with MPI (docs/python.md)");
+#endif
+  }
+
+  // The caller's process group, from the capsule attention2d._c10d.group_ops() made (taken over
+  // here: the capsule is renamed so that it no longer releases the table). Collective: this rank
+  // takes engine rank `position` (a DeviceMesh's order; the group's rank otherwise).
+  static std::shared_ptr<Transport> group(py::object capsule, int position) {
+    PyObject* object = capsule.ptr();
+    constexpr const char* kName = "attention2d.group_ops";
+    A2D_REQUIRE(PyCapsule_IsValid(object, kName),
+                "Transport.group takes the capsule of attention2d._c10d.group_ops(group)");
+    const auto* ops = static_cast<const A2dGroupOps*>(PyCapsule_GetPointer(object, kName));
+    const A2dGroupOps table = *ops;
+    PyCapsule_SetName(object, "attention2d.group_ops.taken");
+    delete ops;
+    auto t = std::make_shared<Transport>();
+    std::unique_ptr<a2d::Communicator> whole = a2d::make_group_communicator(table);
+    {
+      py::gil_scoped_release release;
+      t->base_ = whole->split(0, position);
+    }
+    t->kind_ = std::string("group:") + table.backend;
     return t;
   }
 
@@ -225,18 +262,29 @@ class Transport {
     return t;
   }
 
-  // This process alone, without MPI.
+  // This process alone, without MPI (a Gloo "mesh" of one rank where the build has Gloo, so
+  // that the watchdog and its signal handling run over it).
   static std::shared_ptr<Transport> local() {
     auto t = std::make_shared<Transport>();
-    t->base_ = a2d::make_gloo_communicator(
-        0, 1, [](const std::string& mine) { return std::vector<std::string>{mine}; });
+    if (a2d::gloo_built()) {
+      t->base_ = a2d::make_gloo_communicator(
+          0, 1, [](const std::string& mine) { return std::vector<std::string>{mine}; });
+    } else {
+      t->base_ = a2d::make_self_communicator();
+    }
     t->kind_ = "local";
     return t;
   }
 
-  int rank() const { return base_->rank(); }
-  int size() const { return base_->size(); }
-  const std::string& kind() const { return kind_; }
+  int rank() const {
+    return base_->rank();
+  }
+  int size() const {
+    return base_->size();
+  }
+  const std::string& kind() const {
+    return kind_;
+  }
 
   // Every rank's bytes, in rank order; `phase` names the wait for the watchdog.
   std::vector<py::bytes> allgather(const py::bytes& mine, const std::string& phase) {
@@ -255,7 +303,9 @@ class Transport {
   }
 
   // A communicator of the same ranks with its own message space (an engine's world).
-  std::unique_ptr<a2d::Communicator> duplicate() { return base_->split(0, base_->rank()); }
+  std::unique_ptr<a2d::Communicator> duplicate() {
+    return base_->split(0, base_->rank());
+  }
 
   // Collective: (re)starts the process's watchdog over these ranks. From then on a SIGTERM (where
   // its disposition is still the default) ends the job: one line naming it, exit 143 on every
@@ -263,17 +313,18 @@ class Transport {
   // Python's own handler has it (exit 130); a single process keeps its KeyboardInterrupt.
   void start_watchdog(double timeout, double idle_limit) {
     g_watchdog.reset();
-    if (kind_ == "mpi") {
-      g_watchdog = std::make_unique<a2d::Watchdog>(mpi_, timeout, idle_limit);
-    } else {
-      g_watchdog = std::make_unique<a2d::Watchdog>(*base_, timeout, idle_limit);
-    }
+#ifdef A2D_WITH_MPI
+    if (kind_ == "mpi") g_watchdog = std::make_unique<a2d::Watchdog>(mpi_, timeout, idle_limit);
+#endif
+    if (!g_watchdog) g_watchdog = std::make_unique<a2d::Watchdog>(*base_, timeout, idle_limit);
     a2d::Watchdog::stop_on_signals(base_->size() > 1 && take_python_sigint());
   }
 
  private:
   std::unique_ptr<a2d::Communicator> base_;
+#ifdef A2D_WITH_MPI
   MPI_Comm mpi_ = MPI_COMM_NULL;  // the caller's communicator (mpi4py keeps it alive)
+#endif
   std::string kind_;
 };
 
@@ -367,8 +418,9 @@ class Engine {
  private:
   void exchange(a2d::LayoutExchange& exchange, const TensorPairs& tokens, const TensorPairs& rows,
                 const std::string& phase) {
-    A2D_REQUIRE(to_plan_ != nullptr, "this engine's shards are in the plan's layout: nothing to "
-                                     "exchange");
+    A2D_REQUIRE(to_plan_ != nullptr,
+                "this engine's shards are in the plan's layout: nothing to "
+                "exchange");
     Wrapped w(*backend_);
     std::vector<a2d::LayoutExchange::TokenMove> token_moves;
     for (const auto& [from, to] : tokens) {
@@ -469,8 +521,6 @@ class DecoderEngine {
   std::unique_ptr<a2d::Communicator> world_;
   std::unique_ptr<a2d::DistributedDecoder> decoder_;
 };
-
-
 
 }  // namespace
 
@@ -579,9 +629,8 @@ PYBIND11_MODULE(_core, m) {
            const std::vector<int64_t>& shard_counts) {
           const a2d::MachineChoice choice{machine, calibration, machine_file};
           const auto shards = user_shards(shards_kind, shard_counts, problem.seq, ranks);
-          const auto planned =
-              a2d::choose_plan(problem, ranks, ranks_per_node, choice, algo, grid,
-                               heads_parallel, shards ? &*shards : nullptr);
+          const auto planned = a2d::choose_plan(problem, ranks, ranks_per_node, choice, algo, grid,
+                                                heads_parallel, shards ? &*shards : nullptr);
           return py::make_tuple(planned.plan, prediction_dict(planned.prediction),
                                 planned.machine_description);
         });
@@ -660,7 +709,10 @@ PYBIND11_MODULE(_core, m) {
           return d;
         });
   py::class_<Transport, std::shared_ptr<Transport>>(m, "Transport")
-      .def_static("mpi", &Transport::mpi, "over an mpi4py communicator (a duplicate of it)")
+      .def_static("mpi", &Transport::mpi,
+                  "over an MPI communicator (a duplicate of it), from mpi4py's MPI._handleof(comm)")
+      .def_static("group", &Transport::group,
+                  "over the caller's process group: the capsule of attention2d._c10d.group_ops")
       .def_static("gloo", &Transport::gloo,
                   "collective: a full mesh of Gloo TCP connections among `size` ranks; "
                   "exchange(bytes) -> [every rank's bytes] carries the addresses once")
@@ -675,6 +727,14 @@ PYBIND11_MODULE(_core, m) {
            "library waited `timeout` seconds with no rank progressing (a rank alive outside the "
            "library is waited for up to `idle_limit` seconds)");
   m.def("gloo_built", &a2d::gloo_built);
+  m.def("mpi_built", [] {
+#ifdef A2D_WITH_MPI
+    return true;
+#else
+    return false;
+#endif
+  });
+  m.attr("group_ops_abi") = A2D_GROUP_OPS_ABI;
   // Every rank's global token indices (increasing) in a layout the caller brings.
   m.def("user_layout_tokens", [](const std::string& kind, int64_t seq, int ranks) {
     const a2d::TokenLayout layout(a2d::parse_layout(kind), seq, ranks);

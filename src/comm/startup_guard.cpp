@@ -285,7 +285,12 @@ struct StartupGuard::State {
     if (answers.size() == static_cast<size_t>(size)) return;
     std::this_thread::sleep_for(std::chrono::duration<double>(0.1 * std::min(rank, 20)));
     if (!claim_ending()) wait_for_the_end();
-    const std::string report = stall_report(rank, timeout, answers, hosts);
+    std::string report = stall_report(rank, timeout, answers, hosts);
+    if (!mpi) {
+      report.insert(report.rfind("a2d watchdog: aborting"),
+                    "  (asked through the launcher's PMIx: while mpirun's launch is unfinished, "
+                    "the hosts that do answer may not reach one another either)\n");
+    }
     std::fputs(report.c_str(), stderr);
     std::fflush(stderr);
     if (mpi) abort_mpi_job(124);

@@ -727,7 +727,7 @@ std::string Watchdog::current_phase() {
 void Watchdog::transport_failed(const void* mesh, const std::string& message) {
   {
     std::lock_guard<std::mutex> lock(g_state_mutex);
-    if (!g_state || !g_state->link || !g_state->link->carries(mesh)) return;
+    if (!g_state || !g_state->link || (mesh != nullptr && !g_state->link->carries(mesh))) return;
     std::lock_guard<std::mutex> failure_lock(g_state->failure_mutex);
     if (g_state->failure.empty()) g_state->failure = message;
   }

@@ -58,9 +58,10 @@ finally:
     if mode == "raise" and rank == 1:
         print("misbehave.py: rank 1 raised; waiting in a cleanup barrier", flush=True)
         dist.barrier()
+# One write() per line: the ranks share the launcher's pipe, and print() may write its text and
+# its newline apart (two ranks' lines then run together: "rank 2 finishedmisbehave.py: ...").
 if mode == "slow":
-    print("misbehave.py: rank %d finished" % rank, flush=True)
+    os.write(1, b"misbehave.py: rank %d finished\n" % rank)
     sys.exit(0)
-print("misbehave.py: rank %d finished (the watchdog should have ended the job)" % rank,
-      flush=True)
+os.write(1, b"misbehave.py: rank %d finished (the watchdog should have ended the job)\n" % rank)
 time.sleep(600)

@@ -317,36 +317,36 @@ def test_process_group_arguments():
 
 
 @torch_only
-@pytest.mark.parametrize("shape", [(2, 2), (1, 4), (2, 2, 1), (2, 1, 2)])
-def test_device_mesh_fixes_the_grid(shape):
-    """A 2-D DeviceMesh (rows x columns) is ATTENTION2D's grid, a 3-D one (heads groups x rows x
-    columns) the hybrid's, its ranks at the grid's positions (duck-typed: torch 1.13 has no
-    DeviceMesh; the object has what torch's has). The mesh's rank order is reversed, so that
-    mesh positions and global ranks differ."""
+@pytest.mark.parametrize("shape,reverse", [((2, 2), False), ((1, 4), True), ((2, 2, 1), False),
+                                           ((2, 1, 2), True)])
+def test_device_mesh_fixes_the_grid(shape, reverse):
+    """A real DeviceMesh on gloo: 2-D (rows x columns) is ATTENTION2D's grid, 3-D (heads groups x
+    rows x columns) the hybrid's, its ranks at the grid's positions. init_device_mesh("cpu",
+    shape, mesh_dim_names=...) (flattened into one group), and a DeviceMesh without names whose
+    rank order is reversed (mesh positions and global ranks differ; the default group carries
+    it, as the mesh spans the world)."""
     if P != 4:
         pytest.skip("meshes of 4 ranks")
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    class DeviceMesh:
-        def __init__(self):
-            self.mesh = torch.arange(P - 1, -1, -1).view(*shape)
-
-        def get_group(self, dim=None):
-            return dist.group.WORLD
-
-        def _flatten(self):
-            return self
-
-    mesh = DeviceMesh()
+    if reverse:
+        mesh = DeviceMesh("cpu", torch.arange(P - 1, -1, -1).view(*shape))
+    else:
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("u", "r", "c")[-len(shape):])
     seq, heads = 19, 4
     lay = attention2d.layout(seq=seq, heads=heads, head_dim=8, causal=True, group=mesh)
     expected = ("hybrid" if len(shape) == 3 else "attention2d", tuple(shape[-2:]),
                 shape[0] if len(shape) == 3 else 1)
     got = (lay.plan.algorithm, tuple(lay.plan.grid), lay.plan.heads_parallel)
     assert_all_ranks(got == expected, "mesh %s: plan %s" % (shape, lay.plan.describe()))
-    q, k, v, _ = full_inputs(8, 1, seq, heads, heads, 8)
-    shards = [attention2d.shard(x.float(), lay) for x in (q, k, v)]
+    q, k, v, d_out = full_inputs(8, 1, seq, heads, heads, 8)
+    shards = [attention2d.shard(x.float(), lay).requires_grad_() for x in (q, k, v)]
     out = attention2d.attention(*shards, causal=True, layout=lay, group=mesh)
-    full = attention2d.unshard(out, lay, group=mesh)
-    ref_out, _ = masked_reference(q, k, v, True, 0, None, None, 0.0)
-    error = float((full.double() - ref_out).norm() / ref_out.norm())
-    assert_all_ranks(error <= FP32, "DeviceMesh %s: error %.3g" % (shape, error))
+    (out * attention2d.shard(d_out.float(), lay)).sum().backward()
+    ref = reference(q, k, v, d_out, causal=True)
+    got = [attention2d.unshard(x, lay, group=mesh) for x in
+           (out, shards[0].grad, shards[1].grad, shards[2].grad)]
+    errors = [float((g.double() - r).norm() / r.norm()) for g, r in
+              zip(got, (ref[0], ref[2], ref[3], ref[4]))]
+    assert_all_ranks(max(errors) <= FP32, "DeviceMesh %s: O, dQ, dK, dV errors %s"
+                     % (shape, errors))

@@ -32,7 +32,7 @@ for mode in skip raise exit freeze slow; do
       freeze) expected="not answering \(dead or stuck\): rank 1 " ;;
       slow)
         if [ "$code" -ne 0 ] || grep -q "a2d watchdog" <<<"$out" ||
-           [ "$(grep -c "misbehave.py: rank [0-9] finished" <<<"$out")" -ne 3 ]; then
+           [ "$(grep -o "misbehave.py: rank [0-9] finished" <<<"$out" | wc -l)" -ne 3 ]; then
           echo "$out"
           fail "slow run $run: exit $code (a rank busy outside attention2d must not end a healthy job)"
         fi
