@@ -122,6 +122,11 @@ void check_memory(const MemoryCheck& check);
 // LSE; with the backward dQ, dK and dV). Suggestions: more ranks (the algorithm's default plan at
 // that count), a shorter sequence, bf16. The message names A2D_NO_MEMORY_CHECK=1 as the override.
 MemoryCheck attention_memory_check(const Problem& problem, const Plan& plan, bool with_backward);
+// The check of a library caller's Decoder (inference.hpp) before it exists: the prefill's (as
+// attention_memory_check's forward) and the KV cache it reserves, max(capacity, the prompt's
+// shard) tokens per rank. The cache's growth by doubling during the steps is not checked (the
+// steps to come are not known here): reserve them with `capacity`.
+MemoryCheck decoder_memory_check(const Problem& problem, const Plan& plan, int64_t capacity);
 
 // Whether A2D_NO_MEMORY_CHECK asks to skip the check.
 bool memory_check_disabled_by_environment();

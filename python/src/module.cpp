@@ -465,7 +465,7 @@ class DecoderEngine {
     CallScope scope;
     world_ = transport.duplicate();
     a2d::set_error_rank(world_->rank());
-    a2d::check_memory(*world_, a2d::attention_memory_check(problem, plan, false));
+    a2d::check_memory(*world_, a2d::decoder_memory_check(problem, plan, capacity));
     decoder_ = a2d::make_decoder(problem, plan, *world_, *backend_, capacity);
   }
 

@@ -8,6 +8,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "attention2d/backend.hpp"
@@ -297,23 +298,35 @@ int64_t MemoryNeed::rank_bytes(int rank) const {
   return every_rank_bytes() + (rank == 0 ? rank0_bytes() : 0);
 }
 
+namespace {
+
+// The problem and plan a suggestion's request runs: its sequence (documents dropped: their lengths
+// no longer add up) and dtype; at another rank count the algorithm's default plan there.
+std::pair<Problem, Plan> requested(const Problem& problem, const Plan& plan,
+                                   const MemoryRequest& r) {
+  Problem p = problem;
+  p.dtype = r.dtype;
+  if (r.seq != p.seq) {
+    p.seq = r.seq;
+    p.mask.doc_offsets = nullptr;
+  }
+  Plan varied = plan;
+  if (r.ranks != plan.ranks()) {
+    varied = default_plan(plan.algorithm, p, r.ranks);
+    varied.threads = plan.threads;
+  }
+  return {p, varied};
+}
+
+}  // namespace
+
 MemoryCheck attention_memory_check(const Problem& problem, const Plan& plan, bool with_backward) {
   MemoryCheck check;
   check.command = "this attention";
   check.request = {plan.ranks(), problem.seq, problem.dtype};
   check.override_hint = "A2D_NO_MEMORY_CHECK=1";
   check.model = [problem, plan, with_backward](const MemoryRequest& r) {
-    Problem p = problem;
-    p.dtype = r.dtype;
-    if (r.seq != p.seq) {
-      p.seq = r.seq;
-      p.mask.doc_offsets = nullptr;  // the documents' lengths no longer add up
-    }
-    Plan varied = plan;
-    if (r.ranks != plan.ranks()) {
-      varied = default_plan(plan.algorithm, p, r.ranks);
-      varied.threads = plan.threads;
-    }
+    const auto [p, varied] = requested(problem, plan, r);
     const RankMemory memory = memory_parts(p, varied, nullptr, with_backward);
     // The shards less the inputs the caller holds (Q, K, V; with the backward also O and dO).
     const int64_t tokens = plan_layout(p, varied).max_count();
@@ -325,6 +338,20 @@ MemoryCheck attention_memory_check(const Problem& problem, const Plan& plan, boo
     need.every_rank.push_back({"the algorithm's buffers", memory.buffers});
     need.every_rank.push_back({with_backward ? "the gradients" : "the outputs",
                                std::max<int64_t>(0, memory.shards - inputs)});
+    return need;
+  };
+  return check;
+}
+
+MemoryCheck decoder_memory_check(const Problem& problem, const Plan& plan, int64_t capacity) {
+  MemoryCheck check = attention_memory_check(problem, plan, false);
+  check.model = [prefill = check.model, problem, plan, capacity](const MemoryRequest& r) {
+    MemoryNeed need = prefill(r);
+    const auto [p, varied] = requested(problem, plan, r);
+    // A cached token: its K and V rows of every K/V head, and its position (inference.hpp).
+    const int64_t record = p.batch * p.kv_heads * 2 * p.head_dim * dtype_bytes(p.dtype) + 8;
+    const int64_t tokens = std::max(capacity, plan_layout(p, varied).max_count());
+    need.every_rank.push_back({"the KV cache (capacity, or the prompt's shard)", record * tokens});
     return need;
   };
   return check;

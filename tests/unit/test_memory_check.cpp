@@ -282,5 +282,32 @@ TEST(MemoryCheck, AttentionCheckCountsWhatTheCallerDoesNotHold) {
   EXPECT_EQ(backward.every_rank_bytes(), b.buffers + 3 * 2048 * 4 * 64 * 4 + 2048 * 4 * 4);
 }
 
+// A library caller's Decoder: the prefill's need and the KV cache it reserves, the larger of its
+// capacity and the prompt's shard, per rank (a cached token: K and V of every K/V head, and its
+// position); at a suggestion's rank count the shard follows it.
+TEST(MemoryCheck, DecoderCountsTheCacheItReserves) {
+  Problem p;
+  p.heads = 8;
+  p.kv_heads = 2;
+  p.seq = 4096;
+  p.head_dim = 64;
+  p.mask = Mask::causal();
+  const Plan plan = default_plan(Algorithm::ring, p, 2);
+  const int64_t prefill =
+      attention_memory_check(p, plan, false).model({2, p.seq, p.dtype}).every_rank_bytes();
+  const int64_t record = 2 * 2 * 64 * 4 + 8;
+  const auto need = [&](int64_t capacity, int ranks) {
+    return decoder_memory_check(p, plan, capacity).model({ranks, p.seq, p.dtype});
+  };
+  EXPECT_EQ(need(0, 2).every_rank_bytes(), prefill + 2048 * record);
+  EXPECT_EQ(need(100, 2).every_rank_bytes(), prefill + 2048 * record);
+  EXPECT_EQ(need(10000, 2).every_rank_bytes(), prefill + 10000 * record);
+  EXPECT_EQ(need(0, 2).every_rank.back().what, "the KV cache (capacity, or the prompt's shard)");
+  const int64_t prefill4 =
+      attention_memory_check(p, plan, false).model({4, p.seq, p.dtype}).every_rank_bytes();
+  EXPECT_EQ(need(0, 4).every_rank_bytes(), prefill4 + 1024 * record);
+  EXPECT_EQ(decoder_memory_check(p, plan, 0).command, "this attention");
+}
+
 }  // namespace
 }  // namespace a2d
