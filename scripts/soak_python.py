@@ -8,9 +8,10 @@ whole list is visited early (the soak's warm-up) and memory may only grow by lea
 
     mpirun -np 2 python3 scripts/soak_python.py SEED STATUS_FILE STOP_FILE
 
-Rank 0 rewrites STATUS_FILE after every call: "calls N wrong W failed F decode_steps S pid P";
-rank 1 writes STATUS_FILE.1 (its pid). Exits 0 when asked to stop, 1 if any call was wrong or
-failed."""
+Rank 0 rewrites STATUS_FILE after every call: "calls N wrong W failed F decode_steps S rss_kib R
+pid P"; rank 1 rewrites STATUS_FILE.1: "pid P rss_kib R" (R: the rank's resident memory right
+after the call's gc.collect() and malloc_trim(0), at rest). Exits 0 when asked to stop, 1 if any
+call was wrong or failed."""
 
 import ctypes
 import gc
@@ -29,6 +30,10 @@ from attention2d import _core
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
 LIBC = ctypes.CDLL("libc.so.6")
+# A leak on purpose, for a check of the soak itself (A2D_SOAK_LEAK_KIB=16: 16 KiB per call that
+# are never freed; docs/reliability.md, "A soak"). Never set otherwise.
+LEAK_KIB = int(os.environ.get("A2D_SOAK_LEAK_KIB", "0"))
+LEAKED = []
 DECODE_EVERY = 30
 DECODE_STEPS = 100
 
@@ -129,6 +134,15 @@ def decode_run(call):
     return worst <= bounds["out"] * 4, steps
 
 
+def resident_kib():
+    """VmRSS of this process, in KiB."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
 def main():
     seed, status_file, stop_file = int(sys.argv[1]), sys.argv[2], sys.argv[3]
     rng = random.Random(seed)
@@ -137,7 +151,7 @@ def main():
     calls = wrong = failed = decode_steps = attention_calls = 0
     if RANK > 0:
         with open(f"{status_file}.{RANK}", "w") as f:
-            f.write(f"pid {os.getpid()}\n")
+            f.write(f"pid {os.getpid()} rss_kib {resident_kib()}\n")
     while True:
         stop = COMM.bcast(os.path.exists(stop_file) if RANK == 0 else None, root=0)
         if stop:
@@ -162,15 +176,24 @@ def main():
             print(f"soak_python: rank {RANK} call {calls} failed:\n{traceback.format_exc()}",
                   file=sys.stderr, flush=True)
         calls += 1
+        if LEAK_KIB:
+            LEAKED.append(bytearray(1024 * LEAK_KIB))
         # What the process holds, not what the allocator keeps cached: the sampled RSS then
         # follows live memory (a leak), not the high-water mark of the largest shape so far.
         gc.collect()
         LIBC.malloc_trim(0)
+        # This rank's resident memory at rest, between calls: what scripts/soak.sh samples (an
+        # outside read of /proc lands inside a call at random, up to 20 MiB above it).
+        rss = resident_kib()
         if RANK == 0:
             with open(status_file + ".tmp", "w") as f:
                 f.write(f"calls {calls} wrong {wrong} failed {failed} decode_steps {decode_steps}"
-                        f" pid {os.getpid()}\n")
+                        f" rss_kib {rss} pid {os.getpid()}\n")
             os.replace(status_file + ".tmp", status_file)
+        else:
+            with open(f"{status_file}.{RANK}.tmp", "w") as f:
+                f.write(f"pid {os.getpid()} rss_kib {rss}\n")
+            os.replace(f"{status_file}.{RANK}.tmp", f"{status_file}.{RANK}")
     failed = COMM.allreduce(failed)
     return 1 if wrong or failed else 0
 

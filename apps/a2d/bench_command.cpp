@@ -14,15 +14,18 @@
 #include "attention2d/cost_model.hpp"
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
+#include "attention2d/memory_check.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/planner.hpp"
 #include "attention2d/tools/check.hpp"
 #include "attention2d/tools/cli.hpp"
 #include "attention2d/tools/harness.hpp"
+#include "attention2d/tools/progress.hpp"
 #include "attention2d/tools/timing.hpp"
 #include "attention2d/watchdog.hpp"
 #include "calibration.hpp"
 #include "commands.hpp"
+#include "memory_needs.hpp"
 #include "problem_options.hpp"
 #include "run_support.hpp"
 
@@ -46,6 +49,7 @@ struct BenchOptions {
   int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42, heads_parallel = 0;
   bool no_kv_transpose = false, backward = false, check = false, json = false, csv = false;
   bool calibrate = false, no_resample_kernel = false, sequential = false, balance = false;
+  bool no_memory_check = false, quiet = false;
   double timeout = kDefaultTimeout;
 };
 
@@ -307,6 +311,10 @@ int bench(int argc, char** argv, int first) {
     options.add_double("--timeout", &o.timeout,
                        "watchdog: abort the job when no rank made progress for this many seconds "
                        "(0 = off; docs/reliability.md)");
+    options.add_flag("--no-memory-check", &o.no_memory_check, kNoMemoryCheckHelp);
+    options.add_flag(
+        "--quiet", &o.quiet,
+        "no progress on stderr (the rows' lines, the prediction, the progress lines)");
     bool help = false;
     Problem problem;
     std::vector<Row> rows;
@@ -347,6 +355,59 @@ int bench(int argc, char** argv, int first) {
       }
     }
     if (help) return 0;
+    // Before any row is set up: what the rows need against what each host has
+    // (attention2d/memory_check.hpp). Round-robin rows are all set up at once; --sequential
+    // holds one at a time.
+    const std::string device = o.device.name(problem.dtype);
+    {
+      MemoryCheck check;
+      check.request = {world.size(), problem.seq, problem.dtype};
+      check.enabled = !o.no_memory_check;
+      // Other rank counts have other rows (grids): a shorter sequence, bf16 or --sequential.
+      check.ranks_may_change = false;
+      const auto model = [&](const MemoryRequest& r, bool sequential) {
+        const Problem p = varied_problem(problem, r);
+        const bool on_host = device != "cuda";
+        const bool copies = p.dtype != DType::f32 || !on_host;
+        int64_t shards = 0, buffers = 0, copy_bytes = 0, largest = 0, count = 0;
+        for (const Row& row : candidate_rows(o, p, r.ranks)) {
+          if (!row.skipped.empty()) continue;
+          ++count;
+          int64_t row_bytes = 0, row_shards = 0, row_buffers = 0, row_copies = 0;
+          for (const MemoryPart& part : plan_parts(p, row.plan, nullptr, o.backward, copies)) {
+            if (part.what == "shards") row_shards = on_host ? part.bytes : 0;
+            if (part.what == "the algorithm's buffers") row_buffers = on_host ? part.bytes : 0;
+            if (part.what == "fp32 host copies of the shards") row_copies = part.bytes;
+          }
+          row_bytes = row_shards + row_buffers + row_copies;
+          largest = std::max(largest, row_bytes);
+          shards += row_shards;
+          copy_bytes += row_copies;
+          buffers = std::max(buffers, row_buffers);
+        }
+        A2D_REQUIRE(count > 0, "no row can run");
+        MemoryNeed need;
+        if (sequential) {
+          need.every_rank.push_back(
+              {"the largest row's shards and buffers (--sequential)", largest});
+        } else {
+          const std::string counted = std::to_string(count) + (count == 1 ? " row" : " rows");
+          need.every_rank.push_back({"shards of " + counted, shards});
+          need.every_rank.push_back({"the algorithm's buffers (the largest row's)", buffers});
+          if (copy_bytes > 0)
+            need.every_rank.push_back({"fp32 host copies of the shards", copy_bytes});
+        }
+        if (o.check) need.rank0 = bench_rank0_parts(p, o.backward, need.every_rank_bytes());
+        return need;
+      };
+      check.model = [&](const MemoryRequest& r) { return model(r, o.sequential); };
+      if (!o.sequential) {
+        check.alternatives.push_back({"--sequential (one row at a time)",
+                                      [&](const MemoryRequest& r) { return model(r, true); }});
+      }
+      check_memory(world, check);
+    }
+    Progress reporter("a2d bench", world.rank() == 0 && !o.quiet);
     auto watchdog = std::make_unique<Watchdog>(MPI_COMM_WORLD, o.timeout);
     AlgorithmWorld algorithm_world(world, log, *backend, comm_kind);
     algorithm_world.watch(watchdog, o.timeout);
@@ -355,7 +416,7 @@ int bench(int argc, char** argv, int first) {
     // Progress on rank 0's stderr: what runs now and how much is left.
     const double started = seconds_now();
     const auto progress = [&](const std::string& text) {
-      if (world.rank() != 0) return;
+      if (world.rank() != 0 || o.quiet) return;
       std::fprintf(stderr, "a2d bench [%6.1f s]: %s\n", seconds_now() - started, text.c_str());
       std::fflush(stderr);
     };
@@ -364,6 +425,54 @@ int bench(int argc, char** argv, int first) {
       if (row.skipped.empty()) ++runnable;
     const auto row_name = [](const Row& row) {
       return algorithm_name(row.plan.algorithm) + " " + grid_column(row.plan);
+    };
+    // The prediction (rank 0): every row's calls by this machine's calibration, or an estimate.
+    // Per row: its predicted seconds per round and rank 0's kernel entries per round (what the
+    // progress lines count).
+    std::vector<double> row_s(rows.size(), 0.0), row_entries(rows.size(), 0.0);
+    const int64_t rounds = o.warmup + o.iters;
+    double check_s = 0;
+    if (reporter.enabled()) {
+      double flops = 0;
+      for (size_t i = 0; i < rows.size(); ++i) {
+        if (!rows[i].skipped.empty()) continue;
+        flops += busiest_forward_flops(problem, rows[i].plan) * (o.backward ? 3.5 : 1.0);
+        row_entries[i] = rank_forward_flops(problem, rows[i].plan, 0) /
+                         (4.0 * static_cast<double>(problem.head_dim)) * (o.backward ? 2 : 1);
+      }
+      const double reference_flops = forward_flops(problem) * (o.backward ? 4.5 : 1.0);
+      const double predict_s = ProgressSettings::from_environment().predict_s;
+      if (could_take_longer(static_cast<double>(rounds) * flops, static_cast<int>(o.threads),
+                            predict_s) ||
+          (o.check && reference_flops / (2e9 * reference_threads()) > predict_s)) {
+        const LocalMachine local = local_machine_for_prediction(
+            world.size(), static_cast<int>(o.threads), machine_choice.calibration_file);
+        double total = 0;
+        for (size_t i = 0; i < rows.size(); ++i) {
+          if (!rows[i].skipped.empty()) continue;
+          const Prediction p = predict(problem, rows[i].plan, local.machine, world.size());
+          row_s[i] = p.forward_s + (o.backward ? p.backward_s : 0);
+          total += static_cast<double>(rounds) * row_s[i];
+        }
+        if (o.check)
+          check_s = reference_flops / (kReferenceFlopsPerThread * reference_threads());
+        std::string what = std::to_string(runnable) + (runnable == 1 ? " row" : " rows") +
+                           " of " + std::to_string(rounds) + (rounds == 1 ? " call" : " calls");
+        if (o.check) what += ", and the fp64 reference on rank 0 (--check)";
+        if (o.calibrate) what += " (and --calibrate's measurements, not predicted)";
+        reporter.predict(total + check_s, what, local.source);
+      }
+    }
+    // A stage of calls: `seconds` predicted, `entries` of rank 0's kernel work.
+    const auto calls_stage = [&](const std::string& name, int64_t round, double seconds,
+                                 double entries) {
+      const int64_t start = backend->kernel_work();
+      reporter.stage(
+          name, round + 1, rounds, seconds,
+          [&backend, start, entries] {
+            return static_cast<double>(backend->kernel_work() - start) / std::max(1.0, entries);
+          },
+          [name] { return name + ": " + Watchdog::current_phase(); });
     };
     // --calibrate measures before the rows and again after them, and the rows are predicted with
     // the average of the two and the kernel rates of the span of the rows: a shared machine's
@@ -380,6 +489,7 @@ int bench(int argc, char** argv, int first) {
     // time, and this machine's speed moves over minutes (docs/cost-model.md, section 5).
     std::unique_ptr<KernelSampler> kernel_sampler;
     if (o.calibrate) {
+      reporter.stage("calibrating this machine (--calibrate)", 0, 0, 0);
       progress("calibrating this machine before the rows (--calibrate)");
       before = measure_calibration(world, settings);
       if (!o.no_resample_kernel) kernel_sampler = std::make_unique<KernelSampler>(world, settings);
@@ -389,6 +499,13 @@ int bench(int argc, char** argv, int first) {
     if (o.check) {
       progress("computing the fp64 reference (--check)");
       world.set_phase("check");  // rank 0 computes the reference, the others sleep
+      const int64_t rows_before = reference_rows_done();
+      const double reference_rows_total = reference_rows(problem, o.backward);
+      reporter.stage("check: the fp64 reference on rank 0", 0, 0, check_s,
+                     [rows_before, reference_rows_total] {
+                       return static_cast<double>(reference_rows_done() - rows_before) /
+                              reference_rows_total;
+                     });
       if (world.rank() == 0) {
         reference = reference_outputs(
             problem, generate_global(problem, static_cast<uint64_t>(o.seed), o.backward),
@@ -409,6 +526,7 @@ int bench(int argc, char** argv, int first) {
       ++started_rows;
       progress("row " + std::to_string(started_rows) + "/" + std::to_string(runnable) + ": " +
                row_name(row) + (o.sequential ? "" : " (setting up)"));
+      world.set_phase("setup");  // the phase a std::bad_alloc while it is set up names
       auto live = std::make_unique<LiveRow>();
       live->row = &row;
       collective_check(world, [&] {
@@ -449,13 +567,15 @@ int bench(int argc, char** argv, int first) {
         row.errors = {errors[0], errors[1], errors[2], errors[3], errors[4]};
       }
     };
-    const int64_t rounds = o.warmup + o.iters;
     if (o.sequential) {
       for (Row& row : rows) {
         if (!row.skipped.empty()) continue;
         const auto live = start_row(row);
-        for (int64_t round = 0; round < rounds; ++round)
+        const size_t index = static_cast<size_t>(&row - rows.data());
+        for (int64_t round = 0; round < rounds; ++round) {
+          calls_stage(row_name(row), round, row_s[index], row_entries[index]);
           call_row(*live, round);
+        }
         finish_row(*live);
         if (kernel_sampler) kernel_sampler->sample();
       }
@@ -467,6 +587,13 @@ int bench(int argc, char** argv, int first) {
         progress("round " + std::to_string(round + 1) + "/" + std::to_string(rounds) +
                  (round < o.warmup ? " (warm-up)" : " (timed)") + " of " +
                  std::to_string(live.size()) + " rows");
+        double round_s = 0, round_entries = 0;
+        for (size_t i = 0; i < rows.size(); ++i) {
+          round_s += row_s[i];
+          round_entries += row_entries[i];
+        }
+        calls_stage("round " + std::to_string(round + 1) + " of every row", round, round_s,
+                    round_entries);
         for (auto& l : live)
           call_row(*l, round);
         if (kernel_sampler && round >= o.warmup) kernel_sampler->sample();
@@ -476,6 +603,7 @@ int bench(int argc, char** argv, int first) {
     }
 
     if (o.calibrate) {
+      reporter.stage("calibrating this machine (--calibrate)", 0, 0, 0);
       progress("calibrating this machine after the rows (--calibrate)");
       Calibration measured = average_calibrations(before, measure_calibration(world, settings));
       if (kernel_sampler && kernel_sampler->samples() > 0) kernel_sampler->apply(measured);
@@ -507,6 +635,7 @@ int bench(int argc, char** argv, int first) {
     } catch (const Error&) {
     }
 
+    reporter.finish();
     bool pass = true;
     for (const Row& row : rows)
       pass = pass &&

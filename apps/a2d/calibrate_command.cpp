@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <numeric>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/tools/cli.hpp"
 #include "attention2d/tools/data.hpp"
+#include "attention2d/tools/progress.hpp"
 #include "attention2d/tools/timing.hpp"
 #include "calibration.hpp"
 #include "commands.hpp"
@@ -530,6 +532,10 @@ int calibrate(int argc, char** argv, int first) {
     options.add_double("--kernel-seconds", &settings.kernel_region_s,
                        "timed regions of kernel calls repeat the call for up to this many seconds\n"
                        "(0: one call per region)");
+    bool quiet = false;
+    options.add_flag("--quiet", &quiet,
+                     "no progress on stderr (the measurements' lines, the prediction, the "
+                     "progress lines)");
     bool help = false;
     collective_check(world, [&] {
       help = !options.parse(argc, argv, first);
@@ -542,12 +548,33 @@ int calibrate(int argc, char** argv, int first) {
     if (help) return 0;
 
     const double started = seconds_now();
+    // The prediction, from the settings: the kernel's four timings take iters + 1 regions of up
+    // to --kernel-seconds each; the other measurements took about 6 s together on 2 cores.
+    const double stage_s[8] = {
+        0,
+        4.0 * static_cast<double>(settings.iters + 1) * std::max(settings.kernel_region_s, 0.05),
+        1.0,
+        0.3,
+        0.3,
+        4.0,
+        1.5,
+        0};
+    Progress reporter("a2d calibrate", world.rank() == 0 && !quiet);
+    double total_s = 0;
+    for (const double s : stage_s)
+      total_s += s;
+    reporter.predict(total_s, "7 measurements",
+                     "an estimate from its settings: --iters and --kernel-seconds");
     settings.progress = [&](const std::string& text) {
-      if (world.rank() != 0) return;
+      if (world.rank() != 0 || quiet) return;
+      const int k = std::atoi(text.c_str());  // "k/7: what"
+      reporter.stage(text.substr(std::min(text.size(), text.find(": ") + 2)), k, 7,
+                     k >= 1 && k <= 7 ? stage_s[k] : 0.0);
       std::fprintf(stderr, "a2d calibrate [%5.1f s]: %s\n", seconds_now() - started, text.c_str());
       std::fflush(stderr);
     };
     const Calibration c = measure_calibration(world, settings);
+    reporter.finish();
     collective_check(world, [&] {
       if (world.rank() == 0) save_calibration(out, c);
     });

@@ -2,6 +2,9 @@
 // the process exit code: 0 success, 1 a check failed, 2 bad usage (a2d::Error).
 #pragma once
 
+#include <exception>
+#include <string>
+
 namespace a2d::commands {
 
 // --verbose (anywhere on the command line): errors name their source file and line, and every
@@ -11,6 +14,9 @@ extern bool g_verbose;
 
 // How an error is printed: its message, or with --verbose what() (rank and source line).
 const char* error_text(const std::exception& e);
+// The phase this process is in (Watchdog::current_phase; "startup" before the first), for the line
+// a std::bad_alloc ends a run with.
+std::string phase_now();
 
 int kernel(int argc, char** argv, int first);
 int run(int argc, char** argv, int first);        // needs MPI

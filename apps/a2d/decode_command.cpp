@@ -14,14 +14,19 @@
 #include <vector>
 
 #include "attention2d/collective.hpp"
+#include "attention2d/cost_model.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/inference.hpp"
+#include "attention2d/memory_check.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/planner.hpp"
 #include "attention2d/tools/check.hpp"
 #include "attention2d/tools/decode_harness.hpp"
 #include "attention2d/tools/harness.hpp"
+#include "attention2d/tools/progress.hpp"
+#include "attention2d/watchdog.hpp"
 #include "commands.hpp"
+#include "memory_needs.hpp"
 #include "problem_options.hpp"
 #include "run_support.hpp"
 
@@ -40,7 +45,22 @@ struct DecodeOptions {
   int64_t gpus_per_node = 0;  // 0: every rank on one node
   bool check = false;
   bool json = false;
+  bool no_memory_check = false;
+  bool quiet = false;
 };
+
+// The largest a rank's KV cache gets, in tokens held at once: it starts at the prompt's shard (or
+// `capacity`) and doubles as tokens arrive, the old and the new cache both held while it copies
+// (inference.hpp).
+int64_t cache_peak_tokens(int64_t start, int64_t final_tokens) {
+  int64_t capacity = std::max<int64_t>(1, start), peak = capacity;
+  while (capacity < final_tokens) {
+    const int64_t grown = 2 * capacity;
+    peak = std::max(peak, capacity + grown);
+    capacity = grown;
+  }
+  return peak;
+}
 
 double median(std::vector<double> values) {
   if (values.empty()) return 0;
@@ -80,6 +100,8 @@ int decode_main(int argc, char** argv, int first, bool bench) {
         "--check", &o.check,
         "compare every step's O and LSE with the fp64 reference; exit 1 over the bound");
     options.add_flag("--json", &o.json, "one JSON object instead of the report");
+    options.add_flag("--no-memory-check", &o.no_memory_check, kNoMemoryCheckHelp);
+    options.add_flag("--quiet", &o.quiet, kQuietHelp);
     bool decode_flag = bench;  // a2d bench --decode: the flag that chose this table
     if (bench) options.add_flag("--decode", &decode_flag, "time decode steps (this table)");
     bool asked_help = false;
@@ -112,11 +134,73 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       comm_kind = o.device.comm_kind(*backend);
     });
     if (asked_help) return 0;
+    // Before the decoder and its tokens exist: what they need against what each host has
+    // (attention2d/memory_check.hpp).
+    {
+      const std::string device = o.device.name(problem.dtype);
+      MemoryCheck check;
+      check.request = {world.size(), o.prompt, problem.dtype};
+      check.seq_option = "--prompt";
+      check.enabled = !o.no_memory_check;
+      check.model = [&](const MemoryRequest& r) {
+        const Problem p = varied_problem(problem, r);
+        const Plan varied = varied_plan(plan, p, r.ranks);
+        const bool on_host = device != "cuda";
+        const int64_t prompt_tokens = plan_layout(p, varied).max_count();
+        const int64_t steps_tokens = o.steps * o.tokens_per_step;
+        MemoryNeed need;
+        if (on_host) {
+          const RankMemory prefill = memory_parts(p, varied, nullptr, false);
+          need.every_rank.push_back({"the prompt's shards", prefill.shards});
+          need.every_rank.push_back({"the prefill's buffers", prefill.buffers});
+          const int64_t record = p.batch * p.kv_heads * 2 * p.head_dim * dtype_bytes(p.dtype) + 8;
+          const int64_t final_tokens = prompt_tokens + (steps_tokens + r.ranks - 1) / r.ranks;
+          need.every_rank.push_back(
+              {"the KV cache at its largest",
+               record * cache_peak_tokens(std::max(o.capacity, prompt_tokens), final_tokens)});
+        }
+        need.every_rank.push_back({"fp32 host copies of the prompt's tokens",
+                                   harness_copy_bytes(p, prompt_tokens, false)});
+        if (o.check) {
+          const int64_t total_tokens = r.seq + steps_tokens;
+          need.every_rank.push_back({"the fp64 reference's K and V (--check, on every rank)",
+                                     8 * 2 * p.batch * total_tokens * p.kv_heads * p.head_dim});
+        }
+        return need;
+      };
+      check_memory(world, check);
+    }
+    Progress reporter(bench ? "a2d bench --decode" : "a2d decode", world.rank() == 0 && !o.quiet);
     AlgorithmWorld algorithm_world(world, log, *backend, comm_kind);
     const int ranks = world.size(), rank = world.rank();
     const int64_t total = o.prompt + o.steps * o.tokens_per_step;
     const auto seed = static_cast<uint64_t>(o.seed);
 
+    // The prediction (rank 0): the prefill and the steps, by this machine's calibration or an
+    // estimate.
+    double prefill_predicted_s = 0, step_predicted_s = 0;
+    if (reporter.enabled()) {
+      const double flops =
+          busiest_forward_flops(problem, plan) +
+          4.0 * static_cast<double>(o.steps * o.tokens_per_step) *
+              static_cast<double>(total * problem.heads * problem.head_dim * problem.batch) / ranks;
+      if (could_take_longer(flops, plan.threads, ProgressSettings::from_environment().predict_s)) {
+        const std::string file = o.plan.machine.calibration.empty() ? default_calibration_file()
+                                                                    : o.plan.machine.calibration;
+        const LocalMachine local = local_machine_for_prediction(ranks, plan.threads, file);
+        prefill_predicted_s = predict(problem, plan, local.machine, ranks).forward_s;
+        step_predicted_s = 0.5 * (predict_decode_step(problem, plan, local.machine, ranks, o.prompt,
+                                                      o.tokens_per_step)
+                                      .step_s +
+                                  predict_decode_step(problem, plan, local.machine, ranks,
+                                                      total - o.tokens_per_step, o.tokens_per_step)
+                                      .step_s);
+        reporter.predict(prefill_predicted_s + static_cast<double>(o.steps) * step_predicted_s,
+                         "the prefill and " + std::to_string(o.steps) + " decode steps",
+                         local.source);
+      }
+    }
+    const auto phase = [] { return Watchdog::current_phase(); };
     std::unique_ptr<DistributedDecoder> decoder;
     collective_check(world, [&] {
       decoder = make_decoder(problem, plan, algorithm_world.get(), *backend, o.capacity);
@@ -140,6 +224,16 @@ int decode_main(int argc, char** argv, int first, bool bench) {
                                              decoder->prompt_layout().tokens_of(rank));
     world.barrier();
     log->clear();
+    const int64_t prefill_start = backend->kernel_work();
+    const double prefill_entries =
+        rank_forward_flops(problem, plan, 0) / (4.0 * static_cast<double>(problem.head_dim));
+    reporter.stage(
+        "prefill", 0, 0, prefill_predicted_s,
+        [&backend, prefill_start, prefill_entries] {
+          return static_cast<double>(backend->kernel_work() - prefill_start) /
+                 std::max(1.0, prefill_entries);
+        },
+        phase);
     double t0 = MPI_Wtime();
     decoder->prefill(prompt.forward());
     double prefill_s = MPI_Wtime() - t0;
@@ -152,6 +246,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
         step_messages(static_cast<size_t>(o.steps));
     std::vector<int64_t> lengths(static_cast<size_t>(o.steps));
     for (int64_t s = 0; s < o.steps; ++s) {
+      reporter.stage("decode step", s + 1, o.steps, step_predicted_s, {}, phase);
       const DecodeStep step = decoder->next_step(o.tokens_per_step);
       lengths[static_cast<size_t>(s)] = step.first_position;
       DecodeTokens fresh =
@@ -205,6 +300,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       // No calibration of this machine: the report's times say n/a.
     }
 
+    reporter.finish();
     const double median_step = median(step_s);
     const double total_steps_s = std::accumulate(step_s.begin(), step_s.end(), 0.0);
     const int64_t max_bytes = *std::max_element(step_bytes.begin(), step_bytes.end());

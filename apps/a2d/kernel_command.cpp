@@ -3,10 +3,12 @@
 // --dtype bf16 or fp16 the inputs are rounded to the dtype and stored in it, O is written in it,
 // and the reference runs on the rounded values.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <new>
 #include <numeric>
@@ -24,13 +26,17 @@
 #include "attention2d/dtype.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "attention2d/memory_check.hpp"
 #include "attention2d/reference.hpp"
 #include "attention2d/tools/check.hpp"
 #include "attention2d/tools/cli.hpp"
 #include "attention2d/tools/data.hpp"
 #include "attention2d/tools/peak.hpp"
+#include "attention2d/tools/progress.hpp"
 #include "attention2d/tools/timing.hpp"
+#include "attention2d/watchdog.hpp"
 #include "commands.hpp"
+#include "memory_needs.hpp"
 
 namespace a2d::commands {
 namespace {
@@ -60,6 +66,8 @@ struct KernelOptions {
   bool check = false;
   bool json = false;
   bool huge_pages = false;
+  bool no_memory_check = false;
+  bool quiet = false;
   std::string path;    // empty: A2D_KERNEL_PATH, else auto
   std::string device;  // empty: default_device(dtype)
   std::string dtype;   // "": bf16 with --device cuda or fenced-cuda, else fp32
@@ -196,11 +204,12 @@ std::vector<double> widen(const Tensor& x) {
 // `cpu_ms` receives the same summary of the process's CPU time per run (all threads together).
 template <typename F>
 Summary time_repeats(const KernelOptions& o, std::optional<int64_t>* rss_growth, Summary* cpu_ms,
-                     F&& body) {
+                     const std::function<void(int64_t)>& before_each, F&& body) {
   RssProbe probe;
   probe.start();
   std::vector<double> ms, cpu;
   for (int64_t i = 0; i < o.warmup + o.repeats; ++i) {
+    before_each(i);
     const double start = seconds_now();
     const double cpu_start = cpu_seconds_now();
     body();
@@ -212,6 +221,51 @@ Summary time_repeats(const KernelOptions& o, std::optional<int64_t>* rss_growth,
   }
   *cpu_ms = summarize(cpu);
   return summarize(ms);
+}
+
+// Rows of the fp64 reference computed so far (its progress callback), for the progress lines.
+std::atomic<int64_t> g_reference_rows{0};
+void count_reference_row() {
+  g_reference_rows.fetch_add(1, std::memory_order_relaxed);
+}
+
+// What the command allocates for `r` (its sequence and dtype; one process). Host memory only:
+// with --device cuda the backend's copies are the GPU's.
+MemoryNeed kernel_memory(const KernelOptions& o, const MemoryRequest& r, bool backend_copies,
+                         bool on_host_device, bool in_parts) {
+  const int64_t seq = r.seq, kv_seq = o.kv_seq == o.seq ? r.seq : o.kv_seq;
+  const int64_t heads = o.heads, kv_heads = o.kv_heads == 0 ? o.heads : o.kv_heads;
+  const int64_t q = o.batch * seq * heads * o.head_dim;
+  const int64_t kv = o.batch * kv_seq * kv_heads * o.head_dim;
+  const int64_t lse = o.batch * heads * seq;
+  const int64_t e = dtype_bytes(r.dtype);
+  // Inputs keep fp32 values (what the reference reads) and, in 16 bits, the stored elements.
+  const int64_t typed_in = 4 + (r.dtype == DType::f32 ? 0 : e);
+  int64_t arrays = typed_in * (q + 2 * kv) + e * q + 4 * lse;
+  if (o.backward) arrays += typed_in * q + 4 * (q + 2 * kv);
+  AttentionShape shape{o.batch, heads, kv_heads, seq, kv_seq, o.head_dim};
+  MemoryNeed need;
+  need.every_rank.push_back({"inputs and outputs", arrays});
+  need.every_rank.push_back({"the generator's scratch", 4 * std::max(q, kv)});
+  int64_t workspace = forward_workspace_bytes(shape, static_cast<int>(o.threads));
+  if (o.backward) {
+    workspace =
+        std::max(workspace, backward_workspace_bytes(shape, static_cast<int>(o.threads), true));
+  }
+  need.every_rank.push_back({"the kernel's workspace", workspace});
+  if (o.shuffle != 0) need.every_rank.push_back({"positions (--shuffle)", 8 * (seq + kv_seq)});
+  if (backend_copies && on_host_device) {
+    int64_t copies = e * (2 * q + 2 * kv) + 4 * lse;
+    if (in_parts) copies += 4 * (2 * q * (o.head_dim + 2) / o.head_dim + q + 2 * lse) + e * q;
+    if (o.backward) copies += e * q + 4 * (q + 2 * kv + lse) + (in_parts ? 8 * lse + 2 * e * q : 0);
+    need.every_rank.push_back({"the backend's copies (--device, --parts)", copies});
+  }
+  if (o.check) {
+    int64_t reference = 8 * (q + 2 * kv + q + lse) + 4 * q;
+    if (o.backward) reference += 8 * (q + q + 2 * kv);
+    need.every_rank.push_back({"the fp64 reference (--check)", reference});
+  }
+  return need;
 }
 
 }  // namespace
@@ -283,7 +337,12 @@ int kernel(int argc, char** argv, int first) {
   options.add_flag("--json", &o.json, "one JSON object per line instead of the table");
   options.add_flag("--huge-pages", &o.huge_pages,
                    "put the tensors on transparent huge pages (Linux), for TLB experiments");
+  options.add_flag("--no-memory-check", &o.no_memory_check, kNoMemoryCheckHelp);
+  options.add_flag("--quiet", &o.quiet, kQuietHelp);
   if (!options.parse(argc, argv, first)) return 0;
+  Progress progress("a2d kernel", !o.quiet);
+  // The phase a std::bad_alloc names (main.cpp).
+  Watchdog::note_phase("setup");
 
   if (o.kv_seq == 0) o.kv_seq = o.seq;
   if (o.kv_heads == 0) o.kv_heads = o.heads;
@@ -319,6 +378,65 @@ int kernel(int argc, char** argv, int first) {
       cli::mask_from_options(o.causal, o.window, o.window_size, o.doc_lens, o.mask_ranges, o.seq);
   const float scale = o.scale > 0 ? static_cast<float>(o.scale) : default_scale(o.head_dim);
   A2D_REQUIRE(o.scale >= 0 && std::isfinite(o.scale), "--scale must be positive, got ", o.scale);
+  A2D_REQUIRE(o.softcap >= 0, "--softcap must be positive (or 0 for none), got ", o.softcap);
+
+  // Before anything large is allocated: what the command needs against what this host has
+  // (attention2d/memory_check.hpp).
+  {
+    MemoryCheck check;
+    check.request = {1, o.seq, dtype};
+    check.ranks_may_change = false;
+    check.dtype_may_change = device != "cuda";
+    check.enabled = !o.no_memory_check;
+    check.override_hint = "--no-memory-check or A2D_NO_MEMORY_CHECK=1";
+    const bool copies = backend != nullptr;
+    check.model = [&, copies](const MemoryRequest& r) {
+      return kernel_memory(o, r, copies, on_cpu, in_parts);
+    };
+    check_memory(check);
+  }
+
+  // The prediction (on the CPU: this machine's FMA peak times the kernels' efficiency) and what
+  // the progress lines count: the score entries the kernels compute, the reference's rows.
+  const double pairs_per_head =
+      static_cast<double>(count_visible_pairs(mask, nullptr, o.seq, nullptr, o.kv_seq));
+  const double call_entries = pairs_per_head * static_cast<double>(o.heads * o.batch);
+  const double call_flops = 4.0 * call_entries * static_cast<double>(o.head_dim);
+  const int64_t calls = o.warmup + o.repeats;
+  double forward_s = 0, backward_s = 0, check_s = 0;
+  if (on_cpu) {
+    const KernelEfficiency efficiency = kernel_efficiency(peak);
+    forward_s = call_flops / (1e9 * peak.gflops * efficiency.forward);
+    backward_s = o.backward ? 2.5 * call_flops / (1e9 * peak.gflops * efficiency.backward) : 0;
+    // The fp64 reference: plain loops, about kReferenceFlopsPerThread on every thread.
+    if (o.check) {
+      check_s = (o.backward ? 4.5 : 1.0) * call_flops /
+                (kReferenceFlopsPerThread * static_cast<double>(o.threads));
+    }
+    const double total = static_cast<double>(calls) * (forward_s + backward_s) +
+                         (in_parts ? forward_s : 0) + check_s;
+    std::string what = std::to_string(calls) + (calls == 1 ? " forward call" : " forward calls");
+    if (o.backward) what += " and as many backward calls";
+    if (o.check) what += ", then the fp64 reference (--check)";
+    char source[300];
+    std::snprintf(source, sizeof source,
+                  "an estimate: this machine's FMA peak, %.0f GFLOP/s on %d thread%s (%s), times "
+                  "the kernels' efficiency, %.2f forward and %.2f backward (docs/performance.md)",
+                  peak.gflops, peak.threads, peak.threads == 1 ? "" : "s", peak.isa.c_str(),
+                  efficiency.forward, efficiency.backward);
+    progress.predict(total, what, source);
+  }
+  std::atomic<int64_t> work{0};  // the kernels' work counter (ForwardArgs::work_done)
+  const auto kernel_stage = [&](const char* name, int64_t i, double seconds, double entries) {
+    const int64_t start = backend ? backend->kernel_work() : work.load();
+    progress.stage(name, i + 1, calls, seconds, [&, start, entries] {
+      const int64_t now = backend ? backend->kernel_work() : work.load();
+      return static_cast<double>(now - start) / std::max(1.0, entries);
+    });
+    Watchdog::note_phase(name);
+  };
+  progress.stage("generating the inputs", 0, 0, 0);
+  Watchdog::note_phase("generating the inputs");
 
   const uint64_t seed = static_cast<uint64_t>(o.seed);
   const GlobalTokens q_global{o.batch, o.seq, o.heads, o.head_dim};
@@ -337,12 +455,12 @@ int kernel(int argc, char** argv, int first) {
   fwd.shape = shape;
   fwd.mask = mask;
   fwd.scale = scale;
-  A2D_REQUIRE(o.softcap >= 0, "--softcap must be positive (or 0 for none), got ", o.softcap);
   fwd.softcap = static_cast<float>(o.softcap);
   fwd.q = q.in(o.seq, o.heads, o.head_dim);
   fwd.k = k.in(o.kv_seq, o.kv_heads, o.head_dim);
   fwd.v = v.in(o.kv_seq, o.kv_heads, o.head_dim);
   fwd.threads = static_cast<int>(o.threads);
+  fwd.work_done = &work;
   const OutTokens out_view = out.out(o.seq, o.heads, o.head_dim);
   const auto lse_view = dense_rows(lse.data(), o.heads, o.seq);
 
@@ -460,24 +578,27 @@ int kernel(int argc, char** argv, int first) {
     lse2_buf = backend->allocate(lse_bytes);
   }
   Summary fwd_cpu_ms, bwd_cpu_ms;
-  const Summary fwd_ms = time_repeats(o, &fwd_rss_growth, &fwd_cpu_ms, [&] {
-    if (in_parts) {
-      for (size_t p = 0; p < key_parts.size(); ++p)
-        backend->attention_forward_partial(part_call(key_parts[p]), dense_state, p > 0);
-      backend->finalize(q_rows, dense_state, out_tensor, lse_tensor);
-      if (o.sinks) backend->add_sinks(q_rows, sinks.data(), 0, out_tensor, lse_tensor);
-      backend->synchronize();
-      return;
-    }
-    if (backend) {
-      backend->attention_forward(call, out_tensor, lse_tensor);
-      if (o.sinks) backend->add_sinks(q_rows, sinks.data(), 0, out_tensor, lse_tensor);
-      backend->synchronize();
-      return;
-    }
-    attention_forward(fwd, out_view, lse_view);
-    if (o.sinks) add_sinks(q_rows, sinks.data(), 0, out_view, lse_view);
-  });
+  const Summary fwd_ms = time_repeats(
+      o, &fwd_rss_growth, &fwd_cpu_ms,
+      [&](int64_t i) { kernel_stage("forward", i, forward_s, call_entries); },
+      [&] {
+        if (in_parts) {
+          for (size_t p = 0; p < key_parts.size(); ++p)
+            backend->attention_forward_partial(part_call(key_parts[p]), dense_state, p > 0);
+          backend->finalize(q_rows, dense_state, out_tensor, lse_tensor);
+          if (o.sinks) backend->add_sinks(q_rows, sinks.data(), 0, out_tensor, lse_tensor);
+          backend->synchronize();
+          return;
+        }
+        if (backend) {
+          backend->attention_forward(call, out_tensor, lse_tensor);
+          if (o.sinks) backend->add_sinks(q_rows, sinks.data(), 0, out_tensor, lse_tensor);
+          backend->synchronize();
+          return;
+        }
+        attention_forward(fwd, out_view, lse_view);
+        if (o.sinks) add_sinks(q_rows, sinks.data(), 0, out_view, lse_view);
+      });
   if (backend) {
     backend->download(Place::in(*out_buf), out.data(), q_bytes);
     backend->download(Place::in(*lse_buf), lse.data(), lse_bytes);
@@ -486,6 +607,7 @@ int kernel(int argc, char** argv, int first) {
   TypedTensor out_merged(dtype, in_parts ? q.size() : 0);
   Tensor lse_merged(in_parts ? lse.size() : 0);
   if (in_parts) {
+    progress.stage("forward through merged records (--parts)", 0, 0, forward_s);
     const PartialTensor merged = record_state(*merged_buf), single = record_state(*part_buf);
     for (size_t p = 0; p < key_parts.size(); ++p) {
       backend->attention_forward_partial(part_call(key_parts[p]), p == 0 ? merged : single, false);
@@ -508,6 +630,8 @@ int kernel(int argc, char** argv, int first) {
   int64_t bwd_workspace = 0;
   std::optional<int64_t> bwd_rss_growth;
   if (o.backward) {
+    progress.stage("generating dO", 0, 0, 0);
+    Watchdog::note_phase("generating dO");
     const double d_out_start = seconds_now();
     d_out.emplace(dtype, generate_tokens(seed, TensorTag::d_out, q_global));
     generate_seconds += seconds_now() - d_out_start;
@@ -527,6 +651,7 @@ int kernel(int argc, char** argv, int first) {
     bwd.d_out = d_out->in(o.seq, o.heads, o.head_dim);
     bwd.lse = dense_rows(lse.data(), o.heads, o.seq);
     bwd.threads = static_cast<int>(o.threads);
+    bwd.work_done = &work;
     bwd.q_positions = fwd.q_positions;
     bwd.kv_positions = fwd.kv_positions;
     bwd_workspace = backward_workspace_bytes(shape, bwd.threads, /*delta_from_out=*/true);
@@ -584,58 +709,62 @@ int kernel(int argc, char** argv, int first) {
       packed.out = {};
     }
     const TokenBlock q_block{o.batch, o.seq, o.heads, o.head_dim};
-    bwd_ms = time_repeats(o, &bwd_rss_growth, &bwd_cpu_ms, [&] {
-      if (in_parts) {
-        backend->copy_tokens(bcall.q, packed.q, q_block);
-        backend->copy_tokens(bcall.d_out, packed.d_out, q_block);
-        backend->copy_rows(lse_tensor, packed.lse, o.batch, o.heads, o.seq);
-        backend->delta(q_rows, out_tensor, packed.d_out, packed.delta);
-        // The parts after the first add into their dK, dV rows: zero first.
-        backend->fill_zero(Place::in(*dk_buf), dkv_bytes);
-        backend->fill_zero(Place::in(*dv_buf), dkv_bytes);
-        for (size_t p = 0; p < key_parts.size(); ++p) {
-          const KeyPart& part = key_parts[p];
-          BackwardCall c = packed;
-          c.shape.kv_tokens = part.tokens;
-          c.k = keys_of(part, bcall.k);
-          c.v = keys_of(part, bcall.v);
-          c.kv_positions = bcall.kv_positions + part.first * static_cast<int64_t>(sizeof(int64_t));
-          c.accumulate = p > 0;
-          backend->attention_backward(c, dq_t, keys_of(part, dk_t), keys_of(part, dv_t));
-        }
-        if (o.sinks) {
-          std::vector<double> sums(static_cast<size_t>(o.heads), 0.0);
-          backend->add_sink_gradient(q_rows, sinks.data(), 0, lse_tensor, packed.delta,
-                                     sums.data());
-          dsink.assign(sums.begin(), sums.end());
-        }
-        backend->synchronize();
-        return;
-      }
-      if (backend) {
-        backend->attention_backward(bcall, dq_t, dk_t, dv_t);
-        if (o.sinks) {
-          const RowTensor delta_t = dense_row_tensor(*delta_buf, o.heads, o.seq);
-          backend->delta(q_rows, out_tensor, bcall.d_out, delta_t);
-          std::vector<double> sums(static_cast<size_t>(o.heads), 0.0);
-          backend->add_sink_gradient(q_rows, sinks.data(), 0, lse_tensor, delta_t, sums.data());
-          dsink.assign(sums.begin(), sums.end());
-        }
-        backend->synchronize();
-        return;
-      }
-      attention_backward(bwd, dense_tokens(dq.data(), o.seq, o.heads, o.head_dim),
-                         dense_tokens(dk.data(), o.kv_seq, o.kv_heads, o.head_dim),
-                         dense_tokens(dv.data(), o.kv_seq, o.kv_heads, o.head_dim));
-      if (o.sinks) {
-        std::vector<float> delta(lse.size());
-        const auto delta_view = dense_rows(delta.data(), o.heads, o.seq);
-        compute_delta(q_rows, bwd.out, bwd.d_out, delta_view);
-        std::vector<double> sums(static_cast<size_t>(o.heads), 0.0);
-        add_sink_gradient(q_rows, sinks.data(), 0, bwd.lse, delta_view, sums.data());
-        dsink.assign(sums.begin(), sums.end());
-      }
-    });
+    bwd_ms = time_repeats(
+        o, &bwd_rss_growth, &bwd_cpu_ms,
+        [&](int64_t i) { kernel_stage("backward", i, backward_s, call_entries); },
+        [&] {
+          if (in_parts) {
+            backend->copy_tokens(bcall.q, packed.q, q_block);
+            backend->copy_tokens(bcall.d_out, packed.d_out, q_block);
+            backend->copy_rows(lse_tensor, packed.lse, o.batch, o.heads, o.seq);
+            backend->delta(q_rows, out_tensor, packed.d_out, packed.delta);
+            // The parts after the first add into their dK, dV rows: zero first.
+            backend->fill_zero(Place::in(*dk_buf), dkv_bytes);
+            backend->fill_zero(Place::in(*dv_buf), dkv_bytes);
+            for (size_t p = 0; p < key_parts.size(); ++p) {
+              const KeyPart& part = key_parts[p];
+              BackwardCall c = packed;
+              c.shape.kv_tokens = part.tokens;
+              c.k = keys_of(part, bcall.k);
+              c.v = keys_of(part, bcall.v);
+              c.kv_positions =
+                  bcall.kv_positions + part.first * static_cast<int64_t>(sizeof(int64_t));
+              c.accumulate = p > 0;
+              backend->attention_backward(c, dq_t, keys_of(part, dk_t), keys_of(part, dv_t));
+            }
+            if (o.sinks) {
+              std::vector<double> sums(static_cast<size_t>(o.heads), 0.0);
+              backend->add_sink_gradient(q_rows, sinks.data(), 0, lse_tensor, packed.delta,
+                                         sums.data());
+              dsink.assign(sums.begin(), sums.end());
+            }
+            backend->synchronize();
+            return;
+          }
+          if (backend) {
+            backend->attention_backward(bcall, dq_t, dk_t, dv_t);
+            if (o.sinks) {
+              const RowTensor delta_t = dense_row_tensor(*delta_buf, o.heads, o.seq);
+              backend->delta(q_rows, out_tensor, bcall.d_out, delta_t);
+              std::vector<double> sums(static_cast<size_t>(o.heads), 0.0);
+              backend->add_sink_gradient(q_rows, sinks.data(), 0, lse_tensor, delta_t, sums.data());
+              dsink.assign(sums.begin(), sums.end());
+            }
+            backend->synchronize();
+            return;
+          }
+          attention_backward(bwd, dense_tokens(dq.data(), o.seq, o.heads, o.head_dim),
+                             dense_tokens(dk.data(), o.kv_seq, o.kv_heads, o.head_dim),
+                             dense_tokens(dv.data(), o.kv_seq, o.kv_heads, o.head_dim));
+          if (o.sinks) {
+            std::vector<float> delta(lse.size());
+            const auto delta_view = dense_rows(delta.data(), o.heads, o.seq);
+            compute_delta(q_rows, bwd.out, bwd.d_out, delta_view);
+            std::vector<double> sums(static_cast<size_t>(o.heads), 0.0);
+            add_sink_gradient(q_rows, sinks.data(), 0, bwd.lse, delta_view, sums.data());
+            dsink.assign(sums.begin(), sums.end());
+          }
+        });
     if (backend) {
       backend->download(Place::in(*dq_buf), dq.data(), dq_bytes);
       backend->download(Place::in(*dk_buf), dk.data(), dkv_bytes);
@@ -677,6 +806,13 @@ int kernel(int argc, char** argv, int first) {
   std::vector<Error> fwd_errors, bwd_errors;
   bool pass = true;
   if (o.check) {
+    // The reference's rows: B H N query rows forward; backward again, and B Hkv Nkv key rows.
+    const double rows = static_cast<double>(o.batch * o.heads * o.seq) * (o.backward ? 2.0 : 1.0) +
+                        (o.backward ? static_cast<double>(o.batch * o.kv_heads * o.kv_seq) : 0.0);
+    g_reference_rows = 0;
+    progress.stage("check: the fp64 reference", 0, 0, check_s,
+                   [rows] { return static_cast<double>(g_reference_rows.load()) / rows; });
+    Watchdog::note_phase("check");
     const std::vector<double> q64 = widen(q.wide), k64 = widen(k.wide), v64 = widen(v.wide);
     const std::vector<double> sinks64(sinks.begin(), sinks.end());
     reference::Inputs in{shape,
@@ -690,6 +826,7 @@ int kernel(int argc, char** argv, int first) {
                          static_cast<int>(o.threads)};
     in.softcap = o.softcap;
     in.sinks = o.sinks ? sinks64.data() : nullptr;
+    in.progress = &count_reference_row;
     std::vector<double> out64(q.size()), lse64(lse.size());
     reference::forward(in, out64.data(), lse64.data());
     const std::vector<float> out32 = out.floats();
@@ -800,6 +937,7 @@ int kernel(int argc, char** argv, int first) {
     }
   };
 
+  progress.finish();
   if (!o.json) {
     std::printf("a2d kernel: %s mask=%s scale=%.6g threads=%lld path=%s dtype=%s device=%s\n",
                 shape.describe().c_str(), mask.describe().c_str(), static_cast<double>(scale),

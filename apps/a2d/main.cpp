@@ -4,6 +4,7 @@
 #include <climits>
 #include <cstring>
 #include <iostream>
+#include <new>
 #include <optional>
 #include <string>
 
@@ -12,6 +13,7 @@
 #include "attention2d/node_layout.hpp"
 #include "attention2d/tools/build_info.hpp"
 #include "attention2d/version.hpp"
+#include "attention2d/watchdog.hpp"
 #include "commands.hpp"
 
 namespace {
@@ -104,6 +106,11 @@ int sim_elsewhere(int /*argc*/, char** /*argv*/, int /*first*/) {
 }
 #endif
 
+std::string phase_now() {
+  const std::string phase = Watchdog::current_phase();
+  return phase.empty() ? "startup" : phase;
+}
+
 const char* error_text(const std::exception& e) {
   if (g_verbose) return e.what();
   if (const auto* collective = dynamic_cast<const CollectiveError*>(&e))
@@ -147,6 +154,11 @@ int main(int argc, char** argv) {
     } catch (const a2d::Error& e) {
       std::cerr << "a2d " << s.name << ": " << a2d::commands::error_text(e) << "\n";
       return 2;
+    } catch (const std::bad_alloc&) {
+      // One line naming the phase (the MPI subcommands' own, run_collectively, names the rank).
+      std::cerr << "a2d " << s.name << ": out of memory (std::bad_alloc) in phase "
+                << a2d::commands::phase_now() << "\n";
+      return 3;
     } catch (const std::exception& e) {
       std::cerr << "a2d " << s.name << ": unexpected error: " << e.what() << "\n";
       return 3;

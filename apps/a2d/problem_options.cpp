@@ -280,6 +280,16 @@ std::optional<UserShards> ShardOptions::user_shards(int64_t seq, int ranks) cons
   return UserShards{*shards, variant};
 }
 
+namespace {
+bool grid_matters_for(const std::string& algo) {
+  return algo.empty() || algo == "attention2d" || algo == "attention2d-overlap" || algo == "hybrid";
+}
+}  // namespace
+
+bool PlanOptions::chosen_by_planner() const {
+  return algo.empty() || (grid.empty() && grid_matters_for(algo));
+}
+
 Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen,
                        const UserShards* shards) const {
   // Clear errors for an unknown algorithm or a grid that does not fit the ranks, first.
@@ -311,9 +321,8 @@ Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen,
     check_plan(probe, problem, ranks);
   }
   Plan p;
-  const bool grid_matters =
-      algo.empty() || algo == "attention2d" || algo == "attention2d-overlap" || hybrid;
-  if (algo.empty() || (grid.empty() && grid_matters)) {
+  const bool grid_matters = grid_matters_for(algo);
+  if (chosen_by_planner()) {
     const PlannedRun planned = choose_plan(problem, ranks, ranks, machine.choice(), algo,
                                            grid_matters ? grid : "", static_cast<int>(u), shards);
     p = planned.plan;

@@ -121,6 +121,9 @@ struct PlanOptions {
   // where given; `chosen` then says so.
   Plan plan(const Problem& problem, int ranks, std::string* chosen = nullptr,
             const UserShards* shards = nullptr) const;
+  // Whether plan() leaves the choice to the cost model (no --algo, or no --grid where the grid
+  // matters).
+  bool chosen_by_planner() const;
 };
 
 // The JSON row fields every a2d table writes alike, in this order. A plan's: algo, grid, layout,

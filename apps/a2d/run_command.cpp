@@ -15,15 +15,20 @@
 
 #include "attention2d/attention.hpp"
 #include "attention2d/collective.hpp"
+#include "attention2d/cost_model.hpp"
 #include "attention2d/error.hpp"
+#include "attention2d/memory_check.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "attention2d/planner.hpp"
 #include "attention2d/relayout.hpp"
 #include "attention2d/tools/check.hpp"
 #include "attention2d/tools/harness.hpp"
 #include "attention2d/tools/npy.hpp"
+#include "attention2d/tools/progress.hpp"
 #include "attention2d/tools/timing.hpp"
 #include "attention2d/watchdog.hpp"
 #include "commands.hpp"
+#include "memory_needs.hpp"
 #include "problem_options.hpp"
 #include "run_support.hpp"
 
@@ -40,6 +45,8 @@ struct RunOptions {
   bool json = false;
   bool force = false;
   bool check_finite = false;
+  bool no_memory_check = false;
+  bool quiet = false;
   std::string q_file, k_file, v_file, do_file, out_dir;
   std::string out_dtype = "float32";
   int64_t seed = 42;
@@ -47,6 +54,50 @@ struct RunOptions {
   int64_t iters = 3;
   double timeout = kDefaultTimeout;
 };
+
+// Rank 0 reads the input files' headers (no data yet: the memory check comes first); every rank
+// learns the problem sizes from them. Returns the largest file's data bytes.
+int64_t read_input_sizes(Communicator& world, RunOptions& o) {
+  int64_t sizes[6] = {0, 0, 0, 0, 0, 0};  // batch, seq, heads, kv_heads, head_dim, largest file
+  collective_check(world, [&] {
+    if (world.rank() != 0) return;
+    A2D_REQUIRE(!o.k_file.empty() && !o.v_file.empty(), "--q needs --k and --v as well");
+    A2D_REQUIRE(o.do_file.empty() || o.backward, "--do is the gradient of O: it needs --backward");
+    A2D_REQUIRE(!o.backward || !o.do_file.empty(),
+                "--backward with input files needs --do (the gradient of O)");
+    // require_shape on a header (an array without data).
+    const auto require = [](const npy::Header& h, const std::vector<int64_t>& shape,
+                            const char* what) {
+      npy::require_shape(npy::Array{h.dtype, h.shape, {}}, shape, what);
+    };
+    const npy::Header q = npy::read_header(o.q_file);
+    A2D_REQUIRE(q.shape.size() == 4, "--q ", o.q_file, " has shape ", npy::shape_string(q.shape),
+                "; it must be [batch, seq, heads, head_dim]");
+    const npy::Header k = npy::read_header(o.k_file);
+    A2D_REQUIRE(k.shape.size() == 4, "--k ", o.k_file, " has shape ", npy::shape_string(k.shape),
+                "; it must be [batch, seq, kv_heads, head_dim]");
+    const int64_t batch = q.shape[0], seq = q.shape[1], heads = q.shape[2], dim = q.shape[3];
+    const int64_t kv_heads = k.shape[2];
+    require(k, {batch, seq, kv_heads, dim}, "--k");
+    const npy::Header v = npy::read_header(o.v_file);
+    require(v, {batch, seq, kv_heads, dim}, "--v");
+    int64_t largest = std::max({q.data_bytes(), k.data_bytes(), v.data_bytes()});
+    if (!o.do_file.empty()) {
+      const npy::Header d_out = npy::read_header(o.do_file);
+      require(d_out, q.shape, "--do");
+      largest = std::max(largest, d_out.data_bytes());
+    }
+    const int64_t from_files[6] = {batch, seq, heads, kv_heads, dim, largest};
+    std::copy(from_files, from_files + 6, sizes);
+  });
+  world.broadcast(sizes, sizeof sizes, 0);
+  o.problem.batch = sizes[0];
+  o.problem.seq = sizes[1];
+  o.problem.heads = sizes[2];
+  o.problem.kv_heads = sizes[3];
+  o.problem.head_dim = sizes[4];
+  return sizes[5];
+}
 
 // Rank 0 reads the input files; every rank learns the problem sizes from them.
 void load_inputs(Communicator& world, RunOptions& o, GlobalTensors& global) {
@@ -185,6 +236,8 @@ int run(int argc, char** argv, int first) {
     options.add_int("--seed", &o.seed, "seed of the generated inputs");
     options.add_int("--warmup", &o.warmup, "untimed iterations");
     options.add_int("--iters", &o.iters, "timed iterations; the median is reported");
+    options.add_flag("--no-memory-check", &o.no_memory_check, kNoMemoryCheckHelp);
+    options.add_flag("--quiet", &o.quiet, kQuietHelp);
     options.add_double("--timeout", &o.timeout,
                        "watchdog: abort the job, naming the phase and the ranks that did not "
                        "arrive, when no rank made progress for this many seconds (0 = off; "
@@ -196,10 +249,12 @@ int run(int argc, char** argv, int first) {
       A2D_REQUIRE(o.timeout >= 0, "--timeout must be >= 0 seconds (0 turns the watchdog off)");
     });
     if (asked_help) return 0;
+    Progress progress("a2d run", world.rank() == 0 && !o.quiet);
     auto watchdog = std::make_unique<Watchdog>(MPI_COMM_WORLD, o.timeout);
 
     const bool from_files = !o.q_file.empty();
     GlobalTensors global;
+    int64_t largest_file_bytes = 0;
     if (from_files) {
       for (const char* option : {"--batch", "--seq", "--heads", "--kv-heads", "--head-dim"}) {
         collective_check(world, [&] {
@@ -208,7 +263,7 @@ int run(int argc, char** argv, int first) {
                       "sizes come from the files");
         });
       }
-      load_inputs(world, o, global);
+      largest_file_bytes = read_input_sizes(world, o);
     } else {
       collective_check(world, [&] {
         A2D_REQUIRE(o.k_file.empty() && o.v_file.empty() && o.do_file.empty(),
@@ -229,11 +284,99 @@ int run(int argc, char** argv, int first) {
       problem = o.problem.problem(o.device.default_dtype());
       const std::optional<TokenLayout> user = o.shards.layout(problem.seq, world.size());
       if (user) user_shards = UserShards{*user, RelayoutBackward::stateless};
+      check_out_dtype(o, problem);
+    });
+    // Before any data moves or anything large is allocated: the memory each rank needs against
+    // what its host has (attention2d/memory_check.hpp). Where the cost model chooses the plan,
+    // the plan needing the least memory first (the planner itself caps the plans by the
+    // modelled machine's memory, not this host's).
+    const std::string device = o.device.name(problem.dtype);
+    RunArrays arrays;
+    arrays.backward = o.backward;
+    arrays.check = o.check;
+    arrays.out = !o.out_dir.empty();
+    arrays.half_out = o.out_dtype == "float16";
+    arrays.from_files = from_files;
+    arrays.largest_file_bytes = largest_file_bytes;
+    const auto run_check = [&](const Plan* chosen_plan) {
+      MemoryCheck check;
+      check.request = {world.size(), problem.seq, problem.dtype};
+      check.seq_may_change = !from_files && o.shards.counts.empty();
+      check.ranks_may_change = o.shards.counts.empty();
+      check.enabled = !o.no_memory_check;
+      check.model = [&, chosen_plan](const MemoryRequest& r) {
+        const Problem p = varied_problem(problem, r);
+        MemoryNeed need;
+        // GPU buffers are not the host's memory: only the harness's host copies are.
+        const bool on_host = device != "cuda";
+        const bool copies = p.dtype != DType::f32 || !on_host;
+        const std::optional<TokenLayout> user = o.shards.layout(p.seq, r.ranks);
+        const std::optional<UserShards> shards =
+            user ? std::optional<UserShards>(UserShards{*user, RelayoutBackward::stateless})
+                 : std::nullopt;
+        if (chosen_plan) {
+          const Plan varied = varied_plan(*chosen_plan, p, r.ranks);
+          for (MemoryPart& part :
+               plan_parts(p, varied, shards ? &*shards : nullptr, o.backward, copies)) {
+            if (on_host || part.what == "fp32 host copies of the shards")
+              need.every_rank.push_back(part);
+          }
+        } else {
+          const int64_t least = least_memory_per_rank(p, r.ranks);
+          A2D_REQUIRE(least >= 0, "no plan can run it");
+          if (on_host) {
+            need.every_rank.push_back(
+                {"shards and the algorithm's buffers (the plan needing the least memory)",
+                 least});
+          }
+          if (copies) {
+            const int64_t tokens = (p.seq + r.ranks - 1) / r.ranks;
+            need.every_rank.push_back(
+                {"fp32 host copies of the shards", harness_copy_bytes(p, tokens, o.backward)});
+          }
+        }
+        need.rank0 = run_rank0_parts(p, arrays);
+        return need;
+      };
+      check_memory(world, check);
+    };
+    if (o.plan.chosen_by_planner()) run_check(nullptr);
+    collective_check(world, [&] {
       plan = o.plan.plan(problem, world.size(), &chosen, user_shards ? &*user_shards : nullptr);
       backend = o.device.backend(problem.dtype);
       comm_kind = o.device.comm_kind(*backend);
-      check_out_dtype(o, problem);
     });
+    run_check(&plan);
+    // The prediction (rank 0): this machine's calibration or an estimate from its FMA peak.
+    const double rank0_entries =
+        rank_forward_flops(problem, plan, 0) / (4.0 * static_cast<double>(problem.head_dim));
+    double forward_s = 0, backward_s = 0, check_s = 0;
+    if (progress.enabled()) {
+      const int64_t calls = o.warmup + o.iters;
+      const double flops = busiest_forward_flops(problem, plan) * (o.backward ? 3.5 : 1.0);
+      const double reference_flops = forward_flops(problem) * (o.backward ? 4.5 : 1.0);
+      if (could_take_longer(static_cast<double>(calls) * flops, plan.threads,
+                            ProgressSettings::from_environment().predict_s) ||
+          (o.check && reference_flops / (2e9 * reference_threads()) >
+                          ProgressSettings::from_environment().predict_s)) {
+        const std::string file = o.plan.machine.calibration.empty()
+                                     ? default_calibration_file()
+                                     : o.plan.machine.calibration;
+        const LocalMachine local =
+            local_machine_for_prediction(world.size(), plan.threads, file);
+        const Prediction predicted = predict(problem, plan, local.machine, world.size());
+        forward_s = predicted.forward_s;
+        backward_s = o.backward ? predicted.backward_s : 0;
+        if (o.check)
+          check_s = reference_flops / (kReferenceFlopsPerThread * reference_threads());
+        std::string what = std::to_string(calls) + (calls == 1 ? " call" : " calls") +
+                           (o.backward ? " of forward and backward" : " of the forward");
+        if (o.check) what += ", then the fp64 reference on rank 0 (--check)";
+        progress.predict(static_cast<double>(calls) * (forward_s + backward_s) + check_s, what,
+                         local.source);
+      }
+    }
+    if (from_files) load_inputs(world, o, global);
     AlgorithmWorld algorithm_world(world, log, *backend, comm_kind);
     algorithm_world.watch(watchdog, o.timeout);
     // Inputs read from files hold what the dtype stores (the reference sees the same values).
@@ -244,6 +387,9 @@ int run(int argc, char** argv, int first) {
       });
     }
 
+    // The phase a std::bad_alloc while the shards are made and filled names.
+    world.set_phase("setup");
+    progress.stage("setup: the shards", 0, 0, 0);
     std::unique_ptr<DistributedAttention> attention;
     collective_check(world, [&] {
       attention = user_shards ? make_attention(problem, plan, algorithm_world.get(), *backend,
@@ -275,8 +421,19 @@ int run(int argc, char** argv, int first) {
       });
     }
 
-    const Timings timings =
-        time_attention(world, *log, *attention, problem, shards, o.backward, o.warmup, o.iters);
+    const Timings timings = time_attention(
+        world, *log, *attention, problem, shards, o.backward, o.warmup, o.iters,
+        [&](const std::string& direction, int64_t call) {
+          const bool forward = direction == "forward";
+          const int64_t start = backend->kernel_work();
+          progress.stage(
+              direction, call + 1, o.warmup + o.iters, forward ? forward_s : backward_s,
+              [&backend, start, rank0_entries] {
+                return static_cast<double>(backend->kernel_work() - start) /
+                       std::max(1.0, rank0_entries);
+              },
+              [] { return Watchdog::current_phase(); });
+        });
 
     // Outputs in global order on rank 0, then the check and the files.
     OutputErrors errors;
@@ -284,6 +441,7 @@ int run(int argc, char** argv, int first) {
     const bool need_outputs = o.check || !o.out_dir.empty();
     if (need_outputs) {
       world.set_phase("io");
+      progress.stage("io: gathering the outputs on rank 0", 0, 0, 0);
       outputs = gather_outputs(world, 0, problem, attention->layout(), shards, o.backward);
     }
     double error_values[6] = {-1, -1, -1, -1, -1, -1};
@@ -291,6 +449,11 @@ int run(int argc, char** argv, int first) {
       // Rank 0 computes the fp64 reference (minutes at long sequences; it beats the watchdog's
       // heart as it goes) while the others sleep.
       world.set_phase("check");
+      const int64_t rows_before = reference_rows_done();
+      const double rows = reference_rows(problem, o.backward);
+      progress.stage("check: the fp64 reference on rank 0", 0, 0, check_s, [rows_before, rows] {
+        return static_cast<double>(reference_rows_done() - rows_before) / rows;
+      });
       if (world.rank() == 0) {
         if (!from_files) {
           global = generate_global(problem, static_cast<uint64_t>(o.seed), o.backward);
@@ -315,6 +478,7 @@ int run(int argc, char** argv, int first) {
         if (world.rank() == 0) write_outputs(o, problem, outputs);
       });
     }
+    progress.finish();
     if (world.rank() == 0) {
       RunReport report{problem,
                        plan,

@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <iostream>
+#include <new>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -99,6 +100,13 @@ int run_collectively(Communicator& world, const std::function<int()>& body) {
       print_error(std::string("a2d: ") + e.brief() + "\n");
     }
     return 2;
+  } catch (const std::bad_alloc&) {
+    // One line: the rank and where it was (docs/reliability.md, "Too big for memory").
+    print_error("a2d: rank " + std::to_string(world.rank()) + " of " +
+                std::to_string(world.size()) + " ran out of memory (std::bad_alloc) in phase " +
+                phase_now() + "; aborting the job\n");
+    MPI_Abort(MPI_COMM_WORLD, 3);
+    return 3;
   } catch (const std::exception& e) {
     print_error(who + error_text(e) + "\na2d: aborting the job so that no rank waits forever\n");
     MPI_Abort(MPI_COMM_WORLD, 3);
@@ -194,6 +202,7 @@ void AttentionTimer::call(bool measured) {
 
 void AttentionTimer::time_direction(const std::string& direction, const std::function<void()>& body,
                                     bool measured, Samples& samples) {
+  if (before_call) before_call(direction);
   double mine = 0;
   log_.clear();
   const double slowest = timed(world_, direction, body, mine);
@@ -221,10 +230,13 @@ Timings AttentionTimer::finish() {
 
 Timings time_attention(Communicator& world, TrafficLog& log, DistributedAttention& attention,
                        const Problem& problem, ShardSet& shards, bool backward, int64_t warmup,
-                       int64_t iters) {
+                       int64_t iters,
+                       const std::function<void(const std::string&, int64_t)>& before_call) {
   AttentionTimer timer(world, log, attention, problem, shards, backward);
-  for (int64_t i = 0; i < warmup + iters; ++i)
+  for (int64_t i = 0; i < warmup + iters; ++i) {
+    if (before_call) timer.before_call = [&](const std::string& d) { before_call(d, i); };
     timer.call(i >= warmup);
+  }
   return timer.finish();
 }
 

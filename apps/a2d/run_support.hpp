@@ -100,6 +100,9 @@ class AttentionTimer {
                  const Problem& problem, ShardSet& shards, bool backward);
   void call(bool measured);
   Timings finish();
+  // Called on every rank before each direction's call ("forward", "backward"), before its barrier:
+  // the progress lines' stages.
+  std::function<void(const std::string& direction)> before_call;
 
  private:
   // One direction's measured calls: the slowest rank's and this rank's times, one call's traffic.
@@ -122,9 +125,11 @@ class AttentionTimer {
 
 // warmup + iters calls of forward (and backward), each after a barrier; the traffic of one call
 // is read from `log`.
+// before_call(direction, call): as AttentionTimer::before_call, with the call's index.
 Timings time_attention(Communicator& world, TrafficLog& log, DistributedAttention& attention,
                        const Problem& problem, ShardSet& shards, bool backward, int64_t warmup,
-                       int64_t iters);
+                       int64_t iters,
+                       const std::function<void(const std::string&, int64_t)>& before_call = {});
 
 // Peak resident memory growth of this process while `body` runs: the kernel's high-water mark is
 // reset first (/proc/self/clear_refs), then VmHWM - VmRSS(before) is read back. Returns -1 where

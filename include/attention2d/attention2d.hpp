@@ -8,7 +8,8 @@
 //   moving data           comm.hpp, mpi_comm.hpp (with MPI), gloo_comm.hpp, collective.hpp,
 //                         watchdog.hpp
 //   inference             inference.hpp
-//   costs and planning    cost_model.hpp, model.hpp, planner.hpp (choose_plan)
+//   costs and planning    cost_model.hpp, model.hpp, planner.hpp (choose_plan),
+//                         memory_check.hpp (refusing a run its hosts cannot hold)
 //   errors, version       error.hpp, version.hpp
 #pragma once
 
@@ -25,6 +26,7 @@
 #include "attention2d/inference.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/layout.hpp"
+#include "attention2d/memory_check.hpp"
 #include "attention2d/model.hpp"
 #ifdef A2D_WITH_MPI
 #include "attention2d/mpi_comm.hpp"

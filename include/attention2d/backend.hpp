@@ -186,6 +186,10 @@ class Backend {
   // host backends compute everything; the CUDA backend refuses what its kernels lack.
   virtual void check_supported(DType /*dtype*/, int64_t /*head_dim*/, const Mask& /*mask*/,
                                float /*softcap*/) const {}
+  // Optional: the score entries (query rows x keys, per head) this backend's attention kernels have
+  // computed since it was made, which grows while a kernel runs: a work counter for progress
+  // reports. -1 where the backend does not count (the CUDA backend).
+  virtual int64_t kernel_work() const { return -1; }
 
   // ---- memory ----
   // Uninitialised (NaN bytes in the sanitizer build, and always on the fenced and cuda backends,

@@ -215,6 +215,15 @@ Prediction predict(const Problem& problem, const Plan& plan, const Machine& mach
 // front end compares with the memory it may use before it allocates.
 int64_t memory_per_rank(const Problem& problem, const Plan& plan,
                         const UserShards* shards = nullptr, bool with_backward = true);
+// memory_per_rank in its two parts, for messages: the shards a rank keeps (in the plan's layout)
+// and the rest, the buffers the algorithm allocates in a call (with `shards`, also the caller's
+// shards and the exchanges' records).
+struct RankMemory {
+  int64_t shards = 0;
+  int64_t buffers = 0;
+};
+RankMemory memory_parts(const Problem& problem, const Plan& plan,
+                        const UserShards* shards = nullptr, bool with_backward = true);
 
 // Every algorithm and every grid of P that can run the problem, fastest (forward + backward)
 // first; skipped ones are listed with the reason.

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -188,6 +189,10 @@ struct ForwardArgs {
   // alive. nullptr: not called.
   void (*progress)(void* context) = nullptr;
   void* progress_context = nullptr;
+  // A work counter for progress reports, or nullptr: the CPU kernels add the score entries they
+  // compute (query rows x keys, per head; a tile the mask hides in part counts whole, as the cost
+  // model's tile entries do) as they go, once per key tile of a query tile (relaxed).
+  std::atomic<int64_t>* work_done = nullptr;
 };
 
 // The online-softmax state of a set of query rows against a subset of the keys:
@@ -270,6 +275,7 @@ struct BackwardArgs {
   int threads = 1;
   void (*progress)(void* context) = nullptr;  // as in ForwardArgs
   void* progress_context = nullptr;
+  std::atomic<int64_t>* work_done = nullptr;  // as in ForwardArgs (once per key tile and head)
   // false: dq, dk, dv are overwritten; true: the gradients are added to what they hold
   // (distributed callers sum partial gradients).
   bool accumulate = false;

@@ -84,6 +84,11 @@ PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
 // When no plan fits in `memory_cap` bytes per rank: what would (the fewest ranks, a multiple of
 // ranks_per_node, at which some plan fits; bf16 where the problem is fp32; the longest sequence
 // that fits on `ranks`), one clause each, for an error message.
+// The least memory per rank (memory_per_rank) of any plan that can run the problem on `ranks`
+// ranks; -1 when none can. What a front end that lets the planner choose compares with its hosts'
+// memory before the plan is chosen (memory_check.hpp).
+int64_t least_memory_per_rank(const Problem& problem, int ranks);
+
 std::string what_would_fit(const Problem& problem, int ranks, int ranks_per_node,
                            int64_t memory_cap);
 

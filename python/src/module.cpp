@@ -31,6 +31,7 @@
 #include "attention2d/gloo_comm.hpp"
 #include "attention2d/group_comm.hpp"
 #include "attention2d/inference.hpp"
+#include "attention2d/memory_check.hpp"
 #include "attention2d/tools/harness.hpp"
 #ifdef A2D_WITH_MPI
 #include "attention2d/mpi_comm.hpp"
@@ -191,6 +192,22 @@ struct CallScope {
   ~CallScope() { a2d::Watchdog::note_idle(); }
 };
 
+// A KeyboardInterrupt in one rank of a job of several leaves the others waiting for it: under
+// mpirun its exit blocks in MPI_Finalize (mpi4py's, at exit) while the others wait in a
+// collective, alive and outside the library to their watchdog, which waits for such a rank up to
+// its idle limit (30 minutes). So the watchdog takes SIGINT as it takes SIGTERM, where Python's
+// default handler has it (a handler the program installed stays in charge): back to SIG_DFL here
+// (from the main thread; elsewhere Python keeps it), and Watchdog::stop_on_signals takes it.
+bool take_python_sigint() {
+  const py::module_ signal = py::module_::import("signal");
+  const py::module_ threading = py::module_::import("threading");
+  if (!threading.attr("current_thread")().is(threading.attr("main_thread")())) return false;
+  const py::object sigint = signal.attr("SIGINT");
+  if (!signal.attr("getsignal")(sigint).is(signal.attr("default_int_handler"))) return false;
+  signal.attr("signal")(sigint, signal.attr("SIG_DFL"));
+  return true;
+}
+
 // The ranks of a group or communicator and the transport the engines use over them: an MPI
 // communicator (a duplicate of an mpi4py one) or a full mesh of Gloo connections (bootstrapped
 // through a torch process group by the Python layer). Every engine duplicates it.
@@ -297,18 +314,15 @@ class Transport {
 
   // Collective: (re)starts the process's watchdog over these ranks. From then on a SIGTERM (where
   // its disposition is still the default) ends the job: one line naming it, exit 143 on every
-  // rank (docs/reliability.md, "Signals"). SIGINT stays Python's KeyboardInterrupt.
+  // rank (docs/reliability.md, "Signals"). So does a SIGINT in a job of several ranks where
+  // Python's own handler has it (exit 130); a single process keeps its KeyboardInterrupt.
   void start_watchdog(double timeout, double idle_limit) {
     g_watchdog.reset();
 #ifdef A2D_WITH_MPI
-    if (kind_ == "mpi") {
-      g_watchdog = std::make_unique<a2d::Watchdog>(mpi_, timeout, idle_limit);
-      a2d::Watchdog::stop_on_signals(false);
-      return;
-    }
+    if (kind_ == "mpi") g_watchdog = std::make_unique<a2d::Watchdog>(mpi_, timeout, idle_limit);
 #endif
-    g_watchdog = std::make_unique<a2d::Watchdog>(*base_, timeout, idle_limit);
-    a2d::Watchdog::stop_on_signals(false);
+    if (!g_watchdog) g_watchdog = std::make_unique<a2d::Watchdog>(*base_, timeout, idle_limit);
+    a2d::Watchdog::stop_on_signals(base_->size() > 1 && take_python_sigint());
   }
 
  private:
@@ -371,6 +385,12 @@ class Engine {
     CallScope scope;
     world_ = engine_world(transport, *backend_, nccl);
     a2d::set_error_rank(world_->rank());
+    // Collective, before any buffer exists: refused on every rank when a host cannot hold what a
+    // forward call allocates (attention2d/memory_check.hpp); the backward's at its first call.
+    // A device backend's buffers are not the host's (every rank agrees: the device kind is
+    // checked collectively before an engine is made).
+    if (backend_->host_accessible())
+      a2d::check_memory(*world_, a2d::attention_memory_check(problem, plan, false));
     attention_ = a2d::make_attention(problem, plan, *world_, *backend_);
   }
 
@@ -442,6 +462,10 @@ class Engine {
     CallScope scope;
     py::gil_scoped_release release;
     OnCallerStream ordered(*backend_, stream);
+    if (!backward_checked_ && backend_->host_accessible()) {
+      a2d::check_memory(*world_, a2d::attention_memory_check(problem(), plan(), true));
+      backward_checked_ = true;
+    }
     attention_->backward(s);
   }
 
@@ -483,6 +507,7 @@ class Engine {
   std::unique_ptr<a2d::Communicator> world_;
   std::unique_ptr<a2d::DistributedAttention> attention_;
   std::unique_ptr<a2d::LayoutExchange> to_plan_, to_user_;
+  bool backward_checked_ = false;  // the backward's memory check, made at its first call
 };
 
 // A prefill and its decode steps (inference.hpp) over a transport, on the CPU backend: the KV
@@ -495,6 +520,7 @@ class DecoderEngine {
     CallScope scope;
     world_ = transport.duplicate();
     a2d::set_error_rank(world_->rank());
+    a2d::check_memory(*world_, a2d::decoder_memory_check(problem, plan, capacity));
     decoder_ = a2d::make_decoder(problem, plan, *world_, *backend_, capacity);
   }
 

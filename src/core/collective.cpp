@@ -1,6 +1,7 @@
 #include "attention2d/collective.hpp"
 
 #include <cstdint>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,11 @@ void collective_check(Communicator& comm, const std::function<void()>& stage) {
   } catch (const Error& e) {
     failed = true;
     message = std::string(e.what()) + '\0' + e.message();
+  } catch (const std::bad_alloc&) {
+    // A stage that ran out of memory (reading a large input file, say): every rank stops.
+    failed = true;
+    message = "out of memory (std::bad_alloc)";
+    message += '\0' + message;
   } catch (const std::exception& e) {
     failed = true;
     message = std::string("unexpected error: ") + e.what();

@@ -961,6 +961,18 @@ int64_t memory_per_rank(const Problem& problem, const Plan& plan, const UserShar
   return static_cast<int64_t>(bytes);
 }
 
+RankMemory memory_parts(const Problem& problem, const Plan& plan, const UserShards* shards,
+                        bool with_backward) {
+  const int64_t total = memory_per_rank(problem, plan, shards, with_backward);
+  RankMemory parts;
+  parts.shards = std::min(
+      total,
+      static_cast<int64_t>(model::shard_bytes(
+          problem, static_cast<double>(plan_layout(problem, plan).max_count()), with_backward)));
+  parts.buffers = total - parts.shards;
+  return parts;
+}
+
 PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machine,
                         int ranks_per_node, bool include_backward, bool choose_placement,
                         const UserShards* shards, int64_t memory_cap) {

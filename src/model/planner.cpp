@@ -105,6 +105,11 @@ double least_memory(const Problem& problem, int ranks) {
 
 }  // namespace
 
+int64_t least_memory_per_rank(const Problem& problem, int ranks) {
+  const double least = least_memory(problem, ranks);
+  return least == std::numeric_limits<double>::infinity() ? -1 : static_cast<int64_t>(least);
+}
+
 std::string what_would_fit(const Problem& problem, int ranks, int ranks_per_node,
                            int64_t memory_cap) {
   const double cap = static_cast<double>(memory_cap);

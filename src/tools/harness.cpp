@@ -1,6 +1,7 @@
 #include "attention2d/tools/harness.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -424,6 +425,24 @@ std::string NonFiniteInput::describe() const {
   return out.str();
 }
 
+namespace {
+std::atomic<int64_t> g_reference_rows{0};
+// Each row of the reference: the watchdog sees it progress, the progress lines count it.
+void reference_row_done() {
+  Watchdog::heartbeat();
+  g_reference_rows.fetch_add(1, std::memory_order_relaxed);
+}
+}  // namespace
+
+int64_t reference_rows_done() {
+  return g_reference_rows.load(std::memory_order_relaxed);
+}
+
+double reference_rows(const Problem& p, bool backward) {
+  const double query_rows = static_cast<double>(p.batch * p.heads * p.seq);
+  return backward ? 2 * query_rows + static_cast<double>(p.batch * p.kv_heads * p.seq) : query_rows;
+}
+
 ReferenceOutputs reference_outputs(const Problem& p, const GlobalTensors& in, bool backward,
                                    int threads) {
   const std::vector<double> q(in.q.begin(), in.q.end()), k(in.k.begin(), in.k.end()),
@@ -442,7 +461,7 @@ ReferenceOutputs reference_outputs(const Problem& p, const GlobalTensors& in, bo
                            threads,
                            static_cast<double>(p.softcap),
                            p.sinks ? sinks.data() : nullptr};
-  inputs.progress = &Watchdog::heartbeat;  // minutes at long sequences: the watchdog sees them
+  inputs.progress = &reference_row_done;  // minutes at long sequences: the watchdog sees them
   ReferenceOutputs r;
   r.out.resize(q.size());
   r.lse.resize(static_cast<size_t>(p.batch * p.heads * p.seq));

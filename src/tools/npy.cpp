@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -257,7 +258,12 @@ std::vector<double> Array::to_double() const {
   return out;
 }
 
-Array parse(const std::byte* data, std::size_t size, const std::string& name) {
+namespace {
+
+// The preamble and header of a .npy image: the array's dtype and shape (no data), and where the
+// data begins (`data_offset`). `size` may end after the header.
+Array parse_header(const std::byte* data, std::size_t size, const std::string& name,
+                   std::size_t* data_offset) {
   if (size < kMagicSize + 2 || std::memcmp(data, kMagic, kMagicSize) != 0) {
     A2D_FAIL(name, " is not a .npy file (bad magic: expected \\x93NUMPY)");
   }
@@ -308,9 +314,19 @@ Array parse(const std::byte* data, std::size_t size, const std::string& name) {
     A2D_FAIL(name, " is in Fortran order; save it in C order (numpy.ascontiguousarray)");
   }
   array.shape = *shape;
+  checked_count(array.shape, name);
+  *data_offset = prefix + header_length;
+  return array;
+}
+
+}  // namespace
+
+Array parse(const std::byte* data, std::size_t size, const std::string& name) {
+  std::size_t offset = 0;
+  Array array = parse_header(data, size, name, &offset);
   const int64_t count = checked_count(array.shape, name);
   const std::size_t body = static_cast<std::size_t>(count) * item_size(array.dtype);
-  const std::size_t available = size - prefix - header_length;
+  const std::size_t available = size - offset;
   if (available < body) {
     A2D_FAIL(name, " is truncated: shape ", shape_string(array.shape), " of ",
              dtype_name(array.dtype), " needs ", body, " data bytes but the file has ", available);
@@ -319,7 +335,7 @@ Array parse(const std::byte* data, std::size_t size, const std::string& name) {
     A2D_FAIL(name, " has ", available - body, " unexpected bytes after the data of shape ",
              shape_string(array.shape));
   }
-  array.bytes.assign(data + prefix + header_length, data + prefix + header_length + body);
+  array.bytes.assign(data + offset, data + offset + body);
   return array;
 }
 
@@ -333,6 +349,39 @@ Array read(const std::string& path) {
     A2D_FAIL("cannot read ", path, ": ", errno_text());
   }
   return parse(bytes.data(), bytes.size(), path);
+}
+
+Header read_header(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) A2D_FAIL("cannot open ", path, " for reading: ", errno_text());
+  // The preamble (magic, version, header length), then the header it announces.
+  std::vector<std::byte> bytes(kMagicSize + 6);
+  in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  bytes.resize(static_cast<std::size_t>(in.gcount()));
+  if (bytes.size() >= kMagicSize + 4 && std::memcmp(bytes.data(), kMagic, kMagicSize) == 0) {
+    const int major = static_cast<int>(bytes[6]);
+    const int length_bytes = major == 1 ? 2 : 4;
+    if (bytes.size() >= kMagicSize + 2 + static_cast<std::size_t>(length_bytes)) {
+      const std::size_t prefix = kMagicSize + 2 + static_cast<std::size_t>(length_bytes);
+      const std::size_t header_length = read_le(bytes.data() + kMagicSize + 2, length_bytes);
+      // A header of more than 16 MiB is refused as truncated (parse_header) rather than read.
+      bytes.resize(prefix + std::min<std::size_t>(header_length, std::size_t{1} << 24));
+      in.clear();
+      in.seekg(0);
+      in.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+      bytes.resize(static_cast<std::size_t>(in.gcount()));
+    }
+  }
+  std::size_t offset = 0;
+  const Array array = parse_header(bytes.data(), bytes.size(), path, &offset);
+  return {array.dtype, array.shape};
+}
+
+int64_t Header::data_bytes() const {
+  int64_t count = 1;
+  for (const int64_t n : shape)
+    count *= n;
+  return count * static_cast<int64_t>(item_size(dtype));
 }
 
 std::string shape_string(const std::vector<int64_t>& shape) {

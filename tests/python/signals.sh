@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Signals under a torch.distributed launch (scripts/launch.py, gloo; docs/reliability.md,
-# "Signals"): SIGTERM to one of 3 training ranks ends the job within 10 s with exit code 143 and
-# one line naming the signal; SIGINT to a single process is still Python's KeyboardInterrupt.
-#   signals.sh PYTHON [CASE...]      CASE: term (SIGTERM to rank 1 of 3), int (SIGINT, 1 process)
+# "Signals"): SIGTERM or SIGINT to one of 3 training ranks ends the job within 10 s with exit code
+# 143 or 130 and one line naming the signal, under launch.py and under mpirun (MPI.COMM_WORLD;
+# $MPIEXEC, default mpiexec); SIGINT to a single process is still Python's KeyboardInterrupt.
+#   signals.sh PYTHON [CASE...]
+#   CASE: term, rank-int (SIGTERM, SIGINT to rank 1 of 3 under launch.py), int (SIGINT to 1
+#   process), mpi-term, mpi-int (SIGTERM, SIGINT to rank 1 of 3 under mpirun)
 set -uo pipefail
 python=$1
 shift
-cases=${*:-term int}
+cases=${*:-term rank-int int mpi-term mpi-int}
 here=$(cd "$(dirname "$0")" && pwd)
 launch="$here/../../scripts/launch.py"
 fail() { echo "signals.sh: $*" >&2; exit 1; }
@@ -14,10 +17,16 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 set -m
 
-# start NPROC DIR: the training loop under the launcher, in the background; waits for its pids.
+# start NPROC DIR [mpi]: the training loop under the launcher (launch.py, or mpirun with a third
+# argument), in the background; waits for its pids.
 start() {
-  "$python" "$launch" --nproc "$1" --timeout 120 --grace 5 -- \
-    "$python" "$here/signalled.py" "$2" >"$2.log" 2>&1 &
+  if [ $# -ge 3 ]; then
+    "${MPIEXEC:-mpiexec}" -np "$1" --oversubscribe "$python" "$here/signalled.py" "$2" \
+      >"$2.log" 2>&1 &
+  else
+    "$python" "$launch" --nproc "$1" --timeout 120 --grace 5 -- \
+      "$python" "$here/signalled.py" "$2" >"$2.log" 2>&1 &
+  fi
   launcher=$!
   for _ in $(seq 1 600); do
     [ -f "$2/pid.$(( $1 - 1 ))" ] && return 0
@@ -34,6 +43,7 @@ finish() {
   for _ in $(seq 1 150); do kill -0 "$launcher" 2>/dev/null || break; sleep 0.1; done
   if kill -0 "$launcher" 2>/dev/null; then
     kill -KILL -- "-$launcher"
+    kill -KILL $(cat "$1"/pid.* 2>/dev/null) 2>/dev/null  # mpirun's ranks have groups of their own
     cat "$1.log"
     fail "the job still ran 15 s after the signal"
   fi
@@ -43,19 +53,28 @@ finish() {
   cat "$1.log"
 }
 
-if [[ " $cases " == *" term "* ]]; then
-mkdir "$work/term"
-start 3 "$work/term"
-kill -TERM "$(cat "$work/term/pid.1")"
-finish "$work/term"
-lines=$(grep -c "received SIG" "$work/term.log")
-[ "$code" -eq 143 ] || fail "SIGTERM to rank 1: exit code $code, not 143"
-[ "$elapsed_ms" -le 10000 ] || fail "SIGTERM to rank 1: the job needed $elapsed_ms ms"
-[ "$lines" -eq 1 ] || fail "SIGTERM to rank 1: $lines lines name the signal, not one"
-grep -q "^a2d: rank 1 received SIGTERM; the job stops" "$work/term.log" ||
-  fail "SIGTERM to rank 1: no line names it"
-echo "signals.sh: SIGTERM to rank 1: exit $code after $elapsed_ms ms"
-fi
+# one_rank CASE SIGNAL CODE [mpi]: SIGNAL to rank 1 of 3 ends the job within 10 s with CODE and
+# one line naming the signal.
+one_rank() {
+  local name=$1 signal=$2 want=$3
+  mkdir "$work/$name"
+  start 3 "$work/$name" ${4:+mpi}
+  kill "-$signal" "$(cat "$work/$name/pid.1")"
+  finish "$work/$name"
+  local lines
+  lines=$(grep -c "received SIG" "$work/$name.log")
+  [ "$code" -eq "$want" ] || fail "SIG$signal to rank 1 ($name): exit code $code, not $want"
+  [ "$elapsed_ms" -le 10000 ] || fail "SIG$signal to rank 1 ($name): the job needed $elapsed_ms ms"
+  [ "$lines" -eq 1 ] || fail "SIG$signal to rank 1 ($name): $lines lines name the signal, not one"
+  grep -q "^a2d: rank 1 received SIG$signal; the job stops" "$work/$name.log" ||
+    fail "SIG$signal to rank 1 ($name): no line names it"
+  grep -q "KeyboardInterrupt" "$work/$name.log" && fail "SIG$signal to rank 1 ($name): a traceback"
+  echo "signals.sh: SIG$signal to rank 1 ($name): exit $code after $elapsed_ms ms"
+}
+[[ " $cases " == *" term "* ]] && one_rank term TERM 143
+[[ " $cases " == *" rank-int "* ]] && one_rank rank-int INT 130
+[[ " $cases " == *" mpi-term "* ]] && one_rank mpi-term TERM 143 mpi
+[[ " $cases " == *" mpi-int "* ]] && one_rank mpi-int INT 130 mpi
 
 if [[ " $cases " == *" int "* ]]; then
 mkdir "$work/int"

@@ -86,3 +86,25 @@ def test_bad_arguments_fail_on_every_rank():
     with pytest.raises(attention2d.Error, match="owns"):
         dec.prefill(torch.zeros(1, mine + 1, 4, 16), torch.zeros(1, mine + 1, 2, 16),
                     torch.zeros(1, mine + 1, 2, 16))
+
+
+def test_decoder_too_big_for_memory(monkeypatch):
+    """A Decoder its hosts cannot hold is refused on every rank before it allocates, counting the
+    KV cache it reserves (capacity=); A2D_FAULT_MEMORY_AVAILABLE (test-only) stands for what the
+    host has. The cache alone decides: with room for the prefill but not for a capacity of 10^6
+    tokens per rank (1 GiB), the capacity is refused and the prompt's own shard is not."""
+    def made(capacity):
+        try:
+            attention2d.Decoder(prompt=23, heads=4, head_dim=32, capacity=capacity)
+            return None
+        except attention2d.Error as e:
+            return str(e)
+
+    monkeypatch.setenv("A2D_FAULT_MEMORY_AVAILABLE", str(64 << 20))
+    messages = COMM.allgather(made(1 << 20))
+    assert_all_ranks(all(m is not None for m in messages), "not refused everywhere: %s" % messages)
+    assert_all_ranks(len(set(messages)) == 1, "messages differ: %s" % messages)
+    assert_all_ranks("the KV cache (capacity, or the prompt's shard)" in messages[0],
+                     "the cache is not named: %r" % messages[0])
+    messages = COMM.allgather(made(0))
+    assert_all_ranks(all(m is None for m in messages), "the prompt alone refused: %s" % messages)

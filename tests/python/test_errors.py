@@ -149,3 +149,38 @@ def test_unshard_checks_shapes():
     if COMM.Get_size() == 1:
         bad = q[:, :-1]
     raised_everywhere(lambda: attention2d.unshard(bad, lay), "unshard")
+
+
+def test_too_big_for_memory(monkeypatch):
+    """A call its hosts cannot hold is refused on every rank before the engine allocates
+    (A2D_FAULT_MEMORY_AVAILABLE, test-only, stands for what the host has): the forward when the
+    engine is made, the backward at its first call; the same message on every rank, saying what
+    would fit; nothing is cached by a refusal, and A2D_NO_MEMORY_CHECK=1 runs it anyway."""
+    seq = 37  # a problem of its own: no engine of another test answers from the cache
+    lay = attention2d.layout(seq=seq, heads=HEADS, head_dim=D, algo="ring")
+    n = len(lay.tokens())
+    torch.manual_seed(45)
+    q, k, v = (torch.randn(1, n, HEADS, D, requires_grad=True) for _ in range(3))
+    monkeypatch.setenv("A2D_FAULT_MEMORY_AVAILABLE", "1")
+    message = raised_everywhere(lambda: attention2d.attention(q, k, v, layout=lay),
+                                "this attention needs more memory than host")
+    for part in ("the algorithm's buffers", "the outputs", "what would fit", "bf16",
+                 "A2D_NO_MEMORY_CHECK=1 runs it anyway"):
+        assert_all_ranks(part in message, "%r not in %r" % (part, message))
+    monkeypatch.setenv("A2D_NO_MEMORY_CHECK", "1")
+    forced = attention2d.attention(q, k, v, layout=lay)
+    monkeypatch.delenv("A2D_NO_MEMORY_CHECK")
+    monkeypatch.delenv("A2D_FAULT_MEMORY_AVAILABLE")
+    checked = attention2d.attention(q, k, v, layout=lay)
+    assert_all_ranks(torch.equal(forced, checked), "forced and checked differ")
+    # The backward: the engine exists (made above, with room); its first backward is checked.
+    monkeypatch.setenv("A2D_FAULT_MEMORY_AVAILABLE", "1")
+    out = attention2d.attention(q, k, v, layout=lay)
+    message = raised_everywhere(lambda: out.sum().backward(),
+                                "this attention needs more memory than host")
+    assert_all_ranks("the gradients" in message, "no gradients in %r" % message)
+    monkeypatch.delenv("A2D_FAULT_MEMORY_AVAILABLE")
+    out = attention2d.attention(q, k, v, layout=lay)
+    out.sum().backward()
+    assert_all_ranks(all(t.grad is not None and bool(torch.isfinite(t.grad).all())
+                         for t in (q, k, v)), "no finite gradients after the refusal")

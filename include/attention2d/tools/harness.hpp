@@ -110,6 +110,10 @@ struct ReferenceOutputs {
 };
 ReferenceOutputs reference_outputs(const Problem& problem, const GlobalTensors& inputs,
                                    bool backward, int threads);
+// The rows reference_outputs has computed in this process so far (it counts every row it computes,
+// for progress reports), and the rows one reference_outputs computes.
+int64_t reference_rows_done();
+double reference_rows(const Problem& problem, bool backward);
 
 // The bounds every output of a distributed run must meet (relative Frobenius errors against the
 // fp64 reference on the rounded inputs, check.hpp). O, dQ, dK and dV are computed in fp32 and

@@ -37,6 +37,14 @@ struct Array {
 // Parses an in-memory .npy image; `name` is used in error messages.
 Array parse(const std::byte* data, std::size_t size, const std::string& name);
 Array read(const std::string& path);
+// The dtype and shape of a .npy file from its header alone (its data is neither read nor checked:
+// read() does that), refused as read() refuses a bad header.
+struct Header {
+  DType dtype = DType::float32;
+  std::vector<int64_t> shape;
+  int64_t data_bytes() const;  // what its data holds, by the header
+};
+Header read_header(const std::string& path);
 
 // Throws unless `array.shape` equals `expected`; `what` names the tensor, e.g. "--q".
 void require_shape(const Array& array, const std::vector<int64_t>& expected,

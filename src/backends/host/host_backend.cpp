@@ -207,6 +207,7 @@ ForwardArgs HostBackend::forward_args(const ForwardCall& call) const {
   args.threads = call.threads;
   args.progress = call.progress;
   args.progress_context = call.progress_context;
+  args.work_done = &kernel_work_;
   return args;
 }
 
@@ -262,6 +263,7 @@ void HostBackend::attention_backward(const BackwardCall& call, const TokenTensor
   args.threads = call.threads;
   args.progress = call.progress;
   args.progress_context = call.progress_context;
+  args.work_done = &kernel_work_;
   args.accumulate = call.accumulate;
   a2d::attention_backward(args, floats(dq, q_rows, "backward dQ"),
                           floats(dk, kv_rows, "backward dK"), floats(dv, kv_rows, "backward dV"));

@@ -5,6 +5,7 @@
 // there and nowhere else.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -42,6 +43,7 @@ class HostBackend : public Backend {
                  const TokenTensor& out, const RowTensor& lse) override;
   void add_sink_gradient(const RowsShape& rows, const float* sinks, int64_t first_head,
                          const RowTensor& lse, const RowTensor& delta, double* dsink) override;
+  int64_t kernel_work() const override { return kernel_work_.load(std::memory_order_relaxed); }
 
  protected:
   // Where a buffer of this backend lives (whether or not the host may touch it right now).
@@ -78,6 +80,8 @@ class HostBackend : public Backend {
   TokenView<float> floats(const TokenTensor& t, const TokenBlock& block, const char* what) const;
   RowView<float> rows(const RowTensor& t, int64_t batch, int64_t heads, int64_t tokens,
                       const char* what) const;
+  // The kernels' work counter (kernel_work): they add to it as they compute.
+  mutable std::atomic<int64_t> kernel_work_{0};
   const int64_t* indices(const Place& place, int64_t count, const char* what) const;
   ForwardArgs forward_args(const ForwardCall& call) const;
 };

@@ -199,6 +199,9 @@ void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk
           const BlockVisibility visibility = cpu::classify(mask, qt, kt);
           if (visibility == BlockVisibility::hidden) continue;
           backward_block(args, mask, delta, b, h, qt, kt, visibility, keys, values, my_dq, ws);
+          if (args.work_done) {
+            args.work_done->fetch_add(qt.size() * kt.size(), std::memory_order_relaxed);
+          }
         }
       }
       for (int64_t j = 0; j < kt.size(); ++j) {

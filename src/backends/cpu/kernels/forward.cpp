@@ -166,6 +166,8 @@ void run_forward(const ForwardArgs& args, Begin begin, Finish finish) {
         const KeyRows keys = key_rows(args.k, b, kvh, kt, dim, ws.k);
         const KeyRows values = key_rows(args.v, b, kvh, kt, dim, ws.v);
         attend_key_tile(args, mask, qt, kt, visibility, keys, values, ws, state);
+        if (args.work_done)
+          args.work_done->fetch_add(qt.size() * kt.size(), std::memory_order_relaxed);
       }
       finish(b, h, qt, state);
     }
