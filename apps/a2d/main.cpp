@@ -98,10 +98,21 @@ namespace a2d::commands {
 bool g_verbose = false;
 
 #ifndef A2D_WITH_SIM_COMMAND
-int sim_elsewhere(int /*argc*/, char** /*argv*/, int /*first*/) {
-  std::cerr << "a2d sim runs inside SimGrid: sim/run.sh starts the SMPI build of a2d\n"
-               "(build/smpi/a2d, built beside this one where libsimgrid-dev is installed) on a\n"
-               "simulated platform; docs/simulation.md\n";
+int sim_elsewhere(int argc, char** argv, int first) {
+  const char* where =
+      "a2d sim runs inside SimGrid: sim/run.sh starts the SMPI build of a2d\n"
+      "(build/smpi/a2d, built beside this one where libsimgrid-dev is installed) on a\n"
+      "simulated platform; docs/simulation.md\n";
+  for (int i = first; i < argc; ++i) {
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
+      std::cout << "usage: a2d sim [options]   (the SMPI build only)\n\n" << where
+                << "\noptions:\n"
+                << "  --help                this text ('build/smpi/a2d sim --help' lists the options\n"
+                << "                        of the SMPI build)\n";
+      return 0;
+    }
+  }
+  std::cerr << where;
   return 2;
 }
 #endif
