@@ -538,6 +538,14 @@ struct Engine {
       link->collect_answers(round, answers);
       if (answers.size() < everyone) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+    // This rank moved on while it asked (what it waited for arrived), or is stopping: no hang. A
+    // job's end races the question: the rank this one waited for sends its last message and
+    // stops its watchdog, which then answers nobody (cli.mpi.watchdog's long check under the
+    // sanitizers: rank 0 "not answering" after its check had passed).
+    const Status after = current_status();
+    if (stop.load() || after.outside || after.sequence != mine.sequence ||
+        after.seconds < mine.seconds)
+      return;
     if (answers.size() == everyone) {
       for (const auto& [peer, s] : answers) {
         // That rank is progressing inside, or alive and busy outside attention2d (a checkpoint,
