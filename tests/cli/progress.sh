@@ -79,7 +79,9 @@ run kernel_quiet "${fast[@]}" "${kernel[@]}" --quiet
 same_json kernel kernel_quiet
 
 mpi=("$mpiexec" -np 2 --oversubscribe)
-job=(run --seq 2048 --heads 4 --iters 3 --backward --json)
+# 13 calls (~1-2 s here): ticks every 0.5 s land inside calls, not only in the setup before them
+# (with 4 calls, 0.2-0.5 s of calls, a quiet machine's run printed no call's line 1 time in 3).
+job=(run --seq 2048 --heads 4 --iters 12 --backward --json)
 run run "${fast[@]}" "${mpi[@]}" "$a2d" "${job[@]}"
 lines run "a2d run"
 [ "$(grep -c "predicted" run.err)" -eq 1 ] || fail "run: not one prediction (rank 0's)"
