@@ -90,7 +90,9 @@ run run_quiet "${fast[@]}" "${mpi[@]}" "$a2d" "${job[@]}" --quiet
 [ -s run_quiet.err ] && { fail "run --quiet: stderr not empty"; cat run_quiet.err; }
 same_json run run_quiet
 
-bench=(bench --algo ring,attention2d --seq 2048 --heads 4 --iters 2 --json)
+# 3 rounds of ~0.4 s here: the rounds, not only the setup, span several ticks (at --seq 2048 the
+# rounds took 0.1 s, a faster machine's could end before the first tick).
+bench=(bench --algo ring,attention2d --seq 6144 --heads 4 --iters 2 --json)
 run bench "${fast[@]}" "${mpi[@]}" "$a2d" "${bench[@]}"
 lines bench "a2d bench"
 grep -q "^a2d bench: round [0-9] of every row: [a-z_.]*, iteration [0-9] of 3" bench.err ||
@@ -98,10 +100,11 @@ grep -q "^a2d bench: round [0-9] of every row: [a-z_.]*, iteration [0-9] of 3" b
 run bench_quiet "${fast[@]}" "${mpi[@]}" "$a2d" "${bench[@]}" --quiet
 [ -s bench_quiet.err ] && { fail "bench --quiet: stderr not empty"; cat bench_quiet.err; }
 
-decode=(decode --prompt 2048 --heads 4 --steps 40 --json)
+# 1000 steps (~0.7 s here): with 40 (under 0.1 s) a CI machine's run ended before the first tick.
+decode=(decode --prompt 2048 --heads 4 --steps 1000 --json)
 run decode "${fast[@]}" "${mpi[@]}" "$a2d" "${decode[@]}"
 lines decode "a2d decode"
-grep -q "^a2d decode: predicted .* for the prefill and 40 decode steps" decode.err ||
+grep -q "^a2d decode: predicted .* for the prefill and 1000 decode steps" decode.err ||
   fail "decode: no prediction"
 run decode_quiet "${fast[@]}" "${mpi[@]}" "$a2d" "${decode[@]}" --quiet
 [ -s decode_quiet.err ] && { fail "decode --quiet: stderr not empty"; cat decode_quiet.err; }
