@@ -109,7 +109,9 @@ grep -q "^a2d decode: predicted .* for the prefill and 1000 decode steps" decode
 run decode_quiet "${fast[@]}" "${mpi[@]}" "$a2d" "${decode[@]}" --quiet
 [ -s decode_quiet.err ] && { fail "decode --quiet: stderr not empty"; cat decode_quiet.err; }
 
-calibrate=(calibrate --out cal.txt --block 128 --heads 1 --iters 1 --kernel-seconds 0.05)
+# --kernel-seconds bounds the first measurement by time, not by the machine's speed: 0.3 gives it
+# ~1 s, so ticks land inside it (with 0.05 it ended 0.1 s after the first tick).
+calibrate=(calibrate --out cal.txt --block 128 --heads 1 --iters 1 --kernel-seconds 0.3)
 run calibrate "${fast[@]}" "${mpi[@]}" "$a2d" "${calibrate[@]}"
 lines calibrate "a2d calibrate"
 grep -q "^a2d calibrate: predicted .* for 7 measurements" calibrate.err ||
