@@ -268,15 +268,6 @@ EOF
     tail -n 20 "$dir"/log/*.log "$dir"/log/*.out >&2 2>/dev/null || true
     die "the Slurm cluster '$name' did not come up"
   fi
-  # Two empty job steps across every node before any job: on this machine the second job step of
-  # a fresh cluster lost its first host's rank 0 to a crash inside Open MPI's MPI_Init in about 1
-  # of 5 clusters, and never a later step (docs/slurm.md, "A start-up crash in Open MPI"; with
-  # these two steps first, 0 of 10). Not understood: a workaround, not a fix.
-  local warmup
-  for warmup in 1 2; do
-    timeout 30 "$0" exec --name "$name" srun --nodes="$hosts" --ntasks-per-node=1 true ||
-      die "the empty job step $warmup across the nodes failed"
-  done
   trap - ERR INT TERM
   echo "slurm_cluster: '$name' up: $hosts nodes x $slots CPUs, $rate links, controller $prefix.254;" \
     "SLURM_CONF=$dir/slurm.conf" >&2

@@ -623,6 +623,7 @@ MpiSession::MpiSession(int* argc, char*** argv, double startup_timeout) {
     A2D_MPI(MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided));
     owns_ = true;
     if (guard_) guard_->mpi_initialized();
+    watchdog_detail::wait_for_every_rank_in_mpi();
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
   MPI_Comm_size(MPI_COMM_WORLD, &size_);

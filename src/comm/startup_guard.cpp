@@ -406,6 +406,28 @@ void startup_done() {
   g_guard->stage = kStarted;
 }
 
+void wait_for_every_rank_in_mpi() {
+#ifdef A2D_WITH_PMIX
+  if (!std::getenv("PMIX_NAMESPACE") || !std::getenv("PMIX_RANK")) return;
+  pmix_proc_t me{};
+  if (PMIx_Init(&me, nullptr, 0) != PMIX_SUCCESS) return;  // counted: shares MPI's connection
+  // A key of this library's, committed before the fence: the fence has data to collect, so the
+  // launcher gathers every rank's contribution (Slurm: its ring) before it releases any rank.
+  pmix_value_t value;
+  PMIX_VALUE_CONSTRUCT(&value);
+  value.type = PMIX_INT32;
+  value.data.int32 = 1;
+  if (PMIx_Put(PMIX_GLOBAL, "a2d.mpi_up", &value) == PMIX_SUCCESS && PMIx_Commit() == PMIX_SUCCESS) {
+    pmix_info_t collect;
+    bool yes = true;
+    PMIX_INFO_LOAD(&collect, PMIX_COLLECT_DATA, &yes, PMIX_BOOL);
+    PMIx_Fence(nullptr, 0, &collect, 1);
+    PMIX_INFO_DESTRUCT(&collect);
+  }
+  PMIx_Finalize(nullptr, 0);
+#endif
+}
+
 #else  // no MPI: no job to start
 
 struct StartupGuard::State {};
@@ -413,6 +435,7 @@ StartupGuard::StartupGuard(double) {}
 StartupGuard::~StartupGuard() = default;
 void StartupGuard::mpi_initialized() {}
 void startup_done() {}
+void wait_for_every_rank_in_mpi() {}
 
 #endif
 

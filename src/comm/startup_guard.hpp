@@ -50,6 +50,17 @@ class StartupGuard {
   std::unique_ptr<State> state_;
 };
 
+// Under a PMIx launcher, after MPI_Init returned on this rank: waits until MPI_Init has returned
+// on every rank of the job (a PMIx fence that collects a key of this library's, so that no
+// launcher can complete it on one node alone), before the program sends anything. MPI_Init's own
+// closing barrier is a fence without data, which Slurm 22.05's pmix_v4 plugin completes on a node
+// as soon as that node's ranks are in it (measured: docs/reliability.md, "Flake hunt"); a rank
+// on another node then left MPI_Init and sent its first message to a rank still inside MPI_Init,
+// before Open MPI 4.1's ob1 had registered its receive callbacks there: that rank died of
+// SIGSEGV (a call through the NULL callback of tag 65) 3-6 % of job starts. Without PMIx
+// (a singleton, another launcher, a build without libpmix) it does nothing.
+void wait_for_every_rank_in_mpi();
+
 // A watchdog runs on this rank (Watchdog::start): the start is done here; the guard stops
 // watching and only answers the other ranks' guards.
 void startup_done();
