@@ -83,9 +83,9 @@ def run(transport):
             times.append((middle - start, end - middle))
         if args.direct:
             if engine is None:  # the engine the call above made (the cache's newest)
-                engine = list(attention2d._api._engines._engines.values())[-1]
+                engine = list(attention2d._engine_cache._engines._engines.values())[-1]
                 assert not engine.exchanges, "--direct needs --shards plan"
-                view = attention2d._api._view
+                view = attention2d._tensors._view
                 qd, kd, vd = (x.detach() for x in (q, k, v))
                 o, lse = torch.empty_like(qd), torch.empty(1, args.heads, n)
                 grads = [torch.empty_like(x) for x in (qd, kd, vd)]

@@ -30,7 +30,7 @@ def global_error(pairs):
 
 def tokens_of(layout, seq, counts=None):
     """This rank's global tokens in a caller's layout."""
-    return torch.from_numpy(attention2d._api._layout_tokens(layout, seq, P, counts)[RANK])
+    return torch.from_numpy(attention2d._sharding._layout_tokens(layout, seq, P, counts)[RANK])
 
 
 def uneven_counts(seq):
