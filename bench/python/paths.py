@@ -1,7 +1,7 @@
 """Times attention2d's Python path, forward + backward, as `a2d run --backward` times the engine:
 warm-up, then ITERS iterations; each phase's time is the slowest rank's, the median over the
 iterations is reported (and min/avg/max over the ranks of that iteration), one JSON line per
-configuration on rank 0. Runs under mpiexec (the MPI transport) or scripts/launch.py (a torch gloo
+configuration on rank 0. Runs under mpiexec (the MPI transport) or scripts/launch/launch.py (a torch gloo
 group: --transport group or mesh, several in one run, alternating).
 
   python bench/python/paths.py --seq 8192 --heads 8 --kv-heads 2 --head-dim 64 --causal \

@@ -1,4 +1,4 @@
-"""What a torch 2 user met (issue 47), under scripts/launch.py (torch.distributed's gloo group):
+"""What a torch 2 user met (issue 47), under scripts/launch/launch.py (torch.distributed's gloo group):
 the LSE's gradient, softmax_scale values, the optional check of global positions, and the two
 transports of a torch group (the group's own operations, "group"; a Gloo mesh of the engine's
 own, "mesh") giving the same results. fp64 references of the whole sequence, every verdict
