@@ -36,16 +36,14 @@ for mode in resampled before-after; do
   wait "$loader"
 done
 
-python3 - "$out" <<'PY'
-import json, os, sys
-out = sys.argv[1]
-print("| kernel rates | fwd ms | pred | m/p | bwd ms | pred | m/p | causal fwd GFLOP/s/rank saved |")
-print("|---|---|---|---|---|---|---|---|")
-for mode in ("resampled", "before-after"):
-    r = json.loads(open(os.path.join(out, "bench-%s.json" % mode)).readline())
-    rate = [l.split("=")[1].strip() for l in open(os.path.join(out, "calibration-%s.txt" % mode))
-            if l.startswith("kernel_forward_causal_gflops")][0]
-    print("| %s | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f | %s |" % (
-        mode, r["fwd_ms"], r["pred_fwd_ms"], r["ratio_fwd"], r["bwd_ms"], r["pred_bwd_ms"],
-        r["ratio_bwd"], rate))
-PY
+first=$(mktemp -d)  # each bench's first row
+trap 'rm -rf "$first"' EXIT
+inputs=()
+for mode in resampled before-after; do
+  head -1 "$out/bench-$mode.json" >"$first/$mode.json"
+  rate=$(sed -n 's/^kernel_forward_causal_gflops[^=]*=//p' "$out/calibration-$mode.txt" | head -1)
+  inputs+=(--rows "$first/$mode.json" --set "mode=$mode" --set "rate=$(echo $rate)")
+done
+scripts/report.py "${inputs[@]}" 'kernel rates=mode' 'fwd ms=fwd_ms:.1f' 'pred=pred_fwd_ms:.1f' \
+  'm/p=ratio_fwd:.2f' 'bwd ms=bwd_ms:.1f' 'pred=pred_bwd_ms:.1f' 'm/p=ratio_bwd:.2f' \
+  'causal fwd GFLOP/s/rank saved=rate'

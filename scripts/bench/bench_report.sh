@@ -26,43 +26,28 @@ for ranks in 4 9 16; do
       > "$out/bench-p$ranks-n$seq.json"
   done
 done
-python3 - "$out" <<'PY'
-import glob, json, os, sys
-out = sys.argv[1]
-print("| P | N | kernel fwd GFLOP/s/rank | kernel bwd GFLOP/s/rank | fwd µs/panel | waiting rank's CPU share | latency µs | all-gather GB/s | sync ms/collective | sync ms/ring step | sort GB/s | sum GB/s | merge GB/s |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-for ranks in (4, 9, 16):
-    for seq in (4096, 16384):
-        c = {}
-        for line in open(os.path.join(out, "calibration-p%d-n%d.txt" % (ranks, seq))):
-            if "=" in line and not line.startswith("#"):
-                key, value = line.split("=")
-                c[key.strip()] = float(value)
-        print("| %d | %d | %.1f | %.1f | %.1f | %.2f | %.1f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
-              ranks, seq, c["kernel_forward_gflops"], c["kernel_backward_gflops"],
-              c["kernel_forward_panel_us"], c["wait_share"], c["latency_us"], c["bandwidth_gbs"],
-              c["sync_us"] / 1e3, c["step_sync_us"] / 1e3, c["permute_gbs"], c["sum_gbs"],
-              c["merge_gbs"]))
-print()
-print("| P | N | algorithm | grid / layout | fwd ms | pred | m/p | bwd ms | pred | m/p | MB sent fwd+bwd /rank | msgs | peak MiB |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-ratios = []
-for ranks in (4, 9, 16):
-    for seq in (4096, 16384):
-        path = os.path.join(out, "bench-p%d-n%d.json" % (ranks, seq))
-        for line in open(path):
-            r = json.loads(line)
-            if "skipped" in r:
-                print("| %d | %d | %s | | skipped: %s | | | | | | | | |" % (ranks, seq, r["algo"], r["skipped"].split(";")[0]))
-                continue
-            grid = r["grid"] if r["algo"].startswith("attention2d") else r["layout"]
-            ratios += [r["ratio_fwd"], r["ratio_bwd"]]
-            print("| %d | %d | %s | %s | %.1f | %.1f | %.2f | %.1f | %.1f | %.2f | %.2f | %d | %.1f |" % (
-                ranks, seq, r["algo"], grid, r["fwd_ms"], r["pred_fwd_ms"], r["ratio_fwd"],
-                r["bwd_ms"], r["pred_bwd_ms"], r["ratio_bwd"],
-                (r["bytes_sent_fwd"] + r["bytes_sent_bwd"]) / 1e6,
-                r["messages_fwd"] + r["messages_bwd"], r["peak_mem_bytes"] / 1048576))
-within = sum(1 for x in ratios if 0.65 <= x <= 1.35)
-print()
-print("measured / predicted: %d of %d within ±35 %% (min %.2f, max %.2f)" % (within, len(ratios), min(ratios), max(ratios)))
-PY
+calibrations=() benches=()
+for ranks in 4 9 16; do
+  for seq in 4096 16384; do
+    calibrations+=(--kv "$out/calibration-p$ranks-n$seq.txt" --set "P=$ranks" --set "N=$seq")
+    benches+=(--rows "$out/bench-p$ranks-n$seq.json" --set "P=$ranks" --set "N=$seq")
+  done
+done
+scripts/report.py "${calibrations[@]}" P=P N=N \
+  'kernel fwd GFLOP/s/rank=kernel_forward_gflops:.1f' \
+  'kernel bwd GFLOP/s/rank=kernel_backward_gflops:.1f' 'fwd µs/panel=kernel_forward_panel_us:.1f' \
+  "waiting rank's CPU share=wait_share:.2f" 'latency µs=latency_us:.1f' \
+  'all-gather GB/s=bandwidth_gbs:.2f' 'sync ms/collective=sync_us / 1e3:.2f' \
+  'sync ms/ring step=step_sync_us / 1e3:.2f' 'sort GB/s=permute_gbs:.2f' 'sum GB/s=sum_gbs:.2f' \
+  'merge GB/s=merge_gbs:.2f'
+echo
+scripts/report.py "${benches[@]}" \
+  --let 'ratios=[x for r in rows if "skipped" not in r for x in (r["ratio_fwd"], r["ratio_bwd"])]' \
+  P=P N=N algorithm=algo \
+  'grid / layout="" if "skipped" in row else grid if algo.startswith("attention2d") else layout' \
+  'fwd ms="skipped: " + skipped.split(";")[0] if "skipped" in row else fwd_ms:.1f' \
+  'pred=pred_fwd_ms:.1f' 'm/p=ratio_fwd:.2f' 'bwd ms=bwd_ms:.1f' 'pred=pred_bwd_ms:.1f' \
+  'm/p=ratio_bwd:.2f' 'MB sent fwd+bwd /rank=(bytes_sent_fwd + bytes_sent_bwd) / 1e6:.2f' \
+  'msgs=messages_fwd + messages_bwd:d' 'peak MiB=peak_mem_bytes / 1048576:.1f' \
+  --summary '"\nmeasured / predicted: %d of %d within ±35 %% (min %.2f, max %.2f)" % (
+    sum(1 for x in ratios if 0.65 <= x <= 1.35), len(ratios), min(ratios), max(ratios))'

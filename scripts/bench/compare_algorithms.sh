@@ -24,16 +24,9 @@ for variant in "${variants[@]}"; do
   mpiexec -np "$ranks" --oversubscribe build/a2d run --algo $variant "${problem[@]}" --backward \
     --json --warmup 1 --iters 3 >>"$results"
 done
-python3 - "$results" "$ranks" "${problem[*]}" <<'PY'
-import json, sys
-rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-print(f"# {sys.argv[2]} ranks, {sys.argv[3]}, forward + backward")
-print(f"{'algorithm':24} {'layout':11} {'fwd ms':>9} {'bwd ms':>9} {'fwd MB/rank':>12} "
-      f"{'bwd MB/rank':>12} {'fwd msgs':>8} {'bwd msgs':>8} {'max err':>9}")
-for r in rows:
-    name = r["algo"] + (f" {r['grid']}" if r["algo"].startswith("attention2d") else "")
-    print(f"{name:24} {r['layout']:11} {r['fwd_ms']:9.1f} {r['bwd_ms']:9.1f} "
-          f"{r['bytes_sent_fwd'] / 1e6:12.3f} {r['bytes_sent_bwd'] / 1e6:12.3f} "
-          f"{r['messages_fwd']:8d} {r['messages_bwd']:8d} "
-          + (f"{r['max_rel_err']:9.2e}" if "max_rel_err" in r else f"{'-':>9}"))
-PY
+scripts/report.py --rows "$results" --text --missing - \
+  --title "# $ranks ranks, ${problem[*]}, forward + backward" \
+  'algorithm=algo + (" " + grid if algo.startswith("attention2d") else ""):24' 'layout=layout:11' \
+  'fwd ms=fwd_ms:9.1f' 'bwd ms=bwd_ms:9.1f' 'fwd MB/rank=bytes_sent_fwd / 1e6:12.3f' \
+  'bwd MB/rank=bytes_sent_bwd / 1e6:12.3f' 'fwd msgs=messages_fwd:8d' 'bwd msgs=messages_bwd:8d' \
+  'max err=max_rel_err:9.2e'

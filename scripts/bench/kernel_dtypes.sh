@@ -38,30 +38,17 @@ for ((i = 0; i < invocations; ++i)); do
   done
 done
 
-python3 - "$rows" "$variants" <<'EOF'
-import json
-import sys
-
-variants = sys.argv[2].split()
-best = {}
-for line in open(sys.argv[1]):
-    row = json.loads(line)
-    key = (row["path"], row["causal"], row["mode"], row["variant"])
-    if key not in best or row["gflops"] > best[key]["gflops"]:
-        best[key] = row
-
-names = {"old": "fp32 (OLD_A2D)", "fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
-print("| path | mask | pass | " + " | ".join(f"{names[v]} GFLOP/s" for v in variants) +
-      " | bf16 / fp32 | fp16 / fp32 |")
-print("|---" * (5 + len(variants)) + "|")
-for path in ("avx2", "portable"):
-    for causal in (False, True):
-        for mode in ("forward", "backward"):
-            cells = [best.get((path, causal, mode, v)) for v in variants]
-            if any(c is None for c in cells):
-                continue
-            rate = {v: c["gflops"] for v, c in zip(variants, cells)}
-            print(f"| {path} | {'causal' if causal else 'none'} | {mode} | " +
-                  " | ".join(f"{rate[v]:.1f}" for v in variants) +
-                  f" | {rate['bf16'] / rate['fp32']:.2f} | {rate['fp16'] / rate['fp32']:.2f} |")
-EOF
+declare -A names=([old]="fp32 (OLD_A2D)" [fp32]=fp32 [bf16]=bf16 [fp16]=fp16)
+columns=() complete=()
+for v in $variants; do
+  columns+=("${names[$v]} GFLOP/s=rate(\"$v\"):.1f")
+  complete+=("rate(\"$v\")")
+done
+# One line per (path, mask, pass), from its fp32 row; the best of the invocations per variant.
+scripts/report.py --rows "$rows" --best 'path, causal, mode, variant' --by gflops \
+  --let 'rate=lambda v: (find(path=path, causal=causal, mode=mode, variant=v) or {}).get("gflops")' \
+  --where 'variant == "fp32" and path in ("avx2", "portable")' \
+  --where "all(x is not None for x in ($(IFS=,; echo "${complete[*]}"),))" \
+  --sort '(("avx2", "portable").index(path), causal, mode != "forward")' \
+  path=path 'mask="causal" if causal else "none"' pass=mode "${columns[@]}" \
+  'bf16 / fp32=rate("bf16") / gflops:.2f' 'fp16 / fp32=rate("fp16") / gflops:.2f'

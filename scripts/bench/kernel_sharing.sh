@@ -24,11 +24,8 @@ time_shape() {  # $1 queries, $2 keys, $3 processes -> median ms over the proces
       --repeats 11 --json > "$work/$i.json" &
   done
   wait
-  python3 - "$work" "$3" <<'PY'
-import json, statistics, sys
-ms = [json.loads(open("%s/%d.json" % (sys.argv[1], i)).readline())["ms"] for i in range(int(sys.argv[2]))]
-print("%.1f" % statistics.median(ms))
-PY
+  for ((i = 0; i < $3; ++i)); do head -n 1 "$work/$i.json"; done |
+    scripts/report.py --rows - --summary '"%.1f" % median([r["ms"] for r in rows])'
 }
 
 echo "| round | processes | 1024 x 1024 ms | 4096 x 256 ms | / block | 256 x 4096 ms | / block |"

@@ -30,38 +30,15 @@ for threads in 1 2; do
   done
 done
 
-python3 - "$rows" <<'EOF'
-import json
-import sys
-
-best = {}
-for line in open(sys.argv[1]):
-    row = json.loads(line)
-    key = (row["mode"], row["head_dim"], row["causal"], row["threads"])
-    if key not in best or row["gflops"] > best[key]["gflops"]:
-        best[key] = row
-
-print("| pass | D | mask | threads | ms (median) | GFLOP/s | FMA peak GFLOP/s | % of peak |"
-      " 2 threads / 1 thread |")
-print("|---|---|---|---|---|---|---|---|---|")
-for mode in ("forward", "backward"):
-    for dim in (128, 64):
-        for causal in (False, True):
-            for threads in (1, 2):
-                row = best.get((mode, dim, causal, threads))
-                if row is None:
-                    continue
-                one = best.get((mode, dim, causal, 1))
-                speedup = f"{row['gflops'] / one['gflops']:.2f}x" if threads == 2 and one else ""
-                print(f"| {mode} | {dim} | {'causal' if causal else 'none'} | {threads} | "
-                      f"{row['ms']:.1f} | {row['gflops']:.1f} | {row['peak_gflops']:.1f} | "
-                      f"{row['pct_peak']:.1f} | {speedup} |")
-for dim in (128, 64):
-    for mode in ("forward", "backward"):
-        full = best.get((mode, dim, False, 1))
-        causal = best.get((mode, dim, True, 1))
-        if full and causal:
-            print(f"\n{mode} D={dim}, 1 thread: causal efficiency / non-causal efficiency = "
-                  f"{causal['pct_peak'] / full['pct_peak']:.2f}", end="")
-print()
-EOF
+one='(one := find(mode=mode, head_dim=head_dim, causal=causal, threads=1))'
+scripts/report.py --rows "$rows" --best 'mode, head_dim, causal, threads' --by gflops \
+  --sort '(mode != "forward", -head_dim, causal, threads)' \
+  pass=mode D=head_dim 'mask="causal" if causal else "none"' threads=threads \
+  'ms (median)=ms:.1f' 'GFLOP/s=gflops:.1f' 'FMA peak GFLOP/s=peak_gflops:.1f' \
+  '% of peak=pct_peak:.1f' \
+  "2 threads / 1 thread=\"%.2fx\" % (gflops / one['gflops']) if threads == 2 and $one else ''" \
+  --summary '"".join("\n%s D=%d, 1 thread: causal efficiency / non-causal efficiency = %.2f"
+                     % (m, d, c["pct_peak"] / f["pct_peak"])
+                     for d in (128, 64) for m in ("forward", "backward")
+                     for f, c in [(find(mode=m, head_dim=d, causal=False, threads=1),
+                                   find(mode=m, head_dim=d, causal=True, threads=1))] if f and c)'

@@ -47,17 +47,14 @@ one() {  # inside `cluster.sh with`: measure, then simulate, one configuration
   A2D_MPI_WAIT=sleep sim/run.sh --platform "$name" -np "$p" -- --machine-file "$machine" \
     --memory-gbs "$(python3 -c "print(2 * ${permute:-0})")" --host-reduction-gbs "${sum:-0}" \
     "${problem[@]}" --backward --plans "$plans" --json >"$sims"
-  python3 - "$rows" "$sims" "$load_measure" "$load_sim" "$(cut -d' ' -f1-3 /proc/loadavg)" <<'PY' >>"$out"
-import json, sys
-rows, sims, before, between, after = sys.argv[1:6]
-for path, source, load in ((rows, "measured", (before, between)), (sims, "simulated", (between, after))):
-    for line in open(path):
-        if line.startswith("{"):
-            row = json.loads(line)
-            row.update({"source": source, "load_before": load[0], "load_after": load[1],
-                        "command": "scripts/sim/sim_trust.sh"})
-            print(json.dumps(row))
-PY
+  local after
+  after=$(cut -d' ' -f1-3 /proc/loadavg)
+  local command=scripts/sim/sim_trust.sh
+  scripts/report.py --json \
+    --rows "$rows" --set source=measured --set "load_before=$load_measure" \
+    --set "load_after=$load_sim" --set "command=$command" \
+    --rows "$sims" --set source=simulated --set "load_before=$load_sim" \
+    --set "load_after=$after" --set "command=$command" >>"$out"
   rm -f "$rows" "$sims"
 }
 
