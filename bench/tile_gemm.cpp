@@ -14,8 +14,8 @@
 //
 // --shapes times the given products instead (row-major C[M][N] = A[M][K] B[K][N], or B^T with a
 // trailing t: B stored [N][K], like K in S = Q K^T) and prints one JSON line per product, best of
-// five tries of S / 5 seconds each; scripts/kernel_sgemm_table.sh compares the kernels with the
-// square 2048^3 product and attention's shapes this way.
+// five tries of S / 5 seconds each; scripts/bench/kernel_sgemm_table.sh compares the kernels with
+// the square 2048^3 product and attention's shapes this way.
 #include <cblas.h>
 
 #include <cstdio>

@@ -31,7 +31,7 @@ if(A2D_WITH_CUDA)
   endif()
 endif()
 
-# sm_80 (A100) and sm_90 (H100/H200) by default; scripts/gpu_check.sh builds only what its GPU is.
+# sm_80 (A100) and sm_90 (H100/H200) by default; scripts/gpu/gpu_check.sh builds only what its GPU is.
 set(A2D_CUDA_ARCHITECTURES "80;90" CACHE STRING "CUDA architectures of the CUDA backend")
 
 # The .cu sources are an object library of their own (a2d_cuda), so that they can be compiled,

@@ -32,7 +32,7 @@ if(A2D_SANITIZE)
   set(A2D_SANITIZER_GLUE_FLAGS $<$<COMPILE_LANGUAGE:CXX>:-Og>)
 endif()
 
-# Fuzzing build (scripts/fuzz.sh): clang's coverage instrumentation everywhere, with ASan and
+# Fuzzing build (scripts/dev/fuzz.sh): clang's coverage instrumentation everywhere, with ASan and
 # UBSan; the fuzz executables link libFuzzer.
 option(A2D_FUZZ "Build the libFuzzer targets in fuzz/ (needs clang)" OFF)
 if(A2D_FUZZ)

@@ -5,7 +5,7 @@ each layer's attention across the ranks (exact), and DDP with attention2d's hook
 gradients as sequence parallelism needs. Random weights from a config, nothing from a hub.
 
     .venv/bin/torchrun --nproc_per_node 4 examples/hf_train.py [--steps 20] [--compile]
-    .venv/bin/python scripts/launch.py --nproc 4 -- .venv/bin/python examples/hf_train.py
+    .venv/bin/python scripts/launch/launch.py --nproc 4 -- .venv/bin/python examples/hf_train.py
 
 (With PYTHONPATH=build/python for the build tree's package; .venv is scripts/venv.sh's.)
 --compile wraps the model in torch.compile(fullgraph=True) (inside DDP); --packed packs documents of random

@@ -3,7 +3,7 @@ slice of each sequence, attention2d computes the attention across the ranks (exa
 with attention2d's hook, sums the ranks' gradients as sequence parallelism needs.
 
     .venv/bin/torchrun --nproc_per_node 4 examples/train_torchrun.py [--steps 20]
-    .venv/bin/python scripts/launch.py --nproc 4 -- .venv/bin/python examples/train_torchrun.py
+    .venv/bin/python scripts/launch/launch.py --nproc 4 -- .venv/bin/python examples/train_torchrun.py
 
 (With PYTHONPATH=build/python for the build tree's package; .venv is scripts/venv.sh's, the
 interpreter the build tree was built for.)"""

@@ -1,5 +1,5 @@
 // Fuzz targets: each takes arbitrary bytes and must either succeed or throw a2d::Error, never
-// crash, hang or trip a sanitizer. libFuzzer drives them (fuzz/fuzz_main.cpp, scripts/fuzz.sh);
+// crash, hang or trip a sanitizer. libFuzzer drives them (fuzz/fuzz_main.cpp, scripts/dev/fuzz.sh);
 // tests/unit/test_fuzz_regressions.cpp replays every saved input under fuzz/regressions/.
 #pragma once
 

@@ -2,13 +2,13 @@
 # Run HERE (a Debian 12 development machine with apt), not on the GPU machine: downloads Debian's
 # Open MPI (openmpi-bin, libopenmpi-dev, libopenmpi3, openmpi-common) and the runtime libraries
 # they need into .gpu-deps/debs/ (git-ignored), to be carried to the GPU machine, whose image has
-# no Open MPI (docs/gpu.md, "How the H200 run goes"; scripts/gpu_mpi.sh unpacks them there).
+# no Open MPI (docs/gpu.md, "How the H200 run goes"; scripts/gpu/gpu_mpi.sh unpacks them there).
 #
 # Which packages: the Depends of openmpi-bin and libopenmpi3, recursively, minus what any
 # Ubuntu/Debian image has (glibc, libgcc, libstdc++, zlib, udev, uuid: `base` below). Left out on
 # purpose: libhwloc-plugins (optional plugins, pulls in X11 and libxml2), the -dev packages that
 # libopenmpi-dev depends on (mpicxx needs only mpi.h and libmpi.so to build a2d), ssh (mpirun on
-# one machine starts its ranks itself; scripts/gpu_mpi.sh points the rsh agent at `false`).
+# one machine starts its ranks itself; scripts/gpu/gpu_mpi.sh points the rsh agent at `false`).
 # The script checks that every Depends of every package it downloads is either downloaded or in
 # `base`, and stops otherwise. About 7 MB.
 #   scripts/gpu_fetch_mpi.sh           downloads what is missing from .gpu-deps/debs

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one script a session with a GPU calls (issue 37; docs/gpu.md, "How the H200 run goes"):
-# the versions, the build, then the checks and timings of scripts/gpu_check.sh and
-# scripts/gpu_comm_check.sh, each section with its own time limit, the whole within 8 minutes
+# the versions, the build, then the checks and timings of scripts/gpu/gpu_check.sh and
+# scripts/gpu/gpu_comm_check.sh, each section with its own time limit, the whole within 8 minutes
 # (A2D_GPU_BUDGET seconds, default 480) so that the device tool's 10-minute command keeps room.
 #
 #   section       limit   what
@@ -41,17 +41,17 @@ pack() {
   tar czf "$final_out/gpu-run-logs.tar.gz" -C "$OUT" . && rm -rf "$OUT"
 }
 trap pack EXIT
-# shellcheck source=scripts/gpu_common.sh
-source scripts/gpu_common.sh "$@"   # the versions and the build (exits 1 if the build fails)
+# shellcheck source=scripts/gpu/gpu_common.sh
+source scripts/gpu/gpu_common.sh "$@"   # the versions and the build (exits 1 if the build fails)
 
 export A2D_GPU_PREBUILT=1
 status=0
 # The correctness sections first (so that a slow speed section cannot crowd them out), then the
 # communicators, then the timings.
-A2D_GPU_SECTIONS="kernels parts python sanitizer algorithms" scripts/gpu_check.sh "$@" || status=1
-A2D_GPU_SECTIONS="staged nccl" scripts/gpu_comm_check.sh "$@" || status=1
-A2D_GPU_SECTIONS="speed" scripts/gpu_check.sh "$@" || status=1
-A2D_GPU_SECTIONS="bench" scripts/gpu_comm_check.sh "$@" || status=1
+A2D_GPU_SECTIONS="kernels parts python sanitizer algorithms" scripts/gpu/gpu_check.sh "$@" || status=1
+A2D_GPU_SECTIONS="staged nccl" scripts/gpu/gpu_comm_check.sh "$@" || status=1
+A2D_GPU_SECTIONS="speed" scripts/gpu/gpu_check.sh "$@" || status=1
+A2D_GPU_SECTIONS="bench" scripts/gpu/gpu_comm_check.sh "$@" || status=1
 
 echo "gpu_run: $( ((status == 0)) && echo "every check that ran passed" || echo "FAILURES") in $(elapsed)" |
   tee -a "$OUT/summary.txt"

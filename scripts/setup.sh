@@ -14,9 +14,9 @@ packages=(
   libgtest-dev libgmock-dev           # GoogleTest (CTest-registered tests)
   python3                             # test helpers that parse JSON output
   clang libclang-rt-14-dev            # libFuzzer and sanitizer runtimes for the fuzz targets
-  gnuplot-nox                         # plots of `a2d model --plot` and scripts/cluster_report.py
-  iproute2 util-linux                 # scripts/cluster.sh: ip netns, tc (tbf), unshare --uts
-  slurm-wlm munge                     # scripts/slurm_cluster.sh: Slurm 22.05 on the emulated hosts
+  gnuplot-nox                         # plots of `a2d model --plot` and scripts/cluster/cluster_report.py
+  iproute2 util-linux                 # scripts/cluster/cluster.sh: ip netns, tc (tbf), unshare --uts
+  slurm-wlm munge                     # scripts/slurm/slurm_cluster.sh: Slurm 22.05 on the emulated hosts
   libopenblas-dev                     # bench/a2d_tile_gemm only: BLAS vs own micro-kernels
   python3-dev python3-venv python3-pip   # the Python package (python/): its headers, and the
                                          # venv scripts/venv.sh makes (torch, pybind11, ... from PyPI)

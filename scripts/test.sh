@@ -30,8 +30,8 @@ background_builds() {
   # with A2D_WITH_CUDA=ON and compile the .cu sources (the a2d_cuda objects: the CUDA backend for
   # sm_80 and sm_90, 2 dtypes x 4 head dimensions of each attention kernel; bench/a2d_gemm_peak),
   # with -Xptxas -v, and fail if any attention kernel spills registers
-  # (scripts/check_cuda_spills.sh). The objects are removed first so that ptxas reports on every
-  # kernel. Nothing CUDA runs here: scripts/gpu_check.sh is the check on a GPU (docs/gpu.md).
+  # (scripts/gpu/check_cuda_spills.sh). The objects are removed first so that ptxas reports on every
+  # kernel. Nothing CUDA runs here: scripts/gpu/gpu_check.sh is the check on a GPU (docs/gpu.md).
   if [[ -x /usr/local/cuda/bin/nvcc ]]; then
     cmake -S . -B build-cuda -DA2D_WITH_CUDA=ON -DA2D_WERROR=ON -DA2D_BUILD_TESTS=OFF \
       -DA2D_CUDA_PTXAS_VERBOSE=ON > build-cuda.configure.log 2>&1 ||
@@ -41,12 +41,12 @@ background_builds() {
     find build-cuda/CMakeFiles/a2d_cuda.dir -name '*.o' -delete 2>/dev/null || true
     cmake --build build-cuda -j "$(nproc)" --target a2d_cuda a2d_gemm_peak > build-cuda.build.log 2>&1 ||
       { cat build-cuda.build.log; return 1; }
-    scripts/check_cuda_spills.sh build-cuda.build.log
+    scripts/gpu/check_cuda_spills.sh build-cuda.build.log
     echo "test.sh: CUDA build done"
   else
     echo "test.sh: no CUDA toolkit (/usr/local/cuda/bin/nvcc): the CUDA pieces are not built"
   fi
-  scripts/fuzz.sh 0  # the fuzz targets, run at the end
+  scripts/dev/fuzz.sh 0  # the fuzz targets, run at the end
 }
 builds_log=$PWD/build-background.log
 asan_ready=$PWD/build-asan/.built
@@ -110,9 +110,9 @@ trap - EXIT
 grep -E '^(test.sh|fuzz.sh|-- attention2d)' "$builds_log" || true
 phase "CUDA and fuzz builds (beside the tests)"
 
-# Fuzz targets (libFuzzer, clang; built above), bounded: 20 s each. scripts/fuzz.sh 3600 runs them
+# Fuzz targets (libFuzzer, clang; built above), bounded: 20 s each. scripts/dev/fuzz.sh 3600 runs them
 # longer.
-scripts/fuzz.sh 20
+scripts/dev/fuzz.sh 20
 
 # The ten slowest tests of both passes (wall time each; tests of the first pass ran two at a
 # time, the MPI ones one at a time under their lock): where the suite's time goes.

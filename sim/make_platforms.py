@@ -4,8 +4,8 @@
     sim/make_platforms.py            # rewrites every platform and its hosts file
     sim/make_platforms.py --check    # exits 1 if a committed file differs from what it writes
     sim/make_platforms.py --cluster MACHINE_FILE --hosts H --name NAME
-                                     # an emulated cluster (scripts/cluster.sh) as its machine
-                                     # file describes it: sim/platforms/NAME.xml (scripts/sim_trust.sh)
+                                     # an emulated cluster (scripts/cluster/cluster.sh) as its machine
+                                     # file describes it: sim/platforms/NAME.xml (scripts/sim/sim_trust.sh)
 
 Every figure is a datasheet's or NCCL's, the same the cost model's presets use
 (docs/cost-model.md, "Machines"), so that a simulation and the model's prediction differ by what
@@ -121,7 +121,7 @@ def machine_file(path):
 
 
 def emulated_cluster(path, hosts, name):
-    """scripts/cluster.sh's hosts (one rank each) on their bridge: every host one link, shaped to
+    """scripts/cluster/cluster.sh's hosts (one rank each) on their bridge: every host one link, shaped to
     the machine file's inter-node bandwidth (the tbf rate) in each direction, with half the
     measured message latency (a2d calibrate's ring shift across the cluster) at each end."""
     m = machine_file(path)
@@ -129,7 +129,7 @@ def emulated_cluster(path, hosts, name):
         sys.exit("make_platforms: the emulated cluster's platform takes one rank per host")
     gbps = float(m["inter_bandwidth_gbs"])
     latency_us = float(m["inter_latency_us"]) / 2
-    comment = (f"An emulated cluster of scripts/cluster.sh: {hosts} hosts x 1 rank, one link each of "
+    comment = (f"An emulated cluster of scripts/cluster/cluster.sh: {hosts} hosts x 1 rank, one link each of "
                f"{gbps * 8000:g} Mbit/s per direction (tbf), {2 * latency_us:g} us per message "
                f"(a2d calibrate across it); from its machine file {m.get('name', path)}.")
     body = (f'<cluster id="{name}" prefix="host-" radical="0-{hosts - 1}" suffix="" speed="1Gf" '

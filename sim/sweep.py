@@ -2,7 +2,7 @@
 """One configuration of a simulation sweep: every plan asked for, each in a SimGrid run of its
 own (sim/run.sh), appended to OUT as a2d sim's JSON line with the platform, the wall time and
 the peak memory of the simulation; a plan that fails, or that would not fit, gets a line saying
-why. Used by scripts/sim_scale.sh and scripts/sim_cost.sh.
+why. Used by scripts/sim/sim_scale.sh and scripts/sim/sim_cost.sh.
 
     sim/sweep.py --platform h100-fattree-128x8 --np 1024 --out docs/sim/scale.jsonl \\
         --plans attention2d,ring --top 3 -- --machine-file sim/machines/h100-8x400.machine \\

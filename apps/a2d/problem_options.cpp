@@ -138,8 +138,8 @@ void MachineOptions::declare(Options& options, bool presets, bool memory, bool p
                      "./a2d-calibration.txt)");
   options.add_string("--machine-file", &file,
                      "a machine described in a file (links, ranks per node, memory, kernel "
-                     "rates; docs/cost-model.md, \"Machine files\"; scripts/cluster.sh writes "
-                     "one): the whole machine" +
+                     "rates; docs/cost-model.md, \"Machine files\"; scripts/cluster/cluster.sh "
+                     "writes one): the whole machine" +
                          std::string(presets ? ", instead of --machine" : "") +
                          (per_node ? ", and its ranks_per_node instead of --gpus-per-node" : ""));
   if (memory) {

@@ -4,7 +4,7 @@ also with "sdpa" (torch's CPU flash attention), the two alternating in one run; 
 share of the attention2d step (time inside the attention op's forward and backward). Prints the
 median over --iters steps after --warmup, the slowest rank's, and the load average.
 
-    PYTHONPATH=build/python .venv/bin/python scripts/launch.py --nproc 1 -- \\
+    PYTHONPATH=build/python .venv/bin/python scripts/launch/launch.py --nproc 1 -- \\
         .venv/bin/python bench/python/hf_step.py --seq 2048
     ... --nproc 4 -- ... (attention2d only: sdpa cannot shard the sequence)"""
 

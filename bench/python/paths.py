@@ -1,7 +1,7 @@
 """Times attention2d's Python path, forward + backward, as `a2d run --backward` times the engine:
 warm-up, then ITERS iterations; each phase's time is the slowest rank's, the median over the
 iterations is reported (and min/avg/max over the ranks of that iteration), one JSON line per
-configuration on rank 0. Runs under mpiexec (the MPI transport) or scripts/launch.py (a torch gloo
+configuration on rank 0. Runs under mpiexec (the MPI transport) or scripts/launch/launch.py (a torch gloo
 group: --transport group or mesh, several in one run, alternating).
 
   python bench/python/paths.py --seq 8192 --heads 8 --kv-heads 2 --head-dim 64 --causal \
@@ -83,9 +83,9 @@ def run(transport):
             times.append((middle - start, end - middle))
         if args.direct:
             if engine is None:  # the engine the call above made (the cache's newest)
-                engine = list(attention2d._api._engines._engines.values())[-1]
+                engine = list(attention2d._engine_cache._engines._engines.values())[-1]
                 assert not engine.exchanges, "--direct needs --shards plan"
-                view = attention2d._api._view
+                view = attention2d._tensors._view
                 qd, kd, vd = (x.detach() for x in (q, k, v))
                 o, lse = torch.empty_like(qd), torch.empty(1, args.heads, n)
                 grads = [torch.empty_like(x) for x in (qd, kd, vd)]

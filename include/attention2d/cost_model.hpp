@@ -111,7 +111,7 @@ bool has_calibration(const std::string& calibration_file, int ranks);
 std::string default_calibration_file();
 
 // A machine described by a file (`--machine-file` of a2d model, plan, bench and run; written by
-// scripts/cluster.sh for an emulated cluster; docs/cost-model.md, "Machine files", has an
+// scripts/cluster/cluster.sh for an emulated cluster; docs/cost-model.md, "Machine files", has an
 // example), with the kernel rates of `dtype`: one `key = value` per line, `#` comments, each key
 // once. Required: device (gpu or cpu), ranks_per_node (a whole number >= 1), shared_link (0 or
 // 1), intra_latency_us, intra_bandwidth_gbs, inter_latency_us, inter_bandwidth_gbs (GB/s per

@@ -21,14 +21,17 @@ models built with attn_implementation="attention2d". docs/python.md has the whol
 """
 
 from ._core import Error, version as __version__
-from ._api import (ENGINE_CACHE_SIZE, USER_LAYOUTS, Layout, attention, cache_info, clear_cache,
-                   layout, model, plan, shard, unshard, watchdog)
-from ._channel import DEFAULT_TRANSPORT, DEFAULT_WATCHDOG_TIMEOUT, TRANSPORTS, set_transport
+from ._api import attention
+from ._channel import (DEFAULT_TRANSPORT, DEFAULT_WATCHDOG_TIMEOUT, TRANSPORTS, set_transport,
+                       watchdog)
 from ._ddp import register_ddp_hook
 from ._decode import Decoder
+from ._engine_cache import ENGINE_CACHE_SIZE, cache_info, clear_cache
 from ._flash import (flash_attn_func, flash_attn_varlen_func, ring_flash_attn_func,
                      zigzag_ring_flash_attn_func)
 from ._mask import Ranges, ranges
+from ._planning import USER_LAYOUTS, model, plan
+from ._sharding import Layout, layout, shard, unshard
 
 __all__ = [
     "DEFAULT_TRANSPORT",

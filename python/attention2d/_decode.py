@@ -4,8 +4,10 @@ decode steps of T new tokens (docs/inference.md, attention2d/inference.hpp)."""
 import numpy as np
 
 from . import _channel, _core
-from ._api import (Error, Layout, _check_inputs, _describe_dtype, _engine_ready, _is_torch,
-                   _InPythonWords, _problem, _resolve_plan, _view, torch)
+from ._channel import Error, torch
+from ._planning import _InPythonWords, _problem, _resolve_plan
+from ._sharding import Layout
+from ._tensors import _check_inputs, _describe_dtype, _engine_ready, _is_torch, _view
 
 
 class Decoder:

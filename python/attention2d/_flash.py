@@ -17,8 +17,9 @@ zigzag_ring_flash_attn_func does), and gets its shard of the output back in the 
 The attention itself is attention2d's (the planner's algorithm over all ranks of the group), exact
 attention: dropout_p must be 0 and alibi_slopes None."""
 
-from ._api import _bounds, attention
+from ._api import attention
 from ._channel import Error
+from ._planning import _bounds
 
 
 def _unsupported(alibi_slopes, block_table=None):

@@ -1198,7 +1198,7 @@ class GlooLink final : public watchdog_detail::Link {
       const int code = static_cast<int>(message.round & 0xff);
       if (message.round & kQuietAbort) {
         // The sender (signalled) exits first, 0.5 s after telling: a launcher that names the
-        // first rank to end (scripts/launch.py, torchrun) then names it, not this one.
+        // first rank to end (scripts/launch/launch.py, torchrun) then names it, not this one.
         std::this_thread::sleep_for(Milliseconds(1000));
         std::_Exit(code);
       }

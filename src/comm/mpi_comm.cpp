@@ -500,7 +500,7 @@ class MpiCommunicator final : public Communicator {
 
   // The blocking all-gather under the sleep policy: P - 1 ring steps, at step k rank r passing
   // block r - k to rank r + 1 (the schedule of Open MPI's ring algorithm, which the emulated
-  // clusters select: scripts/cluster.sh). This rank's own block is in place.
+  // clusters select: scripts/cluster/cluster.sh). This rank's own block is in place.
   void ring_all_gather(std::byte* recv, const std::vector<int>& counts,
                        const std::vector<int>& displacements, const Words& words) {
     const int next = (rank_ + 1) % size_, prev = (rank_ + size_ - 1) % size_;

@@ -1,7 +1,7 @@
 // The communicator interface over NCCL, on the CUDA backend's device memory (--comm nccl).
 //
 // NOT YET RUN ON A GPU: compiled by scripts/test.sh with the CUDA backend, to be checked by
-// scripts/gpu_check.sh (docs/gpu.md, "Communicators").
+// scripts/gpu/gpu_check.sh (docs/gpu.md, "Communicators").
 //
 // Streams. Each communicator (the world and every split: the grid's rows and columns) has an
 // NCCL communicator and a stream of its own, of the highest priority. Posting an operation

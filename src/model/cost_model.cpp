@@ -250,7 +250,7 @@ std::string format_bytes(double bytes) {
 
 // ---- Machine files ---------------------------------------------------------------------------
 //
-//   # written by scripts/cluster.sh
+//   # written by scripts/cluster/cluster.sh
 //   name = cluster-16x1-100mbit-per-host
 //   ranks_per_node = 1
 //   shared_link = 1

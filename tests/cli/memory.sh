@@ -10,7 +10,7 @@
 set -uo pipefail
 a2d=$1
 export MPIEXEC=$2
-wrapper="$(cd "$(dirname "$0")/../.." && pwd)/scripts/mpirun.sh"
+wrapper="$(cd "$(dirname "$0")/../.." && pwd)/scripts/launch/mpirun.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Refused runs end with a2d's message alone and exit 2 (scripts/mpirun.sh drops mpirun's banners
+# Refused runs end with a2d's message alone and exit 2 (scripts/launch/mpirun.sh drops mpirun's banners
 # for that code), output paths are checked before any work with the true reason, and --out
 # creates its parents.
 #   refusals.sh A2D_BINARY MPIEXEC
 set -uo pipefail
 a2d=$1
 export MPIEXEC=$2
-wrapper="$(cd "$(dirname "$0")/../.." && pwd)/scripts/mpirun.sh"
+wrapper="$(cd "$(dirname "$0")/../.." && pwd)/scripts/launch/mpirun.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1

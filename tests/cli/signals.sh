@@ -4,7 +4,7 @@
 # mpirun itself. Every case: the job ends within 10 s, nothing is
 # left running, no output file is left partial (the five outputs all there or none), and, where
 # a rank is signalled, one line names the signal and the exit code is 128 + signal.
-# scripts/mpirun.sh gives mpirun's own signals the same exit codes and one line.
+# scripts/launch/mpirun.sh gives mpirun's own signals the same exit codes and one line.
 #   signals.sh A2D_BINARY MPIEXEC [CASE...]
 #   CASE: rank-term rank-int all-term mpirun-term wrapper-term wrapper-int
 set -uo pipefail
@@ -12,7 +12,7 @@ a2d=$1
 mpiexec=$2
 shift 2
 cases=${*:-rank-term rank-int all-term mpirun-term wrapper-term wrapper-int}
-wrapper="$(cd "$(dirname "$0")" && pwd)/../../scripts/mpirun.sh"
+wrapper="$(cd "$(dirname "$0")" && pwd)/../../scripts/launch/mpirun.sh"
 fail() { echo "signals.sh: $*" >&2; exit 1; }
 work=$(mktemp -d)
 launcher=

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CTest `cluster.bench_check_4x2`: brings up 4 emulated hosts x 2 ranks (scripts/cluster.sh,
+# CTest `cluster.bench_check_4x2`: brings up 4 emulated hosts x 2 ranks (scripts/cluster/cluster.sh,
 # network namespaces joined by 200 Mbit/s links), runs every algorithm and every grid of 8 ranks
 # with --check (forward and backward against the fp64 reference) across them, tears the cluster
 # down, and checks that nothing of it is left. Exits 77 (CTest's skip code) with the reason where
@@ -8,7 +8,7 @@
 set -euo pipefail
 a2d=$1
 here=$(cd "$(dirname "$0")" && pwd)
-cluster="$here/../../scripts/cluster.sh"
+cluster="$here/../../scripts/cluster/cluster.sh"
 if ! why=$("$cluster" check); then
   echo "SKIP: cannot emulate a cluster here: ${why#cluster: }"
   exit 77

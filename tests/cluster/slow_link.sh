@@ -11,7 +11,7 @@
 set -uo pipefail
 a2d=$1
 repo=$(cd "$(dirname "$0")/../.." && pwd)
-cluster="$repo/scripts/cluster.sh"
+cluster="$repo/scripts/cluster/cluster.sh"
 fail() { echo "slow_link.sh: $*" >&2; exit 1; }
 if ! why=$("$cluster" check); then
   echo "SKIP: cannot emulate a cluster here: ${why#cluster: }"

@@ -1,4 +1,4 @@
-"""Helpers of the Python tests, which run under mpiexec or under scripts/launch.py (torchrun's
+"""Helpers of the Python tests, which run under mpiexec or under scripts/launch/launch.py (torchrun's
 env:// variables; torch.distributed's gloo group is then attention2d's default). Every rank runs
 the same tests in the same order; tests/CMakeLists.txt registers them at fixed rank counts.
 
@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 import attention2d
 
-# Launched by scripts/launch.py (or torchrun) rather than by an MPI launcher.
+# Launched by scripts/launch/launch.py (or torchrun) rather than by an MPI launcher.
 TORCH_LAUNCH = "RANK" in os.environ and "OMPI_COMM_WORLD_SIZE" not in os.environ
 
 

@@ -1,5 +1,5 @@
 """A training loop in which rank 1 misbehaves at step 1, run by tests/python/watchdog_torch.sh
-under scripts/launch.py (torch.distributed's env:// variables, gloo):
+under scripts/launch/launch.py (torch.distributed's env:// variables, gloo):
 
   skip    rank 1 skips that step's backward and goes on to the next forward
   raise   rank 1's step raises; it reports the error and waits in a cleanup barrier (a common

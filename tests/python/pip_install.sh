@@ -4,7 +4,7 @@
 # with build isolation (scikit-build-core, pybind11 from PyPI) and the build told to use no MPI
 # and no Gloo (as on a machine without Open MPI or libgloo-dev); then `pip wheel .` and that wheel
 # installed into a second fresh venv with only torch. Each installed copy (not the build tree's)
-# runs a distributed forward and backward on 2 ranks of a torch gloo group (scripts/launch.py),
+# runs a distributed forward and backward on 2 ranks of a torch gloo group (scripts/launch/launch.py),
 # over the group transport; its modules must not link MPI or Gloo, and the metadata must offer
 # the [mpi] extra.
 #   pip_install.sh SOURCE_DIR WORK_DIR [TORCH_SPEC]
@@ -57,7 +57,7 @@ print("rank %d: installed attention2d %s (torch %s) from %s: error %.2g"
       % (dist.get_rank(), attention2d.__version__, torch.__version__, attention2d.__file__, error))
 dist.destroy_process_group()
 PY
-  "$python" "$source_dir/scripts/launch.py" --nproc 2 --timeout 120 -- \
+  "$python" "$source_dir/scripts/launch/launch.py" --nproc 2 --timeout 120 -- \
     "$python" "$work/check.py" "$site"
 }
 # (--config-settings: the venv's pip is Debian's 23.0, which has no -C yet.)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Signals under a torch.distributed launch (scripts/launch.py, gloo; docs/reliability.md,
+# Signals under a torch.distributed launch (scripts/launch/launch.py, gloo; docs/reliability.md,
 # "Signals"): SIGTERM or SIGINT to one of 3 training ranks ends the job within 10 s with exit code
 # 143 or 130 and one line naming the signal, under launch.py and under mpirun (MPI.COMM_WORLD;
 # $MPIEXEC, default mpiexec); SIGINT to a single process is still Python's KeyboardInterrupt.
@@ -11,7 +11,7 @@ python=$1
 shift
 cases=${*:-term rank-int int mpi-term mpi-int}
 here=$(cd "$(dirname "$0")" && pwd)
-launch="$here/../../scripts/launch.py"
+launch="$here/../../scripts/launch/launch.py"
 fail() { echo "signals.sh: $*" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -148,10 +148,10 @@ def test_engine_is_built_once_and_reused():
     lay = attention2d.layout(seq=seq, heads=heads, head_dim=d, algo="allgather-kv")
     local = [attention2d.shard(x.float(), lay) for x in (q, k, v)]
     attention2d.attention(*local, layout=lay)
-    before = len(attention2d._api._engines)
+    before = len(attention2d._engine_cache._engines)
     for _ in range(3):
         attention2d.attention(*local, layout=lay)
-    assert_all_ranks(len(attention2d._api._engines) == before, "a new engine per call")
+    assert_all_ranks(len(attention2d._engine_cache._engines) == before, "a new engine per call")
 
 
 def test_plan_and_model_are_plain_values():

@@ -1,11 +1,11 @@
 """CUDA tensors from PyTorch (docs/gpu.md, "CUDA tensors from PyTorch"), without a GPU.
 
-Two kinds of test: (1) the pointer, stream and refusal logic of attention2d._api on stand-in
+Two kinds of test: (1) the pointer, stream and refusal logic of attention2d._tensors on stand-in
 tensors that say they are on a CUDA device (torch.device("cuda", N) needs no GPU; the current
 device and stream come from monkeypatched torch.cuda functions); (2) the whole path a CUDA tensor
 takes through the engine (the caller's memory wrapped as device buffers, no host access, torch
 allocating every output, the CUDA kernels' rules) on the fenced-cuda backend, which stands in for
-the GPU: CPU tensors run as if they were CUDA tensors (_api._CPU_STAND_IN), forward and backward
+the GPU: CPU tensors run as if they were CUDA tensors (_engine_cache._CPU_STAND_IN), forward and backward
 against the fp64 reference at the 16-bit bounds. What only a GPU shows (the kernels' numbers,
 the events on real streams, NCCL) is scripts/gpu_run.sh's Python section."""
 
@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import attention2d
-from attention2d import _api
+from attention2d import _engine_cache, _tensors
 from conftest import COMM, assert_all_ranks, full_inputs, global_max, reference
 
 
 class StandIn:
-    """What _api reads of a torch tensor (device, dtype, shape, strides, data_ptr), claiming a
+    """What _tensors reads of a torch tensor (device, dtype, shape, strides, data_ptr), claiming a
     CUDA device: enough for the pointer, stream and refusal logic."""
 
     def __init__(self, device, dtype=torch.bfloat16, shape=(1, 8, 4, 64), stride=None,
@@ -49,9 +49,9 @@ class StandIn:
 def gpu(monkeypatch):
     """Stand-ins count as torch tensors; this rank's current CUDA device is cuda:0 and torch's
     current stream there has handle 0xabc0."""
-    real = _api._is_torch
-    monkeypatch.setattr(_api, "_is_torch", lambda x: isinstance(x, StandIn) or real(x))
-    monkeypatch.setattr(_api, "_current_cuda_device", lambda: 0)
+    real = _tensors._is_torch
+    monkeypatch.setattr(_tensors, "_is_torch", lambda x: isinstance(x, StandIn) or real(x))
+    monkeypatch.setattr(_tensors, "_current_cuda_device", lambda: 0)
 
     class Stream:
         cuda_stream = 0xABC0
@@ -65,19 +65,19 @@ def gpu(monkeypatch):
 def test_cuda_inputs_are_accepted_and_read_in_place(gpu):
     q = StandIn("cuda:0")
     k = StandIn("cuda:0", shape=(1, 8, 2, 64), address=0x7F0000100000)
-    assert _api._check_inputs(q, k, k, cuda=True) == ""
+    assert _tensors._check_inputs(q, k, k, cuda=True) == ""
     # The device pointer itself, no copy: the engine wraps the tensor's memory.
-    assert _api._view(k) == (0x7F0000100000, "bf16", [1, 8, 2, 64], [1024, 128, 64, 1])
-    assert _api._device_text(q) == "cuda:0"
-    assert _api._device_text(StandIn("cuda")) == "cuda:0"  # no index: the current device
-    assert _api._engine_device("cuda:0") == ("cuda:0", True)
-    assert _api._engine_device("cpu") == ("cpu", False)
+    assert _tensors._view(k) == (0x7F0000100000, "bf16", [1, 8, 2, 64], [1024, 128, 64, 1])
+    assert _tensors._device_text(q) == "cuda:0"
+    assert _tensors._device_text(StandIn("cuda")) == "cuda:0"  # no index: the current device
+    assert _engine_cache._engine_device("cuda:0") == ("cuda:0", True)
+    assert _engine_cache._engine_device("cpu") == ("cpu", False)
 
 
 def test_the_call_runs_on_torchs_current_stream_of_the_tensors_device(gpu):
-    assert _api._stream_of(StandIn("cuda:0")) == 0xABC0
+    assert _tensors._stream_of(StandIn("cuda:0")) == 0xABC0
     assert gpu == [torch.device("cuda:0")]
-    assert _api._stream_of(torch.zeros(1)) == 0  # CPU tensors: no stream
+    assert _tensors._stream_of(torch.zeros(1)) == 0  # CPU tensors: no stream
 
 
 @pytest.mark.parametrize("case, words", [
@@ -89,11 +89,11 @@ def test_the_call_runs_on_torchs_current_stream_of_the_tensors_device(gpu):
     ((StandIn("cuda:0", stride=(1024, 128, 1, 4)),) * 3, "contiguous elements"),
 ])
 def test_refusals_before_any_data_moves(gpu, case, words):
-    assert words in _api._check_inputs(*case, cuda=True)
+    assert words in _tensors._check_inputs(*case, cuda=True)
 
 
 def test_the_decoder_still_refuses_cuda_tensors(gpu):
-    assert "CPU tensors only" in _api._check_inputs(*(StandIn("cuda:0"),) * 3)
+    assert "CPU tensors only" in _tensors._check_inputs(*(StandIn("cuda:0"),) * 3)
 
 
 def test_attention_refuses_on_every_rank(gpu):
@@ -107,7 +107,7 @@ def test_attention_refuses_on_every_rank(gpu):
 
 @pytest.fixture
 def fenced_cuda(monkeypatch):
-    monkeypatch.setattr(_api, "_CPU_STAND_IN", "fenced-cuda")
+    monkeypatch.setattr(_engine_cache, "_CPU_STAND_IN", "fenced-cuda")
     yield
     attention2d.clear_cache()
 
@@ -138,7 +138,7 @@ def test_forward_and_backward_on_the_device_path(fenced_cuda, dtype, causal, lay
         error = global_max(float((got.double() - want).norm() / want.norm()))
         assert_all_ranks(error <= bound, "%s: relative error %.3g > %.3g" % (name, error, bound))
     # The engines of this call ran on the stand-in backend (the device path), not the CPU's.
-    devices = {engine.device for engine in _api._engines._engines.values()}
+    devices = {engine.device for engine in _engine_cache._engines._engines.values()}
     assert devices == {"fenced-cuda"}, devices
 
 

@@ -1,6 +1,6 @@
 """Launches that would otherwise compute alone: a torchrun-style environment (WORLD_SIZE > 1)
 without an initialised process group is refused with a message naming both sizes, before any
-MPI is initialised; and scripts/launch.py passes torch's env:// variables and a failing rank's
+MPI is initialised; and scripts/launch/launch.py passes torch's env:// variables and a failing rank's
 exit code. Runs as one plain process (tests/CMakeLists.txt: python.launch)."""
 
 import os
@@ -9,7 +9,7 @@ import sys
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-LAUNCH = os.path.join(HERE, "..", "..", "scripts", "launch.py")
+LAUNCH = os.path.join(HERE, "..", "..", "scripts", "launch", "launch.py")
 CALL = ("import torch, attention2d\n"
         "q = torch.randn(1, 4, 1, 8)\n"
         "try:\n"

@@ -1,4 +1,4 @@
-"""What a PyTorch user brings: process groups (under scripts/launch.py the default group is
+"""What a PyTorch user brings: process groups (under scripts/launch/launch.py the default group is
 torch.distributed's), the layouts their shards are in (contiguous, uneven, zigzag), flash-attn's
 argument names and entries, a cache that cannot return a stale engine, and refusals where the
 package cannot know what the caller meant. Every result is checked against an fp64 reference of
@@ -30,7 +30,7 @@ def global_error(pairs):
 
 def tokens_of(layout, seq, counts=None):
     """This rank's global tokens in a caller's layout."""
-    return torch.from_numpy(attention2d._api._layout_tokens(layout, seq, P, counts)[RANK])
+    return torch.from_numpy(attention2d._sharding._layout_tokens(layout, seq, P, counts)[RANK])
 
 
 def uneven_counts(seq):

@@ -2,7 +2,7 @@
 group (issue 47: it hung 45-100 s in torch's init, the package's channel keeping the old group and
 its store alive): attention2d releases what it made on the group when torch drops it, re-init
 takes as long as plain torch's, attention2d runs on the new group, and a call between destroy and
-init names the destroy. Under scripts/launch.py (env://, the same MASTER_PORT each time)."""
+init names the destroy. Under scripts/launch/launch.py (env://, the same MASTER_PORT each time)."""
 
 import time
 

@@ -1,4 +1,4 @@
-"""What a torch 2 user met (issue 47), under scripts/launch.py (torch.distributed's gloo group):
+"""What a torch 2 user met (issue 47), under scripts/launch/launch.py (torch.distributed's gloo group):
 the LSE's gradient, softmax_scale values, the optional check of global positions, and the two
 transports of a torch group (the group's own operations, "group"; a Gloo mesh of the engine's
 own, "mesh") giving the same results. fp64 references of the whole sequence, every verdict
@@ -130,11 +130,11 @@ def test_no_copy_on_the_way_in():
     are (their memory, no copy); other strides are copied once; outputs are torch's tensors that
     the engine wrote (torch.empty, then filled in place)."""
     x = torch.randn(1, 6, 4, 8)
-    ready = attention2d._api._engine_ready
+    ready = attention2d._tensors._engine_ready
     assert ready(x) is x
     heads_view = x[:, :, 1:3]  # a slice of heads: strided, last dimension dense
     assert ready(heads_view) is heads_view
     transposed = x.transpose(2, 3)  # last dimension not dense: one contiguous copy
     assert ready(transposed) is not transposed and ready(transposed).is_contiguous()
-    view = attention2d._api._view(heads_view)
+    view = attention2d._tensors._view(heads_view)
     assert view[0] == heads_view.data_ptr() and view[3] == list(heads_view.stride())

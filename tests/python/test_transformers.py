@@ -1,5 +1,5 @@
 """Hugging Face transformers models with attn_implementation="attention2d" (issue 48), under
-scripts/launch.py (torch.distributed's gloo group): tiny Llama (GQA), Qwen2 (sliding-window
+scripts/launch/launch.py (torch.distributed's gloo group): tiny Llama (GQA), Qwen2 (sliding-window
 layers) and Gemma 2 (alternating local/global layers, attn_logit_softcapping, final logit
 softcapping) built with from_config (random weights, nothing from a hub), each rank holding its
 shard of the sequence with global position_ids, against the one-process model with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The watchdog under a torch.distributed launch (scripts/launch.py, gloo), on by default: rank 1
+# The watchdog under a torch.distributed launch (scripts/launch/launch.py, gloo), on by default: rank 1
 # skips a backward, raises (then waits outside attention2d), exits normally mid-training, or stops
 # itself (SIGSTOP); each RUNS times (default 10). Every run must end within TIMEOUT + 15 s of the
 # misbehaviour (rank 1 prints its moment; the processes' start, slow under load, is not counted;
@@ -13,7 +13,7 @@ python=$1
 runs=${2:-10}
 timeout=${3:-3}
 here=$(cd "$(dirname "$0")" && pwd)
-launch="$here/../../scripts/launch.py"
+launch="$here/../../scripts/launch/launch.py"
 fail() { echo "watchdog_torch.sh: $*" >&2; exit 1; }
 for mode in skip raise exit freeze slow; do
   for run in $(seq 1 "$runs"); do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CTest `slurm.job_and_cancel`: a Slurm cluster of 3 emulated hosts x 2 CPUs
-# (scripts/slurm_cluster.sh), then
+# (scripts/slurm/slurm_cluster.sh), then
 #   1. sbatch --wait of examples/slurm/cpu.sbatch at N = 301: `a2d info` under srun names the
 #      step's 3 nodes x 2 tasks, and `a2d run --check` across them passes;
 #   2. a long job (srun --mpi=pmix_v4 a2d run, 3 ranks, one per host) cancelled with scancel once
@@ -20,7 +20,7 @@ mode=${2:-job}
 case "$mode" in job | interrupt) ;; *) echo "slurm_job.sh: unknown mode '$mode'" >&2; exit 2 ;; esac
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-slurm="$repo/scripts/slurm_cluster.sh"
+slurm="$repo/scripts/slurm/slurm_cluster.sh"
 if ! why=$("$slurm" check); then
   echo "SKIP: cannot start a Slurm cluster here: ${why#slurm_cluster: }"
   exit 77

@@ -56,7 +56,7 @@ constexpr double kF16DeltaGradientBound = 5e-4;
 //   dQ, dK  dS's rounding on top of the delta-gradient bound: u + the delta-gradient bound
 //   LSE     fp32 statistics of fp32 scores (exact products, fp32 sums): kFp32RelativeBound
 // These are stated before any measurement (the kernels have not yet run on a GPU);
-// scripts/gpu_check.sh prints the measured errors beside them.
+// scripts/gpu/gpu_check.sh prints the measured errors beside them.
 constexpr double kTensorCoreBf16OutputBound = 2 * 0x1p-8 + kFp32RelativeBound;          // 7.82e-3
 constexpr double kTensorCoreF16OutputBound = 2 * 0x1p-11 + kFp32RelativeBound;          // 9.87e-4
 constexpr double kTensorCoreBf16ValueGradientBound = 0x1p-8 + kFp32RelativeBound;       // 3.92e-3

@@ -6,7 +6,7 @@
 // shapes come from cuda_plan.hpp (plain C++, unit-tested without a GPU).
 //
 // NOT YET RUN ON A GPU: compiled for sm_80 and sm_90 by scripts/test.sh, to be checked by
-// scripts/gpu_check.sh (docs/gpu.md).
+// scripts/gpu/gpu_check.sh (docs/gpu.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

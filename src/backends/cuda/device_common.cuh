@@ -1,6 +1,6 @@
 // Internal, CUDA only: the PTX wrappers and element-type traits the attention kernels share.
 // NOT YET RUN ON A GPU: this code compiles for sm_80 and sm_90 (scripts/test.sh), and
-// scripts/gpu_check.sh is the check to run on one (docs/gpu.md).
+// scripts/gpu/gpu_check.sh is the check to run on one (docs/gpu.md).
 //
 // Fragment layouts of mma.sync.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16"), with
 // lane = 4 * g + t (g = lane / 4 the group, t = lane % 4 the thread in the group):

@@ -9,7 +9,7 @@
 // pairs once per tile.
 //
 // NOT YET RUN ON A GPU: compiled for sm_80 and sm_90 by scripts/test.sh, to be checked by
-// scripts/gpu_check.sh (docs/gpu.md).
+// scripts/gpu/gpu_check.sh (docs/gpu.md).
 #include <cuda_runtime.h>
 
 #include <cmath>
