@@ -68,6 +68,11 @@ def _refusal(module, query, key, attention_mask, dropout, kwargs):
     decided from shapes and the configuration (no tensor data), so that it also traces."""
     config = getattr(module, "config", None)
     model = type(module).__name__
+    if not getattr(module, "is_causal", True):  # before the mask: the model's own setting
+        return ("%s.is_causal is False (%s): attention2d serves the causal self-attention of "
+                "decoder models" % (model, "config.use_bidirectional_attention=True"
+                                    if getattr(config, "use_bidirectional_attention", False)
+                                    else "an encoder's or a cross-attention"))
     if isinstance(attention_mask, _Unsupported):
         return attention_mask.reason
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 2:
@@ -79,9 +84,6 @@ def _refusal(module, query, key, attention_mask, dropout, kwargs):
                                or getattr(config, "position_embedding_type", "") == "alibi"):
         return ("%s uses ALiBi (config.alibi / position_embedding_type='alibi'): attention2d "
                 "adds no ALiBi biases; use attn_implementation='eager' or 'sdpa'" % model)
-    if not getattr(module, "is_causal", True):
-        return ("%s.is_causal is False (an encoder's or a cross-attention): attention2d serves "
-                "the causal self-attention of decoder models" % model)
     if query.shape[2] != key.shape[2]:
         return ("%s attends %d query tokens to %d keys (cross-attention or a KV cache): "
                 "attention2d computes self-attention of the sharded sequence; pass "

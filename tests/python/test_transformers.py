@@ -341,6 +341,32 @@ def test_refusals_in_the_models_words():
     assert_all_ranks("has position 1 after the sequence's start" in wrong, wrong)
 
 
+def test_more_refusals():
+    """ALiBi (a config that asks for it), a custom 4-D mask, flash-attention's cu_seq_lens, a
+    bidirectional Gemma 3 and malformed sinks: refused on every rank in the model's words."""
+    alibi = refusal("llama", forward_of(), alibi=True)
+    assert_all_ranks("LlamaAttention uses ALiBi" in alibi, alibi)
+    n = len(attention2d.shard(torch.arange(SEQ), "contiguous", dim=0))
+    mask = torch.zeros(1, 1, n, SEQ)
+    custom = refusal("llama", forward_of(attention_mask=mask))
+    assert_all_ranks("4-D attention_mask" in custom, custom)
+    bounds = torch.tensor([0, 12, SEQ], dtype=torch.int32)
+    packed = refusal("llama", forward_of(cu_seq_lens_q=bounds, cu_seq_lens_k=bounds,
+                                         max_length_q=17, max_length_k=17))
+    assert_all_ranks("cu_seq_lens_q was passed" in packed, packed)
+    both_ways = refusal("gemma3", forward_of(), use_bidirectional_attention=True)
+    assert_all_ranks("Gemma3Attention.is_causal is False (config.use_bidirectional_attention"
+                     in both_ways, both_ways)
+
+    def scalar_sinks(model):
+        for layer in model.model.layers:
+            layer.self_attn.sinks = torch.nn.Parameter(torch.zeros(()))
+        return forward_of()(model)
+    sinks = refusal("gptoss", scalar_sinks)
+    print("\n".join((alibi, custom, packed, both_ways, sinks)))  # shown with -s
+    assert_all_ranks("attention sinks (s_aux) of shape []" in sinks, sinks)
+
+
 def test_non_causal_is_refused():
     def call(model):
         for layer in model.model.layers:
