@@ -172,6 +172,44 @@ def test_packed_documents_zigzag(kind):
                      % (kind, errors, worst))
 
 
+@pytest.mark.skipif(P > 3, reason="1-3 s: at 2 and 3 ranks")
+def test_gptoss_packed_documents_are_documents():
+    """gpt-oss in transformers 5.17 builds its eager and sdpa masks without position_ids, so
+    there packed documents attend to each other, while its flash-attention path (and every other
+    model here, eager included) keeps them apart; attention2d keeps them apart for every model.
+    Checked against the eager model run on each document alone: logits, loss, every gradient
+    (one step, contiguous shards; one document crosses the shard boundary at P = 2 and 3)."""
+    reference, sharded = models("gptoss", "attention2d")
+    documents = (12, 4, 13)
+    ids, positions, labels = batch(list(documents))
+    items = int((labels != -100).sum())
+    starts = [0, 12, 16, SEQ]
+    loss, parts = 0.0, []
+    for a, b in zip(starts, starts[1:]):
+        part = labels[:, a:b].contiguous()
+        out = reference(input_ids=ids[:, a:b], position_ids=positions[:, a:b], labels=part,
+                        shift_labels=part, num_items_in_batch=items)
+        loss, parts = loss + out.loss, parts + [out.logits.detach()]
+    loss.backward()
+    mine = attention2d.shard(torch.arange(SEQ)[None], "contiguous")[0]
+    got = sharded(input_ids=ids[:, mine], position_ids=positions[:, mine],
+                  labels=labels[:, mine], shift_labels=labels[:, mine], num_items_in_batch=items)
+    got.loss.backward()
+    errors = {"logits": relative_error(got.logits.detach(), torch.cat(parts, 1)[:, mine])}
+    total = got.loss.detach().clone()
+    dist.all_reduce(total) if P > 1 else None
+    errors["loss"] = abs(float(total) / float(loss.detach()) - 1)
+    for (name, p), (_, q) in zip(sharded.named_parameters(), reference.named_parameters()):
+        grad = torch.zeros_like(p) if p.grad is None else p.grad.clone()
+        if P > 1:
+            dist.all_reduce(grad)
+        errors[name] = relative_error(grad, q.grad)
+    worst = max(errors, key=errors.get)
+    print("P=%d gpt-oss packed: logits %.3g, loss %.3g, worst %s %.3g"  # shown with -s
+          % (P, errors["logits"], errors["loss"], worst, errors[worst]))
+    assert_all_ranks(errors[worst] <= FP32, "gpt-oss packed: %s %.3g" % (worst, errors[worst]))
+
+
 def built(kind, implementation, dtype, state):
     """A model of `dtype` built as users build one (from_config(dtype=): the rotary frequencies
     stay fp32) with the parameters of `state` rounded to it."""
