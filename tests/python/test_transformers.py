@@ -288,7 +288,7 @@ def bf16_errors(kind, steps=2):
 
 @pytest.mark.skipif(P == 3, reason="bf16 at 2 and 4 ranks (3-7 s a model)")
 @pytest.mark.parametrize("kind", ["llama", "gemma2", pytest.param("gptoss", marks=pytest.mark.skipif(
-    P > 2, reason="sinks and experts in bf16: 7 s at 2 ranks, 12 s at 4; at 2 only"))])
+    P > 2, reason="sinks and experts in bf16 (one step): at 2 ranks only"))])
 def test_bf16_training_within_bounds(kind):
     """bf16: each quantity of the attention2d model (logits, loss, each parameter's gradient)
     within BF16_RATIO x the one-process bf16 eager model's own error, both against the fp64
@@ -300,7 +300,7 @@ def test_bf16_training_within_bounds(kind):
     errors largely cancel (~1e-5 relative, far below bf16's 2^-8), too small for a ratio: it is
     held to |loss - exact| <= 2 max |logits - exact| (+ fp32 rounding), which holds exactly since
     each token's cross-entropy logsumexp(z) - z_y moves by at most 2 max |dz|."""
-    errors, loss_errors = bf16_errors(kind)
+    errors, loss_errors = bf16_errors(kind, steps=1 if kind == "gptoss" else 2)  # (its cost)
     worst = max(((errors["attention2d"][q] / max(errors["eager"][q], 1e-30), q)
                  for q in errors["eager"]))
     print("P=%d bf16 %s: worst ratio %.3g (%s: attention2d %.3g, eager %.3g); logits %.3g / %.3g,"
