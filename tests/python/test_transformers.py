@@ -287,8 +287,9 @@ def bf16_errors(kind, steps=2):
 
 
 @pytest.mark.skipif(P == 3, reason="bf16 at 2 and 4 ranks (3-7 s a model)")
-@pytest.mark.parametrize("kind", ["llama", "gemma2", pytest.param("gptoss", marks=pytest.mark.skipif(
-    P > 2, reason="sinks and experts in bf16 (one step): at 2 ranks only"))])
+@pytest.mark.parametrize("kind", ["llama", "gemma2", pytest.param(
+    "gptoss", marks=pytest.mark.skipif(P > 2, reason="sinks and experts in bf16 (one step): at "
+                                       "2 ranks only"))])
 def test_bf16_training_within_bounds(kind):
     """bf16: each quantity of the attention2d model (logits, loss, each parameter's gradient)
     within BF16_RATIO x the one-process bf16 eager model's own error, both against the fp64
