@@ -143,11 +143,12 @@ if torch is not None:
         dkp += scratch[2]
 
 
-    def _backward_in_user_layout(engine, q, k, v, out, lse, d_out):
+    def _backward_in_user_layout(engine, q, k, v, out, lse, d_out, sinks=None):
         """dQ, dK, dV in the caller's layout from the caller's Q, K, V, O, LSE and dO (the
         torch.library op's backward, which saves only the caller's tensors): with a layout
         exchange they go into the plan's layout first (one all-to-all more than the autograd
-        function's backward, which saved the plan-layout shards)."""
+        function's backward, which saved the plan-layout shards). With sinks ([heads]) also
+        dsinks, this rank's 1/P of the total as _AttentionFunction returns it (else None)."""
         q, k, v, out, d_out = (_engine_ready(x) for x in (q, k, v, out, d_out.to(q.dtype)))
         lse = lse.to(torch.float32).contiguous()
         device, stream = q.device, _stream_of(q)
@@ -164,12 +165,20 @@ if torch is not None:
             qp, kp, vp, op, dop, lsep = q, k, v, out, d_out, lse
         dqp, dkp, dvp = (torch.empty(x.shape, dtype=x.dtype, device=device)
                          for x in (qp, kp, vp))
+        sink_values = dsink = None
+        if sinks is not None:  # host arrays, as the autograd function's (backend.hpp)
+            sink_values = sinks.detach().to("cpu", torch.float32).contiguous()
+            dsink = torch.zeros(sink_values.shape, dtype=torch.float32)
         engine.backward(_view(qp), _view(kp), _view(vp), _view(op), _view(dop), _view(lsep),
-                        _view(dqp), _view(dkp), _view(dvp), 0, 0, stream=stream)
+                        _view(dqp), _view(dkp), _view(dvp),
+                        0 if sinks is None else sink_values.data_ptr(),
+                        0 if sinks is None else dsink.data_ptr(), stream=stream)
+        d_sinks = (None if sinks is None
+                   else (dsink / engine.size).to(device=sinks.device, dtype=sinks.dtype))
         if not engine.exchanges:
-            return dqp, dkp, dvp
+            return dqp, dkp, dvp, d_sinks
         dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=device)
                       for x in (q, k, v))
         engine.exchange_out([(_view(dqp), _view(dq)), (_view(dkp), _view(dk)),
                              (_view(dvp), _view(dv))], [], True, stream)
-        return dq, dk, dv
+        return dq, dk, dv, d_sinks

@@ -9,13 +9,15 @@
 Every rank of the group passes its shard of `input_ids` (in `layout`, contiguous by default) with
 `position_ids` holding the global positions of those tokens; each layer's attention then runs
 over the whole sequence through attention2d and the model computes exactly what the unsharded
-model computes. Causal self-attention with GQA, the models' sliding windows (Mistral, Qwen2,
-Gemma 2/3's local layers), `attn_logit_softcapping` (Gemma 2) and the models' scaling are
+model computes. Causal self-attention with GQA, the models' sliding windows (Mistral, Qwen2/3,
+Gemma 2/3's local layers, gpt-oss), `attn_logit_softcapping` (Gemma 2), attention sinks (gpt-oss's
+learned per-head `s_aux` logits, trained through the engine's sinks) and the models' scaling are
 honoured; packed sequences are read from `position_ids` (each document's positions run 0, 1, ...,
 as transformers' DataCollatorWithFlattening makes them; the same documents in every row of the
 batch). What cannot be served is refused in the model's words, on every rank, before any of the
 attention's data moves: padding in `attention_mask`, attention dropout in training, ALiBi, a
-non-causal or cross-attention, a KV cache, 4-D or custom masks, attention sinks.
+non-causal or cross-attention, a KV cache, 4-D or custom masks, flash-attention's
+cu_seq_lens arguments.
 
 The attention is one torch.library custom op, `torch.ops.attention2d.hf_attention` (a fake
 implementation for tracing, its backward another op, `hf_attention_backward`), so that
@@ -66,6 +68,11 @@ def _refusal(module, query, key, attention_mask, dropout, kwargs):
     decided from shapes and the configuration (no tensor data), so that it also traces."""
     config = getattr(module, "config", None)
     model = type(module).__name__
+    if not getattr(module, "is_causal", True):  # before the mask: the model's own setting
+        return ("%s.is_causal is False (%s): attention2d serves the causal self-attention of "
+                "decoder models" % (model, "config.use_bidirectional_attention=True"
+                                    if getattr(config, "use_bidirectional_attention", False)
+                                    else "an encoder's or a cross-attention"))
     if isinstance(attention_mask, _Unsupported):
         return attention_mask.reason
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 2:
@@ -77,9 +84,6 @@ def _refusal(module, query, key, attention_mask, dropout, kwargs):
                                or getattr(config, "position_embedding_type", "") == "alibi"):
         return ("%s uses ALiBi (config.alibi / position_embedding_type='alibi'): attention2d "
                 "adds no ALiBi biases; use attn_implementation='eager' or 'sdpa'" % model)
-    if not getattr(module, "is_causal", True):
-        return ("%s.is_causal is False (an encoder's or a cross-attention): attention2d serves "
-                "the causal self-attention of decoder models" % model)
     if query.shape[2] != key.shape[2]:
         return ("%s attends %d query tokens to %d keys (cross-attention or a KV cache): "
                 "attention2d computes self-attention of the sharded sequence; pass "
@@ -93,9 +97,12 @@ def _refusal(module, query, key, attention_mask, dropout, kwargs):
             return ("%s was passed (flash-attention's packed-batch arguments): attention2d reads "
                     "the documents from the global position_ids; drop it (DataCollatorWithFlattening"
                     "(return_flash_attn_kwargs=False))" % name)
-    if kwargs.get("s_aux") is not None:
-        return ("%s has attention sinks (s_aux): not wired to transformers yet (attention2d."
-                "attention(sinks=) computes them); use attn_implementation='eager'" % model)
+    sinks = kwargs.get("s_aux")
+    if sinks is not None and (not isinstance(sinks, torch.Tensor)
+                              or tuple(sinks.shape) != (query.shape[1],)):
+        return ("%s passes attention sinks (s_aux) of shape %s: attention2d serves one learned "
+                "logit per query head (gpt-oss), shape [%d]"
+                % (model, list(getattr(sinks, "shape", [])), query.shape[1]))
     return ""
 
 
@@ -119,65 +126,74 @@ def _local_refusal(q, position_ids, padding):
     return ""
 
 
-def _call(q, k, v, position_ids, padding, handle, scale, window, softcap, refusal, engine_only):
+def _call(q, k, v, sinks, position_ids, padding, handle, scale, window, softcap, refusal,
+          engine_only):
     config = _configs[handle]
     refusal = refusal or _local_refusal(q, position_ids, padding)
     positions = None if refusal else position_ids[0]
     with torch.no_grad():
         return _api.attention(q, k, v, causal=True, window=window, softmax_scale=scale,
-                              softcap=softcap, group=config["group"], layout=config["layout"],
-                              return_lse=True, positions=positions, _documents=True,
-                              _refusal=refusal, _engine_only=engine_only, **config["options"])
+                              softcap=softcap, sinks=sinks, group=config["group"],
+                              layout=config["layout"], return_lse=True, positions=positions,
+                              _documents=True, _refusal=refusal, _engine_only=engine_only,
+                              **config["options"])
 
 
 @torch.library.custom_op("attention2d::hf_attention", mutates_args=())
-def hf_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def hf_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor],
                  position_ids: Optional[torch.Tensor], padding: Optional[torch.Tensor],
                  handle: int, scale: Optional[float], window: int, softcap: float,
                  refusal: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """This rank's attention output [batch, local tokens, heads, head_dim] and fp32 LSE [batch,
-    heads, local tokens] of q [batch, local tokens, heads, head_dim] and k, v (kv_heads);
-    collective over the registered group."""
-    out, lse = _call(q, k, v, position_ids, padding, handle, scale, window, softcap, refusal,
-                     False)
+    heads, local tokens] of q [batch, local tokens, heads, head_dim] and k, v (kv_heads), with
+    sinks (a logit per query head joining each row's softmax denominator, gpt-oss's s_aux) or
+    None; collective over the registered group."""
+    out, lse = _call(q, k, v, sinks, position_ids, padding, handle, scale, window, softcap,
+                     refusal, False)
     return out, lse
 
 
 @hf_attention.register_fake
-def _(q, k, v, position_ids, padding, handle, scale, window, softcap, refusal):
+def _(q, k, v, sinks, position_ids, padding, handle, scale, window, softcap, refusal):
     b, n, h, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((b, h, n), dtype=torch.float32)
 
 
 @torch.library.custom_op("attention2d::hf_attention_backward", mutates_args=())
 def hf_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                          lse: torch.Tensor, d_out: torch.Tensor,
+                          lse: torch.Tensor, d_out: torch.Tensor, sinks: Optional[torch.Tensor],
                           position_ids: Optional[torch.Tensor], handle: int,
-                          scale: Optional[float], window: int,
-                          softcap: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """dQ, dK, dV of hf_attention (collective). The same engine as the forward (the engine cache
-    keeps it); with a layout exchange, Q, K, V, O, LSE and dO go into the plan's layout again
-    (the op saves only the caller's tensors)."""
-    engine = _call(q, k, v, position_ids, None, handle, scale, window, softcap, "", True)
-    return _api._backward_in_user_layout(engine, q, k, v, out, lse, d_out)
+                          scale: Optional[float], window: int, softcap: float
+                          ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """dQ, dK, dV and dsinks (empty without sinks) of hf_attention (collective). The same
+    engine as the forward (the engine cache keeps it); with a layout exchange, Q, K, V, O, LSE
+    and dO go into the plan's layout again (the op saves only the caller's tensors). dsinks is
+    this rank's 1/P of the sum over all ranks' rows, so that summing the ranks' gradients, as
+    for every replicated parameter of a sequence-sharded model, gives the sinks' gradient."""
+    engine = _call(q, k, v, sinks, position_ids, None, handle, scale, window, softcap, "", True)
+    dq, dk, dv, dsinks = _api._backward_in_user_layout(engine, q, k, v, out, lse, d_out, sinks)
+    return dq, dk, dv, q.new_empty(0) if dsinks is None else dsinks
 
 
 @hf_attention_backward.register_fake
-def _(q, k, v, out, lse, d_out, position_ids, handle, scale, window, softcap):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _(q, k, v, out, lse, d_out, sinks, position_ids, handle, scale, window, softcap):
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, position_ids, _, handle, scale, window, softcap, _ = inputs
+    q, k, v, sinks, position_ids, _, handle, scale, window, softcap, _ = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, position_ids)
+    ctx.save_for_backward(q, k, v, out, lse, sinks, position_ids)
     ctx.arguments = (handle, scale, window, softcap)
 
 
 def _backward(ctx, d_out, d_lse):
-    q, k, v, out, lse, position_ids = ctx.saved_tensors
-    dq, dk, dv = hf_attention_backward(q, k, v, out, lse, d_out, position_ids, *ctx.arguments)
-    return dq, dk, dv, None, None, None, None, None, None, None
+    q, k, v, out, lse, sinks, position_ids = ctx.saved_tensors
+    dq, dk, dv, dsinks = hf_attention_backward(q, k, v, out, lse, d_out, sinks, position_ids,
+                                               *ctx.arguments)
+    return (dq, dk, dv, None if sinks is None else dsinks, None, None, None, None, None, None,
+            None)
 
 
 hf_attention.register_autograd(_backward, setup_context=_setup_context)
@@ -194,8 +210,9 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
                               "probabilities; use attn_implementation='eager' to inspect them")
     padding = (attention_mask if isinstance(attention_mask, torch.Tensor)
                and attention_mask.dim() == 2 else None)
+    sinks = kwargs.get("s_aux") if not refusal else None
     out, _ = hf_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                          kwargs.get("position_ids"), padding, handle,
+                          sinks, kwargs.get("position_ids"), padding, handle,
                           None if scaling is None else float(scaling),
                           int(sliding_window or 0), float(softcap or 0.0), refusal)
     return out, None
