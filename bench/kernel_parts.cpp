@@ -15,10 +15,11 @@
 
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "attention2d/peak.hpp"
+#include "attention2d/timing.hpp"
 #include "attention2d/tools/cli.hpp"
 #include "attention2d/tools/data.hpp"
-#include "attention2d/tools/peak.hpp"
-#include "attention2d/tools/timing.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "backends/cpu/kernels/paths.hpp"
 
 namespace a2d {

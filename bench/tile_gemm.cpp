@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
-#include "attention2d/tools/peak.hpp"
-#include "attention2d/tools/timing.hpp"
+#include "attention2d/peak.hpp"
+#include "attention2d/timing.hpp"
 
 extern "C" void openblas_set_num_threads(int threads);
 extern "C" char* openblas_get_corename();

@@ -16,8 +16,9 @@
 #include <vector>
 
 #include "attention2d/kernel.hpp"
+#include "attention2d/timing.hpp"
 #include "attention2d/tools/data.hpp"
-#include "attention2d/tools/timing.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 
 namespace {
 

@@ -9,6 +9,7 @@
 
 #include "attention2d/attention.hpp"
 #include "attention2d/backend.hpp"
+#include "attention2d/comm_kind.hpp"
 #include "attention2d/planner.hpp"
 #include "attention2d/relayout.hpp"
 #include "attention2d/tools/cli.hpp"

@@ -17,12 +17,13 @@
 #include <vector>
 
 #include "attention2d/collective.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "attention2d/timing.hpp"
 #include "attention2d/tools/check.hpp"
 #include "attention2d/tools/cli.hpp"
 #include "attention2d/tools/npy.hpp"
-#include "attention2d/tools/timing.hpp"
 #include "attention2d/watchdog.hpp"
 #include "commands.hpp"
 #include "problem_options.hpp"

@@ -10,6 +10,8 @@
 
 #include "attention2d/attention.hpp"
 #include "attention2d/comm.hpp"
+#include "attention2d/comm_kind.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/tools/cli.hpp"
 #include "attention2d/tools/harness.hpp"
 

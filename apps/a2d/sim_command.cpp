@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "attention2d/collective.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/cost_model.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/mpi_comm.hpp"

@@ -1,6 +1,8 @@
-// attention2d: the local (single-process) attention kernel interface.
+// attention2d: the local (single-process) attention kernels' views and arguments.
 //
-// Every distributed algorithm calls these functions on the blocks a rank holds. The kernel
+// The CPU backend's kernels (src/backends/cpu/kernels/cpu_kernels.hpp) and the reference
+// (reference.hpp) take these; the distributed algorithms call the kernels through a backend on
+// the blocks a rank holds. The kernel
 // knows nothing about ranks: each query row and each key row carries its position in the full
 // sequence, and the mask is a function of those positions, so cyclic, zigzag, striped and
 // gathered layouts all use the same kernel.
@@ -24,40 +26,15 @@
 
 #include "attention2d/dtype.hpp"
 #include "attention2d/mask.hpp"
+#include "attention2d/problem.hpp"
 
 namespace a2d {
-
-// Document lengths from text: "100,3000,17", "@file" (lengths separated by commas, spaces or
-// newlines), or a generated mix of `seq` tokens: "skewed[:SEED]" or "heavy[:SEED]" (seed 1 by
-// default; generated_document_lengths). Throws a2d::Error naming the bad entry.
-std::vector<int64_t> parse_document_lengths(const std::string& text, int64_t seq);
-std::vector<int64_t> generated_document_lengths(const std::string& kind, int64_t seq,
-                                                uint64_t seed);
 
 // The maximum the kernels, the merge and the reference use for row maxima: a NaN wins (as in
 // IEEE softmax implementations), so a NaN score poisons its row instead of being skipped.
 template <typename T>
 inline T max_keep_nan(T a, T b) {
   return (b > a || b != b) ? b : a;
-}
-
-// Tiles of the CPU (AVX2) backward kernel: a work item holds kCpuBackwardTileK keys and visits the
-// queries kCpuBackwardTileQ rows at a time, skipping a pair of tiles only when the mask hides it
-// whole (the cost model counts these tiles, docs/cost-model.md).
-inline constexpr int64_t kCpuBackwardTileQ = 48;
-inline constexpr int64_t kCpuBackwardTileK = 96;
-// The forward's: panels of kCpuForwardPanel query rows against key tiles of kCpuForwardTileK,
-// a partly visible pair trimmed to the kCpuForwardKeyStep-key blocks between its first and last
-// visible block.
-inline constexpr int64_t kCpuForwardPanel = 24;
-inline constexpr int64_t kCpuForwardTileK = 256;
-inline constexpr int64_t kCpuForwardKeyStep = 4;
-
-// How a block of queries (positions in [q_min, q_max]) relates to a block of keys
-// (MaskView::classify).
-inline BlockVisibility classify_block(const Mask& mask, int64_t q_min, int64_t q_max, int64_t k_min,
-                                      int64_t k_max) {
-  return mask.view().classify(q_min, q_max, k_min, k_max);
 }
 
 // A [batch, tokens, heads, head_dim] tensor; strides in elements, the head dimension is dense.
@@ -145,31 +122,6 @@ struct TypedTokens {
 using InTokens = TypedTokens<true>;
 using OutTokens = TypedTokens<false>;
 
-// `count` elements of `dtype` at `row` -> fp32 at `to`, times `scale` (widening is exact; with
-// scale != 1 each element is one fp32 product), and `count` fp32 values -> `dtype` at `row`
-// (rounded to nearest even, as from_float in dtype.hpp). The portable kernels convert rows with
-// these; the AVX2 kernels convert inside their tile copies, to the same bits.
-void load_row(const std::byte* row, DType dtype, int64_t count, float* to, float scale = 1.0f);
-void store_row(const float* from, int64_t count, std::byte* row, DType dtype);
-
-struct AttentionShape {
-  int64_t batch = 1;
-  int64_t heads = 1;
-  int64_t kv_heads = 1;
-  int64_t q_tokens = 0;
-  int64_t kv_tokens = 0;
-  int64_t head_dim = 0;
-
-  int64_t group_size() const { return heads / kv_heads; }  // query heads per K/V head
-  int64_t kv_head_of(int64_t head) const { return head / group_size(); }
-  // Zero tokens are allowed (a rank may own nothing); everything else must be positive and
-  // heads a multiple of kv_heads.
-  void validate() const;
-  std::string describe() const;
-};
-
-float default_scale(int64_t head_dim);  // 1 / sqrt(head_dim)
-
 // Inputs of the forward kernel.
 struct ForwardArgs {
   AttentionShape shape;
@@ -209,54 +161,6 @@ struct PartialState {
 using PartialView = PartialState<float>;
 using ConstPartialView = PartialState<const float>;
 
-// O = softmax(scale Q K^T + mask) V and LSE = log sum_j exp(s_ij) (natural log). A row that sees
-// no key gets O = 0 and LSE = -inf.
-// O is written in its own DType (rounded once, from the fp32 result).
-void attention_forward(const ForwardArgs& args, OutTokens out, RowView<float> lse);
-
-// The partial triple for merging. With accumulate = false the state is overwritten; with
-// accumulate = true the kernel continues from the state already in `partial` (equivalent to
-// merging its own result into it).
-void attention_forward_partial(const ForwardArgs& args, const PartialView& partial,
-                               bool accumulate);
-
-// Shape of a set of rows for the merge functions: [batch, tokens, heads, head_dim].
-struct RowsShape {
-  int64_t batch = 1;
-  int64_t tokens = 0;
-  int64_t heads = 1;
-  int64_t head_dim = 0;
-};
-
-// into <- merge(into, from). Associative and commutative; rows with no key never produce NaN.
-void merge_partial(const RowsShape& rows, const PartialView& into, const ConstPartialView& from);
-// The same merge on flat records [row max, row sum, acc(record - 2)], `count` of them: the wire
-// format of partial results in the distributed algorithms.
-void merge_partial_records(float* into, const float* from, int64_t count, int64_t record);
-// O = acc / row_sum, LSE = row_max + log(row_sum); empty rows give O = 0, LSE = -inf.
-void finalize_partial(const RowsShape& rows, const ConstPartialView& partial, OutTokens out,
-                      RowView<float> lse);
-// The same merge in (O, LSE) form: out_a, lse_a <- merge((out_a, lse_a), (out_b, lse_b)).
-void merge_output(const RowsShape& rows, TokenView<float> out_a, RowView<float> lse_a,
-                  TokenView<const float> out_b, RowView<const float> lse_b);
-
-// Attention sinks (gpt-oss): per query head h a logit sinks[h] that joins every row's softmax
-// denominator as one more column with value 0, so that O = sum_j p_j v_j with
-// p_j = exp(s_j - LSE) and LSE = log(sum_j exp(s_j) + exp(sinks[h])). add_sinks turns the O and
-// LSE of the scores alone into those: LSE' = logaddexp(LSE, sink), O' = O * exp(LSE - LSE'), the
-// sink joining each row exactly once (a row that saw no key gets O = 0, LSE = sink). `first_head`
-// is the global index of the rows' head 0 (a caller holding a slice of the heads).
-void add_sinks(const RowsShape& rows, const float* sinks, int64_t first_head, OutTokens out,
-               RowView<float> lse);
-// The sinks' gradient of sum(O * dO): dsink[h] += -sum over rows of P_sink * delta, with
-// P_sink = exp(sinks[h] - LSE) (the LSE with the sink) and delta = rowsum(dO * O). Summed in
-// double; dsink holds rows.heads values.
-void add_sink_gradient(const RowsShape& rows, const float* sinks, int64_t first_head,
-                       RowView<const float> lse, RowView<const float> delta, double* dsink);
-
-// delta = rowsum(dO * O), the backward's per-row correction, in [batch, heads, tokens].
-void compute_delta(const RowsShape& rows, InTokens out, InTokens d_out, RowView<float> delta);
-
 // Inputs of the backward kernel.
 struct BackwardArgs {
   AttentionShape shape;
@@ -280,55 +184,5 @@ struct BackwardArgs {
   // (distributed callers sum partial gradients).
   bool accumulate = false;
 };
-
-// dQ, dK, dV of sum(O * dO). For GQA, dK and dV sum over the query heads sharing a K/V head.
-// dq, dk and dv are fp32 whatever the DType of the inputs: they are partial gradient sums, which
-// callers accumulate (across key blocks and ranks) and round to the problem's DType once, at the
-// end.
-void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView<float> dk,
-                        TokenView<float> dv);
-
-// Which implementation of the CPU kernels runs. Every path computes the same function within
-// kFp32RelativeBound of the fp64 reference (docs/kernels.md):
-//   portable  plain C++ loops the compiler vectorises for the build's baseline ISA
-//   avx2      register-blocked AVX2/FMA micro-kernels and a vectorised exp; needs a CPU with
-//             AVX2, FMA and F16C (checked at run time; F16C converts fp16 inputs) and an x86-64
-//             build
-//   avx512    the same kernels on 16-lane AVX-512 vectors with larger register blocks; needs
-//             AVX-512 F, BW, DQ and VL besides what avx2 needs, and an x86-64 build
-// The process starts on the path named by the environment variable A2D_KERNEL_PATH (auto,
-// portable, avx2 or avx512; auto = unset = the fastest path this CPU supports: avx512, then
-// avx2, then portable) and set_kernel_path
-// changes it. The choice applies to attention_forward, attention_forward_partial and
-// attention_backward; the merge functions have one implementation.
-enum class KernelPath { portable, avx2, avx512 };
-
-KernelPath kernel_path();                       // the path the kernels use now
-void set_kernel_path(KernelPath path);          // throws a2d::Error if the path is unsupported
-bool kernel_path_supported(KernelPath path);    // built in and runnable on this CPU
-KernelPath best_kernel_path();                  // the fastest supported path
-const char* kernel_path_name(KernelPath path);  // "portable", "avx2", "avx512"
-// "portable", "avx2", "avx512" or "auto" (= best_kernel_path()); anything else throws a2d::Error.
-KernelPath parse_kernel_path(const std::string& name);
-
-// Bytes the forward kernel allocates besides its inputs and outputs, on the current path, for
-// this shape and thread count: per-thread tiles plus per-call tables of key positions. It does not
-// grow with q_tokens, and grows with kv_tokens only by 16 bytes per 4 keys (the table of key
-// micro-block positions), so the forward never needs memory of the order of Nq x Nk. Counted for
-// fp32 inputs: the AVX2 path converts 16-bit inputs inside its tiles (no extra memory), the
-// portable path into per-thread fp32 K and V rows of one key tile (2 x 64 x head_dim floats per
-// thread more).
-int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
-// The same for the backward: per-thread tiles, threads - 1 private dQ buffers (dQ rows get
-// contributions from every key tile; the buffers keep the sum deterministic) and, when delta is
-// computed from O (BackwardArgs::delta not set), the delta rows. Counted for fp32 inputs: with
-// 16-bit inputs the portable path adds per-thread fp32 rows of one key tile (K, V) and one query
-// tile (Q, dO), 4 x 64 x head_dim floats per thread; the AVX2 path nothing.
-int64_t backward_workspace_bytes(const AttentionShape& shape, int threads, bool delta_from_out);
-
-// Number of (query, key) pairs the mask leaves visible, per batch and head. This is what the
-// FLOP counts use: forward 4 * pairs * head_dim per head, backward 2.5 times that.
-int64_t count_visible_pairs(const Mask& mask, const int64_t* q_positions, int64_t q_tokens,
-                            const int64_t* kv_positions, int64_t kv_tokens);
 
 }  // namespace a2d

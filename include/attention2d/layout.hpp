@@ -98,10 +98,4 @@ class TokenLayout {
   std::shared_ptr<const std::vector<int64_t>> offsets_;
 };
 
-// Reorders `count` tokens of `token_bytes` bytes in place: out[i] = in[from[i]] (`from` a
-// permutation of [0, count)). One cycle at a time with one token of scratch, so no second copy of
-// the buffer is made. The CPU backends sort gathered rows by position with it; `a2d calibrate`
-// times it.
-void permute_tokens(void* rows, int64_t token_bytes, const int64_t* from, int64_t count);
-
 }  // namespace a2d

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attention2d/comm.hpp"
+#include "attention2d/comm_kind.hpp"
 #include "attention2d/gloo_comm.hpp"
 
 namespace a2d {
@@ -33,7 +34,7 @@ WaitSetting mpi_wait_setting();
 // returned, not fatal, and become a2d::Error with MPI's message.
 std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm);
 
-// A communicator of `kind` (comm.hpp's CommKind) over the ranks of `comm`.
+// A communicator of `kind` (comm_kind.hpp's CommKind) over the ranks of `comm`.
 // Collective over `comm`: every rank passes the same kind and its own backend (the one the
 // algorithms will use). Refusals (nccl without the CUDA backend, ranks sharing a GPU under an
 // NCCL that refuses it, gloo in a build without Gloo) throw a2d::Error on every rank, with the

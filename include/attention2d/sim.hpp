@@ -90,13 +90,9 @@ SimRuntime& smpi_runtime();
 // 1 / bytes_per_s seconds of the rank's clock (0, the default: nothing, as NCCL reduces inside
 // the copy kernels of its ring; a CPU calibration's sum_gbs for a simulated CPU cluster), and
 // its scratch buffers are placeholders too (simulated_scratch: one region for every rank).
+// The hooks the MPI communicator calls are declared in src/comm/smpi_hooks.hpp (the comm layer
+// sits below the simulation's; smpi_runtime.cpp implements them).
 void set_simulated_host_reduction(double bytes_per_s);
-// Whether [address, address + bytes) lies in the placeholder region of smpi_runtime() (the
-// simulated devices' buffers): the MPI communicator moves nothing there by hand (a copy would
-// touch the shared region's pages, which stay untouched otherwise).
-bool is_placeholder(const void* address, int64_t bytes);
-void simulated_host_reduction(int64_t bytes);
-std::byte* simulated_scratch(int64_t bytes);
 #endif
 
 }  // namespace a2d

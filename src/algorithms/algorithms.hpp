@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "attention2d/attention.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/decomposition.hpp"
 
 namespace a2d::algorithms {

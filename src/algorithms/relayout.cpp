@@ -6,6 +6,7 @@
 
 #include "algorithms.hpp"
 #include "attention2d/collective.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/error.hpp"
 #include "core/enum_names.hpp"
 

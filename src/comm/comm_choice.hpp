@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "attention2d/comm.hpp"
+#include "attention2d/comm_kind.hpp"
 
 namespace a2d::comm_choice {
 

@@ -1,8 +1,9 @@
 #include <algorithm>
 
 #include "attention2d/comm.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/tools/timing.hpp"
+#include "attention2d/timing.hpp"
 
 namespace a2d {
 namespace {

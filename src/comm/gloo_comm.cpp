@@ -43,6 +43,8 @@
 #include <thread>
 #include <vector>
 
+#include "attention2d/backend.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/watchdog.hpp"
 #include "self_mail.hpp"

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "attention2d/backend.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/gloo_comm.hpp"
 #include "attention2d/watchdog.hpp"

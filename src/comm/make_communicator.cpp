@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "attention2d/backend.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "comm_choice.hpp"

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "attention2d/backend.hpp"
 #include "attention2d/comm.hpp"
 #include "attention2d/error.hpp"
 

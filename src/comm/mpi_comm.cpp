@@ -13,11 +13,13 @@
 #include <thread>
 #include <vector>
 
+#include "attention2d/backend.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/watchdog.hpp"
 #include "comm/startup_guard.hpp"
 #ifdef A2D_SMPI
-#include "attention2d/sim.hpp"
+#include "comm/smpi_hooks.hpp"
 #endif
 
 namespace a2d {

@@ -20,7 +20,9 @@
 #include <numeric>
 #include <vector>
 
+#include "attention2d/backend.hpp"
 #include "attention2d/comm.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/error.hpp"
 #include "host_forwarding.hpp"
 

@@ -1,5 +1,5 @@
-// Document lengths, shapes and the visible-pair count shared by the kernels, the reference and the
-// tools (the mask itself: mask.cpp).
+// The problem (problem.hpp): document lengths, shapes, the visible-pair count shared by the
+// kernels, the reference and the tools, and Problem's checks (the mask itself: mask.cpp).
 #include <algorithm>
 #include <cmath>
 #include <fstream>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "attention2d/error.hpp"
-#include "attention2d/kernel.hpp"
+#include "attention2d/problem.hpp"
 
 namespace a2d {
 
@@ -147,6 +147,44 @@ int64_t count_visible_pairs(const Mask& mask, const int64_t* q_positions, int64_
     }
   }
   return pairs;
+}
+
+float Problem::softmax_scale() const {
+  return scale > 0 ? scale : default_scale(head_dim);
+}
+
+void Problem::validate() const {
+  A2D_REQUIRE(seq >= 1, "the sequence length must be at least 1 (got ", seq, ")");
+  local_shape(seq, seq).validate();
+  // Upper limits keep every buffer size and index far from 64-bit overflow.
+  A2D_REQUIRE(seq <= (int64_t{1} << 40), "the sequence length ", seq, " exceeds 2^40 tokens");
+  A2D_REQUIRE(head_dim <= 4096, "head_dim ", head_dim, " exceeds 4096, the largest supported");
+  A2D_REQUIRE(batch <= (1 << 20) && heads <= (1 << 20), "batch (", batch, ") and heads (", heads,
+              ") must each be at most 2^20");
+  const double elements = static_cast<double>(batch) * static_cast<double>(seq) *
+                          static_cast<double>(heads) * static_cast<double>(head_dim);
+  A2D_REQUIRE(elements <= 0x1p56, "Q would hold ", elements,
+              " elements; at most 2^56 are "
+              "supported");
+  mask.validate(seq);
+  A2D_REQUIRE(std::isfinite(softcap) && softcap >= 0,
+              "the softcap must be positive (or 0 for none); got ", softcap);
+  A2D_REQUIRE(std::isfinite(scale) && scale >= 0,
+              "the softmax scale must be positive (or 0 for 1/sqrt(head_dim)); got ", scale);
+}
+
+std::string Problem::describe() const {
+  std::ostringstream out;
+  out << "batch=" << batch << " heads=" << heads << " kv_heads=" << kv_heads << " seq=" << seq
+      << " head_dim=" << head_dim << " mask=" << mask.describe() << " scale=" << softmax_scale()
+      << " dtype=" << dtype_name(dtype);
+  if (sinks) out << " sinks=yes";
+  if (softcap > 0) out << " softcap=" << softcap;
+  return out.str();
+}
+
+AttentionShape Problem::local_shape(int64_t q_tokens, int64_t kv_tokens) const {
+  return {batch, heads, kv_heads, q_tokens, kv_tokens, head_dim};
 }
 
 }  // namespace a2d

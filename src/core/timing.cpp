@@ -1,4 +1,4 @@
-#include "attention2d/tools/timing.hpp"
+#include "attention2d/timing.hpp"
 
 #include <time.h>
 

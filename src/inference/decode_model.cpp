@@ -8,6 +8,7 @@
 
 #include "attention2d/error.hpp"
 #include "attention2d/inference.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 
 namespace a2d {
 namespace {

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "attention2d/error.hpp"
-#include "attention2d/relayout.hpp"
+#include "attention2d/exchange_maps.hpp"
 
 namespace a2d {
 namespace {

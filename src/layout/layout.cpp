@@ -224,26 +224,4 @@ std::string TokenLayout::describe() const {
          " tokens";
 }
 
-void permute_tokens(void* data, int64_t token_bytes, const int64_t* from, int64_t count) {
-  auto* rows = static_cast<std::byte*>(data);
-  const auto bytes = static_cast<size_t>(token_bytes);
-  std::vector<bool> done(static_cast<size_t>(count), false);
-  std::vector<std::byte> held(bytes);
-  for (int64_t start = 0; start < count; ++start) {
-    if (done[static_cast<size_t>(start)]) continue;
-    std::memcpy(held.data(), rows + start * token_bytes, bytes);
-    int64_t at = start;
-    while (true) {
-      done[static_cast<size_t>(at)] = true;
-      const int64_t source = from[at];
-      if (source == start) {
-        std::memcpy(rows + at * token_bytes, held.data(), bytes);
-        break;
-      }
-      std::memcpy(rows + at * token_bytes, rows + source * token_bytes, bytes);
-      at = source;
-    }
-  }
-}
-
 }  // namespace a2d

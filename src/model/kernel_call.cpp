@@ -8,6 +8,7 @@
 #include "attention2d/cost_model.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "model/model_internal.hpp"
 
 namespace a2d {

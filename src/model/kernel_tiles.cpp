@@ -19,6 +19,7 @@
 #include "attention2d/error.hpp"
 #include "attention2d/grid.hpp"
 #include "attention2d/kernel.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "model/model_internal.hpp"
 #include "table/table.hpp"
 

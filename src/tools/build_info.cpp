@@ -3,6 +3,9 @@
 #include <sstream>
 
 #include "attention2d/version.hpp"
+#ifdef A2D_WITH_CUDA
+#include "backends/cuda/device_info.hpp"
+#endif
 
 #ifdef A2D_WITH_MPI
 #include <mpi.h>

@@ -9,7 +9,8 @@
 #include <cstdlib>
 
 #include "attention2d/kernel.hpp"
-#include "attention2d/tools/timing.hpp"
+#include "attention2d/timing.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 
 namespace a2d {
 

@@ -14,9 +14,11 @@
 #include <vector>
 
 #include "attention2d/backend.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "mpi_checks.hpp"
 
 namespace a2d {

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "attention2d/backend.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/gloo_comm.hpp"
 #include "attention2d/mpi_comm.hpp"

@@ -16,11 +16,12 @@
 #include <vector>
 
 #include "attention2d/attention.hpp"
-#include "attention2d/tools/check.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/decomposition.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/tools/harness.hpp"
 #include "attention2d/mpi_comm.hpp"
+#include "attention2d/tools/check.hpp"
+#include "attention2d/tools/harness.hpp"
 #include "mpi_checks.hpp"
 #include "unit/make_problem.hpp"
 

@@ -19,13 +19,14 @@
 #include <memory>
 #include <vector>
 
-#include "attention2d/tools/check.hpp"
 #include "attention2d/collective.hpp"
-#include "attention2d/tools/data.hpp"
+#include "attention2d/comm_wrappers.hpp"
 #include "attention2d/error.hpp"
-#include "attention2d/tools/harness.hpp"
 #include "attention2d/mpi_comm.hpp"
 #include "attention2d/relayout.hpp"
+#include "attention2d/tools/check.hpp"
+#include "attention2d/tools/data.hpp"
+#include "attention2d/tools/harness.hpp"
 #include "mpi_checks.hpp"
 #include "unit/make_problem.hpp"
 

@@ -8,6 +8,7 @@
 #include "attention2d/reference.hpp"
 #include "attention2d/tools/check.hpp"
 #include "attention2d/tools/data.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 
 namespace a2d::test {
 namespace {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "attention2d/kernel.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 
 namespace a2d::test {
 

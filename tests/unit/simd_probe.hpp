@@ -7,6 +7,7 @@
 
 #include "attention2d/dtype.hpp"
 #include "attention2d/kernel.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 
 namespace a2d::test {
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "attention2d/backend.hpp"
+#include "attention2d/comm_kind.hpp"
 #include "attention2d/error.hpp"
 #include "comm/comm_choice.hpp"
 

@@ -16,6 +16,7 @@
 #include "attention2d/dtype.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "simd_probe.hpp"
 
 namespace a2d::test {

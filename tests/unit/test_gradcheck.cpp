@@ -6,10 +6,11 @@
 #include <cmath>
 #include <vector>
 
-#include "attention2d/tools/data.hpp"
 #include "attention2d/kernel.hpp"
 #include "attention2d/reference.hpp"
+#include "attention2d/tools/data.hpp"
 #include "attention_case.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 
 namespace a2d {
 namespace {

@@ -16,6 +16,7 @@
 #include "attention2d/tools/check.hpp"
 #include "attention2d/tools/data.hpp"
 #include "attention_case.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 
 namespace a2d::test {
 namespace {

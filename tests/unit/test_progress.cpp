@@ -10,9 +10,9 @@
 #include <thread>
 #include <vector>
 
-#include "attention2d/tools/peak.hpp"
+#include "attention2d/peak.hpp"
+#include "attention2d/timing.hpp"
 #include "attention2d/tools/progress.hpp"
-#include "attention2d/tools/timing.hpp"
 
 namespace a2d {
 namespace {

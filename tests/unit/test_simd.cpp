@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "attention2d/kernel.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "simd_probe.hpp"
 
 namespace a2d::test {

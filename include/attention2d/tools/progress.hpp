@@ -19,7 +19,7 @@
 #include <thread>
 
 #include "attention2d/cost_model.hpp"
-#include "attention2d/tools/peak.hpp"
+#include "attention2d/peak.hpp"
 
 namespace a2d {
 

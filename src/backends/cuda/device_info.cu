@@ -4,7 +4,7 @@
 
 #include <sstream>
 
-#include "attention2d/tools/build_info.hpp"
+#include "device_info.hpp"
 
 namespace a2d::cuda {
 

@@ -27,6 +27,7 @@
 
 #include "attention2d/error.hpp"
 #include "backends/backends.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "backends/cuda/cuda_plan.hpp"
 #include "backends/host/host_backend.hpp"
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "attention2d/error.hpp"
-#include "attention2d/layout.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 
 namespace a2d::backends {
 namespace {

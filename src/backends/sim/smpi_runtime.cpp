@@ -8,6 +8,7 @@
 
 #include "attention2d/error.hpp"
 #include "attention2d/sim.hpp"
+#include "comm/smpi_hooks.hpp"
 
 namespace a2d {
 namespace {

@@ -1,11 +1,14 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <vector>
 
 #include "attention2d/error.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "tiles.hpp"
 
 namespace a2d {
@@ -92,6 +95,28 @@ void store_row(const float* from, int64_t count, std::byte* row, DType dtype) {
       for (int64_t i = 0; i < count; ++i)
         put_bits(row, i, float_to_f16(from[i]));
       return;
+  }
+}
+
+void permute_tokens(void* data, int64_t token_bytes, const int64_t* from, int64_t count) {
+  auto* rows = static_cast<std::byte*>(data);
+  const auto bytes = static_cast<size_t>(token_bytes);
+  std::vector<bool> done(static_cast<size_t>(count), false);
+  std::vector<std::byte> held(bytes);
+  for (int64_t start = 0; start < count; ++start) {
+    if (done[static_cast<size_t>(start)]) continue;
+    std::memcpy(held.data(), rows + start * token_bytes, bytes);
+    int64_t at = start;
+    while (true) {
+      done[static_cast<size_t>(at)] = true;
+      const int64_t source = from[at];
+      if (source == start) {
+        std::memcpy(rows + at * token_bytes, held.data(), bytes);
+        break;
+      }
+      std::memcpy(rows + at * token_bytes, rows + source * token_bytes, bytes);
+      at = source;
+    }
   }
 }
 

@@ -10,6 +10,7 @@
 
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "core/enum_names.hpp"
 #include "paths.hpp"
 #include "tiles.hpp"

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "attention2d/kernel.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "paths.hpp"
 #include "tiles.hpp"
 

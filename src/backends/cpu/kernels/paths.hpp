@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "attention2d/kernel.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 
 namespace a2d::cpu {
 

@@ -1,12 +1,13 @@
 // measure_fma_peak: the FP32 FMA peak of this machine, measured in the same run as the kernel.
-#include "attention2d/tools/peak.hpp"
+#include "attention2d/peak.hpp"
 
 #include <cstdint>
 #include <vector>
 
 #include "attention2d/error.hpp"
 #include "attention2d/kernel.hpp"
-#include "attention2d/tools/timing.hpp"
+#include "attention2d/timing.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "paths.hpp"
 
 namespace a2d {

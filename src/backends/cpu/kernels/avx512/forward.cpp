@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "backends/cpu/kernels/paths.hpp"
 #include "backends/cpu/kernels/tiles.hpp"
 #include "convert.hpp"

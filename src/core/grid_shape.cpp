@@ -1,7 +1,9 @@
-#include "attention2d/grid.hpp"
+// Grid shapes and coordinates (grid_shape.hpp): pure arithmetic.
+#include "attention2d/grid_shape.hpp"
 
-#include <cmath>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "attention2d/error.hpp"
 
@@ -62,22 +64,6 @@ int GridCoords::kv_dest_rank() const {
   // This rank's cyclic part q = rank goes to the p(r', c') with r' * C + c' = q.
   const int r = rank / shape.cols, c = rank % shape.cols;
   return rank_of(shape, r, c);
-}
-
-Grid::Grid(std::unique_ptr<Communicator> world, GridShape shape)
-    : shape_(shape), world_(std::move(world)) {
-  A2D_REQUIRE(world_, "a grid needs a communicator");
-  check_grid(shape_, world_->size());
-  const GridCoords at = coords();
-  row_comm_ = world_->split(at.row(), at.col());
-  col_comm_ = world_->split(at.shape.rows + at.col(), at.row());
-}
-
-std::string Grid::describe() const {
-  std::ostringstream out;
-  out << shape_.describe() << " grid, rank " << rank() << " at (row " << row() << ", col " << col()
-      << ")";
-  return out.str();
 }
 
 }  // namespace a2d

@@ -1,55 +1,17 @@
-// Problems, plans (each algorithm's rules are its entry in the table, src/table/) and the
-// factory.
+// Plans (each algorithm's rules are its entry in the table, src/table/) and the factory that
+// makes an attention from its table entry.
 #include <cmath>
 #include <memory>
 #include <sstream>
 #include <vector>
 
-#include "algorithms.hpp"
+#include "algorithms/algorithms.hpp"
 #include "attention2d/attention.hpp"
 #include "attention2d/collective.hpp"
 #include "attention2d/error.hpp"
 #include "table/table.hpp"
 
 namespace a2d {
-
-float Problem::softmax_scale() const {
-  return scale > 0 ? scale : default_scale(head_dim);
-}
-
-void Problem::validate() const {
-  A2D_REQUIRE(seq >= 1, "the sequence length must be at least 1 (got ", seq, ")");
-  local_shape(seq, seq).validate();
-  // Upper limits keep every buffer size and index far from 64-bit overflow.
-  A2D_REQUIRE(seq <= (int64_t{1} << 40), "the sequence length ", seq, " exceeds 2^40 tokens");
-  A2D_REQUIRE(head_dim <= 4096, "head_dim ", head_dim, " exceeds 4096, the largest supported");
-  A2D_REQUIRE(batch <= (1 << 20) && heads <= (1 << 20), "batch (", batch, ") and heads (", heads,
-              ") must each be at most 2^20");
-  const double elements = static_cast<double>(batch) * static_cast<double>(seq) *
-                          static_cast<double>(heads) * static_cast<double>(head_dim);
-  A2D_REQUIRE(elements <= 0x1p56, "Q would hold ", elements,
-              " elements; at most 2^56 are "
-              "supported");
-  mask.validate(seq);
-  A2D_REQUIRE(std::isfinite(softcap) && softcap >= 0,
-              "the softcap must be positive (or 0 for none); got ", softcap);
-  A2D_REQUIRE(std::isfinite(scale) && scale >= 0,
-              "the softmax scale must be positive (or 0 for 1/sqrt(head_dim)); got ", scale);
-}
-
-std::string Problem::describe() const {
-  std::ostringstream out;
-  out << "batch=" << batch << " heads=" << heads << " kv_heads=" << kv_heads << " seq=" << seq
-      << " head_dim=" << head_dim << " mask=" << mask.describe() << " scale=" << softmax_scale()
-      << " dtype=" << dtype_name(dtype);
-  if (sinks) out << " sinks=yes";
-  if (softcap > 0) out << " softcap=" << softcap;
-  return out.str();
-}
-
-AttentionShape Problem::local_shape(int64_t q_tokens, int64_t kv_tokens) const {
-  return {batch, heads, kv_heads, q_tokens, kv_tokens, head_dim};
-}
 
 // Generated from the table: the plan's fields that its algorithm uses.
 std::string Plan::describe() const {
