@@ -34,5 +34,6 @@
 #include "attention2d/planner.hpp"
 #include "attention2d/reference.hpp"
 #include "attention2d/relayout.hpp"
+#include "attention2d/session.hpp"
 #include "attention2d/version.hpp"
 #include "attention2d/watchdog.hpp"
