@@ -531,9 +531,9 @@ int bench(int argc, char** argv, int first) {
       auto live = std::make_unique<LiveRow>();
       live->row = &row;
       live->attention = session->attention(problem, row.plan);
-      live->shards = make_shards(problem, live->attention->layout(), world.rank(),
-                                 static_cast<uint64_t>(o.seed), true, o.backward,
-                                 session->backend());
+      live->shards =
+          make_shards(problem, live->attention->layout(), world.rank(),
+                      static_cast<uint64_t>(o.seed), true, o.backward, session->backend());
       live->timer = std::make_unique<AttentionTimer>(world, *log, *live->attention, problem,
                                                      live->shards, o.backward);
       return live;
