@@ -62,7 +62,8 @@ class Session {
   // `shards` (nullptr: the plan's own layout; else every call exchanges the caller's shards to the
   // plan's layout and back: relayout.hpp, stateless). Before any data moves every rank validates
   // the problem, the plan and the backend's support, and the ranks check that they agree on all
-  // of them and on `shards` (check_agreement: the one agreement check of every front end).
+  // of them and on `shards` (check_agreement, the library's agreement check for every front end;
+  // the Python layer also compares the caller's arguments on every call: docs/architecture.md).
   std::unique_ptr<DistributedAttention> attention(const Problem& problem, const Plan& plan,
                                                   const TokenLayout* shards = nullptr);
 
