@@ -408,9 +408,9 @@ int bench(int argc, char** argv, int first) {
       check_memory(world, check);
     }
     Progress reporter("a2d bench", world.rank() == 0 && !o.quiet);
-    auto watchdog = std::make_unique<Watchdog>(MPI_COMM_WORLD, o.timeout);
-    AlgorithmWorld algorithm_world(world, log, *backend, comm_kind);
-    algorithm_world.watch(watchdog, o.timeout);
+    const std::unique_ptr<Session> session =
+        make_session(world, log, std::move(backend), comm_kind,
+                     std::make_unique<Watchdog>(MPI_COMM_WORLD, o.timeout), o.timeout);
 
     const std::string calibration_file = machine_choice.calibration_file;
     // Progress on rank 0's stderr: what runs now and how much is left.
@@ -466,11 +466,12 @@ int bench(int argc, char** argv, int first) {
     // A stage of calls: `seconds` predicted, `entries` of rank 0's kernel work.
     const auto calls_stage = [&](const std::string& name, int64_t round, double seconds,
                                  double entries) {
-      const int64_t start = backend->kernel_work();
+      const int64_t start = session->backend().kernel_work();
       reporter.stage(
           name, round + 1, rounds, seconds,
-          [&backend, start, entries] {
-            return static_cast<double>(backend->kernel_work() - start) / std::max(1.0, entries);
+          [&session, start, entries] {
+            return static_cast<double>(session->backend().kernel_work() - start) /
+                   std::max(1.0, entries);
           },
           [name] { return name + ": " + Watchdog::current_phase(); });
     };
@@ -529,11 +530,10 @@ int bench(int argc, char** argv, int first) {
       world.set_phase("setup");  // the phase a std::bad_alloc while it is set up names
       auto live = std::make_unique<LiveRow>();
       live->row = &row;
-      collective_check(world, [&] {
-        live->attention = make_attention(problem, row.plan, algorithm_world.get(), *backend);
-      });
-      live->shards = make_shards(problem, live->attention->layout(), world.rank(),
-                                 static_cast<uint64_t>(o.seed), true, o.backward, *backend);
+      live->attention = session->attention(problem, row.plan);
+      live->shards =
+          make_shards(problem, live->attention->layout(), world.rank(),
+                      static_cast<uint64_t>(o.seed), true, o.backward, session->backend());
       live->timer = std::make_unique<AttentionTimer>(world, *log, *live->attention, problem,
                                                      live->shards, o.backward);
       return live;
@@ -648,7 +648,7 @@ int bench(int argc, char** argv, int first) {
         print_csv(rows, problem, world.size(), o.backward, o.check);
       } else {
         print_table(rows, problem, world.size(), o.backward, o.check, machine_text,
-                    "device " + backend->name() + ", comm " + comm_kind_name(comm_kind));
+                    "device " + session->backend().name() + ", comm " + comm_kind_name(comm_kind));
       }
       std::cout.flush();
     }

@@ -171,7 +171,9 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       check_memory(world, check);
     }
     Progress reporter(bench ? "a2d bench --decode" : "a2d decode", world.rank() == 0 && !o.quiet);
-    AlgorithmWorld algorithm_world(world, log, *backend, comm_kind);
+    const std::unique_ptr<Session> session =
+        make_session(world, log, std::move(backend), comm_kind, nullptr, 0);
+    Backend& device = session->backend();
     const int ranks = world.size(), rank = world.rank();
     const int64_t total = o.prompt + o.steps * o.tokens_per_step;
     const auto seed = static_cast<uint64_t>(o.seed);
@@ -201,10 +203,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       }
     }
     const auto phase = [] { return Watchdog::current_phase(); };
-    std::unique_ptr<DistributedDecoder> decoder;
-    collective_check(world, [&] {
-      decoder = make_decoder(problem, plan, algorithm_world.get(), *backend, o.capacity);
-    });
+    const std::unique_ptr<DistributedDecoder> decoder = session->decoder(problem, plan, o.capacity);
     std::unique_ptr<DecodeReference> reference;
     if (o.check) reference = std::make_unique<DecodeReference>(problem, seed, total);
     double worst_out = 0, worst_lse = 0;
@@ -220,17 +219,17 @@ int decode_main(int argc, char** argv, int first, bool bench) {
     };
 
     // The prefill, timed once.
-    DecodeTokens prompt = make_decode_tokens(problem, *backend, seed, total,
-                                             decoder->prompt_layout().tokens_of(rank));
+    DecodeTokens prompt =
+        make_decode_tokens(problem, device, seed, total, decoder->prompt_layout().tokens_of(rank));
     world.barrier();
     log->clear();
-    const int64_t prefill_start = backend->kernel_work();
+    const int64_t prefill_start = device.kernel_work();
     const double prefill_entries =
         rank_forward_flops(problem, plan, 0) / (4.0 * static_cast<double>(problem.head_dim));
     reporter.stage(
         "prefill", 0, 0, prefill_predicted_s,
-        [&backend, prefill_start, prefill_entries] {
-          return static_cast<double>(backend->kernel_work() - prefill_start) /
+        [&device, prefill_start, prefill_entries] {
+          return static_cast<double>(device.kernel_work() - prefill_start) /
                  std::max(1.0, prefill_entries);
         },
         phase);
@@ -250,7 +249,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       const DecodeStep step = decoder->next_step(o.tokens_per_step);
       lengths[static_cast<size_t>(s)] = step.first_position;
       DecodeTokens fresh =
-          make_decode_tokens(problem, *backend, seed, total, step.positions_of(rank));
+          make_decode_tokens(problem, device, seed, total, step.positions_of(rank));
       log->clear();
       world.barrier();
       t0 = MPI_Wtime();
@@ -317,7 +316,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
             .add("problem", problem.describe())
             .add("plan", plan.describe())
             .add("ranks", ranks)
-            .add("device", backend->name())
+            .add("device", device.name())
             .add("comm", comm_kind_name(comm_kind))
             .add("prompt", o.prompt)
             .add("steps", o.steps)
@@ -345,7 +344,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
         std::printf("%s: %s\nprefill plan: %s, %s, device %s, comm %s\n",
                     bench ? "a2d bench --decode" : "a2d decode", problem.describe().c_str(),
                     plan.describe().c_str(), cli::count_of(ranks, "rank").c_str(),
-                    backend->name().c_str(), comm_kind_name(comm_kind).c_str());
+                    device.name().c_str(), comm_kind_name(comm_kind).c_str());
         std::printf("prompt %lld tokens, %lld steps of %lld tokens (cache %lld -> %lld tokens)\n",
                     static_cast<long long>(o.prompt), static_cast<long long>(o.steps),
                     static_cast<long long>(o.tokens_per_step), static_cast<long long>(o.prompt),

@@ -377,8 +377,8 @@ int run(int argc, char** argv, int first) {
       }
     }
     if (from_files) load_inputs(world, o, global);
-    AlgorithmWorld algorithm_world(world, log, *backend, comm_kind);
-    algorithm_world.watch(watchdog, o.timeout);
+    const std::unique_ptr<Session> session =
+        make_session(world, log, std::move(backend), comm_kind, std::move(watchdog), o.timeout);
     // Inputs read from files hold what the dtype stores (the reference sees the same values).
     if (from_files && world.rank() == 0) round_inputs(global, problem.dtype);
     if (!o.out_dir.empty()) {
@@ -390,14 +390,11 @@ int run(int argc, char** argv, int first) {
     // The phase a std::bad_alloc while the shards are made and filled names.
     world.set_phase("setup");
     progress.stage("setup: the shards", 0, 0, 0);
-    std::unique_ptr<DistributedAttention> attention;
-    collective_check(world, [&] {
-      attention = user_shards ? make_attention(problem, plan, algorithm_world.get(), *backend,
-                                               user_shards->layout)
-                              : make_attention(problem, plan, algorithm_world.get(), *backend);
-    });
-    ShardSet shards = make_shards(problem, attention->layout(), world.rank(),
-                                  static_cast<uint64_t>(o.seed), !from_files, o.backward, *backend);
+    const std::unique_ptr<DistributedAttention> attention =
+        session->attention(problem, plan, user_shards ? &user_shards->layout : nullptr);
+    ShardSet shards =
+        make_shards(problem, attention->layout(), world.rank(), static_cast<uint64_t>(o.seed),
+                    !from_files, o.backward, session->backend());
     // Sink logits: generated from the seed (--sinks) or read from --sink, the same on every rank.
     std::vector<float> sinks;
     if (problem.sinks) {
@@ -425,11 +422,11 @@ int run(int argc, char** argv, int first) {
         world, *log, *attention, problem, shards, o.backward, o.warmup, o.iters,
         [&](const std::string& direction, int64_t call) {
           const bool forward = direction == "forward";
-          const int64_t start = backend->kernel_work();
+          const int64_t start = session->backend().kernel_work();
           progress.stage(
               direction, call + 1, o.warmup + o.iters, forward ? forward_s : backward_s,
-              [&backend, start, rank0_entries] {
-                return static_cast<double>(backend->kernel_work() - start) /
+              [&session, start, rank0_entries] {
+                return static_cast<double>(session->backend().kernel_work() - start) /
                        std::max(1.0, rank0_entries);
               },
               [] { return Watchdog::current_phase(); });
@@ -487,7 +484,7 @@ int run(int argc, char** argv, int first) {
                        timings,
                        o.check,
                        errors,
-                       backend->name(),
+                       session->backend().name(),
                        comm_kind_name(comm_kind),
                        user_shards ? attention->layout().describe() : std::string(),
                        user_shards ? plan_layout(problem, plan).describe() : std::string()};

@@ -39,24 +39,24 @@ void print_error(const std::string& text) {
 }
 }  // namespace
 
-AlgorithmWorld::AlgorithmWorld(Communicator& world, const std::shared_ptr<TrafficLog>& log,
-                               Backend& backend, CommKind kind)
-    : world_(world), kind_(kind) {
-  if (kind == CommKind::mpi) return;
-  // The phase name is `world`'s, so that the phases set on either communicator (the algorithms'
-  // here, the program's control and io phases on `world`) time one sequence of phases.
-  auto* counting = dynamic_cast<CountingCommunicator*>(&world);
-  collective_check(world, [&] {
-    own_ =
-        std::make_unique<CountingCommunicator>(make_communicator(MPI_COMM_WORLD, backend, kind),
-                                               log, counting ? counting->shared_phase() : nullptr);
-  });
-}
-
-void AlgorithmWorld::watch(std::unique_ptr<Watchdog>& watchdog, double timeout) {
-  if (kind_ != CommKind::gloo || timeout <= 0) return;
-  watchdog.reset();  // one watchdog per process
-  watchdog = std::make_unique<Watchdog>(get(), timeout);
+std::unique_ptr<Session> make_session(Communicator& world, const std::shared_ptr<TrafficLog>& log,
+                                      std::unique_ptr<Backend> backend, CommKind kind,
+                                      std::unique_ptr<Watchdog> watchdog, double timeout) {
+  auto session = std::make_unique<Session>(world, std::move(backend));
+  if (kind != CommKind::mpi) {
+    // The phase name is `world`'s, so that the phases set on either communicator (the
+    // algorithms' here, the program's control and io phases on `world`) time one sequence of
+    // phases.
+    auto* counting = dynamic_cast<CountingCommunicator*>(&world);
+    Backend& device = session->backend();
+    session->connect(kind, [&]() -> std::unique_ptr<Communicator> {
+      return std::make_unique<CountingCommunicator>(make_communicator(MPI_COMM_WORLD, device, kind),
+                                                    log,
+                                                    counting ? counting->shared_phase() : nullptr);
+    });
+  }
+  session->watch(std::move(watchdog), timeout);
+  return session;
 }
 
 int run_counted(int* argc, char*** argv, const CountedBody& body, double startup_timeout) {

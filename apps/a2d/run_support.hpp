@@ -12,6 +12,7 @@
 #include "attention2d/comm.hpp"
 #include "attention2d/comm_kind.hpp"
 #include "attention2d/comm_wrappers.hpp"
+#include "attention2d/session.hpp"
 #include "attention2d/tools/cli.hpp"
 #include "attention2d/tools/harness.hpp"
 
@@ -27,7 +28,7 @@ namespace a2d::commands {
 int run_collectively(Communicator& world, const std::function<int()>& body);
 
 // What a2d run, bench and decode start with: MPI for the command's lifetime, the world's traffic
-// counted into one log (AlgorithmWorld charges the algorithms' communicator to it too), and
+// counted into one log (make_session charges the algorithms' communicator to it too), and
 // `body` run collectively on it (run_collectively).
 using CountedBody =
     std::function<int(CountingCommunicator& world, const std::shared_ptr<TrafficLog>& log)>;
@@ -41,27 +42,15 @@ int run_counted(int* argc, char*** argv, const CountedBody& body, double startup
 // number: the options' own parse, after MPI_Init, refuses that), read before MPI starts.
 double startup_timeout(int argc, char** argv, int first, double fallback);
 
-// The world the algorithms run on (--comm), made collectively over MPI_COMM_WORLD: `world`
-// itself for mpi (the algorithms stage a GPU's buffers through host memory); for nccl an NCCL
-// communicator, for gloo a Gloo mesh bootstrapped over MPI, whose traffic is charged to `log`, as
-// `world`'s is. Refusals throw on every rank.
-class AlgorithmWorld {
- public:
-  AlgorithmWorld(Communicator& world, const std::shared_ptr<TrafficLog>& log, Backend& backend,
-                 CommKind kind);
-  Communicator& get() { return own_ ? *own_ : world_; }
-  CommKind kind() const { return kind_; }
-
-  // Over gloo the watchdog watches the Gloo mesh, where a rank whose connection closes is
-  // noticed at once: `watchdog` (over MPI, which covered the start) is replaced by one over the
-  // mesh with the same timeout. Collective; nothing changes for mpi and nccl.
-  void watch(std::unique_ptr<Watchdog>& watchdog, double timeout);
-
- private:
-  Communicator& world_;
-  CommKind kind_;
-  std::unique_ptr<Communicator> own_;
-};
+// The Session of a2d run, bench and decode (attention2d/session.hpp) over `world`: its
+// algorithms run on `world` itself for mpi (the algorithms stage a GPU's buffers through host
+// memory); for nccl on an NCCL communicator, for gloo on a Gloo mesh bootstrapped over MPI, whose
+// traffic is charged to `log`, as `world`'s is. It keeps `watchdog` (over MPI, which covered the
+// start), which over gloo is replaced by one over the mesh with the same timeout. Collective;
+// refusals throw on every rank.
+std::unique_ptr<Session> make_session(Communicator& world, const std::shared_ptr<TrafficLog>& log,
+                                      std::unique_ptr<Backend> backend, CommKind kind,
+                                      std::unique_ptr<Watchdog> watchdog, double timeout);
 
 // Threads for the single-process fp64 reference (every core of this machine).
 int reference_threads();

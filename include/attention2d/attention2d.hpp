@@ -14,6 +14,8 @@
 //   costs and planning    cost_model.hpp, model.hpp, planner.hpp (choose_plan),
 //                         memory_check.hpp (refusing a run its hosts cannot hold)
 //   inference             inference.hpp
+//   sessions              session.hpp (what a front end assembles: world, backend, communicator,
+//                         watchdog, relayout, agreement)
 //   errors, version       error.hpp, version.hpp
 //   measuring             timing.hpp (clock, summaries), peak.hpp (the machine's FMA peak)
 #pragma once
@@ -47,6 +49,7 @@
 #include "attention2d/problem.hpp"
 #include "attention2d/reference.hpp"
 #include "attention2d/relayout.hpp"
+#include "attention2d/session.hpp"
 #include "attention2d/timing.hpp"
 #include "attention2d/traffic.hpp"
 #include "attention2d/version.hpp"

@@ -2,12 +2,13 @@
 //
 // Thin on purpose: the problem and plan as plain values, the planner and the cost model, the
 // shard layout, and an Engine that holds one DistributedAttention (built once per problem, plan
-// and communicator) on the CPU backend. Its transports: the caller's torch process group (a
-// table of the group's operations from attention2d._c10d: group_comm.hpp), a Gloo mesh of its
-// own (where the build has Gloo), an MPI communicator (where the build has MPI; mpi4py's
-// handle), or this process alone. Tensors cross as (address, dtype, shape, strides) tuples
-// read from numpy arrays or torch tensors by the pure-Python layer (python/attention2d), which
-// also checks them collectively before any call; the engine wraps their memory without copying.
+// and communicator) through a Session (attention2d/session.hpp) on the CPU backend. Its
+// transports: the caller's torch process group (a table of the group's operations from
+// attention2d._c10d: group_comm.hpp), a Gloo mesh of its own (where the build has Gloo), an MPI
+// communicator (where the build has MPI; mpi4py's handle), or this process alone. Tensors cross
+// as (address, dtype, shape, strides) tuples read from numpy arrays or torch tensors by the
+// pure-Python layer (python/attention2d), which also checks them collectively before any call;
+// the engine wraps their memory without copying.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -38,6 +39,7 @@
 #endif
 #include "attention2d/planner.hpp"
 #include "attention2d/relayout.hpp"
+#include "attention2d/session.hpp"
 #include "attention2d/version.hpp"
 #include "attention2d/watchdog.hpp"
 
@@ -377,21 +379,29 @@ std::unique_ptr<a2d::Communicator> engine_world(Transport& transport, a2d::Backe
 // plan's, exchange_in() moves tensors from the caller's layout into the plan's and
 // exchange_out() back, each in one all-to-all (relayout.hpp); forward() and backward() take
 // plan-layout shards.
+// The engine's Session (attention2d/session.hpp): its world a duplicate of the transport (or the
+// NCCL communicator over it), its backend on `device`; the watchdog is the transport's.
+std::unique_ptr<a2d::Session> engine_session(Transport& transport, const std::string& device,
+                                             bool nccl) {
+  std::unique_ptr<a2d::Backend> backend = a2d::make_backend(device);
+  std::unique_ptr<a2d::Communicator> world = engine_world(transport, *backend, nccl);
+  return std::make_unique<a2d::Session>(std::move(world), std::move(backend));
+}
+
 class Engine {
  public:
   Engine(const a2d::Problem& problem, const a2d::Plan& plan, Transport& transport,
-         const std::string& device = "cpu", bool nccl = false)
-      : backend_(a2d::make_backend(device)) {
+         const std::string& device = "cpu", bool nccl = false) {
     CallScope scope;
-    world_ = engine_world(transport, *backend_, nccl);
-    a2d::set_error_rank(world_->rank());
+    session_ = engine_session(transport, device, nccl);
+    a2d::set_error_rank(session_->world().rank());
     // Collective, before any buffer exists: refused on every rank when a host cannot hold what a
     // forward call allocates (attention2d/memory_check.hpp); the backward's at its first call.
     // A device backend's buffers are not the host's (every rank agrees: the device kind is
     // checked collectively before an engine is made).
-    if (backend_->host_accessible())
-      a2d::check_memory(*world_, a2d::attention_memory_check(problem, plan, false));
-    attention_ = a2d::make_attention(problem, plan, *world_, *backend_);
+    if (session_->backend().host_accessible())
+      a2d::check_memory(session_->world(), a2d::attention_memory_check(problem, plan, false));
+    attention_ = session_->attention(problem, plan);
   }
 
   Engine(const a2d::Problem& problem, const a2d::Plan& plan, Transport& transport,
@@ -399,23 +409,19 @@ class Engine {
          const std::string& device = "cpu", bool nccl = false)
       : Engine(problem, plan, transport, device, nccl) {
     CallScope scope;
-    const a2d::TokenLayout shards = caller_layout(kind, counts, problem.seq, world_->size());
+    const a2d::TokenLayout shards = caller_layout(kind, counts, problem.seq, size());
     const a2d::TokenLayout& planned = attention_->layout();
-    to_plan_ = std::make_unique<a2d::LayoutExchange>(shards, planned, world_->rank(), *backend_);
-    if (to_plan_->moves_nothing()) {
-      to_plan_.reset();
-      return;
-    }
-    to_user_ = std::make_unique<a2d::LayoutExchange>(planned, shards, world_->rank(), *backend_);
+    to_plan_ = session_->relayout(shards, planned);
+    if (to_plan_) to_user_ = session_->relayout(planned, shards);
   }
 
   const a2d::Problem& problem() const { return attention_->problem(); }
   const a2d::Plan& plan() const { return attention_->plan(); }
-  int rank() const { return world_->rank(); }
-  int size() const { return world_->size(); }
+  int rank() const { return session_->world().rank(); }
+  int size() const { return session_->world().size(); }
   std::vector<int64_t> tokens(int part) const { return attention_->layout().tokens_of(part); }
   bool exchanges() const { return to_plan_ != nullptr; }
-  int64_t plan_tokens() const { return attention_->layout().count(world_->rank()); }
+  int64_t plan_tokens() const { return attention_->layout().count(rank()); }
 
   // Token tensors [batch, tokens, heads, width] and fp32 rows [batch, heads, tokens], each pair
   // (caller's layout, plan's layout) for exchange_in and (plan's, caller's) for exchange_out.
@@ -432,18 +438,18 @@ class Engine {
     exchange(*to_user_, tokens, rows,
              backward ? a2d::kRelayoutBackwardOut : a2d::kRelayoutForwardOut, stream);
   }
-  std::string device() const { return backend_->name(); }
+  std::string device() const { return session_->backend().name(); }
 
   // sinks: the address of the sinks' fp32 logits [heads] (0 without sinks); dsink: where the
   // backward writes their gradient [heads] (the sum over every rank's rows).
   void forward(const py::tuple& q, const py::tuple& k, const py::tuple& v, const py::tuple& out,
                const py::tuple& lse, uintptr_t sinks, uintptr_t stream) {
-    Wrapped w(*backend_);
+    Wrapped w(session_->backend());
     a2d::ForwardShards s;
     wrap_common(w, s, q, k, v, out, lse, sinks);
     CallScope scope;
     py::gil_scoped_release release;
-    OnCallerStream ordered(*backend_, stream);
+    OnCallerStream ordered(session_->backend(), stream);
     attention_->forward(s);
   }
 
@@ -451,7 +457,7 @@ class Engine {
                 const py::tuple& d_out, const py::tuple& lse, const py::tuple& dq,
                 const py::tuple& dk, const py::tuple& dv, uintptr_t sinks, uintptr_t dsink,
                 uintptr_t stream) {
-    Wrapped w(*backend_);
+    Wrapped w(session_->backend());
     a2d::BackwardShards s;
     wrap_common(w, s, q, k, v, out, lse, sinks);
     s.d_out = w.token(host_tensor(d_out, 4, "d_out"));
@@ -461,9 +467,9 @@ class Engine {
     s.dsink = reinterpret_cast<float*>(dsink);
     CallScope scope;
     py::gil_scoped_release release;
-    OnCallerStream ordered(*backend_, stream);
-    if (!backward_checked_ && backend_->host_accessible()) {
-      a2d::check_memory(*world_, a2d::attention_memory_check(problem(), plan(), true));
+    OnCallerStream ordered(session_->backend(), stream);
+    if (!backward_checked_ && session_->backend().host_accessible()) {
+      a2d::check_memory(session_->world(), a2d::attention_memory_check(problem(), plan(), true));
       backward_checked_ = true;
     }
     attention_->backward(s);
@@ -475,7 +481,7 @@ class Engine {
     A2D_REQUIRE(to_plan_ != nullptr,
                 "this engine's shards are in the plan's layout: nothing to "
                 "exchange");
-    Wrapped w(*backend_);
+    Wrapped w(session_->backend());
     std::vector<a2d::LayoutExchange::TokenMove> token_moves;
     for (const auto& [from, to] : tokens) {
       const HostTensor f = host_tensor(from, 4, "from"), t = host_tensor(to, 4, "to");
@@ -499,12 +505,11 @@ class Engine {
     }
     CallScope scope;
     py::gil_scoped_release release;
-    OnCallerStream ordered(*backend_, stream);
-    exchange.exchange(*world_, token_moves, row_moves, phase);
+    OnCallerStream ordered(session_->backend(), stream);
+    exchange.exchange(session_->world(), token_moves, row_moves, phase);
   }
 
-  std::unique_ptr<a2d::Backend> backend_;
-  std::unique_ptr<a2d::Communicator> world_;
+  std::unique_ptr<a2d::Session> session_;
   std::unique_ptr<a2d::DistributedAttention> attention_;
   std::unique_ptr<a2d::LayoutExchange> to_plan_, to_user_;
   bool backward_checked_ = false;  // the backward's memory check, made at its first call
@@ -515,17 +520,16 @@ class Engine {
 class DecoderEngine {
  public:
   DecoderEngine(const a2d::Problem& problem, const a2d::Plan& plan, Transport& transport,
-                int64_t capacity)
-      : backend_(a2d::make_backend("cpu")) {
+                int64_t capacity) {
     CallScope scope;
-    world_ = transport.duplicate();
-    a2d::set_error_rank(world_->rank());
-    a2d::check_memory(*world_, a2d::decoder_memory_check(problem, plan, capacity));
-    decoder_ = a2d::make_decoder(problem, plan, *world_, *backend_, capacity);
+    session_ = engine_session(transport, "cpu", false);
+    a2d::set_error_rank(rank());
+    a2d::check_memory(session_->world(), a2d::decoder_memory_check(problem, plan, capacity));
+    decoder_ = session_->decoder(problem, plan, capacity);
   }
 
-  int rank() const { return world_->rank(); }
-  int size() const { return world_->size(); }
+  int rank() const { return session_->world().rank(); }
+  int size() const { return session_->world().size(); }
   std::vector<int64_t> prompt_tokens(int part) const {
     return decoder_->prompt_layout().tokens_of(part);
   }
@@ -537,13 +541,13 @@ class DecoderEngine {
     d["first_position"] = step.first_position;
     d["owners"] = step.owners;
     d["counts"] = step.counts;
-    d["positions"] = step.positions_of(world_->rank());
+    d["positions"] = step.positions_of(rank());
     return d;
   }
 
   void prefill(const py::tuple& q, const py::tuple& k, const py::tuple& v, const py::tuple& out,
                const py::tuple& lse, uintptr_t sinks) {
-    Wrapped w(*backend_);
+    Wrapped w(session_->backend());
     a2d::ForwardShards s;
     wrap_common(w, s, q, k, v, out, lse, sinks);
     CallScope scope;
@@ -553,7 +557,7 @@ class DecoderEngine {
 
   void step(int64_t tokens, const py::tuple& q, const py::tuple& k, const py::tuple& v,
             const py::tuple& out, const py::tuple& lse, uintptr_t sinks) {
-    Wrapped w(*backend_);
+    Wrapped w(session_->backend());
     a2d::DecodeShards s;
     // A rank that owns none of the step's tokens passes tensors of no tokens (whose strides
     // numpy may give as 0): the decoder reads none of them then.
@@ -572,8 +576,7 @@ class DecoderEngine {
   int64_t reallocations() const { return decoder_->reallocations(); }
 
  private:
-  std::unique_ptr<a2d::Backend> backend_;
-  std::unique_ptr<a2d::Communicator> world_;
+  std::unique_ptr<a2d::Session> session_;
   std::unique_ptr<a2d::DistributedDecoder> decoder_;
 };
 

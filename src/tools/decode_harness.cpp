@@ -4,9 +4,10 @@
 #include <cstddef>
 #include <limits>
 
-#include "attention2d/tools/data.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/reference.hpp"
+#include "attention2d/session.hpp"
+#include "attention2d/tools/data.hpp"
 
 namespace a2d {
 namespace {
@@ -22,13 +23,13 @@ std::vector<float> generated_rows(const Problem& p, uint64_t seed, TensorTag tag
   return rows;
 }
 
-BufferPtr upload_values(Backend& backend, DType dtype, const std::vector<float>& values) {
+// The values (already the dtype's) in a new buffer, converted by the backend (session.hpp).
+BufferPtr upload_tokens(Backend& backend, const Problem& p, int64_t heads,
+                        std::vector<float>& values) {
   const int64_t count = static_cast<int64_t>(values.size());
-  BufferPtr buffer = backend.allocate(std::max<int64_t>(1, count * dtype_bytes(dtype)));
-  if (count == 0) return buffer;
-  std::vector<std::byte> bytes(static_cast<size_t>(count * dtype_bytes(dtype)));
-  from_float(dtype, values.data(), bytes.data(), count);
-  backend.upload(bytes.data(), Place::in(*buffer), static_cast<int64_t>(bytes.size()));
+  BufferPtr buffer = backend.allocate(std::max<int64_t>(1, count * dtype_bytes(p.dtype)));
+  const int64_t tokens = count / std::max<int64_t>(1, p.batch * heads * p.head_dim);
+  upload_values(backend, values, *buffer, p.dtype, {p.batch, tokens, heads, p.head_dim});
   return buffer;
 }
 
@@ -46,9 +47,9 @@ DecodeTokens make_decode_tokens(const Problem& problem, Backend& backend, uint64
   d.k = generated_rows(problem, seed, TensorTag::k, problem.kv_heads, total, positions);
   d.v = generated_rows(problem, seed, TensorTag::v, problem.kv_heads, total, positions);
   if (problem.sinks) d.sinks = generate_sinks(seed, problem.heads);
-  d.q_buffer = upload_values(backend, problem.dtype, d.q);
-  d.k_buffer = upload_values(backend, problem.dtype, d.k);
-  d.v_buffer = upload_values(backend, problem.dtype, d.v);
+  d.q_buffer = upload_tokens(backend, problem, problem.heads, d.q);
+  d.k_buffer = upload_tokens(backend, problem, problem.kv_heads, d.k);
+  d.v_buffer = upload_tokens(backend, problem, problem.kv_heads, d.v);
   const int64_t n = d.tokens();
   d.out_buffer = backend.allocate(std::max<int64_t>(
       1, problem.batch * n * problem.heads * problem.head_dim * dtype_bytes(problem.dtype)));
@@ -80,9 +81,8 @@ void DecodeTokens::download() {
   out.assign(static_cast<size_t>(count), 0.0f);
   lse.assign(static_cast<size_t>(problem.batch * problem.heads * n), 0.0f);
   if (n == 0) return;
-  std::vector<std::byte> bytes(static_cast<size_t>(count * dtype_bytes(problem.dtype)));
-  backend->download(Place::in(*out_buffer), bytes.data(), static_cast<int64_t>(bytes.size()));
-  to_float(problem.dtype, bytes.data(), out.data(), count);
+  download_values(*backend, *out_buffer, problem.dtype,
+                  {problem.batch, n, problem.heads, problem.head_dim}, out);
   backend->download(Place::in(*lse_buffer), lse.data(),
                     static_cast<int64_t>(lse.size() * sizeof(float)));
 }

@@ -8,6 +8,7 @@
 
 #include "attention2d/error.hpp"
 #include "attention2d/reference.hpp"
+#include "attention2d/session.hpp"
 #include "attention2d/tools/check.hpp"
 #include "attention2d/tools/data.hpp"
 #include "attention2d/watchdog.hpp"
@@ -134,25 +135,16 @@ BackwardShards ShardSet::backward(const Problem& p) {
 }
 
 namespace {
-// Host fp32 values <-> a buffer of `dtype` elements.
-void upload_values(Backend& backend, std::vector<float>& host, Buffer& buffer, DType dtype) {
-  if (dtype == DType::f32) {
-    backend.upload(host.data(), Place::in(buffer), static_cast<int64_t>(host.size() * 4));
-    return;
-  }
-  std::vector<uint16_t> narrow(host.size());
-  from_float(dtype, host.data(), narrow.data(), static_cast<int64_t>(host.size()));
-  to_float(dtype, narrow.data(), host.data(), static_cast<int64_t>(host.size()));
-  backend.upload(narrow.data(), Place::in(buffer), static_cast<int64_t>(narrow.size() * 2));
+// The shape of a token tensor of the shards, and the fp32 LSE's plain copies.
+TokenBlock token_block(const Problem& p, int64_t tokens, int64_t heads) {
+  return {p.batch, tokens, heads, p.head_dim};
 }
-void download_values(Backend& backend, Buffer& buffer, DType dtype, std::vector<float>& host) {
-  if (dtype == DType::f32) {
-    backend.download(Place::in(buffer), host.data(), static_cast<int64_t>(host.size() * 4));
-    return;
-  }
-  std::vector<uint16_t> narrow(host.size());
-  backend.download(Place::in(buffer), narrow.data(), static_cast<int64_t>(narrow.size() * 2));
-  to_float(dtype, narrow.data(), host.data(), static_cast<int64_t>(host.size()));
+void upload_rows(Backend& backend, const std::vector<float>& host, Buffer& buffer) {
+  backend.upload(host.data(), Place::in(buffer), static_cast<int64_t>(host.size() * sizeof(float)));
+}
+void download_rows(Backend& backend, Buffer& buffer, std::vector<float>& host) {
+  backend.download(Place::in(buffer), host.data(),
+                   static_cast<int64_t>(host.size() * sizeof(float)));
 }
 }  // namespace
 
@@ -160,14 +152,17 @@ void ShardSet::upload_inputs() {
   const DType t = problem.dtype;
   A2D_REQUIRE(!device_only_, "these shards have no host copies to upload (make_device_shards)");
   if (zero_copy()) return;
-  upload_values(*backend, q, *buffers_.q, t);
-  upload_values(*backend, k, *buffers_.k, t);
-  upload_values(*backend, v, *buffers_.v, t);
+  // Conversions to the dtype are the backend's (session.hpp, upload_values).
+  const TokenBlock q_shape = token_block(problem, tokens, problem.heads);
+  const TokenBlock kv_shape = token_block(problem, tokens, problem.kv_heads);
+  upload_values(*backend, q, *buffers_.q, t, q_shape);
+  upload_values(*backend, k, *buffers_.k, t, kv_shape);
+  upload_values(*backend, v, *buffers_.v, t, kv_shape);
   if (with_backward) {
-    upload_values(*backend, d_out, *buffers_.d_out, t);
+    upload_values(*backend, d_out, *buffers_.d_out, t, q_shape);
     // O and LSE are the backward's inputs too (a caller may have set them on the host).
-    upload_values(*backend, out, *buffers_.out, t);
-    upload_values(*backend, lse, *buffers_.lse, DType::f32);
+    upload_values(*backend, out, *buffers_.out, t, q_shape);
+    upload_rows(*backend, lse, *buffers_.lse);
   }
 }
 
@@ -176,12 +171,14 @@ void ShardSet::download_outputs() {
               "these shards have no host copies to download to (make_device_shards)");
   if (zero_copy()) return;
   const DType t = problem.dtype;
-  download_values(*backend, *buffers_.out, t, out);
-  download_values(*backend, *buffers_.lse, DType::f32, lse);
+  const TokenBlock q_shape = token_block(problem, tokens, problem.heads);
+  const TokenBlock kv_shape = token_block(problem, tokens, problem.kv_heads);
+  download_values(*backend, *buffers_.out, t, q_shape, out);
+  download_rows(*backend, *buffers_.lse, lse);
   if (!with_backward) return;
-  download_values(*backend, *buffers_.dq, t, dq);
-  download_values(*backend, *buffers_.dk, t, dk);
-  download_values(*backend, *buffers_.dv, t, dv);
+  download_values(*backend, *buffers_.dq, t, q_shape, dq);
+  download_values(*backend, *buffers_.dk, t, kv_shape, dk);
+  download_values(*backend, *buffers_.dv, t, kv_shape, dv);
 }
 
 int64_t ShardSet::device_bytes() const {

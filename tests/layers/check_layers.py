@@ -18,6 +18,7 @@ machinery (backends, communicators, algorithms, the cost model, the programs) st
     model        model cost_model memory_check planner                  src/model src/table
     simulation   sim                                                    src/backends/sim
     inference    inference                                              src/inference
+    session      session                                                src/session
     tools        tools/*                                                src/tools
     programs     -                                                      apps bench python/src
                                                                         tests fuzz examples sim
@@ -82,6 +83,10 @@ LAYERS = [
     ("inference", [
         "include/attention2d/inference.hpp",
         "src/inference",
+    ]),
+    ("session", [
+        "include/attention2d/session.hpp",
+        "src/session",
     ]),
     ("tools", [
         "include/attention2d/tools",
