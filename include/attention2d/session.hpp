@@ -22,6 +22,7 @@
 #include "attention2d/attention.hpp"
 #include "attention2d/backend.hpp"
 #include "attention2d/comm.hpp"
+#include "attention2d/comm_kind.hpp"
 #include "attention2d/inference.hpp"
 #include "attention2d/relayout.hpp"
 
