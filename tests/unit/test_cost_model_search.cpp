@@ -83,9 +83,7 @@ TEST(CostModel, RelayoutPhasesChargeTheExchangeOfEveryRank) {
       p.head_dim = dtype == DType::bf16 ? 9 : 8;
       p.dtype = dtype;
       std::vector<Plan> plans;
-      for (const Algorithm algorithm :
-           {Algorithm::attention2d, Algorithm::attention2d_overlap, Algorithm::ring,
-            Algorithm::allgather_kv, Algorithm::ulysses, Algorithm::hybrid}) {
+      for (const Algorithm algorithm : all_algorithms()) {
         const Plan plan = default_plan(algorithm, p, ranks);
         try {
           check_plan(plan, p, ranks);
