@@ -25,8 +25,8 @@ if(A2D_SANITIZE)
   add_compile_definitions(A2D_POISON_UNINITIALIZED)
   # The tests' own code and the command-line program's option and output code are built with
   # -Og here: instrumented at -O2, GoogleTest's assertion macros and the CLI's option tables made
-  # those files 3-4x slower to compile than the library (86 s against 31 s for
-  # tests/unit/test_cost_model.cpp), which made this build the longest step of the suite. The
+  # those files 3-4x slower to compile than the library (86 s against 31 s for the cost model's
+  # tests, then one file), which made this build the longest step of the suite. The
   # library, its tools and the reference they call stay at the build type's level, so the tests
   # run the same optimised instrumented code as before.
   set(A2D_SANITIZER_GLUE_FLAGS $<$<COMPILE_LANGUAGE:CXX>:-Og>)

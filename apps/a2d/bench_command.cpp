@@ -32,19 +32,11 @@
 namespace a2d::commands {
 namespace {
 
-// Every algorithm of the table (src/table/), comma-separated: a2d bench's default rows.
-std::string every_algorithm() {
-  std::string names;
-  for (const Algorithm algorithm : all_algorithms())
-    names += (names.empty() ? "" : ",") + algorithm_name(algorithm);
-  return names;
-}
-
 struct BenchOptions {
   cli::ProblemOptions problem;
   cli::DeviceOptions device;
   cli::MachineOptions machine;  // --calibration, --machine-file: the predictions' machine
-  std::string algos = every_algorithm();
+  std::string algos = algorithm_list(",");  // every algorithm of the table (src/table/)
   std::string grid, layout;
   int64_t stripe = 1, threads = 1, warmup = 1, iters = 3, seed = 42, heads_parallel = 0;
   bool no_kv_transpose = false, backward = false, check = false, json = false, csv = false;

@@ -234,9 +234,7 @@ void plot(const ModelOptions& o, const Problem& base) {
       xs.push_back(n);
   }
   // A curve per algorithm of the table (src/table/), each its best plan that fits.
-  std::vector<std::string> names;
-  for (const Algorithm algorithm : all_algorithms())
-    names.push_back(algorithm_name(algorithm));
+  const std::vector<std::string> names = algorithm_names();
   std::string machine_name;
   std::ostringstream data;
   for (const int64_t x : xs) {

@@ -185,15 +185,8 @@ int64_t parse_size(const std::string& option, const std::string& text) {
 
 void PlanOptions::declare(Options& options) {
   // The choices from the table of algorithms (src/table/), not a list of our own.
-  std::string names;
-  const std::vector<Algorithm> algorithms = all_algorithms();
-  for (size_t i = 0; i < algorithms.size(); ++i) {
-    names += (i == 0                       ? ""
-              : i + 1 == algorithms.size() ? " or "
-                                           : ", ") +
-             algorithm_name(algorithms[i]);
-  }
-  options.add_string("--algo", &algo, names + " (default: the fastest by the cost model)");
+  options.add_string("--algo", &algo,
+                     algorithm_list(", ", " or ") + " (default: the fastest by the cost model)");
   options.add_string("--grid", &grid,
                      "process grid RxC of ATTENTION2D, or of each heads group of the hybrid\n"
                      "(default: the fastest by the cost model)");
@@ -281,8 +274,13 @@ std::optional<UserShards> ShardOptions::user_shards(int64_t seq, int ranks) cons
 }
 
 namespace {
+// No algorithm yet (the planner chooses), or one whose plan has a grid (its table entry's traits).
 bool grid_matters_for(const std::string& algo) {
-  return algo.empty() || algo == "attention2d" || algo == "attention2d-overlap" || algo == "hybrid";
+  if (algo.empty()) return true;
+  for (const Algorithm algorithm : all_algorithms()) {
+    if (algorithm_name(algorithm) == algo) return algorithm_traits(algorithm).grid;
+  }
+  return false;
 }
 }  // namespace
 

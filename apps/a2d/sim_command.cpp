@@ -41,7 +41,7 @@ struct SimOptions {
   cli::ProblemOptions problem;
   std::string machine = "h100-ndr";
   std::string machine_file;
-  std::string plans = "attention2d,attention2d-overlap,ring,allgather-kv,ulysses,hybrid";
+  std::string plans = algorithm_list(",");  // every algorithm of the table (src/table/)
   int64_t gpus_per_node = 1;
   int64_t top = 0;
   int64_t warmup = 0, iters = 1;  // deterministic: a warm-up call changes nothing

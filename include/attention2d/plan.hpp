@@ -56,6 +56,12 @@ struct AlgorithmTraits {
 const AlgorithmTraits& algorithm_traits(Algorithm algorithm);
 // Every algorithm, in the table's order (the order of the enum).
 std::vector<Algorithm> all_algorithms();
+// Their names, as --algo spells them, in the same order.
+std::vector<std::string> algorithm_names();
+// Those names as one line of text, joined by `separator` and the last two by `last_separator`:
+// algorithm_list(",") = "attention2d,attention2d-overlap,...", algorithm_list(", ", " or ") =
+// "attention2d, attention2d-overlap, ... or hybrid".
+std::string algorithm_list(const std::string& separator, const std::string& last_separator = "");
 
 // The plan's shape as the programs' tables print it: "U2 1x2", "2x2" (each followed by
 // `no_transpose` without the K/V transpose) or the layout's name, per what the algorithm uses.

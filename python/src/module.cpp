@@ -721,6 +721,8 @@ PYBIND11_MODULE(_core, m) {
     return a2d::default_plan(a2d::parse_algorithm(algo), problem, ranks);
   });
   m.def("check_plan", &a2d::check_plan);
+  // Every algorithm's name, in the table's order (src/table/): the tests' lists read it.
+  m.def("algorithm_names", &a2d::algorithm_names);
   // The mask specification parser the command line uses (--mask-ranges): slices as (q0, q1, k0,
   // k1, type) tuples from a generator (prefix-lm:P, block-causal:B, random:S[:SEED]) or a file.
   m.def("parse_mask_ranges", [](const std::string& text, int64_t seq) {

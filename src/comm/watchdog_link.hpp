@@ -3,7 +3,7 @@
 //
 //   MPI   its own duplicate of the communicator; the watchdog's thread answers requests
 //         (probes) and MPI_Abort ends the job.
-//   Gloo  its own view of the mesh (gloo_comm.cpp): a listener thread answers requests at once
+//   Gloo  its own view of the mesh (gloo/link.cpp): a listener thread answers requests at once
 //         and ends this rank when another aborts; a pending receive from every peer fails when
 //         that peer's connection closes, which is how a rank that is gone is noticed.
 #pragma once

@@ -48,7 +48,7 @@ std::map<std::string, Traffic> all_to_all_traffic(const Problem& p, const Plan& 
           {kAllToAlls[3], exchange(wire.ulysses_backward_out, false)}};
 }
 
-// The node of world rank q (as cost_model.cpp's placement: consecutive ranks per node, or dealt
+// The node of world rank q (as links.hpp's NodeOf: consecutive ranks per node, or dealt
 // out to the nodes in turn).
 int node_of(int rank, int ranks, int per_node, bool cyclic) {
   const int nodes = (ranks + per_node - 1) / per_node;

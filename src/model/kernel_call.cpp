@@ -135,7 +135,7 @@ double kernel_call_seconds(const Machine& machine, const KernelCall& call) {
   const double batch_heads = static_cast<double>(call.batch * call.heads);
   const double per_pair = 4.0 * static_cast<double>(call.head_dim);
   if (machine.tile_block > 0) {
-    // The CPU kernels: the tiles they compute, as predict() charges them (cost_model.cpp).
+    // The CPU kernels: the tiles they compute, as predict() charges them (predict.cpp).
     const std::vector<int64_t> q = positions_of(call.q_positions, call.q_runs, call.q_tokens);
     const std::vector<int64_t> k = positions_of(call.kv_positions, call.kv_runs, call.kv_tokens);
     std::vector<int64_t> block(static_cast<size_t>(machine.tile_block));

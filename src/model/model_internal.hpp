@@ -69,7 +69,7 @@ Wide total_pairs(const Problem& p);
 // (Ring Attention, all-gather K/V): its part of the plan's layout against all keys.
 double sequence_rank_flops(const Problem& p, const Plan& plan, int rank);
 
-// ---- Memory (cost_model.cpp) -------------------------------------------------------------------
+// ---- Memory (memory.cpp) ----------------------------------------------------------------------
 
 // The terms every algorithm's transient buffers are written in: B, H, Hkv, D, the dtype's element
 // size e and fp32's f, whether fp32 sums go through a rounded copy (narrow), the ranks, the most
@@ -100,7 +100,7 @@ struct Calls {
 std::vector<int64_t> sorted(std::vector<int64_t> positions);
 std::vector<int64_t> slice(const std::vector<int64_t>& positions, int64_t begin, int64_t count);
 
-// ---- Critical path (cost_model.cpp) ------------------------------------------------------------
+// ---- Critical path (predict.cpp) ---------------------------------------------------------------
 
 // What an algorithm's forward and backward times are composed of: its phases' seconds (the most
 // any rank sends in each, with the part its reductions take), the busiest rank's kernel seconds,

@@ -42,15 +42,30 @@ std::vector<Algorithm> all_algorithms() {
   return out;
 }
 
-Algorithm parse_algorithm(const std::string& name) {
-  std::string choices;
-  const auto& entries = algorithm_entries();
-  for (size_t i = 0; i < entries.size(); ++i) {
-    if (name == entries[i]->traits.name) return entries[i]->traits.algorithm;
-    choices += (i == 0 ? "" : i + 1 == entries.size() ? " or " : ", ");
-    choices += entries[i]->traits.name;
+std::vector<std::string> algorithm_names() {
+  std::vector<std::string> out;
+  for (const AlgorithmEntry* entry : algorithm_entries())
+    out.emplace_back(entry->traits.name);
+  return out;
+}
+
+std::string algorithm_list(const std::string& separator, const std::string& last_separator) {
+  const std::vector<std::string> names = algorithm_names();
+  std::string text;
+  for (size_t i = 0; i < names.size(); ++i) {
+    text += i == 0                                             ? ""
+            : i + 1 == names.size() && !last_separator.empty() ? last_separator
+                                                               : separator;
+    text += names[i];
   }
-  A2D_FAIL("unknown algorithm '", name, "'; choose ", choices);
+  return text;
+}
+
+Algorithm parse_algorithm(const std::string& name) {
+  for (const AlgorithmEntry* entry : algorithm_entries()) {
+    if (name == entry->traits.name) return entry->traits.algorithm;
+  }
+  A2D_FAIL("unknown algorithm '", name, "'; choose ", algorithm_list(", ", " or "));
 }
 
 std::string algorithm_name(Algorithm algorithm) {

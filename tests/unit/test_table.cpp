@@ -2,7 +2,10 @@
 // it generates, and the plan descriptions and options read from it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "attention2d/attention.hpp"
 #include "attention2d/error.hpp"
@@ -10,6 +13,37 @@
 
 namespace a2d {
 namespace {
+
+// The lists of names the programs print (--algo's choices, a2d bench's and a2d sim's defaults,
+// a2d model's curves) come from the table, in its order.
+TEST(Table, NameListsComeFromTheTable) {
+  std::vector<std::string> names;
+  for (const Algorithm algorithm : all_algorithms())
+    names.push_back(algorithm_name(algorithm));
+  ASSERT_EQ(algorithm_names(), names);
+  ASSERT_GE(names.size(), 3u);
+  std::string commas;
+  for (const std::string& name : names)
+    commas += (commas.empty() ? "" : ",") + name;
+  EXPECT_EQ(algorithm_list(","), commas);
+  const std::string text = algorithm_list(", ", " or ");
+  EXPECT_EQ(text.rfind(names[0] + ", " + names[1] + ", ", 0), 0u) << text;
+  EXPECT_EQ(text.substr(text.size() - names.back().size() - 4), " or " + names.back()) << text;
+  EXPECT_EQ(std::count(text.begin(), text.end(), ','), static_cast<long>(names.size()) - 2);
+}
+
+// tests/CMakeLists.txt reads the names from the table's sources (each entry's traits.name) for
+// its per-algorithm tests: the same names as the table's, none missing, none extra.
+TEST(Table, TestListsReadFromTheSourcesNameEveryAlgorithm) {
+  std::vector<std::string> read;
+  std::istringstream words(A2D_TEST_ALGORITHMS);
+  for (std::string name; words >> name;)
+    read.push_back(name);
+  std::vector<std::string> names = algorithm_names();
+  std::sort(read.begin(), read.end());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(read, names);
+}
 
 TEST(Table, EveryEntryIsCompleteAndInTheEnumsOrder) {
   const auto& entries = algorithm_entries();
