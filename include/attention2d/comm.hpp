@@ -232,7 +232,7 @@ RingCharge ring_reduce_scatter_charge(std::span<const int64_t> counts, int rank)
 enum class CommKind { mpi, nccl, gloo };
 CommKind parse_comm_kind(const std::string& name);  // throws a2d::Error naming the choices
 std::string comm_kind_name(CommKind kind);
-// nccl for the CUDA backend in a build with NCCL, mpi for every other backend.
+// The backend's native communicator (BackendCapabilities::native_comm: nccl for cuda), else mpi.
 CommKind default_comm_kind(const Backend& backend);
 
 // `inner` with staging: data in buffers whose host_data() is null (a device's, the fenced
