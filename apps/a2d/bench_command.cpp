@@ -359,7 +359,7 @@ int bench(int argc, char** argv, int first) {
       check.ranks_may_change = false;
       const auto model = [&](const MemoryRequest& r, bool sequential) {
         const Problem p = varied_problem(problem, r);
-        const bool on_host = device != "cuda";
+        const bool on_host = cli::memory_on_host(device);
         const bool copies = p.dtype != DType::f32 || !on_host;
         int64_t shards = 0, buffers = 0, copy_bytes = 0, largest = 0, count = 0;
         for (const Row& row : candidate_rows(o, p, r.ranks)) {

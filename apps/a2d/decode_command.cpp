@@ -145,7 +145,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       check.model = [&](const MemoryRequest& r) {
         const Problem p = varied_problem(problem, r);
         const Plan varied = varied_plan(plan, p, r.ranks);
-        const bool on_host = device != "cuda";
+        const bool on_host = cli::memory_on_host(device);
         const int64_t prompt_tokens = plan_layout(p, varied).max_count();
         const int64_t steps_tokens = o.steps * o.tokens_per_step;
         MemoryNeed need;

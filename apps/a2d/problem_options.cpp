@@ -110,7 +110,12 @@ void DeviceOptions::declare_comm(Options& options) {
 }
 
 DType DeviceOptions::default_dtype() const {
-  return device == "cuda" || device == "fenced-cuda" ? DType::bf16 : DType::f32;
+  return a2d::default_dtype(device);
+}
+
+bool memory_on_host(const std::string& device) {
+  const BackendEntry* entry = find_backend(device);
+  return !entry || entry->capabilities.host_memory;
 }
 
 CommKind DeviceOptions::comm_kind(const Backend& backend) const {

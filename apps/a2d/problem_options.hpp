@@ -28,8 +28,8 @@ struct ProblemOptions {
   std::string window_size;  // --window-size LEFT,RIGHT; "" = none
   std::string doc_lens;     // "" = one document
   std::string mask_ranges;  // --mask-ranges FILE or generator; "" = none
-  bool sinks = false;     // --sinks: sink logits from the seed
-  std::string sink_file;  // --sink FILE.npy: sink logits [heads]
+  bool sinks = false;       // --sinks: sink logits from the seed
+  std::string sink_file;    // --sink FILE.npy: sink logits [heads]
   double softcap = 0.0;
   std::string dtype;  // "" = the default: bf16 on GPUs, fp32 on CPUs (docs/usage.md, "Defaults")
   // The help's words for that default: the machine's (a2d model, plan) or the device's.
@@ -54,8 +54,8 @@ struct DeviceOptions {
   std::string comm;  // "" = default_comm_kind(backend): nccl on cuda, else mpi
 
   void declare(Options& options);
-  // The dtype without --dtype: bf16 for --device cuda (or fenced-cuda), whose kernels take 16-bit
-  // inputs only, else fp32.
+  // The dtype without --dtype: the device's first (BackendCapabilities::dtypes): bf16 for
+  // --device cuda (or fenced-cuda), whose kernels take 16-bit inputs only, else fp32.
   DType default_dtype() const;
   // --comm, for the commands that run distributed algorithms.
   void declare_comm(Options& options);
@@ -65,6 +65,10 @@ struct DeviceOptions {
   // The chosen communicator for `backend`; throws a2d::Error for an unknown name.
   CommKind comm_kind(const Backend& backend) const;
 };
+
+// Whether the buffers of `device` (a --device value) are this host's memory, which the memory
+// checks count (BackendCapabilities::host_memory; not a GPU's).
+bool memory_on_host(const std::string& device);
 
 // --shards, --shard-counts, --shard-stripe: the caller's layout of the sequence over the ranks,
 // when it is not the plan's. a2d run generates (or scatters) the inputs in it, the engine

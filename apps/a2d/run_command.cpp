@@ -308,7 +308,7 @@ int run(int argc, char** argv, int first) {
         const Problem p = varied_problem(problem, r);
         MemoryNeed need;
         // GPU buffers are not the host's memory: only the harness's host copies are.
-        const bool on_host = device != "cuda";
+        const bool on_host = cli::memory_on_host(device);
         const bool copies = p.dtype != DType::f32 || !on_host;
         const std::optional<TokenLayout> user = o.shards.layout(p.seq, r.ranks);
         const std::optional<UserShards> shards =

@@ -70,6 +70,38 @@ struct BackwardCall {
   bool accumulate = false;  // add to dq, dk, dv instead of overwriting them
 };
 
+// What a backend can do, for the code that chooses around it (communicators, memory checks, the
+// front ends' defaults and bounds): they ask these, never the backend's name. One record per kind
+// of backend (its registry entry's), or per instance where that differs (the sim backend's device).
+struct BackendCapabilities {
+  // Buffers' memory is host-accessible (Buffer::host_data() set): communicators move it directly;
+  // otherwise they stage it through host memory (make_staged_communicator).
+  bool host_accessible = true;
+  // Buffers are this host's memory (accessible or not), which the memory checks count; false
+  // for a device's own memory (a GPU's).
+  bool host_memory = true;
+  // The kernels are the CPU's (kernel.hpp), on this process's threads: the kernel-path switch,
+  // --threads, the FMA peak and the kernels' work counter (kernel_work) apply.
+  bool cpu_kernels = true;
+  // The kernels round P and dS to the inputs' 16-bit dtype, as tensor cores do: checks against
+  // the fp64 reference use the tensor-core bounds (tools/check.hpp).
+  bool tensor_core_rounding = false;
+  // The --comm kind that moves this backend's buffers in their own memory ("nccl"); "" for none
+  // (mpi and gloo carry every backend, staged where needed).
+  std::string native_comm;
+  // The dtypes its kernels compute in, its default first (--dtype's default on it).
+  std::vector<DType> dtypes;  // by default fp32, bf16, fp16
+  // The head dimensions its kernels take; empty: any.
+  std::vector<int64_t> head_dims;
+  // wrap_host / wrap_device work: the caller's host (device) memory as a buffer without a copy.
+  bool wraps_host = false;
+  bool wraps_device = false;
+
+  BackendCapabilities();  // a host backend's: host memory, the CPU's kernels, every dtype
+  bool computes_in(DType dtype) const;
+  bool takes_head_dim(int64_t head_dim) const;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -77,10 +109,11 @@ class Backend {
   Backend(const Backend&) = delete;
   Backend& operator=(const Backend&) = delete;
 
-  virtual std::string name() const = 0;  // "cpu", "fenced", ...
-  // Whether buffers' memory is host-accessible (Buffer::host_data() set): communicators then move
-  // it directly; otherwise they stage it through host memory (make_staged_communicator).
-  virtual bool host_accessible() const = 0;
+  // "cpu", "fenced", ...: for messages and reports. Code that chooses asks capabilities().
+  virtual std::string name() const = 0;
+  virtual const BackendCapabilities& capabilities() const = 0;
+  // capabilities().host_accessible: communicators move buffers directly, else stage them.
+  bool host_accessible() const { return capabilities().host_accessible; }
   // Throws a2d::Error when this backend's kernels cannot compute problems of this dtype, head
   // dimension, mask or softcap (make_attention asks on every rank before any data moves). The
   // host backends compute everything; the CUDA backend refuses what its kernels lack.
@@ -167,17 +200,44 @@ class Backend {
                                  const RowTensor& lse, const RowTensor& delta, double* dsink) = 0;
 };
 
-// "cpu", "fenced", "fenced-cuda", "cuda" (the node-local rank's GPU) or "cuda:N" (GPU N);
-// anything else throws a2d::Error naming the choices. "cuda" throws a2d::Error when the build has
-// no CUDA backend or no GPU is visible.
+// The backends this build knows: one entry each, in src/backends/registry.cpp (each made by its
+// own folder's <name>_backend_entry()). Adding a backend: docs/backends.md.
+struct BackendEntry {
+  const char* name = "";          // the --device name
+  const char* summary = "";       // what it is (the choices of an unknown --device, a2d info)
+  const char* build_option = "";  // the CMake option that builds it; "" built always
+  const char* title = "";         // in messages ("CUDA"); "": the name
+  const char* toolkit = "";       // what building it needs ("a CUDA toolkit")
+  const char* unit = "device";    // what "name:N" counts ("GPU")
+  bool built = true;              // whether this build has it
+  bool takes_ordinal = false;     // "name:N" picks device N
+  // default_device(dtype): the available backend of the highest rank that computes in the dtype;
+  // 0: never the default.
+  int default_rank = 0;
+  BackendCapabilities capabilities;
+  // Makes one (ordinal -1: the node-local rank's device; throws without one); nullptr where it is
+  // not made by name (sim: inside SimGrid only, sim.hpp).
+  std::unique_ptr<Backend> (*make)(int ordinal) = nullptr;
+  // Devices visible here (1 for the host's); nullptr: 1.
+  int (*device_count)() = nullptr;
+
+  int devices() const;  // 0 where not built or not made by name
+};
+const std::vector<BackendEntry>& backend_registry();
+// The entry of a --device value ("cuda:1" is cuda's), nullptr for an unknown one.
+const BackendEntry* find_backend(const std::string& device);
+
+// A backend of the registry by its --device value: "cpu", "fenced", "fenced-cuda", "cuda" (the
+// node-local rank's GPU) or "cuda:N" (GPU N); anything else throws a2d::Error naming the choices.
+// A backend this build lacks, or whose device is absent, throws a2d::Error saying so.
 std::unique_ptr<Backend> make_backend(const std::string& device);
-std::vector<std::string> backend_names();  // those this build has
-// Whether this build has the CUDA backend, and how many GPUs it sees (0 without the backend).
-bool cuda_backend_built();
-int cuda_device_count();
-// The devices' default for inputs of `dtype`: "cuda" for bf16/fp16 when the build has it and a GPU
-// is visible (its kernels take 16-bit inputs only), else "cpu".
+std::vector<std::string> backend_names();  // those this build makes by name
+// The devices' default for inputs of `dtype`: the available backend of the highest default_rank
+// that computes in it ("cuda" for bf16/fp16 when the build has it and a GPU is visible), else
+// "cpu".
 std::string default_device(DType dtype);
+// --dtype's default on `device` (its first dtype; fp32 for "" and unknown devices).
+DType default_dtype(const std::string& device);
 
 // An int64 array uploaded to a new buffer of `backend` (positions, permutations).
 BufferPtr upload_indices(Backend& backend, const std::vector<int64_t>& values);

@@ -24,7 +24,7 @@ class Backend;  // backend.hpp
 enum class CommKind { mpi, nccl, gloo };
 CommKind parse_comm_kind(const std::string& name);  // throws a2d::Error naming the choices
 std::string comm_kind_name(CommKind kind);
-// nccl for the CUDA backend in a build with NCCL, mpi for every other backend.
+// The backend's native communicator (BackendCapabilities::native_comm: nccl for cuda), else mpi.
 CommKind default_comm_kind(const Backend& backend);
 
 }  // namespace a2d

@@ -1,4 +1,5 @@
-// Internal: the constructors of the backends make_backend() knows.
+// Internal: the registry entries of the backends (registry.cpp holds the list), each defined in
+// its backend's folder, and what the tests reach inside them.
 #pragma once
 
 #include <memory>
@@ -7,9 +8,13 @@
 
 namespace a2d::backends {
 
-std::unique_ptr<Backend> make_cpu_backend();
+BackendEntry cpu_backend_entry();
 // cuda_rules: "fenced-cuda", refusing the kernel calls the CUDA backend refuses.
-std::unique_ptr<Backend> make_fenced_backend(bool cuda_rules = false);
+BackendEntry fenced_backend_entry(bool cuda_rules);
+BackendEntry cuda_backend_entry();  // built or not (A2D_WITH_CUDA)
+BackendCapabilities cuda_capabilities();
+BackendEntry sim_backend_entry();  // not made by name (make_sim_backend, in SimGrid)
+
 #ifdef A2D_WITH_CUDA
 // cuda_backend.cu; throws without a GPU. device < 0: the node-local rank's GPU (modulo the count).
 std::unique_ptr<Backend> make_cuda_backend(int device = -1);

@@ -22,10 +22,20 @@ std::string comm_kind_name(CommKind kind) {
 }
 
 CommKind default_comm_kind(const Backend& backend) {
-  return backend.name() == "cuda" && cuda_backend_built() ? CommKind::nccl : CommKind::mpi;
+  // A backend exists only in a build that has it, and with it its native communicator.
+  const std::string& native = backend.capabilities().native_comm;
+  return native.empty() ? CommKind::mpi : parse_comm_kind(native);
 }
 
 namespace comm_choice {
+
+bool nccl_built() {
+#ifdef A2D_WITH_CUDA
+  return true;  // NCCL is built with the CUDA backend
+#else
+  return false;
+#endif
+}
 
 std::string nccl_version_text(int code) {
   const bool old = code < 20900;  // before 2.9: X*1000 + Y*100 + Z
@@ -36,8 +46,8 @@ std::string nccl_version_text(int code) {
   return out.str();
 }
 
-std::string kind_refusal(CommKind kind, const std::string& backend, bool nccl_built,
-                         bool gloo_built) {
+std::string kind_refusal(CommKind kind, const std::string& backend, const std::string& native_comm,
+                         bool nccl_built, bool gloo_built) {
   if (kind == CommKind::mpi) return "";
   if (kind == CommKind::gloo) {
     // Any backend: buffers the host cannot touch are staged through host memory, as for mpi.
@@ -49,8 +59,14 @@ std::string kind_refusal(CommKind kind, const std::string& backend, bool nccl_bu
     return "--comm nccl: this build has no NCCL (configure with -DA2D_WITH_CUDA=ON where CUDA "
            "and NCCL are installed); use --comm mpi";
   }
-  if (backend != "cuda") {
-    return "--comm nccl moves GPU memory and needs --device cuda (the device here is " + backend +
+  if (native_comm != comm_kind_name(kind)) {
+    // The backends whose own memory it moves (cuda).
+    std::string devices;
+    for (const BackendEntry& entry : backend_registry()) {
+      if (entry.capabilities.native_comm != comm_kind_name(kind)) continue;
+      devices += std::string(devices.empty() ? "" : " or ") + "--device " + entry.name;
+    }
+    return "--comm nccl moves GPU memory and needs " + devices + " (the device here is " + backend +
            "); use --comm mpi";
   }
   return "";

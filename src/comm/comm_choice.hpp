@@ -17,11 +17,16 @@ std::string nccl_version_text(int code);
 constexpr int kMultiRankNcclVersion = 23000;  // 2.30.0
 constexpr int kMultiRankPerGpu = 2;
 
-// Why `kind` cannot carry the messages of a backend named `backend` in a build whose NCCL and
-// Gloo support are `nccl_built` and `gloo_built`; "" where it can. mpi and gloo carry every
-// backend's messages (staged through host memory where the host cannot touch the buffers).
-std::string kind_refusal(CommKind kind, const std::string& backend, bool nccl_built,
-                         bool gloo_built);
+// Whether this build has NCCL (it comes with the CUDA backend).
+bool nccl_built();
+
+// Why `kind` cannot carry the messages of a backend named `backend` whose native communicator
+// (BackendCapabilities::native_comm) is `native_comm`, in a build whose NCCL and Gloo support are
+// `nccl_built` and `gloo_built`; "" where it can. mpi and gloo carry every backend's messages
+// (staged through host memory where the host cannot touch the buffers); nccl only those of a
+// backend whose native communicator it is.
+std::string kind_refusal(CommKind kind, const std::string& backend, const std::string& native_comm,
+                         bool nccl_built, bool gloo_built);
 
 // Why one NCCL communicator cannot span ranks whose GPUs are `gpu_of_rank` (one entry per rank,
 // e.g. "host/0000:19:00.0"), under NCCL `nccl_version` with NCCL_MULTI_RANK_GPU_ENABLE=1 set or

@@ -79,7 +79,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(MPI_Comm comm, const GlooOp
 
 std::unique_ptr<Communicator> make_communicator(MPI_Comm comm, Backend& backend, CommKind kind) {
   refuse_together(
-      comm, comm_choice::kind_refusal(kind, backend.name(), cuda_backend_built(), gloo_built()));
+      comm, comm_choice::kind_refusal(kind, backend.name(), backend.capabilities().native_comm,
+                                      comm_choice::nccl_built(), gloo_built()));
   if (kind == CommKind::mpi) return make_mpi_communicator(comm);
   if (kind == CommKind::gloo) return make_gloo_communicator(comm);
 #ifdef A2D_WITH_CUDA

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "attention2d/backend.hpp"
 #include "attention2d/version.hpp"
 #ifdef A2D_WITH_CUDA
 #include "backends/cuda/device_info.hpp"
@@ -43,6 +44,31 @@ std::string build_info() {
 #else
   out << "CUDA: not built (configure with -DA2D_WITH_CUDA=ON)\n";
 #endif
+  // The registry's backends and what each computes (BackendCapabilities).
+  for (const BackendEntry& entry : backend_registry()) {
+    out << "backend " << entry.name << ": ";
+    if (!entry.built) {
+      out << "not built (configure with -D" << entry.build_option << "=ON)\n";
+      continue;
+    }
+    const BackendCapabilities& c = entry.capabilities;
+    for (size_t i = 0; i < c.dtypes.size(); ++i)
+      out << (i ? "/" : "") << dtype_name(c.dtypes[i]);
+    out << ", head dimensions ";
+    if (c.head_dims.empty()) out << "any";
+    for (size_t i = 0; i < c.head_dims.size(); ++i)
+      out << (i ? "/" : "") << c.head_dims[i];
+    out << (c.host_memory ? ", host memory" : ", device memory");
+    if (!c.host_accessible) out << " (staged)";
+    if (!c.native_comm.empty()) out << ", --comm " << c.native_comm;
+    if (!entry.make) {
+      out << "; " << entry.summary << "\n";
+      continue;
+    }
+    const int devices = entry.devices();
+    if (entry.takes_ordinal) out << "; " << devices << (devices == 1 ? " device" : " devices");
+    out << "\n";
+  }
   return out.str();
 }
 

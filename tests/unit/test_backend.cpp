@@ -188,7 +188,7 @@ TEST_P(EveryBackend, FreshBuffersAreNaNWhereThePoisonIsOn) {
 std::vector<std::string> runnable_backends() {
   std::vector<std::string> names;
   for (const std::string& name : backend_names()) {
-    if (name != "cuda" || cuda_device_count() > 0) names.push_back(name);
+    if (find_backend(name)->devices() > 0) names.push_back(name);
   }
   return names;
 }
@@ -263,9 +263,86 @@ TEST(BackendNames, CudaTakesAnOrdinal) {
           << e.what();
     }
   }
-  if (cuda_device_count() == 0) {
+  if (find_backend("cuda")->devices() == 0) {
     EXPECT_THROW(make_backend("cuda:0"), Error);
   }
+}
+
+// The registry (backend.hpp): every backend made by name reports its entry's capabilities, and
+// what they claim holds of its buffers; the defaults come from capabilities, not names.
+TEST(BackendRegistry, MadeBackendsHaveTheirEntrysCapabilities) {
+  for (const std::string& name : runnable_backends()) {
+    const BackendEntry* entry = find_backend(name);
+    ASSERT_NE(entry, nullptr) << name;
+    const std::unique_ptr<Backend> backend = make_backend(name);
+    EXPECT_EQ(backend->name(), name);
+    const BackendCapabilities& c = backend->capabilities();
+    const BackendCapabilities& e = entry->capabilities;
+    EXPECT_EQ(c.host_accessible, e.host_accessible) << name;
+    EXPECT_EQ(c.host_memory, e.host_memory) << name;
+    EXPECT_EQ(c.cpu_kernels, e.cpu_kernels) << name;
+    EXPECT_EQ(c.tensor_core_rounding, e.tensor_core_rounding) << name;
+    EXPECT_EQ(c.native_comm, e.native_comm) << name;
+    EXPECT_EQ(c.dtypes, e.dtypes) << name;
+    EXPECT_EQ(c.head_dims, e.head_dims) << name;
+    EXPECT_EQ(c.wraps_host, e.wraps_host) << name;
+    EXPECT_EQ(c.wraps_device, e.wraps_device) << name;
+    const BufferPtr buffer = backend->allocate(64);
+    EXPECT_EQ(buffer->host_data() != nullptr, c.host_accessible) << name;
+    EXPECT_EQ(backend->host_accessible(), c.host_accessible) << name;
+    std::vector<float> host(16);
+    if (c.wraps_host) {
+      EXPECT_EQ(backend->wrap_host(host.data(), 64)->host_data(), host.data()) << name;
+    } else {
+      EXPECT_THROW(backend->wrap_host(host.data(), 64), Error) << name;
+    }
+    if (!c.wraps_device) {
+      EXPECT_THROW(backend->wrap_device(host.data(), 64), Error) << name;
+    }
+    // Whatever head dimensions and dtypes the capabilities list, check_supported takes.
+    for (const DType dtype : c.dtypes) {
+      EXPECT_NO_THROW(
+          backend->check_supported(dtype, c.head_dims.empty() ? 64 : c.head_dims[0], Mask{}, 0.0f))
+          << name;
+    }
+  }
+}
+
+TEST(BackendRegistry, DefaultsAndLookUpsComeFromTheEntries) {
+  EXPECT_EQ(default_dtype("cpu"), DType::f32);
+  EXPECT_EQ(default_dtype("fenced"), DType::f32);
+  EXPECT_EQ(default_dtype("fenced-cuda"), DType::bf16);
+  EXPECT_EQ(default_dtype("cuda"), DType::bf16);
+  EXPECT_EQ(default_dtype("cuda:1"), DType::bf16);
+  EXPECT_EQ(default_dtype(""), DType::f32);
+  EXPECT_EQ(default_dtype("tpu"), DType::f32);  // refused later, by make_backend
+  EXPECT_EQ(find_backend("cuda:3"), find_backend("cuda"));
+  EXPECT_EQ(find_backend("fenced:1"), nullptr);
+  EXPECT_EQ(find_backend("tpu"), nullptr);
+  // The CUDA kernels' rules: fenced-cuda refuses what cuda refuses.
+  EXPECT_EQ(find_backend("fenced-cuda")->capabilities.dtypes,
+            find_backend("cuda")->capabilities.dtypes);
+  EXPECT_EQ(find_backend("fenced-cuda")->capabilities.head_dims,
+            find_backend("cuda")->capabilities.head_dims);
+  EXPECT_TRUE(find_backend("cuda")->capabilities.takes_head_dim(80));
+  EXPECT_FALSE(find_backend("cuda")->capabilities.takes_head_dim(72));
+  EXPECT_TRUE(find_backend("cpu")->capabilities.takes_head_dim(72));
+  EXPECT_FALSE(find_backend("cuda")->capabilities.computes_in(DType::f32));
+  // sim is made inside SimGrid only: known, not made by name.
+  ASSERT_NE(find_backend("sim"), nullptr);
+  EXPECT_EQ(find_backend("sim")->make, nullptr);
+  const std::vector<std::string> names = backend_names();
+  EXPECT_EQ(std::count(names.begin(), names.end(), "sim"), 0);
+  try {
+    make_backend("tpu");
+    ADD_FAILURE() << "tpu was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown device 'tpu'; choose cpu, cuda (an NVIDIA GPU), "
+                                         "fenced (the test backend"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(make_backend("sim"), Error);
 }
 
 // Random inputs in [batch, tokens, heads, dim] fp32.

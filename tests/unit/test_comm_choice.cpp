@@ -14,6 +14,11 @@ using comm_choice::kind_refusal;
 using comm_choice::nccl_version_text;
 using comm_choice::sharing_refusal;
 
+// A device's native communicator, from the registry (BackendCapabilities::native_comm).
+std::string native(const std::string& device) {
+  return find_backend(device)->capabilities.native_comm;
+}
+
 constexpr int kNccl228 = 22809;  // the toolkit's NCCL here
 constexpr int kNccl230 = 23000;
 
@@ -43,15 +48,15 @@ TEST(CommChoice, NcclVersionsPrintAsNcclDoes) {
 
 TEST(CommChoice, NcclNeedsTheCudaBackendAndABuildWithIt) {
   for (const bool gloo : {false, true}) {
-    EXPECT_EQ(kind_refusal(CommKind::mpi, "cpu", false, gloo), "");
-    EXPECT_EQ(kind_refusal(CommKind::mpi, "cuda", true, gloo), "");
-    EXPECT_EQ(kind_refusal(CommKind::nccl, "cuda", true, gloo), "");
+    EXPECT_EQ(kind_refusal(CommKind::mpi, "cpu", native("cpu"), false, gloo), "");
+    EXPECT_EQ(kind_refusal(CommKind::mpi, "cuda", native("cuda"), true, gloo), "");
+    EXPECT_EQ(kind_refusal(CommKind::nccl, "cuda", native("cuda"), true, gloo), "");
     for (const char* device : {"cpu", "fenced", "fenced-cuda"}) {
-      const std::string why = kind_refusal(CommKind::nccl, device, true, gloo);
+      const std::string why = kind_refusal(CommKind::nccl, device, native(device), true, gloo);
       EXPECT_NE(why.find("needs --device cuda"), std::string::npos) << why;
       EXPECT_NE(why.find("use --comm mpi"), std::string::npos) << why;
     }
-    const std::string unbuilt = kind_refusal(CommKind::nccl, "cuda", false, gloo);
+    const std::string unbuilt = kind_refusal(CommKind::nccl, "cuda", native("cuda"), false, gloo);
     EXPECT_NE(unbuilt.find("this build has no NCCL"), std::string::npos) << unbuilt;
     EXPECT_NE(unbuilt.find("use --comm mpi"), std::string::npos) << unbuilt;
   }
@@ -61,8 +66,8 @@ TEST(CommChoice, NcclNeedsTheCudaBackendAndABuildWithIt) {
 // a build without it refuses it naming the package and --comm mpi.
 TEST(CommChoice, GlooCarriesEveryBackendInABuildWithIt) {
   for (const char* device : {"cpu", "fenced", "fenced-cuda", "cuda"}) {
-    EXPECT_EQ(kind_refusal(CommKind::gloo, device, false, true), "") << device;
-    const std::string unbuilt = kind_refusal(CommKind::gloo, device, true, false);
+    EXPECT_EQ(kind_refusal(CommKind::gloo, device, native(device), false, true), "") << device;
+    const std::string unbuilt = kind_refusal(CommKind::gloo, device, native(device), true, false);
     EXPECT_NE(unbuilt.find("this build has no Gloo (install libgloo-dev and rebuild)"),
               std::string::npos)
         << unbuilt;

@@ -250,15 +250,16 @@ TEST(CudaPlan, Fp32DefaultsToTheCpu) {
 }
 
 TEST(CudaPlan, CudaDeviceWithoutOneFailsClearly) {
-  if (cuda_backend_built() && cuda_device_count() > 0) GTEST_SKIP() << "a GPU is visible";
+  if (find_backend("cuda")->built && find_backend("cuda")->devices() > 0)
+    GTEST_SKIP() << "a GPU is visible";
   const std::string message = error_of([] { make_backend("cuda"); });
-  EXPECT_NE(message.find(cuda_backend_built() ? "no CUDA GPU" : "no CUDA backend"),
+  EXPECT_NE(message.find(find_backend("cuda")->built ? "no CUDA GPU" : "no CUDA backend"),
             std::string::npos)
       << message;
   EXPECT_EQ(default_device(DType::bf16), "cpu");
   EXPECT_EQ(default_device(DType::f32), "cpu");
   const std::vector<std::string> names = backend_names();
-  EXPECT_EQ(std::count(names.begin(), names.end(), "cuda"), cuda_backend_built() ? 1 : 0);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "cuda"), find_backend("cuda")->built ? 1 : 0);
 }
 
 }  // namespace

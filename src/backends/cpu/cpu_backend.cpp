@@ -23,10 +23,20 @@ class CpuBuffer final : public Buffer {
   bool owned_;
 };
 
+// Host memory the caller may read, every dtype and head dimension, the CPU's kernels.
+BackendCapabilities cpu_capabilities() {
+  BackendCapabilities c;
+  c.wraps_host = true;
+  return c;
+}
+
 class CpuBackend final : public HostBackend {
  public:
   std::string name() const override { return "cpu"; }
-  bool host_accessible() const override { return true; }
+  const BackendCapabilities& capabilities() const override {
+    static const BackendCapabilities capabilities = cpu_capabilities();
+    return capabilities;
+  }
 
   BufferPtr allocate(int64_t bytes) override {
     A2D_REQUIRE(bytes >= 0, "cannot allocate ", bytes, " bytes");
@@ -52,10 +62,19 @@ class CpuBackend final : public HostBackend {
   }
 };
 
+std::unique_ptr<Backend> make_cpu_backend(int /*ordinal*/) {
+  return std::make_unique<CpuBackend>();
+}
+
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend() {
-  return std::make_unique<CpuBackend>();
+BackendEntry cpu_backend_entry() {
+  BackendEntry e;
+  e.name = "cpu";
+  e.default_rank = 1;
+  e.capabilities = cpu_capabilities();
+  e.make = make_cpu_backend;
+  return e;
 }
 
 }  // namespace a2d::backends

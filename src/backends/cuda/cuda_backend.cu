@@ -357,7 +357,10 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
-  bool host_accessible() const override { return false; }
+  const BackendCapabilities& capabilities() const override {
+    static const BackendCapabilities capabilities = cuda_capabilities();
+    return capabilities;
+  }
   void check_supported(DType dtype, int64_t head_dim, const Mask& mask,
                        float softcap) const override {
     cuda_plan::check_supported(dtype, head_dim, mask, softcap);

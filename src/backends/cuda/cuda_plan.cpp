@@ -63,12 +63,24 @@ int64_t mask_range_values(const Mask& mask) {
   return mask.ranges ? static_cast<int64_t>(mask.ranges->index.size()) : 0;
 }
 
+const std::vector<DType>& kernel_dtypes() {
+  static const std::vector<DType> dtypes{DType::bf16, DType::f16};
+  return dtypes;
+}
+
+const std::vector<int64_t>& kernel_head_dims() {
+  static const std::vector<int64_t> head_dims{64, 80, 96, 128};
+  return head_dims;
+}
+
 bool supported_head_dim(int64_t head_dim) {
-  return head_dim == 64 || head_dim == 80 || head_dim == 96 || head_dim == 128;
+  const std::vector<int64_t>& dims = kernel_head_dims();
+  return std::find(dims.begin(), dims.end(), head_dim) != dims.end();
 }
 
 bool supported_dtype(DType dtype) {
-  return dtype == DType::bf16 || dtype == DType::f16;
+  const std::vector<DType>& dtypes = kernel_dtypes();
+  return std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end();
 }
 
 bool rows_aligned(const TokenTensor& t) {

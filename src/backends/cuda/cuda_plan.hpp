@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "attention2d/backend.hpp"
 #include "attention2d/kernel.hpp"
@@ -84,9 +85,12 @@ struct AttentionPlan {
   std::string describe() const;
 };
 
-// The head dimensions and dtypes the tensor-core kernels are instantiated for.
+// The head dimensions and dtypes the tensor-core kernels are instantiated for (bf16 first: the
+// default), as lists for the backends' capabilities.
 bool supported_head_dim(int64_t head_dim);
 bool supported_dtype(DType dtype);
+const std::vector<DType>& kernel_dtypes();
+const std::vector<int64_t>& kernel_head_dims();
 
 // Checks a kernel call's arguments (throws a2d::Error naming the first problem): shape, scale,
 // dtype (bf16 or fp16, the same for every input), head dimension 64/80/96/128, a valid mask (any

@@ -169,12 +169,29 @@ class FencedBuffer final : public Buffer {
   void* write_back_ = nullptr;
 };
 
+// Host memory the host may not touch (staged by communicators), the CPU's kernels; with the CUDA
+// rules, the CUDA kernels' dtypes and head dimensions. wrap_device: a fenced copy (tests).
+BackendCapabilities fenced_capabilities(bool cuda_rules) {
+  BackendCapabilities c;
+  c.host_accessible = false;
+  c.wraps_device = true;
+  if (cuda_rules) {
+    c.dtypes = cuda_plan::kernel_dtypes();
+    c.head_dims = cuda_plan::kernel_head_dims();
+  }
+  return c;
+}
+
 class FencedBackend final : public HostBackend {
  public:
   explicit FencedBackend(bool cuda_rules) : cuda_rules_(cuda_rules) {}
   ~FencedBackend() override { make_deferred(); }
   std::string name() const override { return cuda_rules_ ? "fenced-cuda" : "fenced"; }
-  bool host_accessible() const override { return false; }
+  const BackendCapabilities& capabilities() const override {
+    static const BackendCapabilities fenced = fenced_capabilities(false),
+                                     fenced_cuda = fenced_capabilities(true);
+    return cuda_rules_ ? fenced_cuda : fenced;
+  }
 
   void check_supported(DType dtype, int64_t head_dim, const Mask& mask,
                        float softcap) const override {
@@ -282,15 +299,28 @@ FencedBuffer::~FencedBuffer() {
   backend.release(memory_, mapped_);
 }
 
+std::unique_ptr<Backend> make_fenced(int /*ordinal*/) {
+  return std::make_unique<FencedBackend>(false);
+}
+std::unique_ptr<Backend> make_fenced_cuda(int /*ordinal*/) {
+  return std::make_unique<FencedBackend>(true);
+}
+
 }  // namespace
 
 std::byte* fenced_memory(const Buffer& buffer) {
-  A2D_REQUIRE(buffer.backend().name().rfind("fenced", 0) == 0, "not a fenced buffer");
+  A2D_REQUIRE(dynamic_cast<const FencedBackend*>(&buffer.backend()), "not a fenced buffer");
   return static_cast<const FencedBuffer&>(buffer).memory();
 }
 
-std::unique_ptr<Backend> make_fenced_backend(bool cuda_rules) {
-  return std::make_unique<FencedBackend>(cuda_rules);
+BackendEntry fenced_backend_entry(bool cuda_rules) {
+  BackendEntry e;
+  e.name = cuda_rules ? "fenced-cuda" : "fenced";
+  e.summary = cuda_rules ? "fenced, refusing the kernel calls the CUDA backend refuses"
+                         : "the test backend whose memory only its own operations may touch";
+  e.capabilities = fenced_capabilities(cuda_rules);
+  e.make = cuda_rules ? make_fenced_cuda : make_fenced;
+  return e;
 }
 
 }  // namespace a2d::backends

@@ -11,6 +11,7 @@
 
 #include "attention2d/error.hpp"
 #include "attention2d/sim.hpp"
+#include "backends/backends.hpp"
 #include "backends/cuda/cuda_plan.hpp"
 
 namespace a2d {
@@ -19,6 +20,20 @@ namespace {
 constexpr int64_t kAlignment = 256;  // as cudaMalloc's
 
 class SimBackendImpl;
+
+// Host addresses (placeholders) that the simulator moves without copying them, and no data: no
+// memory of this host's to count, no kernels of its CPU. With the CUDA rules, the CUDA kernels'
+// dtypes and head dimensions.
+BackendCapabilities sim_capabilities(bool cuda_rules) {
+  BackendCapabilities c;
+  c.host_memory = false;
+  c.cpu_kernels = false;
+  if (cuda_rules) {
+    c.dtypes = cuda_plan::kernel_dtypes();
+    c.head_dims = cuda_plan::kernel_head_dims();
+  }
+  return c;
+}
 
 // What upload() wrote into a buffer: an int64 array (positions, orders) kept as runs of
 // arithmetic progressions where that is at least four times smaller (a sorted gather of cyclic
@@ -117,7 +132,10 @@ class SimBuffer final : public Buffer {
 class SimBackendImpl final : public SimBackend {
  public:
   SimBackendImpl(const SimDevice& device, SimRuntime& runtime)
-      : device_(device), runtime_(runtime), region_(runtime.placeholder_region(device.pool_bytes)) {
+      : device_(device),
+        runtime_(runtime),
+        region_(runtime.placeholder_region(device.pool_bytes)),
+        capabilities_(sim_capabilities(device.cuda_rules)) {
     A2D_REQUIRE(device.machine.kernel_forward_flops > 0 && device.machine.kernel_backward_flops > 0,
                 "the simulated device needs the kernel's forward and backward rates (machine '",
                 device.machine.name, "')");
@@ -127,8 +145,7 @@ class SimBackendImpl final : public SimBackend {
   }
 
   std::string name() const override { return "sim"; }
-  // Host addresses (placeholders) that the simulator moves without copying them.
-  bool host_accessible() const override { return true; }
+  const BackendCapabilities& capabilities() const override { return capabilities_; }
   void check_supported(DType dtype, int64_t head_dim, const Mask& mask,
                        float softcap) const override {
     if (device_.cuda_rules) cuda_plan::check_supported(dtype, head_dim, mask, softcap);
@@ -366,6 +383,7 @@ class SimBackendImpl final : public SimBackend {
   SimDevice device_;
   SimRuntime& runtime_;
   std::byte* region_;
+  BackendCapabilities capabilities_;
   int64_t high_water_ = 0;
   std::map<int64_t, int64_t> free_;  // offset -> bytes
   SimCharges charges_;
@@ -384,6 +402,15 @@ SimBuffer::~SimBuffer() {
 
 std::unique_ptr<SimBackend> make_sim_backend(const SimDevice& device, SimRuntime& runtime) {
   return std::make_unique<SimBackendImpl>(device, runtime);
+}
+
+// Made by make_sim_backend inside SimGrid (a2d sim), not by name.
+BackendEntry backends::sim_backend_entry() {
+  BackendEntry e;
+  e.name = "sim";
+  e.summary = "the simulated device inside SimGrid (a2d sim)";
+  e.capabilities = sim_capabilities(false);
+  return e;
 }
 
 }  // namespace a2d
