@@ -47,6 +47,7 @@ function(a2d_add_cuda_sources target)
     ${PROJECT_SOURCE_DIR}/src/backends/cuda/device_info.cu
     ${PROJECT_SOURCE_DIR}/src/backends/cuda/backward.cu
     ${PROJECT_SOURCE_DIR}/src/backends/cuda/cuda_backend.cu
+    ${PROJECT_SOURCE_DIR}/src/backends/cuda/data_ops.cu
     ${PROJECT_SOURCE_DIR}/src/backends/cuda/forward.cu)
   if(A2D_CUDA_PTXAS_VERBOSE)
     target_compile_options(a2d_cuda PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xptxas=-v>)
