@@ -70,7 +70,10 @@ if a != b:
 PY
 }
 
-kernel=("$a2d" kernel --seq 4096 --heads 4 --head-dim 64 --repeats 3 --backward --json)
+# N = 8192: the forward calls take ~1.6 s here, more than a tick's interval even on a machine twice
+# as fast, so a tick lands in them (at N = 4096 they took ~0.4 s: a fresh clone's run under load
+# had its ticks in the set-up and the backward only).
+kernel=("$a2d" kernel --seq 8192 --heads 4 --head-dim 64 --repeats 3 --backward --json)
 run kernel "${fast[@]}" "${kernel[@]}"
 lines kernel "a2d kernel"
 grep -q "a2d kernel: forward, iteration" kernel.err || fail "kernel: no forward's line"
