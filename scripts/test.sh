@@ -117,6 +117,5 @@ scripts/dev/fuzz.sh 20
 # The ten slowest tests of both passes (wall time each; tests of the first pass ran two at a
 # time, the MPI ones one at a time under their lock): where the suite's time goes.
 echo "test.sh: the ten slowest tests:"
-sed -n 's/^ *[0-9]*\/[0-9]* Test *#[0-9]*: \(.*[^ .]\) *\.*  *Passed *\([0-9.]*\) sec$/\2 \1/p' "$times_log" |
-  sort -rn | head -10 | awk '{printf "  %8.1f s  %s\n", $1, substr($0, index($0, " ") + 1)}'
+scripts/dev/slowest_tests.sh "$times_log" 10
 echo "test.sh: all tests passed in $(( $(date +%s) - start )) s"
