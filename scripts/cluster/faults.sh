@@ -147,23 +147,46 @@ rate_divided() {  # 200mbit / 100 -> 2000kbit
 }
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", b - a}'; }
-# TCP state of every connection between the cluster's hosts (`ss -tin` in each host's namespace),
+# TCP state of every connection between the cluster's hosts (`ss -tinm` in each host's namespace),
 # sampled every 0.5 s from the fault on into FILE: for a failed row, the connections that still
-# had data in flight at the last samples (unacknowledged segments, backoff, a closed window).
+# had data in flight at the last samples (unacknowledged segments, backoff, a closed window), the
+# receiving end of each (its queue, window and socket memory, `skmem` with its drops `d`), and
+# any connection with unread data or dropped segments.
 sample_tcp() {
   local file=$1 start=$2 ns
   while :; do
     echo "@ $(elapsed "$start" "$(now)") s" >>"$file"
     for ns in $(ip netns list | awk '{print $1}' | grep -E "^$name-h[0-9]+$"); do
-      ip netns exec "$ns" ss -tinoH state established 2>/dev/null | paste - - |
+      ip netns exec "$ns" ss -tinmoH state established 2>/dev/null | paste - - |
         grep -v "127.0.0.1" | sed "s/^/$ns /" >>"$file" || true
     done
     sleep 0.5
   done
 }
 tcp_in_flight() {
-  # The last 4 samples' connections with something in flight.
-  awk '/^@ /{n++} {line[NR]=$0; at[NR]=n} END{for (i=1;i<=NR;i++) if (at[i] > n-4 && (line[i] ~ /^@ / || line[i] ~ /unacked|backoff|persist|lost:/)) print line[i]}' "$1"
+  # The last 4 samples' connections with something in flight, unread data or drops, and the other
+  # end of each ("NS RECV-Q SEND-Q LOCAL PEER ...").
+  awk '/^@ /{n++} {line[NR]=$0; at[NR]=n}
+    END {
+      for (i = 1; i <= NR; i++)
+        if (at[i] > n - 4 && line[i] !~ /^@ / && (line[i] ~ /unacked|backoff|persist|lost:|,d[1-9]/ || line[i] ~ /^[^ ]+ [1-9]/)) {
+          split(line[i], f, " "); wanted[f[4] " " f[5]] = 1; wanted[f[5] " " f[4]] = 1
+        }
+      for (i = 1; i <= NR; i++) {
+        if (at[i] <= n - 4) continue
+        split(line[i], f, " ")
+        if (line[i] ~ /^@ / || (f[4] " " f[5]) in wanted) print line[i]
+      }
+    }' "$1"
+}
+# Each host's counters of segments its TCP dropped or pruned on receipt (nonzero ones): a full
+# receive buffer drops data that then has to be sent again.
+tcp_drop_counters() {
+  local ns
+  for ns in $(ip netns list | awk '{print $1}' | grep -E "^$name-h[0-9]+$"); do
+    echo "$ns: $(ip netns exec "$ns" nstat -asz 2>/dev/null |
+      awk '$1 ~ /Prune|RcvQDrop|OFODrop|ZeroWindow|Backlog|TCPTimeouts|LostRetransmit|SpuriousRTOs/ && $2 > 0 {printf "%s %s  ", $1, $2}')"
+  done
 }
 
 # Checks the output folder against the reference: prints "untouched N, new N" or fails.
@@ -414,8 +437,10 @@ run_one() {
     echo "faults: $fault/$algo failed:$why; its log:" >&2
     sed "s/^/    /" "$log" >&2
     if [ -n "$sampler" ]; then
-      echo "faults: connections with data in flight at the last samples (ss -tin, seconds after the fault):" >&2
+      echo "faults: connections with data in flight, unread or dropped at the last samples, and their other ends (ss -tinm, seconds after the fault):" >&2
       tcp_in_flight "$work/tcp.log" | sed "s/^/    /" >&2
+      echo "faults: TCP drops and timeouts counted in each host since it was made (nstat):" >&2
+      tcp_drop_counters | sed "s/^/    /" >&2
     fi
   fi
 }
