@@ -147,6 +147,7 @@ rate_divided() {  # 200mbit / 100 -> 2000kbit
 }
 now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", b - a}'; }
+host_namespaces() { ip netns list | awk '{print $1}' | grep -E "^$name-h[0-9]+$" || true; }
 # TCP state of every connection between the cluster's hosts (`ss -tinm` in each host's namespace),
 # sampled every 0.5 s from the fault on into FILE: for a failed row, the connections that still
 # had data in flight at the last samples (unacknowledged segments, backoff, a closed window), the
@@ -156,7 +157,7 @@ sample_tcp() {
   local file=$1 start=$2 ns
   while :; do
     echo "@ $(elapsed "$start" "$(now)") s" >>"$file"
-    for ns in $(ip netns list | awk '{print $1}' | grep -E "^$name-h[0-9]+$"); do
+    for ns in $(host_namespaces); do
       ip netns exec "$ns" ss -tinmoH state established 2>/dev/null | paste - - |
         grep -v "127.0.0.1" | sed "s/^/$ns /" >>"$file" || true
     done
@@ -183,7 +184,7 @@ tcp_in_flight() {
 # receive buffer drops data that then has to be sent again.
 tcp_drop_counters() {
   local ns
-  for ns in $(ip netns list | awk '{print $1}' | grep -E "^$name-h[0-9]+$"); do
+  for ns in $(host_namespaces); do
     echo "$ns: $(ip netns exec "$ns" nstat -asz 2>/dev/null |
       awk '$1 ~ /Prune|RcvQDrop|OFODrop|ZeroWindow|Backlog|TCPTimeouts|LostRetransmit|SpuriousRTOs/ && $2 > 0 {printf "%s %s  ", $1, $2}')"
   done
