@@ -11,10 +11,10 @@
 # Why: this VM has been seen standing still for 23 s with nothing running (2026-12-04 14:08:36 UTC:
 # the flake hunt's 5 s load sampler overran by 23 s, a 60 s sampler by 24 s, and
 # python.torch.watchdog's run across that moment took 29 s where 6.6-6.7 s is usual; no soft-lockup
-# message, so the guest's kernel was not stuck, it was not run). A ticker that sleeps 0.2 s wakes
-# within about a second even at a load average of 35 on 2 cores (a 5 s sampler never overran by
-# 3 s in 1.5 hours of the flake hunt but that once): a longer gap is the machine not running, which
-# no code under test can answer for. docs/reliability.md, "Flake hunt".
+# message, so the guest's kernel was not stuck, it was not run). This ticker's ticks were at most
+# 0.26 s apart over 90 s at a load average of 15-28 on 2 cores, and a 5 s sampler never overran by
+# 3 s in 1.9 hours at loads up to 53 but that once: a gap over 3 s is the machine not running,
+# which no code under test can answer for. docs/reliability.md, "Flake hunt".
 stall_meter_start() {
   local file=$1
   : >"$file"
