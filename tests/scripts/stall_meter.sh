@@ -8,27 +8,27 @@ source "$(cd "$(dirname "$0")/.." && pwd)/stall_meter.sh"
 file=$(mktemp)
 trap 'rm -f "$file"' EXIT
 fail() { echo "stall_meter: FAIL: $*" >&2; exit 1; }
+# Starts the meter and stops its ticker for 4 s, as a machine that is not run stops it.
+start_and_pause() {
+  stall_meter_start "$file"
+  sleep 0.5
+  kill -STOP "$STALL_METER_PID"
+  sleep 4
+  kill -CONT "$STALL_METER_PID"
+}
 
 stall_meter_start "$file"
 sleep 1.5
 lost=$(stall_meter_stop "$file")
 [ "$lost" = 0.0 ] || fail "no pause, but $lost s reported"
 
-stall_meter_start "$file"
-sleep 0.5
-kill -STOP "$STALL_METER_PID"
-sleep 4
-kill -CONT "$STALL_METER_PID"
+start_and_pause
 sleep 1
 lost=$(stall_meter_stop "$file")
 awk -v l="$lost" 'BEGIN { exit !(l >= 2.5 && l <= 4) }' || fail "a 4 s pause reported as $lost s"
 paused=$lost
 
-stall_meter_start "$file"
-sleep 0.5
-kill -STOP "$STALL_METER_PID"
-sleep 4
-kill -CONT "$STALL_METER_PID"
+start_and_pause
 sleep 0.5
 after=$EPOCHREALTIME
 sleep 1
