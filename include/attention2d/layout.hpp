@@ -10,6 +10,10 @@
 //               contiguous_counts, blocks of the caller's counts (uneven, zeros allowed)
 //   zigzag      2P near-equal chunks; part p gets chunks p and 2P-1-p (balances causal work)
 //
+// Any of them with its parts renumbered (permuted()): part p owns what part slot(p) of the plain
+// layout owns. A caller numbers its shards in one order (torch's ranks of a DeviceMesh) while the
+// engine's ranks take the positions of a grid (python/attention2d/_channel.py).
+//
 // Example, N = 10, P = 3:
 //   cyclic      part 0: 0 3 6 9   part 1: 1 4 7     part 2: 2 5 8
 //   striped(2)  part 0: 0 1 6 7   part 1: 2 3 8 9   part 2: 4 5
@@ -39,11 +43,18 @@ class TokenLayout {
   // kind() is contiguous; counts equal to the even split give exactly the layout of
   // TokenLayout(contiguous, N, P). Throws unless every count is >= 0 and there is at least one.
   static TokenLayout contiguous_counts(std::vector<int64_t> counts);
+  // The same split with the parts renumbered: part p of the result owns the tokens part slots[p]
+  // of this layout owns. Throws unless `slots` is a permutation of 0..parts()-1 and this layout
+  // is not permuted already. The identity gives this layout back unchanged.
+  TokenLayout permuted(std::vector<int64_t> slots) const;
 
   LayoutKind kind() const { return kind_; }
   int64_t tokens() const { return tokens_; }
   int64_t parts() const { return parts_; }
   int64_t stripe() const { return stripe_; }
+  // The part of the plain layout whose tokens `part` owns (itself unless permuted()).
+  int64_t slot(int64_t part) const { return slots_ ? (*slots_)[static_cast<size_t>(part)] : part; }
+  bool is_permuted() const { return slots_ != nullptr; }
 
   int64_t count(int64_t part) const;                   // tokens owned by `part`
   int64_t max_count() const;                           // the largest count(part)
@@ -81,13 +92,19 @@ class TokenLayout {
   // How many tokens below `token` (0 <= token <= tokens()) `part` owns, in O(1) for every kind.
   int64_t count_below(int64_t part, int64_t token) const;
 
-  // Same kind, sizes, stripe and counts (two layouts that are not equal may still give every part
+  // Same kind, sizes, stripe, counts and part order (two layouts that are not equal may still give every part
   // the same tokens, e.g. any two over one part: see same_assignment in relayout.hpp).
   bool operator==(const TokenLayout& other) const;
 
  private:
   int64_t chunk_begin(int64_t chunk) const;  // zigzag: first token of chunk (of 2P)
   int64_t chunk_size(int64_t chunk) const;
+  // The plain layout's answers for its part `slot` (the public ones map parts to slots first).
+  int64_t slot_count(int64_t slot) const;
+  int64_t slot_token_at(int64_t slot, int64_t index) const;
+  Owner slot_owner(int64_t token) const;
+  Intervals slot_intervals(int64_t slot) const;
+  void require_part(int64_t part) const;
 
   LayoutKind kind_;
   int64_t tokens_;
@@ -96,6 +113,9 @@ class TokenLayout {
   // contiguous_counts() with uneven counts: the first token of every part (P + 1 entries, N
   // last), shared between copies so that a layout stays a cheap value; null otherwise.
   std::shared_ptr<const std::vector<int64_t>> offsets_;
+  // permuted(): the slot of every part and the part of every slot; null otherwise.
+  std::shared_ptr<const std::vector<int64_t>> slots_;
+  std::shared_ptr<const std::vector<int64_t>> parts_of_slots_;
 };
 
 }  // namespace a2d

@@ -88,6 +88,15 @@ int64_t counts_hash(const TokenLayout& layout) {
   return static_cast<int64_t>(hash >> 1);
 }
 
+// FNV-1a of a layout's part order (0 unless permuted): ranks given different orders differ.
+int64_t order_hash(const TokenLayout& layout) {
+  if (!layout.is_permuted()) return 0;
+  uint64_t hash = 14695981039346656037ull;
+  for (int64_t p = 0; p < layout.parts(); ++p)
+    hash = (hash ^ static_cast<uint64_t>(layout.slot(p))) * 1099511628211ull;
+  return static_cast<int64_t>(hash >> 1);
+}
+
 // "8 on ranks 0-2, 4-15; 12 on rank 3"
 std::string describe_values(const std::vector<int64_t>& by_rank,
                             std::string (*text)(int64_t value)) {
@@ -128,6 +137,7 @@ void check_agreement(Communicator& world, const Problem& problem, const Plan& pl
   fields.push_back({"shards' tokens", shards.tokens()});
   fields.push_back({"shards' stripe", shards.stripe()});
   fields.push_back({"shards' counts (hash)", counts_hash(shards)});
+  fields.push_back({"shards' order (hash)", order_hash(shards)});
   check_fields(world, fields);
 }
 

@@ -19,7 +19,8 @@ void require_same_sequence(const TokenLayout& a, const TokenLayout& b) {
 // period is summed and multiplied, and the rest summed stripe by stripe.
 int64_t shared_periodic(const TokenLayout& narrow, int64_t p, const TokenLayout& wide, int64_t q) {
   const int64_t n = narrow.tokens(), parts = narrow.parts(), w = wide.stripe();
-  // Over wide's stripes of part q from stripe index `first` (≡ q mod P) up to token `end`.
+  const int64_t slot = wide.slot(q);  // wide's part q owns the stripes ≡ slot mod P
+  // Over wide's stripes of part q from stripe index `first` (≡ slot mod P) up to token `end`.
   const auto in_stripes = [&](int64_t first, int64_t end) {
     int64_t sum = 0;
     for (int64_t i = first; i * w < end; i += parts) {
@@ -28,9 +29,9 @@ int64_t shared_periodic(const TokenLayout& narrow, int64_t p, const TokenLayout&
     return sum;
   };
   const int64_t lcm = narrow.stripe() / std::gcd(narrow.stripe(), w) * w;  // < 2^60
-  if (lcm > n / parts) return in_stripes(q, n);                            // less than one period
+  if (lcm > n / parts) return in_stripes(slot, n);                         // less than one period
   const int64_t period = lcm * parts, periods = n / period;
-  return periods * in_stripes(q, period) + in_stripes(periods * period / w + q, n);
+  return periods * in_stripes(slot, period) + in_stripes(periods * period / w + slot, n);
 }
 
 }  // namespace
@@ -44,7 +45,7 @@ int64_t shared_tokens(const TokenLayout& a, int64_t part_a, const TokenLayout& b
     return sum;
   }
   if (!b.periodic()) return shared_tokens(b, part_b, a, part_a);
-  if (a.stripe() == b.stripe()) return part_a == part_b ? a.count(part_a) : 0;
+  if (a.stripe() == b.stripe()) return a.slot(part_a) == b.slot(part_b) ? a.count(part_a) : 0;
   return a.stripe() < b.stripe() ? shared_periodic(a, part_a, b, part_b)
                                  : shared_periodic(b, part_b, a, part_a);
 }

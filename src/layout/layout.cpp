@@ -68,12 +68,39 @@ TokenLayout TokenLayout::contiguous_counts(std::vector<int64_t> counts) {
   return layout;
 }
 
+TokenLayout TokenLayout::permuted(std::vector<int64_t> slots) const {
+  A2D_REQUIRE(!slots_, "the layout ", describe(), " is permuted already");
+  A2D_REQUIRE(static_cast<int64_t>(slots.size()) == parts_, "a permutation of ", parts_,
+              " parts needs ", parts_, " slots (got ", slots.size(), ")");
+  auto parts_of = std::make_shared<std::vector<int64_t>>(slots.size(), -1);
+  bool identity = true;
+  for (size_t p = 0; p < slots.size(); ++p) {
+    const int64_t s = slots[p];
+    A2D_REQUIRE(s >= 0 && s < parts_ && (*parts_of)[static_cast<size_t>(s)] < 0,
+                "the slots of a permuted layout must be a permutation of 0..", parts_ - 1,
+                " (slot ", s, " of part ", p, ")");
+    (*parts_of)[static_cast<size_t>(s)] = static_cast<int64_t>(p);
+    identity = identity && s == static_cast<int64_t>(p);
+  }
+  TokenLayout layout = *this;
+  if (identity) return layout;
+  layout.slots_ = std::make_shared<const std::vector<int64_t>>(std::move(slots));
+  layout.parts_of_slots_ = std::move(parts_of);
+  return layout;
+}
+
 bool TokenLayout::operator==(const TokenLayout& other) const {
   if (kind_ != other.kind_ || tokens_ != other.tokens_ || parts_ != other.parts_ ||
-      stripe_ != other.stripe_ || uneven() != other.uneven()) {
+      stripe_ != other.stripe_ || uneven() != other.uneven() ||
+      is_permuted() != other.is_permuted()) {
     return false;
   }
-  return !uneven() || *offsets_ == *other.offsets_;
+  return (!uneven() || *offsets_ == *other.offsets_) &&
+         (!is_permuted() || *slots_ == *other.slots_);
+}
+
+void TokenLayout::require_part(int64_t part) const {
+  A2D_REQUIRE(part >= 0 && part < parts_, "part ", part, " is outside 0..", parts_ - 1);
 }
 
 int64_t TokenLayout::chunk_begin(int64_t chunk) const {
@@ -88,7 +115,11 @@ int64_t TokenLayout::chunk_size(int64_t chunk) const {
 }
 
 int64_t TokenLayout::count(int64_t part) const {
-  A2D_REQUIRE(part >= 0 && part < parts_, "part ", part, " is outside 0..", parts_ - 1);
+  require_part(part);
+  return slot_count(slot(part));
+}
+
+int64_t TokenLayout::slot_count(int64_t part) const {
   switch (kind_) {
     case LayoutKind::cyclic:
     case LayoutKind::striped: {
@@ -113,6 +144,10 @@ int64_t TokenLayout::max_count() const {
 }
 
 int64_t TokenLayout::token_at(int64_t part, int64_t index) const {
+  return slot_token_at(slot(part), index);
+}
+
+int64_t TokenLayout::slot_token_at(int64_t part, int64_t index) const {
   switch (kind_) {
     case LayoutKind::cyclic:
     case LayoutKind::striped:
@@ -132,15 +167,21 @@ int64_t TokenLayout::token_at(int64_t part, int64_t index) const {
 }
 
 std::vector<int64_t> TokenLayout::tokens_of(int64_t part) const {
-  const int64_t n = count(part);
+  const int64_t n = count(part), s = slot(part);
   std::vector<int64_t> list(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
-    list[i] = token_at(part, i);
+    list[i] = slot_token_at(s, i);
   return list;
 }
 
 TokenLayout::Owner TokenLayout::owner(int64_t token) const {
   A2D_REQUIRE(token >= 0 && token < tokens_, "token ", token, " is outside 0..", tokens_ - 1);
+  Owner found = slot_owner(token);
+  if (parts_of_slots_) found.part = (*parts_of_slots_)[static_cast<size_t>(found.part)];
+  return found;
+}
+
+TokenLayout::Owner TokenLayout::slot_owner(int64_t token) const {
   switch (kind_) {
     case LayoutKind::cyclic:
     case LayoutKind::striped: {
@@ -177,11 +218,16 @@ TokenLayout::Owner TokenLayout::owner(int64_t token) const {
 }
 
 TokenLayout::Intervals TokenLayout::intervals(int64_t part) const {
-  A2D_REQUIRE(part >= 0 && part < parts_, "part ", part, " is outside 0..", parts_ - 1);
+  require_part(part);
+  return slot_intervals(slot(part));
+}
+
+TokenLayout::Intervals TokenLayout::slot_intervals(int64_t part) const {
   switch (kind_) {
     case LayoutKind::contiguous: {
-      const int64_t begin = count(part) > 0 ? token_at(part, 0) : 0;
-      return {{{begin, begin + count(part)}, {}}, 1};
+      const int64_t count = slot_count(part);
+      const int64_t begin = count > 0 ? slot_token_at(part, 0) : 0;
+      return {{{begin, begin + count}, {}}, 1};
     }
     case LayoutKind::zigzag: {
       const int64_t last = 2 * parts_ - 1 - part;
@@ -197,15 +243,15 @@ TokenLayout::Intervals TokenLayout::intervals(int64_t part) const {
 }
 
 int64_t TokenLayout::count_below(int64_t part, int64_t token) const {
-  A2D_REQUIRE(part >= 0 && part < parts_, "part ", part, " is outside 0..", parts_ - 1);
+  require_part(part);
   A2D_REQUIRE(token >= 0 && token <= tokens_, "token ", token, " is outside 0..", tokens_);
+  const int64_t s = slot(part);
   if (periodic()) {
     const int64_t round = stripe_ * parts_;
-    return token / round * stripe_ +
-           std::clamp<int64_t>(token % round - part * stripe_, 0, stripe_);
+    return token / round * stripe_ + std::clamp<int64_t>(token % round - s * stripe_, 0, stripe_);
   }
   int64_t below = 0;
-  for (const Interval& run : intervals(part))
+  for (const Interval& run : slot_intervals(s))
     below += std::clamp<int64_t>(token - run.begin, 0, run.end - run.begin);
   return below;
 }
@@ -217,8 +263,15 @@ std::string TokenLayout::describe() const {
     // The counts, the first 16 of them where there are more.
     text += "(";
     for (int64_t p = 0; p < std::min<int64_t>(parts_, 16); ++p)
-      text += (p ? "," : "") + std::to_string(count(p));
+      text += (p ? "," : "") + std::to_string(slot_count(p));
     text += parts_ > 16 ? ",...)" : ")";
+  }
+  if (slots_) {
+    // Which part of the plain layout each part is, the first 16 where there are more.
+    text += " in part order [";
+    for (int64_t p = 0; p < std::min<int64_t>(parts_, 16); ++p)
+      text += (p ? "," : "") + std::to_string(slot(p));
+    text += parts_ > 16 ? ",...]" : "]";
   }
   return text + " over " + std::to_string(parts_) + " parts, " + std::to_string(tokens_) +
          " tokens";

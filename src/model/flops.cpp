@@ -120,15 +120,16 @@ std::vector<model::Progression> model::part_progressions(const TokenLayout& layo
   std::vector<Progression> runs;
   const int64_t n = layout.count(part);
   if (n == 0) return runs;
+  const int64_t slot = layout.slot(part);  // the part of the plain layout (layout.hpp)
   switch (layout.kind()) {
     case LayoutKind::contiguous:
       runs.push_back({layout.token_at(part, 0), 1, n});
       break;
     case LayoutKind::zigzag: {
-      // Chunks `part` and 2P - 1 - part of 2P near-equal chunks (layout.hpp).
+      // Chunks `slot` and 2P - 1 - slot of 2P near-equal chunks (layout.hpp).
       const int64_t chunks = 2 * layout.parts();
       const int64_t base = layout.tokens() / chunks, extra = layout.tokens() % chunks;
-      for (const int64_t chunk : {part, chunks - 1 - part}) {
+      for (const int64_t chunk : {slot, chunks - 1 - slot}) {
         const int64_t size = base + (chunk < extra ? 1 : 0);
         if (size > 0) runs.push_back({chunk * base + std::min(chunk, extra), 1, size});
       }
@@ -136,10 +137,10 @@ std::vector<model::Progression> model::part_progressions(const TokenLayout& layo
     }
     case LayoutKind::cyclic:
     case LayoutKind::striped: {
-      // Offset j inside the stripe: positions part * w + j + k * w * P.
+      // Offset j inside the stripe: positions slot * w + j + k * w * P.
       const int64_t w = layout.stripe(), round = w * layout.parts();
       for (int64_t j = 0; j < std::min(w, n); ++j) {
-        const int64_t first = part * w + j;
+        const int64_t first = slot * w + j;
         if (first >= layout.tokens()) break;
         runs.push_back({first, round, (layout.tokens() - first + round - 1) / round});
       }

@@ -115,9 +115,10 @@ void sequence_plans(std::vector<Plan>& out, Algorithm algorithm, const Problem& 
     return;
   }
   out.push_back(default_plan(algorithm, problem, ranks));
-  // In the caller's layout too, where it is one a plan can have (an uneven cut is not).
+  // In the caller's layout too, where it is one a plan can have (an uneven cut is not, nor one
+  // whose parts are renumbered).
   const UserShards* shards = choices.shards;
-  if (shards && !shards->layout.uneven()) {
+  if (shards && !shards->layout.uneven() && !shards->layout.is_permuted()) {
     Plan plan = default_plan(algorithm, problem, ranks);
     if (plan.layout != shards->layout.kind() || plan.stripe != shards->layout.stripe()) {
       plan.layout = shards->layout.kind();

@@ -142,6 +142,56 @@ TEST(Layout, ContiguousCountsOverThousandsOfVirtualRanks) {
   }
 }
 
+// A grid's order over torch's: part p = r + c * R of an R x C grid owns the tokens of shard
+// r * C + c (python/attention2d/_channel.py).
+std::vector<int64_t> grid_slots(int64_t rows, int64_t cols) {
+  std::vector<int64_t> slots;
+  for (int64_t p = 0; p < rows * cols; ++p)
+    slots.push_back((p % rows) * cols + p / rows);
+  return slots;
+}
+
+TEST(Layout, PermutedPartsOwnTheirSlotsTokens) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{2, 2}, {2, 3}, {3, 2}, {1, 5}}) {
+    const int64_t parts = rows * cols;
+    const std::vector<int64_t> slots = grid_slots(rows, cols);
+    for (const int64_t n : {int64_t{0}, int64_t{1}, parts - 1, 7 * parts + 3, int64_t{101}}) {
+      std::vector<TokenLayout> plain;
+      for (const LayoutKind kind : {LayoutKind::cyclic, LayoutKind::contiguous, LayoutKind::zigzag})
+        plain.emplace_back(kind, n, parts);
+      plain.emplace_back(LayoutKind::striped, n, parts, 3);
+      std::vector<int64_t> counts(static_cast<size_t>(parts), 0);
+      counts.back() = n;
+      counts.front() = n > 1 ? 1 : 0;
+      counts.back() -= counts.front();
+      plain.push_back(TokenLayout::contiguous_counts(counts));
+      for (const TokenLayout& base : plain) {
+        const TokenLayout moved = base.permuted(slots);
+        check_layout(moved, !base.uneven());
+        for (int64_t p = 0; p < parts; ++p) {
+          ASSERT_EQ(moved.slot(p), slots[static_cast<size_t>(p)]);
+          ASSERT_EQ(moved.tokens_of(p), base.tokens_of(slots[static_cast<size_t>(p)]))
+              << moved.describe() << " part " << p;
+        }
+        EXPECT_EQ(moved == base, !moved.is_permuted());
+        EXPECT_TRUE(moved == base.permuted(slots));
+        if (parts > 1 && rows > 1 && cols > 1) {
+          EXPECT_TRUE(moved.is_permuted());
+          EXPECT_NE(moved.describe().find("in part order [0,"), std::string::npos)
+              << moved.describe();
+        }
+      }
+    }
+  }
+  // The identity is the plain layout; a slot twice, out of range or the wrong number is refused.
+  const TokenLayout layout(LayoutKind::contiguous, 10, 3);
+  EXPECT_FALSE(layout.permuted({0, 1, 2}).is_permuted());
+  EXPECT_THROW(layout.permuted({0, 0, 2}), Error);
+  EXPECT_THROW(layout.permuted({0, 1, 3}), Error);
+  EXPECT_THROW(layout.permuted({0, 1}), Error);
+  EXPECT_THROW(layout.permuted({1, 0, 2}).permuted({1, 0, 2}), Error);
+}
+
 TEST(Layout, BadArgumentsAreRefused) {
   EXPECT_THROW(TokenLayout(LayoutKind::cyclic, 10, 0), Error);
   EXPECT_THROW(TokenLayout(LayoutKind::striped, 10, 2, 0), Error);

@@ -36,6 +36,16 @@ std::vector<TokenLayout> layouts_of(int64_t tokens, int64_t parts) {
   std::vector<int64_t> last(static_cast<size_t>(parts), 0);
   last.back() = tokens;
   list.push_back(TokenLayout::contiguous_counts(last));
+  // The caller's shards in another part order (a DeviceMesh's ranks in torch's order while the
+  // engine's take grid positions): the parts reversed, for every kind above.
+  if (parts > 1) {
+    std::vector<int64_t> reversed(static_cast<size_t>(parts));
+    for (int64_t p = 0; p < parts; ++p)
+      reversed[static_cast<size_t>(p)] = parts - 1 - p;
+    const size_t plain = list.size();
+    for (size_t i = 0; i < plain; ++i)
+      list.push_back(list[i].permuted(reversed));
+  }
   return list;
 }
 
