@@ -5,8 +5,9 @@ package's other pieces: _planning (problems and plans), _sharding (layouts and s
 
 import numpy as np
 
+from . import _positions
 from ._autograd import _run_forward
-from ._channel import Error, channel, torch
+from ._channel import Error, channel, planner_grid, torch
 from ._engine_cache import _engine
 from ._planning import (USER_LAYOUTS, _algo_name, _as_ranges, _bounds, _grid_text, _problem,
                         _resolve_plan, _softmax_scale, _window_size)
@@ -36,18 +37,70 @@ def _window_from(window, window_size, causal):
     return int(window or 0), bool(causal), size
 
 
+# The orders attention() takes its tensors in (qkv_format=): flash-attn's and SDPA's.
+QKV_FORMATS = ("bshd", "bhsd")
+
+
+def _format_refusal(qkv_format, q):
+    """qkv_format= checked on this rank ("" if fine)."""
+    if qkv_format is None or qkv_format == "bshd":
+        return ""
+    if qkv_format not in QKV_FORMATS:
+        return ("qkv_format=%r: choose 'bshd' ([batch, tokens, heads, head_dim], flash-attn's "
+                "order) or 'bhsd' ([batch, heads, tokens, head_dim], torch SDPA's)"
+                % (qkv_format,))
+    if len(getattr(q, "shape", ())) != 4:
+        return ("qkv_format='bhsd' takes 4-D tensors [batch, heads, tokens, head_dim], got q of "
+                "shape %s" % list(getattr(q, "shape", [])))
+    return ""
+
+
+def _sdpa_hint(qkv_format):
+    return ("" if qkv_format is not None else
+            " (tensors in torch SDPA's order [batch, heads, tokens, head_dim]? pass "
+            "qkv_format='bhsd')")
+
+
+def _check_order(gathered, qkv_format):
+    """Without qkv_format=, the mistake of tensors in SDPA's order [batch, heads, tokens,
+    head_dim] read as [batch, tokens, heads, head_dim]. With GQA it fails the shape checks (k's
+    "tokens" are its heads); with as many K/V heads as query heads it passes them, and then every
+    rank's "token count" is the head count (the same on every rank) and smaller than its "head
+    count" (its real tokens), which real shards almost never are. Refused then, on every rank,
+    unless the caller says which order it is."""
+    if qkv_format is not None:
+        return
+    shapes = gathered[0][0]
+    heads, kv_heads = shapes[2], shapes[3]
+    counts = {s[1] for s, _, _ in gathered}
+    if heads == kv_heads and len(counts) == 1 and shapes[1] < heads:
+        raise Error("q, k and v have shape [batch, tokens, heads, head_dim] = %s on every rank: "
+                    "fewer tokens than heads, the same on every rank, which is what tensors in "
+                    "torch SDPA's order [batch, heads, tokens, head_dim] look like. Pass "
+                    "qkv_format='bhsd' for SDPA's order, or qkv_format='bshd' to say these are "
+                    "flash-attn's [batch, tokens, heads, head_dim]"
+                    % [shapes[0], shapes[1], shapes[2], shapes[4]])
+
+
 def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", grid=None,
               comm=None, return_lse=False, layout=None, threads=1, machine=None,
               calibration=None, cu_seqlens=None, sinks=None, softcap=0.0, heads_parallel=None,
               group=None, window_size=None, dropout_p=0.0, deterministic=None,
-              return_attn_probs=False, mask=None, positions=None, _refusal="", _documents=False,
-              _engine_only=False):
+              return_attn_probs=False, mask=None, positions=None, qkv_format=None, _refusal="",
+              _documents=False, _engine_only=False):
     """This rank's shard of softmax(q k^T * scale) v over the whole distributed sequence.
 
     q: [batch, local tokens, heads, head_dim] (or 3-D [local tokens, heads, head_dim], flash-attn's
     packed "thd", batch 1); k, v: the same with kv_heads (GQA/MQA: heads a multiple of kv_heads).
-    group: a torch.distributed ProcessGroup (or DeviceMesh); comm: an mpi4py communicator;
-    neither: torch.distributed's default group where initialised, else MPI.COMM_WORLD.
+    qkv_format: "bshd" (that order, flash-attn's) or "bhsd" (torch SDPA's [batch, heads, local
+    tokens, head_dim]; the output comes back in it too); None: "bshd", but tensors that look like
+    SDPA's order (no rank holding more tokens than there are heads) are refused on every rank.
+    group: a torch.distributed ProcessGroup or 1-D DeviceMesh (the sequence-parallel ranks; a mesh
+    of more dimensions is refused: pass mesh["cp"]); comm: an mpi4py communicator; neither:
+    torch.distributed's default group where initialised, else MPI.COMM_WORLD. grid: (R, C), or a
+    2-D DeviceMesh (rows x columns of ATTENTION2D's grid laid on its dimensions; 3-D: heads
+    groups x rows x columns of the hybrid), whose ranks are then the call's. Ranks are counted
+    as torch counts them (a mesh's: its flattened group's).
     layout: how the ranks' shards cut the sequence: "contiguous" (each rank's slice in rank
     order; any lengths), "zigzag" (chunks r and 2P-1-r of 2P), "cyclic", or a Layout from
     attention2d.layout() (the plan's own layout, which needs no exchange). With more than one
@@ -77,10 +130,18 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
 
     positions: optional, this rank's global token indices in shard order (e.g. the positions a
     model's rotary embedding uses); each call then checks them against layout= on every rank
-    and refuses a mismatch (an all-gather of N integers: for debugging). Without it only the
-    ranks' token counts are checked, which contiguous and zigzag shards share for most N."""
-    chan = channel(comm, group)
-    error = _refusal or _check_inputs(q, k, v, dims=(3, 4), cuda=True)
+    and refuses a mismatch (each rank reads its own, O(N/P); the same tensor again is not read
+    again). Without it only the ranks' token counts are checked, which contiguous and zigzag
+    shards share for most N."""
+    chan = channel(comm, group, grid)
+    grid = planner_grid(grid)
+    error = _refusal or _format_refusal(qkv_format, q)
+    sdpa = not error and qkv_format == "bhsd"
+    if sdpa:  # views in flash-attn's order (the engine reads any strides)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    error = error or _check_inputs(q, k, v, dims=(3, 4), cuda=True)
+    if error and qkv_format is None and "with q's batch" in error:
+        error += _sdpa_hint(qkv_format)
     thd = not error and len(q.shape) == 3
     if thd:
         q, k, v = q[None], k[None], v[None]
@@ -117,35 +178,30 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     layout_spec = (layout.plan.describe() if isinstance(layout, Layout) and layout.plan
                    else (layout.kind, tuple(layout.counts())) if isinstance(layout, Layout)
                    else layout)
+    mode = None if positions is None else ("documents" if _documents else "check")
     signature = (bool(causal), int(window or 0), softmax_scale, _algo_name(algo),
                  _grid_text(grid), layout_spec, bounds, sink_list, float(softcap or 0.0),
                  heads_parallel, window_size, None if ranges is None else ranges.key(),
-                 positions is not None)
+                 mode, qkv_format)
     local = None
     my_positions = None
     if not error and positions is not None:
-        try:
-            my_positions = [int(x) for x in (positions.tolist() if hasattr(positions, "tolist")
-                                             else positions)]
-        except (TypeError, ValueError):
-            error = "positions must be a 1-D list or tensor of this rank's global token indices"
-        if not error and len(my_positions) != q.shape[-3]:
-            error = ("positions has %d entries for %d local tokens (one global index per token "
-                     "of this rank's shard, in shard order)" % (len(my_positions), q.shape[-3]))
+        my_positions, error = _positions.read_positions(positions, q.shape[-3])
+        if error and qkv_format is None:
+            error += _sdpa_hint(qkv_format)
     if not error:
         b, n, h, d = q.shape[-4:] if len(q.shape) == 4 else (1,) + tuple(q.shape)
         local = (int(b), int(n), int(h), int(k.shape[-2]), int(d), _describe_dtype(q),
                  _device_text(q).split(":")[0])
-    gathered = chan.raise_collectively(error, ((local, signature), my_positions),
+    same_positions = mode is not None and _positions.unchanged(chan, mode, positions)
+    gathered = chan.raise_collectively(error, (local, signature, same_positions),
                                        phase="attention() arguments")
-    all_positions = [p for _, p in gathered]
-    gathered = [g for g, _ in gathered]
     # Every rank now holds every rank's shapes and arguments and reaches the same verdict.
-    first_local, first_signature = gathered[0]
+    first_local, first_signature, _ = gathered[0]
     names = ("causal", "window", "softmax_scale", "algo", "grid", "layout", "cu_seqlens",
              "sinks", "softcap", "heads_parallel", "window_size", "mask",
-             "positions (given or not)")
-    for rank, (shapes, sig) in enumerate(gathered):
+             "positions (given or not)", "qkv_format")
+    for rank, (shapes, sig, _) in enumerate(gathered):
         for name, mine, theirs in zip(names, first_signature, sig):
             if mine != theirs:
                 raise Error("the ranks passed different arguments; every rank must pass the "
@@ -158,13 +214,20 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
             if mine != theirs:
                 what = {"dtype": "dtypes", "device type": "devices"}.get(field, "shapes")
                 raise Error("the ranks passed different %s; %s is %r on rank 0 and %r on "
-                            "rank %d" % (what, field, mine, theirs, rank))
-    counts = [shapes[1] for shapes, _ in gathered]
+                            "rank %d%s" % (what, field, mine, theirs, rank,
+                                           _sdpa_hint(qkv_format) if field == "heads" else ""))
+    _check_order(gathered, qkv_format)
+    counts = [shapes[1] for shapes, _, _ in gathered]
     seq = sum(counts)
     ranks = chan.size
     if isinstance(layout, Layout):
         if layout.ranks != ranks:
             raise Error("layout= is for %d ranks, but the call runs on %d" % (layout.ranks, ranks))
+        if layout.plan is not None and (layout.slots or None) != chan.slots:
+            raise Error("layout= was made over %s, but the call runs over %s, whose ranks take "
+                        "other places in the plan: make the layout with the call's group= or "
+                        "grid=" % ("a grid= DeviceMesh" if layout.slots else "a group",
+                                   chan.label))
         wrong = [r for r in range(ranks) if counts[r] != layout.counts()[r]]
         if wrong:
             r = wrong[0]
@@ -175,13 +238,16 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     shards, error = _user_layout(layout, counts, ranks, seq)
     if error:
         raise Error(error)
-    if positions is not None and _documents:
-        # attention2d.transformers: the documents are where the global positions restart at 0.
-        if cu_seqlens is not None:
+    if mode is not None:
+        if mode == "documents" and cu_seqlens is not None:
             raise Error("pass cu_seqlens or documents from positions, not both")
-        bounds = _documents_from_positions(all_positions, layout, shards, seq, ranks)
-    elif positions is not None:
-        _check_positions(all_positions, layout, shards, seq, ranks)
+        # attention2d.transformers: the documents are where the global positions restart at 0.
+        slow = _documents_from_positions if mode == "documents" else _check_positions
+        found = _positions.resolve(
+            chan, mode, positions, my_positions, [same for _, _, same in gathered], layout,
+            shards, counts, seq, lambda everyone: slow(everyone, layout, shards, seq, ranks))
+        if mode == "documents":
+            bounds = found
     b, _, h, hk, d, dtype, _ = first_local
     problem = _problem(seq, h, d, hk, b, causal, window, softmax_scale, dtype, bounds,
                        sinks is not None, softcap, window_size=window_size, mask=ranges)
@@ -198,7 +264,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
         chosen.threads = int(threads)
     else:
         chosen = _resolve_plan(problem, ranks, algo, grid, machine, calibration, threads,
-                               heads_parallel=heads_parallel, order=chan.order, shards=shards)
+                               heads_parallel=heads_parallel, order=chan.order, shards=shards,
+                               slots=chan.slots)
     engine = _engine(chan, problem, chosen, shards, _device_text(q))
     if _engine_only:
         return engine
@@ -215,6 +282,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
                                    else sink_values.ctypes.data, _numpy_empty)
     if thd:
         out, lse = out[0], lse[0]
+    if sdpa:
+        out = out.transpose(1, 2)
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out

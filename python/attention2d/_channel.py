@@ -3,7 +3,9 @@
 A Channel is the set of ranks a call is collective over, and the transport the engine's messages
 cross:
 
-  torch   a torch.distributed ProcessGroup (or a DeviceMesh). Two transports (set_transport):
+  torch   a torch.distributed ProcessGroup (or a 1-D DeviceMesh; a 2-D or 3-D DeviceMesh passed as
+          grid= lays ATTENTION2D's rows x columns, or the hybrid's heads x rows x columns, on its
+          dimensions). Two transports (set_transport):
           "group" (the default): the group itself, its point-to-point operations and collectives
           through attention2d._c10d, a torch extension built against the installed torch
           (attention2d/group_comm.hpp); "mesh": a full mesh of Gloo TCP connections of the
@@ -12,6 +14,12 @@ cross:
           torchrun, or any launcher that sets the env:// variables.
   mpi     an mpi4py communicator (MPI.COMM_WORLD by default under mpirun / srun).
   local   one process and no launcher (no network, no MPI).
+
+Ranks are the caller's: a group's own ranks, and for a DeviceMesh the ranks of the one group
+torch flattens it into (dist.get_rank(group): what a caller cuts its shards by). Where a grid mesh
+puts the engine's ranks elsewhere (the grid position u * R * C + r + c * R of the process at
+mesh[u, r, c]), Channel.slots maps them back: everything Python sees (allgather, rank, layouts)
+is in the caller's order, and the engine gets the map (Engine(slots=...)).
 
 Channels are made once per group or communicator and kept while the group lives: a channel holds
 its group only weakly and is released (with its engines) when torch drops the group, as
@@ -44,20 +52,27 @@ DEFAULT_WATCHDOG_TIMEOUT = 300.0
 class Channel:
     """The ranks of one group or communicator and the transport the engine uses over them."""
 
-    def __init__(self, kind, transport, label, handle, order=None, watchdog_transport=None):
+    def __init__(self, kind, transport, label, handle, order=None, watchdog_transport=None,
+                 slots=None):
         self.kind = kind            # "torch", "mpi" or "local"
         self.transport = transport  # attention2d._core.Transport
         self.label = label          # for messages: "the torch process group of 4 ranks"
         # The group / communicator / mesh: a torch group or mesh weakly (torch owns it, and it
         # must be able to go: see release_group), an mpi4py communicator strongly.
         self._handle = handle
-        self.order = order          # DeviceMesh: (heads_parallel, rows, cols) the mesh fixes
-        self.rank = transport.rank
+        self.order = order          # grid= DeviceMesh: (heads_parallel, rows, cols) it fixes
+        # slots[e]: the caller's rank of the engine's rank e (None: the same ranks).
+        self.slots = None if slots is None or list(slots) == list(range(len(slots))) else (
+            [int(x) for x in slots])
+        self.engine_rank = transport.rank
+        self.rank = self.slots[self.engine_rank] if self.slots else transport.rank
         self.size = transport.size
         # What the watchdog runs over (a Gloo mesh or MPI): the transport itself, or for the
         # "group" transport a Gloo mesh made when the watchdog starts (None: not yet).
         self.watchdog_transport = watchdog_transport
         self.watchdog_maker = None
+        # The last exchange of the caller's positions, by mode (_positions.resolve).
+        self.positions_memo = {}
         # Whether CUDA tensors' messages travel over NCCL: the group's device backend is NCCL
         # (the project's NCCL communicator, bootstrapped through `transport`: docs/gpu.md).
         self.nccl = False
@@ -71,7 +86,16 @@ class Channel:
         `phase` names the wait for the watchdog."""
         parts = self.transport.allgather(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL),
                                          phase)
-        return [pickle.loads(part) for part in parts]
+        return [pickle.loads(part) for part in self.in_caller_order(parts)]
+
+    def in_caller_order(self, by_engine_rank):
+        """A list indexed by the engine's ranks, reindexed by the caller's."""
+        if not self.slots:
+            return list(by_engine_rank)
+        out = [None] * len(by_engine_rank)
+        for engine_rank, item in enumerate(by_engine_rank):
+            out[self.slots[engine_rank]] = item
+        return out
 
     def raise_collectively(self, local_error, extra=None, phase="argument check"):
         """Every rank passes its own error text ("" if none); all raise the same Error if any
@@ -107,7 +131,8 @@ def _group_timeout(chan):
     group = chan.handle
     if group is not None and _is_device_mesh(group):
         try:
-            group = group.get_group() if group.ndim == 1 else group._flatten().get_group()
+            group = (group.get_group() if group.ndim == 1
+                     else _mesh_group(group, tuple(group.mesh.shape)))
         except Exception:  # noqa: BLE001 - a mesh torch cannot flatten: the documented default
             return None
     if group is None or not _is_process_group(group):
@@ -202,11 +227,56 @@ def _default_target():
     return None  # this process alone
 
 
-def channel(comm=None, group=None):
-    """The Channel of `group` (a torch ProcessGroup or DeviceMesh) or `comm` (an mpi4py
+def _mesh_text(mesh):
+    names = getattr(mesh, "mesh_dim_names", None)
+    shape = tuple(int(s) for s in mesh.mesh.shape)
+    return "%s%s" % (shape, " with mesh_dim_names %s" % (tuple(names),) if names else "")
+
+
+def _refuse_whole_mesh(mesh):
+    """group= a DeviceMesh of several dimensions: the ranks of one sequence, or a data-parallel x
+    sequence-parallel mesh whose batches must not mix? attention2d cannot know: refused, with
+    both fixes (the same verdict on every rank: every rank holds the same mesh)."""
+    names = getattr(mesh, "mesh_dim_names", None)
+    dim = ("group=mesh[%r]" % names[-1] if names else
+           "group=mesh['cp'] of a mesh made with mesh_dim_names=('dp', 'cp')")
+    raise Error("group= is a %d-D DeviceMesh %s: attention2d runs over the ranks of one sequence, "
+                "and a mesh of several dimensions may be data parallel x sequence parallel (whose "
+                "batches must not mix) or ATTENTION2D's own grid. Pass its sequence-parallel "
+                "dimension (%s), or lay ATTENTION2D's rows x columns (heads x rows x columns for "
+                "the hybrid) on this mesh with grid=mesh (and no group=)"
+                % (mesh.ndim, _mesh_text(mesh), dim))
+
+
+def is_grid_mesh(grid):
+    """Whether grid= is a DeviceMesh (which then names the call's ranks)."""
+    return _is_device_mesh(grid)
+
+
+def planner_grid(grid):
+    """grid= as the planner takes it: None where grid= is a DeviceMesh (the channel's order
+    carries its shape), else as given."""
+    return None if _is_device_mesh(grid) else grid
+
+
+def channel(comm=None, group=None, grid=None):
+    """The Channel of `group` (a torch ProcessGroup or 1-D DeviceMesh), `grid` (a 2-D or 3-D
+    DeviceMesh: ATTENTION2D's grid, or the hybrid's, laid on it) or `comm` (an mpi4py
     communicator; a ProcessGroup is accepted there too), or the default one."""
     if group is not None and comm is not None:
         raise Error("pass group= (torch.distributed) or comm= (mpi4py), not both")
+    if _is_device_mesh(grid):
+        if comm is not None or (group is not None and group is not grid):
+            raise Error("grid= is a DeviceMesh, whose ranks are the call's: pass it alone, "
+                        "without group= or comm=")
+        if grid.ndim not in (2, 3):
+            raise Error("grid= DeviceMesh %s: a grid mesh has 2 dimensions (rows x columns of "
+                        "ATTENTION2D) or 3 (heads groups x rows x columns of the hybrid); pass a "
+                        "1-D mesh as group= (the planner then chooses the grid)"
+                        % _mesh_text(grid))
+        group = grid
+    elif _is_device_mesh(group) and group.ndim > 1:
+        _refuse_whole_mesh(group)
     target = group if group is not None else comm
     if target is None:
         target = _default_target()
@@ -323,9 +393,10 @@ def _watch_group(group, key):
         pass
 
 
-def _torch_channel(group, kind, position=None, size=None, label=None, order=None, handle=None):
+def _torch_channel(group, kind, position=None, size=None, label=None, order=None, handle=None,
+                   slots=None):
     """A channel over `group` (every rank of it), this rank at engine rank `position` (default:
-    its rank in the group) of `size` (default: the group's)."""
+    its rank in the group) of `size` (default: the group's); slots: Channel's."""
     rank = dist.get_rank(group)
     if rank < 0:
         raise Error("this process (global rank %d) is not a member of the process group passed "
@@ -341,10 +412,11 @@ def _torch_channel(group, kind, position=None, size=None, label=None, order=None
                         "attention2d was built); the default transport, 'group', needs none"
                         if kind == "mesh" or size == 1 else _host_transport_kind("nccl"))
         transport = _gloo_world(group, position, size)
-        made = Channel("torch", transport, label, None, order, watchdog_transport=transport)
+        made = Channel("torch", transport, label, None, order, watchdog_transport=transport,
+                       slots=slots)
     else:
         transport, nccl = _group_transport(group, position, size)
-        made = Channel("torch", transport, label, None, order)
+        made = Channel("torch", transport, label, None, order, slots=slots)
         if _core.gloo_built():
             group_ref = weakref.ref(group)
             made.watchdog_maker = lambda: _gloo_world(group_ref(), position, size)
@@ -363,11 +435,11 @@ def _mesh_group(mesh, shape):
         return dist.distributed_c10d._get_default_group()
     flatten = getattr(mesh, "_flatten", None)
     if flatten is None:
-        raise Error("group=DeviceMesh of %d dimensions needs DeviceMesh._flatten() (torch >= "
+        raise Error("grid=DeviceMesh of %d dimensions needs DeviceMesh._flatten() (torch >= "
                     "2.6) for one group over its ranks; pass group=mesh._flatten().get_group() "
-                    "with algo= and grid= instead" % len(shape))
+                    "with algo= and grid=(rows, columns) instead" % len(shape))
     if not getattr(mesh, "mesh_dim_names", None):
-        raise Error("group=DeviceMesh %s spans %d of the %d ranks and has no mesh_dim_names, so "
+        raise Error("grid=DeviceMesh %s spans %d of the %d ranks and has no mesh_dim_names, so "
                     "torch cannot flatten it into one group: make it with mesh_dim_names=(...) "
                     "(init_device_mesh(..., mesh_dim_names=...))"
                     % (shape, mesh.mesh.numel(), dist.get_world_size()))
@@ -375,32 +447,36 @@ def _mesh_group(mesh, shape):
 
 
 def _mesh_channel(mesh, kind):
-    """A DeviceMesh of 1 dimension (ranks: the planner chooses), 2 (rows x columns of the
-    ATTENTION2D grid) or 3 (heads groups x rows x columns of the hybrid). Its ranks take the
-    grid's positions: world rank = u * R * C + row + col * R."""
+    """A DeviceMesh of 1 dimension (group=: its ranks; the planner chooses), 2 (grid=: rows x
+    columns of the ATTENTION2D grid) or 3 (grid=: heads groups x rows x columns of the hybrid).
+    The process at mesh[u, r, c] takes the grid's position u * R * C + r + c * R as its engine
+    rank; its rank for the caller stays its rank in the group over the whole mesh (torch's
+    flattened order), and Channel.slots maps one to the other."""
     shape = tuple(int(s) for s in mesh.mesh.shape)
-    if len(shape) not in (1, 2, 3):
-        raise Error("group=DeviceMesh must have 1, 2 (rows x columns) or 3 (heads x rows x "
-                    "columns) dimensions, got %d" % len(shape))
     if len(shape) == 1:
         return _torch_channel(mesh.get_group(), kind, handle=mesh)
     group = _mesh_group(mesh, shape)
     heads, rows, cols = (1,) + shape if len(shape) == 2 else shape
+    caller_rank = {g: i for i, g in enumerate(dist.get_process_group_ranks(group))}
     me = dist.get_rank()
-    positions = {}
+    size = heads * rows * cols
+    slots = [0] * size
+    position = None
     for u in range(heads):
         for r in range(rows):
             for c in range(cols):
                 index = (r, c) if len(shape) == 2 else (u, r, c)
                 global_rank = int(mesh.mesh[index])
-                positions[global_rank] = u * rows * cols + r + c * rows
-    if me not in positions:
-        raise Error("this process (global rank %d) is not in the DeviceMesh passed as group="
+                engine_rank = u * rows * cols + r + c * rows
+                slots[engine_rank] = caller_rank[global_rank]
+                if global_rank == me:
+                    position = engine_rank
+    if position is None:
+        raise Error("this process (global rank %d) is not in the DeviceMesh passed as grid="
                     % me)
-    size = heads * rows * cols
-    return _torch_channel(group, kind, positions[me], size,
+    return _torch_channel(group, kind, position, size,
                           "the DeviceMesh %s (%d ranks)" % (shape, size), (heads, rows, cols),
-                          handle=mesh)
+                          handle=mesh, slots=slots)
 
 
 def _watchdog_transport(chan):

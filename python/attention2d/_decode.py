@@ -31,7 +31,8 @@ class Decoder:
                  softmax_scale=None, dtype="float32", algo="auto", grid=None, comm=None,
                  capacity=0, threads=1, machine=None, calibration=None, sinks=None, softcap=0.0,
                  group=None):
-        self.channel = _channel.channel(comm, group)
+        self.channel = _channel.channel(comm, group, grid)
+        grid = _channel.planner_grid(grid)
         error, problem, chosen = "", None, None
         try:
             problem = _problem(prompt, heads, head_dim, kv_heads, batch, True, window,
@@ -45,7 +46,8 @@ class Decoder:
         self.channel.raise_collectively(error, phase="Decoder arguments")
         self.problem = problem
         self.plan = chosen
-        self.layout = Layout(problem, chosen, self.channel.size, self.channel.rank)
+        self.layout = Layout(problem, chosen, self.channel.size, self.channel.rank,
+                             slots=self.channel.slots)
         self._sinks = None
         if sinks is not None:
             values = sinks.detach().tolist() if _is_torch(sinks) else np.asarray(sinks).tolist()
@@ -76,8 +78,14 @@ class Decoder:
 
     def next_step(self, tokens):
         """The next step of `tokens` tokens: first_position, owners (per new token), counts
-        (per rank) and positions (this rank's)."""
-        return self._engine.next_step(int(tokens))
+        (per rank) and positions (this rank's); ranks are the caller's (for a grid= DeviceMesh,
+        torch's)."""
+        step = self._engine.next_step(int(tokens))
+        slots = self.channel.slots
+        if slots:
+            step["owners"] = [slots[e] for e in step["owners"]]
+            step["counts"] = self.channel.in_caller_order(step["counts"])
+        return step
 
     def next_positions(self, tokens):
         """The global positions of the next step's tokens this rank owns (its rows of step())."""

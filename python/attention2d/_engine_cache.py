@@ -90,7 +90,7 @@ def _engine(chan, problem, chosen, shards, device="cpu"):
             if shards[0] == "plan":
                 return _core.Engine(problem, chosen, chan.transport, device=backend, nccl=nccl)
             return _core.Engine(problem, chosen, chan.transport, shards[0], list(shards[1]),
-                                device=backend, nccl=nccl)
+                                device=backend, nccl=nccl, slots=list(chan.slots or []))
 
     return _engines.get(key, make)
 

@@ -5,7 +5,7 @@ line's flags into the package's arguments."""
 import math
 
 from . import _core
-from ._channel import Error, channel
+from ._channel import Error, channel, is_grid_mesh, planner_grid
 from ._mask import Ranges
 
 _ATTENTION2D_ALGOS = ("attention2d", "attention2d-overlap")
@@ -188,10 +188,12 @@ def _check_heads_parallel(problem, ranks, heads_parallel, grid):
 
 
 def _resolve_plan(problem, ranks, algo="auto", grid=None, machine=None, calibration=None,
-                  threads=1, machine_file=None, heads_parallel=None, order=None, shards=None):
+                  threads=1, machine_file=None, heads_parallel=None, order=None, shards=None,
+                  slots=None):
     """The plan of a2d run's --algo/--grid/--heads-parallel: the cost model's fastest where not
-    pinned down. `order`: (U, R, C) a DeviceMesh fixes; `shards`: the caller's layout (kind,
-    counts) whose exchanges the model charges (None or ("plan",): none)."""
+    pinned down. `order`: (U, R, C) a grid DeviceMesh fixes; `shards`: the caller's layout (kind,
+    counts) whose exchanges the model charges (None or ("plan",): none); `slots`: the caller's
+    rank of each engine rank (Channel.slots; None: the same)."""
     shards_kind, shard_counts = ("", []) if shards is None or shards[0] == "plan" else (
         shards[0], list(shards[1]))
     algo = _algo_name(algo)
@@ -200,9 +202,9 @@ def _resolve_plan(problem, ranks, algo="auto", grid=None, machine=None, calibrat
         u, rows, cols = order
         mesh_grid = "%dx%d" % (rows, cols)
         if grid and grid != mesh_grid:
-            raise Error("grid=%s, but the DeviceMesh passed as group= is %s" % (grid, mesh_grid))
+            raise Error("grid=%s, but the DeviceMesh passed as grid= is %s" % (grid, mesh_grid))
         if heads_parallel is not None and int(heads_parallel) != u:
-            raise Error("heads_parallel=%s, but the DeviceMesh passed as group= has %d heads "
+            raise Error("heads_parallel=%s, but the DeviceMesh passed as grid= has %d heads "
                         "groups" % (heads_parallel, u))
         if algo == "auto":
             algo = "hybrid" if u > 1 else "attention2d"
@@ -235,7 +237,7 @@ def _resolve_plan(problem, ranks, algo="auto", grid=None, machine=None, calibrat
                 problem, ranks, ranks, machine or "",
                 calibration or _core.default_calibration_file(), machine_file or "",
                 "" if algo == "auto" else algo, grid if grid_matters else "", u, shards_kind,
-                shard_counts)
+                shard_counts, list(slots or []) if shards_kind else [])
         else:
             chosen = _core.default_plan(algo, problem, ranks)
             if grid:
@@ -255,9 +257,9 @@ def plan(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,
     communicator's size): an attention2d._core.Plan with .algorithm, .grid (R, C),
     .heads_parallel, .layout, .describe()."""
     order = None
-    if ranks is None:
-        chan = channel(comm, group)
-        ranks, order = chan.size, chan.order
+    if ranks is None or is_grid_mesh(grid):
+        chan = channel(comm, group, grid)
+        ranks, order, grid = chan.size, chan.order, planner_grid(grid)
     problem = _problem(seq, heads, head_dim, kv_heads, batch, causal, window, softmax_scale, dtype,
                        cu_seqlens, sinks is not False and sinks is not None, softcap,
                        window_size=_window_size(window_size), mask=mask)

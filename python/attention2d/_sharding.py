@@ -5,7 +5,7 @@ reads them."""
 import numpy as np
 
 from . import _core
-from ._channel import Error, channel, torch
+from ._channel import Error, channel, planner_grid, torch
 from ._planning import USER_LAYOUTS, _problem, _resolve_plan, _window_size
 
 
@@ -23,15 +23,23 @@ class Layout:
     attention2d.layout(): .plan, .problem) or one of the layouts callers bring ("contiguous",
     "zigzag", "cyclic": .plan is None)."""
 
-    def __init__(self, problem, chosen, ranks, rank, kind=None, tokens=None):
+    def __init__(self, problem, chosen, ranks, rank, kind=None, tokens=None, slots=None):
         self.problem = problem
         self.plan = chosen
         self.ranks = ranks
         self.rank = rank
         self.kind = kind if kind is not None else chosen.layout
+        # A plan's layout over a grid mesh: the engine's ranks in the caller's order
+        # (Channel.slots), which the tokens below are indexed by.
+        self.slots = slots
         if tokens is None:
             tokens = [np.asarray(t, dtype=np.int64)
                       for t in _core.layout_tokens(problem, chosen, ranks)]
+            if slots:
+                by_caller = [None] * ranks
+                for engine_rank, part in enumerate(tokens):
+                    by_caller[slots[engine_rank]] = part
+                tokens = by_caller
         self._tokens = tokens
         self.seq = int(sum(len(t) for t in tokens))
 
@@ -57,8 +65,10 @@ def layout(seq, heads=1, head_dim=1, kv_heads=None, batch=1, causal=False, windo
     """The layout attention() uses for these arguments (pass the result to attention(layout=)
     to pin its plan; shards in it need no exchange): heads, head_dim and dtype matter only when
     the planner chooses. kind="contiguous" | "zigzag" | "cyclic" gives that layout of `seq`
-    tokens on the group's ranks instead (no plan)."""
-    chan = channel(comm, group)
+    tokens on the group's ranks instead (no plan). Layout.tokens(r) is indexed by the caller's
+    ranks (torch's, for a grid= DeviceMesh too)."""
+    chan = channel(comm, group, grid)
+    grid = planner_grid(grid)
     if kind is not None:
         if kind not in USER_LAYOUTS:
             raise Error("kind=%r: choose one of %s" % (kind, ", ".join(USER_LAYOUTS)))
@@ -70,7 +80,7 @@ def layout(seq, heads=1, head_dim=1, kv_heads=None, batch=1, causal=False, windo
     chosen = plan if plan is not None else _resolve_plan(
         problem, chan.size, algo, grid, machine, calibration, heads_parallel=heads_parallel,
         order=chan.order)
-    return Layout(problem, chosen, chan.size, chan.rank)
+    return Layout(problem, chosen, chan.size, chan.rank, slots=chan.slots)
 
 
 def _as_layout(spec, seq, chan, counts=None):
@@ -84,15 +94,15 @@ def _as_layout(spec, seq, chan, counts=None):
                   _layout_tokens(spec, seq, chan.size, counts))
 
 
-def shard(x, layout, dim=1, comm=None, group=None):
+def shard(x, layout, dim=1, comm=None, group=None, grid=None):
     """This rank's shard of the full tensor x (torch or numpy; tokens along `dim`). layout: a
-    Layout, or "contiguous" / "zigzag" / "cyclic" over the ranks of group= (or comm=). Without
-    group= a layout name is cut over the DEFAULT group's ranks, not over the group the attention
-    runs on: under data x sequence parallelism pass the sequence group here too (or a Layout made
-    with group=), else the shards are cut for the wrong number of ranks (attention(positions=...)
-    finds such a mismatch)."""
+    Layout, or "contiguous" / "zigzag" / "cyclic" over the ranks of group= (or comm=, or a grid=
+    DeviceMesh, in torch's order of its ranks). Without group= a layout name is cut over the
+    DEFAULT group's ranks, not over the group the attention runs on: under data x sequence
+    parallelism pass the sequence group here too (or a Layout made with group=), else the shards
+    are cut for the wrong number of ranks (attention(positions=...) finds such a mismatch)."""
     lay = layout if isinstance(layout, Layout) else _as_layout(layout, x.shape[dim],
-                                                               channel(comm, group))
+                                                               channel(comm, group, grid))
     index = lay.tokens()
     if x.shape[dim] != lay.seq:
         raise Error("shard: x has %d tokens along dim %d but the layout has %d"
@@ -102,10 +112,10 @@ def shard(x, layout, dim=1, comm=None, group=None):
     return np.ascontiguousarray(np.take(x, index, axis=dim))
 
 
-def unshard(x_local, layout, dim=1, comm=None, group=None):
+def unshard(x_local, layout, dim=1, comm=None, group=None, grid=None):
     """Collective: the full tensor from every rank's shard (on every rank). layout: a Layout, or
     "contiguous" (each rank's slice in rank order, any lengths) / "zigzag" / "cyclic"."""
-    chan = channel(comm, group)
+    chan = channel(comm, group, grid)
     is_torch = torch is not None and isinstance(x_local, torch.Tensor)
     if is_torch:
         local = x_local.detach()

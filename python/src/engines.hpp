@@ -73,12 +73,15 @@ class Engine {
     attention_ = session_->attention(problem, plan);
   }
 
+  // slots: engine rank e holds the caller's shard slots[e] (empty: the identity; transport.hpp,
+  // caller_layout).
   Engine(const a2d::Problem& problem, const a2d::Plan& plan, Transport& transport,
          const std::string& kind, const std::vector<int64_t>& counts,
-         const std::string& device = "cpu", bool nccl = false)
+         const std::string& device = "cpu", bool nccl = false,
+         const std::vector<int64_t>& slots = {})
       : Engine(problem, plan, transport, device, nccl) {
     CallScope scope;
-    const a2d::TokenLayout shards = caller_layout(kind, counts, problem.seq, size());
+    const a2d::TokenLayout shards = caller_layout(kind, counts, problem.seq, size(), slots);
     const a2d::TokenLayout& planned = attention_->layout();
     to_plan_ = session_->relayout(shards, planned);
     if (to_plan_) to_user_ = session_->relayout(planned, shards);

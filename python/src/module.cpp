@@ -204,15 +204,16 @@ PYBIND11_MODULE(_core, m) {
         [](const std::string& grid, int ranks) { a2d::check_grid(a2d::parse_grid(grid), ranks); });
   m.def("default_calibration_file", &a2d::default_calibration_file);
   // The planner of `a2d plan` / `a2d run`: (plan, prediction, machine description).
-  // shards_kind / shard_counts: the caller's layout ("" = the plan's own), which the model charges
-  // the exchanges to and from.
+  // shards_kind / shard_counts / shard_slots: the caller's layout ("" = the plan's own; slots as
+  // the Engine takes them), which the model charges the exchanges to and from.
   m.def("choose_plan",
         [](const a2d::Problem& problem, int ranks, int ranks_per_node, const std::string& machine,
            const std::string& calibration, const std::string& machine_file, const std::string& algo,
            const std::string& grid, int heads_parallel, const std::string& shards_kind,
-           const std::vector<int64_t>& shard_counts) {
+           const std::vector<int64_t>& shard_counts, const std::vector<int64_t>& shard_slots) {
           const a2d::MachineChoice choice{machine, calibration, machine_file};
-          const auto shards = user_shards(shards_kind, shard_counts, problem.seq, ranks);
+          const auto shards =
+              user_shards(shards_kind, shard_counts, problem.seq, ranks, shard_slots);
           const auto planned = a2d::choose_plan(problem, ranks, ranks_per_node, choice, algo, grid,
                                                 heads_parallel, shards ? &*shards : nullptr);
           return py::make_tuple(planned.plan, prediction_dict(planned.prediction),
@@ -347,9 +348,11 @@ PYBIND11_MODULE(_core, m) {
            py::arg("problem"), py::arg("plan"), py::arg("transport"), py::arg("device") = "cpu",
            py::arg("nccl") = false)
       .def(py::init<const a2d::Problem&, const a2d::Plan&, Transport&, const std::string&,
-                    const std::vector<int64_t>&, const std::string&, bool>(),
+                    const std::vector<int64_t>&, const std::string&, bool,
+                    const std::vector<int64_t>&>(),
            py::arg("problem"), py::arg("plan"), py::arg("transport"), py::arg("kind"),
-           py::arg("counts"), py::arg("device") = "cpu", py::arg("nccl") = false)
+           py::arg("counts"), py::arg("device") = "cpu", py::arg("nccl") = false,
+           py::arg("slots") = std::vector<int64_t>{})
       .def_property_readonly("exchanges", &Engine::exchanges)
       .def_property_readonly("plan_tokens", &Engine::plan_tokens)
       .def_property_readonly("device", &Engine::device)

@@ -143,20 +143,27 @@ inline void wrap_common(Wrapped& w, Shards& s, const py::tuple& q, const py::tup
 }
 
 // The caller's layout from its name and (for contiguous) every rank's token count: the shards
-// attention(layout=...) receives.
+// attention(layout=...) receives. `slots` (empty: the identity): engine rank e holds the caller's
+// shard slots[e], which the caller numbers in its own order (torch's ranks of a DeviceMesh laid
+// out as a grid: python/attention2d/_channel.py) and `counts` lists in that order.
 inline a2d::TokenLayout caller_layout(const std::string& kind, const std::vector<int64_t>& counts,
-                                      int64_t seq, int ranks) {
-  if (kind == "contiguous" && !counts.empty()) return a2d::TokenLayout::contiguous_counts(counts);
-  return a2d::TokenLayout(a2d::parse_layout(kind), seq, ranks);
+                                      int64_t seq, int ranks,
+                                      const std::vector<int64_t>& slots = {}) {
+  a2d::TokenLayout layout = kind == "contiguous" && !counts.empty()
+                                ? a2d::TokenLayout::contiguous_counts(counts)
+                                : a2d::TokenLayout(a2d::parse_layout(kind), seq, ranks);
+  return slots.empty() ? layout : layout.permuted(slots);
 }
 
 // The cost model's view of the caller's shards ("" = in the plan's own layout: none). The Python
 // layer's backward moves only dO in and dQ, dK, dV out (relayout.hpp: saved).
 inline std::optional<a2d::UserShards> user_shards(const std::string& kind,
                                                   const std::vector<int64_t>& counts, int64_t seq,
-                                                  int ranks) {
+                                                  int ranks,
+                                                  const std::vector<int64_t>& slots = {}) {
   if (kind.empty()) return std::nullopt;
-  return a2d::UserShards{caller_layout(kind, counts, seq, ranks), a2d::RelayoutBackward::saved};
+  return a2d::UserShards{caller_layout(kind, counts, seq, ranks, slots),
+                         a2d::RelayoutBackward::saved};
 }
 
 inline py::dict prediction_dict(const a2d::Prediction& p) {

@@ -35,8 +35,11 @@ def run_case(seq, heads, kv_heads, head_dim, causal, window, algo, dtype=torch.f
                        str(dtype).replace("torch.", ""), heads_parallel)
     q, k, v, d_out = full_inputs(seed, batch, seq, heads, kv_heads, head_dim, dtype)
     local = [attention2d.shard(x.to(dtype), lay).requires_grad_() for x in (q, k, v)]
+    # qkv_format: said, as some cases hold fewer tokens per rank than heads (which without it
+    # is refused as tensors in SDPA's order: test_torch_api.py).
     out, lse = attention2d.attention(*local, causal=causal, window=window, algo=algo,
-                                     return_lse=True, layout=lay, heads_parallel=heads_parallel)
+                                     return_lse=True, layout=lay, heads_parallel=heads_parallel,
+                                     qkv_format="bshd")
     out.backward(attention2d.shard(d_out.to(dtype), lay))
     expected = reference(q, k, v, d_out, causal, window,
                          out_dtype=None if dtype == torch.float32 else dtype)

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import attention2d
 from attention2d import _core
 from conftest import (COMM, TORCH_LAUNCH, assert_all_ranks, full_inputs, masked_reference,
-                      reference)
+                      reference, relative_error)
 
 P, RANK = COMM.Get_size(), COMM.Get_rank()
 FP32 = 1e-5
@@ -317,37 +317,108 @@ def test_process_group_arguments():
                          % (len(some), P, error))
 
 
-@torch_only
-@pytest.mark.parametrize("shape,reverse", [((2, 2), False), ((1, 4), True), ((2, 2, 1), False),
-                                           ((2, 1, 2), True)])
-def test_device_mesh_fixes_the_grid(shape, reverse):
-    """A real DeviceMesh on gloo: 2-D (rows x columns) is ATTENTION2D's grid, 3-D (heads groups x
-    rows x columns) the hybrid's, its ranks at the grid's positions. init_device_mesh("cpu",
-    shape, mesh_dim_names=...) (flattened into one group), and a DeviceMesh without names whose
-    rank order is reversed (mesh positions and global ranks differ; the default group carries
-    it, as the mesh spans the world)."""
-    if P != 4:
-        pytest.skip("meshes of 4 ranks")
+def _mesh(shape, reverse, names=None):
+    """A DeviceMesh over the 4 ranks: init_device_mesh("cpu", shape, mesh_dim_names=...) (torch
+    flattens it into one group), or one without names whose rank order is reversed (mesh
+    positions and global ranks differ; the default group carries it, as it spans the world)."""
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
     if reverse:
-        mesh = DeviceMesh("cpu", torch.arange(P - 1, -1, -1).view(*shape))
-    else:
-        mesh = init_device_mesh("cpu", shape, mesh_dim_names=("u", "r", "c")[-len(shape):])
+        return DeviceMesh("cpu", torch.arange(P - 1, -1, -1).view(*shape))
+    return init_device_mesh("cpu", shape,
+                            mesh_dim_names=names or ("u", "r", "c")[-len(shape):])
+
+
+MESHES = [((2, 2), False), ((1, 4), True), ((4, 1), False), ((2, 2), True), ((2, 2, 1), False),
+          ((2, 1, 2), True)]
+
+
+@torch_only
+@pytest.mark.parametrize("shape,reverse", MESHES)
+def test_grid_mesh_fixes_the_grid(shape, reverse):
+    """grid=DeviceMesh: 2-D (rows x columns) is ATTENTION2D's grid, 3-D (heads groups x rows x
+    columns) the hybrid's; the plan's own layout (attention2d.layout(grid=mesh)), its
+    Layout.tokens indexed by torch's ranks."""
+    if P != 4:
+        pytest.skip("meshes of 4 ranks")
+    mesh = _mesh(shape, reverse)
     seq, heads = 19, 4
-    lay = attention2d.layout(seq=seq, heads=heads, head_dim=8, causal=True, group=mesh)
+    lay = attention2d.layout(seq=seq, heads=heads, head_dim=8, causal=True, grid=mesh)
     expected = ("hybrid" if len(shape) == 3 else "attention2d", tuple(shape[-2:]),
                 shape[0] if len(shape) == 3 else 1)
     got = (lay.plan.algorithm, tuple(lay.plan.grid), lay.plan.heads_parallel)
     assert_all_ranks(got == expected, "mesh %s: plan %s" % (shape, lay.plan.describe()))
     q, k, v, d_out = full_inputs(8, 1, seq, heads, heads, 8)
     shards = [attention2d.shard(x.float(), lay).requires_grad_() for x in (q, k, v)]
-    out = attention2d.attention(*shards, causal=True, layout=lay, group=mesh)
+    out = attention2d.attention(*shards, causal=True, layout=lay, grid=mesh,
+                                qkv_format="bshd")
     (out * attention2d.shard(d_out.float(), lay)).sum().backward()
     ref = reference(q, k, v, d_out, causal=True)
-    got = [attention2d.unshard(x, lay, group=mesh) for x in
+    got = [attention2d.unshard(x, lay, grid=mesh) for x in
            (out, shards[0].grad, shards[1].grad, shards[2].grad)]
     errors = [float((g.double() - r).norm() / r.norm()) for g, r in
               zip(got, (ref[0], ref[2], ref[3], ref[4]))]
     assert_all_ranks(max(errors) <= FP32, "DeviceMesh %s: O, dQ, dK, dV errors %s"
                      % (shape, errors))
+
+
+@torch_only
+@pytest.mark.parametrize("layout", ["contiguous", "zigzag", "uneven"])
+@pytest.mark.parametrize("shape,reverse", MESHES)
+def test_grid_mesh_shards_in_torch_order(shape, reverse, layout):
+    """The caller's shards over a grid mesh, cut by torch's rank (dist.get_rank(), the order of
+    the group the mesh flattens into) as users cut them: exact against fp64 for O, LSE, dQ, dK,
+    dV (issue 57: the package counted them r + c * R, error 0.33 with no message)."""
+    if P != 4:
+        pytest.skip("meshes of 4 ranks")
+    mesh = _mesh(shape, reverse)
+    seq, heads, kv_heads, d = 37, 6, 2, 16
+    counts = uneven_counts(seq) if layout == "uneven" else None
+    errors = check_forward_backward(seq, heads, kv_heads, d,
+                                     "contiguous" if layout == "uneven" else layout, counts,
+                                     causal=True, grid=mesh, qkv_format="bshd")
+    assert_all_ranks(max(errors) <= FP32, "grid=DeviceMesh %s (%s) on %s shards: errors %s"
+                     % (shape, "reversed" if reverse else "torch's order", layout, errors))
+    # shard()/unshard() over the mesh agree with torch's order too.
+    q = full_inputs(3, 1, seq, heads, kv_heads, d)[0].float()
+    kind = "contiguous" if layout == "uneven" else layout
+    mine = attention2d.shard(q, kind, grid=mesh)
+    assert_all_ranks(torch.equal(mine, q.index_select(1, tokens_of(kind, seq))),
+                     "shard(grid=mesh) in torch's order")
+    assert_all_ranks(torch.equal(attention2d.unshard(mine, kind, grid=mesh), q),
+                     "unshard(grid=mesh)")
+
+
+@torch_only
+def test_whole_mesh_as_group_is_refused():
+    """A dp x cp mesh passed whole as group= would mix the data-parallel batches (issue 57:
+    gradient error 0.55, no message): refused on every rank, naming mesh['cp']; with
+    group=mesh['cp'] each replica's sequence is exact. A 1-D mesh is a group; grid= takes 2-D and
+    3-D meshes only, and alone."""
+    if P != 4:
+        pytest.skip("a 2 x 2 mesh")
+    mesh = _mesh((2, 2), False, names=("dp", "cp"))
+    seq, heads, d = 21, 4, 8
+    replica = dist.get_rank() // 2
+    q, k, v, d_out = full_inputs(40 + replica, 1, seq, heads, heads, d)
+    cp = mesh["cp"]
+    mine = attention2d.shard(torch.arange(seq), "contiguous", dim=0, group=cp)
+    local = [x.index_select(1, mine).float().requires_grad_() for x in (q, k, v)]
+    with pytest.raises(attention2d.Error, match=r"group=mesh\['cp'\]"):
+        attention2d.attention(*local, causal=True, layout="contiguous", group=mesh)
+    with pytest.raises(attention2d.Error, match=r"group=mesh\['cp'\]"):
+        attention2d.shard(q, "contiguous", group=mesh)
+    with pytest.raises(attention2d.Error, match="1-D mesh as group="):
+        attention2d.attention(*local, causal=True, layout="contiguous", grid=cp)
+    with pytest.raises(attention2d.Error, match="pass it alone"):
+        attention2d.attention(*local, causal=True, layout="contiguous", grid=mesh,
+                              group=dist.group.WORLD)
+    out, lse = attention2d.attention(*local, causal=True, layout="contiguous", group=cp,
+                                     return_lse=True, qkv_format="bshd")
+    out.backward(d_out.index_select(1, mine).float())
+    expected = reference(q, k, v, d_out, causal=True)
+    got = [out, lse] + [x.grad for x in local]
+    errors = [relative_error(g, e.index_select(2 if i == 1 else 1, mine))
+              for i, (g, e) in enumerate(zip(got, expected))]
+    assert_all_ranks(max(errors) <= FP32, "group=mesh['cp'], replica %d: errors %s"
+                     % (replica, errors))

@@ -138,3 +138,98 @@ def test_no_copy_on_the_way_in():
     assert ready(transposed) is not transposed and ready(transposed).is_contiguous()
     view = attention2d._tensors._view(heads_view)
     assert view[0] == heads_view.data_ptr() and view[3] == list(heads_view.stride())
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors in SDPA's order (issue 57)
+
+
+def test_sdpa_order_is_refused_or_taken():
+    """Tensors in torch SDPA's order [batch, heads, tokens, head_dim] passed as flash-attn's
+    [batch, tokens, heads, head_dim] (issue 57: output error 1.89, no message) are refused on
+    every rank (MHA: shapes alone agree; GQA: the shape check names the order); with
+    qkv_format='bhsd' they are exact against fp64 (O in SDPA's order, LSE, dQ, dK, dV), and
+    qkv_format='bshd' takes tiny shards (fewer tokens than heads) as they are."""
+    seq, heads, d = 16 * P, 4, 8
+    q, k, v, d_out = full_inputs(21, 2, seq, heads, heads, d)
+    sdpa = [attention2d.shard(x.float(), "contiguous").transpose(1, 2).contiguous()
+            .requires_grad_() for x in (q, k, v)]
+    with pytest.raises(attention2d.Error, match="qkv_format='bhsd'"):
+        attention2d.attention(*sdpa, causal=True, layout="contiguous")
+    gqa = [sdpa[0]] + [x[:, :2] for x in sdpa[1:]]
+    with pytest.raises(attention2d.Error, match="SDPA's order"):
+        attention2d.attention(*gqa, causal=True, layout="contiguous")
+    with pytest.raises(attention2d.Error, match="qkv_format='sbhd'"):
+        attention2d.attention(*sdpa, causal=True, layout="contiguous", qkv_format="sbhd")
+    out, lse = attention2d.attention(*sdpa, causal=True, layout="contiguous", qkv_format="bhsd",
+                                     return_lse=True)
+    assert tuple(out.shape) == tuple(sdpa[0].shape)
+    out.backward(attention2d.shard(d_out.float(), "contiguous").transpose(1, 2))
+    ref_out, ref_lse = masked_reference(q, k, v, True, 0, None, None, 0.0)
+    got = {"O": (attention2d.unshard(out.transpose(1, 2), "contiguous"), ref_out),
+           "LSE": (attention2d.unshard(lse, "contiguous", dim=2), ref_lse)}
+    full = [x.clone().requires_grad_() for x in (q, k, v)]
+    (masked_reference(*full, True, 0, None, None, 0.0)[0] * d_out).sum().backward()
+    for name, shard, ref in zip(("dQ", "dK", "dV"), sdpa, full):
+        got[name] = (attention2d.unshard(shard.grad.transpose(1, 2), "contiguous"), ref.grad)
+    errors = {name: float((a.double() - b).norm() / b.norm()) for name, (a, b) in got.items()}
+    assert_all_ranks(max(errors.values()) <= FP32, "qkv_format='bhsd': errors %s" % errors)
+    tiny = torch.randn(1, 2, 4, 8)
+    out = attention2d.attention(tiny, tiny, tiny, layout="contiguous", qkv_format="bshd")
+    assert tuple(out.shape) == (1, 2, 4, 8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Positions read once (issue 57)
+
+
+class _Counted:
+    """Counts the channel's exchanges by phase while it is in place."""
+
+    def __init__(self, chan):
+        self.chan, self.phases = chan, []
+        self._original = chan.allgather
+
+    def __enter__(self):
+        def counted(value, phase):
+            self.phases.append(phase)
+            return self._original(value, phase)
+
+        self.chan.allgather = counted
+        return self
+
+    def __exit__(self, *exc):
+        del self.chan.allgather  # the class's method again
+
+
+def test_positions_are_read_once_and_changes_seen():
+    """positions= costs one exchange of a summary the first time and nothing the next times with
+    the same tensor (forward, backward, the next call); a tensor written in place, or another
+    tensor, is read again: wrong positions are refused however they arrive."""
+    seq = 6 * P + 1
+    q, k, v, _ = full_inputs(22, 1, seq, 2, 2, 8)
+    zig = attention2d.layout(kind="zigzag", seq=seq)
+    local = [attention2d.shard(x.float(), zig).requires_grad_() for x in (q, k, v)]
+    positions = torch.from_numpy(zig.tokens()).clone()
+    chan = attention2d._channel.channel()
+    chan.positions_memo.clear()
+    with _Counted(chan) as counted:
+        out = attention2d.attention(*local, causal=True, layout="zigzag", positions=positions)
+        first = list(counted.phases)
+        attention2d.attention(*local, causal=True, layout="zigzag", positions=positions)
+        second = counted.phases[len(first):]
+    assert first == ["attention() arguments", "attention() positions"], first
+    assert second == ["attention() arguments"], second
+    out.sum().backward()
+    if P > 1:
+        # The same tensor written in place: its version changed, so it is read again.
+        saved = positions.clone()
+        positions[0], positions[-1] = positions[-1].item(), positions[0].item()
+        with pytest.raises(attention2d.Error, match=r"rank \d+ holds global positions"):
+            attention2d.attention(*local, causal=True, layout="zigzag", positions=positions)
+        positions.copy_(saved)
+        attention2d.attention(*local, causal=True, layout="zigzag", positions=positions)
+        # Another tensor with other values: read (and refused).
+        shifted = positions + 1
+        with pytest.raises(attention2d.Error, match=r"rank \d+ holds global positions"):
+            attention2d.attention(*local, causal=True, layout="zigzag", positions=shifted)

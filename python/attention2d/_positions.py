@@ -1,0 +1,173 @@
+"""The caller's positions (attention(positions=...), and transformers' position_ids) read in
+O(N/P) per rank and sent only when they change.
+
+Each rank reads its own positions against its own tokens of the caller's layout (numpy, no Python
+loop over tokens) and sends a summary of a size set by the documents it holds, not by its tokens:
+  check       (positions=): whether its positions are its tokens of layout= (one flag);
+  documents   (transformers' position_ids, restarting at 0 in each packed document): the global
+              indices where a document starts on it, and for each run of its tokens that claims
+              one document start d (token g at position g - d), that start and the run's last
+              token.
+Every rank then checks the summaries together (the same verdict everywhere): each claimed start is
+a document start and no other start lies between it and its run's end. That is exactly "each
+document's positions run 0, 1, 2, ... in the global order".
+
+A rank whose positions are the same tensor as at the last exchange on the channel (the same
+object, unmodified: torch's version counter) says so in the call's argument exchange, and when
+every rank says so nothing more is sent: the result of the last exchange stands (the backward, the
+next layer). A refusal runs the exchange of every rank's positions once more, to name the first
+token that is wrong."""
+
+import weakref
+
+import numpy as np
+
+from ._channel import Error, torch
+
+
+def _as_array(positions):
+    """A 1-D int64 numpy array of the positions (a view of a CPU torch tensor's memory)."""
+    if torch is not None and isinstance(positions, torch.Tensor):
+        positions = positions.detach()
+        if positions.device.type != "cpu":
+            positions = positions.cpu()
+        return positions.to(torch.int64).reshape(-1).numpy()
+    return np.asarray(positions, dtype=np.int64).reshape(-1)
+
+
+def read_positions(positions, local_tokens):
+    """This rank's positions as an array, or an error text (before any data moves)."""
+    try:
+        mine = _as_array(positions)
+    except (TypeError, ValueError, RuntimeError):
+        return None, "positions must be a 1-D list or tensor of this rank's global token indices"
+    if len(mine) != local_tokens:
+        return None, ("positions has %d entries for %d local tokens (one global index per token "
+                      "of this rank's shard, in shard order)" % (len(mine), local_tokens))
+    return mine, ""
+
+
+def _identity(positions):
+    """What says that positions have not changed since they were last read: the object itself
+    (weakly) and, for a torch tensor, its version counter (in-place writes bump it). None for
+    anything whose changes cannot be seen (numpy arrays, lists): read every time."""
+    if torch is None or not isinstance(positions, torch.Tensor):
+        return None
+    return (weakref.ref(positions), positions._version)
+
+
+def unchanged(chan, mode, positions):
+    """Whether this rank's positions are the ones it sent at the channel's last exchange of
+    `mode`: its flag in the call's argument exchange."""
+    memo = chan.positions_memo.get(mode)
+    if memo is None or memo["identity"] is None:
+        return False
+    ref, version = memo["identity"]
+    return ref() is positions and positions._version == version
+
+
+def own_tokens(layout, shards, counts, seq, rank, ranks):
+    """This rank's global token indices (increasing) in the caller's layout, O(N/P)."""
+    from ._sharding import Layout
+
+    if isinstance(layout, Layout):
+        return np.asarray(layout.tokens(rank), dtype=np.int64)
+    if shards[0] == "plan":  # one rank
+        return np.arange(seq, dtype=np.int64)
+    kind = shards[0]
+    if kind == "contiguous":
+        start = int(sum(counts[:rank]))
+        return np.arange(start, start + counts[rank], dtype=np.int64)
+    if kind == "cyclic":
+        return np.arange(rank, seq, ranks, dtype=np.int64)
+    if kind == "zigzag":  # chunks rank and 2P-1-rank of 2P near-equal chunks (layout.hpp)
+        chunks = 2 * ranks
+        base, extra = divmod(seq, chunks)
+
+        def chunk(c):
+            begin = c * base + min(c, extra)
+            return np.arange(begin, begin + base + (1 if c < extra else 0), dtype=np.int64)
+
+        return np.concatenate([chunk(rank), chunk(chunks - 1 - rank)])
+    raise Error("internal: no tokens for layout %r" % (kind,))
+
+
+def _summary(mode, mine, tokens):
+    """This rank's summary of its positions (the module's docstring)."""
+    if mode == "check":
+        return bool(np.array_equal(mine, tokens))
+    n = len(mine)
+    if n == 0:
+        return (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), False,
+                False)
+    starts = tokens[mine == 0]
+    claimed = tokens - mine
+    cut = np.flatnonzero(np.diff(claimed)) + 1
+    first = np.concatenate([[0], cut])
+    last = np.concatenate([cut, [n]]) - 1
+    local_default = bool(mine[0] == 0 and mine[-1] == n - 1 and
+                         np.array_equal(mine, np.arange(n)))
+    return (starts, claimed[first], tokens[last], local_default, bool((mine < 0).any()))
+
+
+def _documents_verdict(summaries, seq, ranks):
+    """The document bounds (None for one document) from every rank's summary, or None and False
+    where the positions are not documents' positions in the global order."""
+    if ranks > 1 and all(s[3] for s in summaries):
+        return None, False  # 0..n-1 on every rank: refused with its own message
+    if any(s[4] for s in summaries):
+        return None, False  # a negative position
+    if seq == 0:
+        return None, True
+    starts = np.sort(np.concatenate([s[0] for s in summaries]))
+    claims = np.concatenate([s[1] for s in summaries])
+    reach = np.concatenate([s[2] for s in summaries])
+    if len(starts) == 0 or starts[0] != 0:
+        return None, False
+    at = np.searchsorted(starts, claims)
+    inside = at < len(starts)
+    if not inside.all() or not (starts[np.minimum(at, len(starts) - 1)] == claims).all():
+        return None, False
+    following = at + 1
+    bounded = following < len(starts)
+    if (starts[following[bounded]] <= reach[bounded]).any():
+        return None, False
+    if len(starts) == 1:
+        return None, True
+    return tuple(int(x) for x in starts) + (int(seq),), True
+
+
+def resolve(chan, mode, positions, mine, flags, layout, shards, counts, seq, slow):
+    """Collective, after the argument exchange (`flags`: every rank's unchanged() flag): the
+    documents' bounds (mode "documents") or nothing (mode "check"); refused on every rank where
+    the positions do not fit. `slow(all_positions)` raises the precise refusal from every rank's
+    positions (which it then exchanges)."""
+    memos = chan.positions_memo
+    key = (repr(shards), tuple(counts), int(seq), _layout_key(layout))
+    memo = memos.get(mode)
+    if memo is not None and memo["key"] == key and all(flags):
+        return memo["result"]
+    memos.pop(mode, None)
+    ranks = chan.size
+    tokens = own_tokens(layout, shards, counts, seq, chan.rank, ranks)
+    summaries = chan.allgather(_summary(mode, mine, tokens), "attention() positions")
+    if mode == "check":
+        ok, result = all(summaries), None
+    else:
+        result, ok = _documents_verdict(summaries, seq, ranks)
+    if not ok:
+        everyone = chan.allgather(mine, "attention() positions")
+        slow(everyone)
+        raise Error("internal: the positions were refused without a message")
+    memos[mode] = {"key": key, "result": result, "identity": _identity(positions)}
+    return result
+
+
+def _layout_key(layout):
+    """What decides the tokens of a layout= (a Layout by its contents, not its identity)."""
+    from ._sharding import Layout
+
+    if not isinstance(layout, Layout):
+        return layout
+    return ("layout", layout.kind, tuple(layout.counts()),
+            None if layout.plan is None else layout.plan.describe(), tuple(layout.slots or ()))
