@@ -151,7 +151,8 @@ void mask_ranges(const uint8_t* data, size_t size) {
   Mask mask;
   try {
     const bool generator = text.rfind("prefix-lm:", 0) == 0 ||
-                           text.rfind("block-causal:", 0) == 0 || text.rfind("random:", 0) == 0;
+                           text.rfind("block-causal:", 0) == 0 ||
+                           text.rfind("chunked-causal:", 0) == 0 || text.rfind("random:", 0) == 0;
     // A generator, or slice lines (never a file name: the fuzzer must not open files).
     slices = generator ? parse_mask_ranges(text, seq) : parse_mask_range_lines(text, "fuzz");
     mask = Mask::from_ranges(slices);

@@ -456,6 +456,8 @@ const char* range_type_name(RangeType type);
 //                     sees them and, causally, the tokens after them
 //   block-causal:B    blocks of B tokens (B%: percent of seq): a query sees every key of its
 //                     block and of the blocks before
+//   chunked-causal:C  chunks of C tokens (C%: percent of seq), causal within each, none across
+//                     (Llama 4's chunked attention)
 //   random:S[:SEED]   S random non-overlapping slices of every type (some rows uncovered;
 //                     S <= 65536)
 // or the name of a file with one slice a line, "q0 q1 k0 k1 type" (type as parse_range_type; '#'

@@ -452,8 +452,17 @@ std::vector<MaskSlice> generated_mask_ranges(const std::string& kind, int64_t se
     }
     return slices;
   }
+  if (kind == "chunked-causal") {
+    const int64_t chunk = tokens_or_percent(argument, seq, what);
+    A2D_REQUIRE(chunk >= 1, what, ": chunks need at least 1 token");
+    for (int64_t begin = 0; begin < seq; begin += chunk) {
+      const int64_t end = std::min(seq, begin + chunk);
+      slices.push_back({begin, end, begin, end, RangeType::causal});
+    }
+    return slices;
+  }
   A2D_REQUIRE(kind == "random", "unknown mask generator '", kind,
-              "' (prefix-lm:P, block-causal:B or random:S[:SEED])");
+              "' (prefix-lm:P, block-causal:B, chunked-causal:C or random:S[:SEED])");
   const size_t colon = argument.find(':');
   const int64_t count = parse_integer(argument.substr(0, colon), what);
   const uint64_t seed =
@@ -495,7 +504,7 @@ std::vector<MaskSlice> generated_mask_ranges(const std::string& kind, int64_t se
 }
 
 std::vector<MaskSlice> parse_mask_ranges(const std::string& text, int64_t seq) {
-  for (const std::string kind : {"prefix-lm", "block-causal", "random"}) {
+  for (const std::string kind : {"prefix-lm", "block-causal", "chunked-causal", "random"}) {
     if (text.rfind(kind + ":", 0) == 0) {
       return generated_mask_ranges(kind, seq, text.substr(kind.size() + 1));
     }
@@ -504,7 +513,7 @@ std::vector<MaskSlice> parse_mask_ranges(const std::string& text, int64_t seq) {
   std::ifstream file(path);
   A2D_REQUIRE(!path.empty() && file.good(), "cannot read the mask ranges file '", path,
               "' (one slice a line, 'q0 q1 k0 k1 type'; or prefix-lm:P, block-causal:B, "
-              "random:S[:SEED])");
+              "chunked-causal:C, random:S[:SEED])");
   std::ostringstream content;
   content << file.rdbuf();
   return parse_mask_range_lines(content.str(), path);

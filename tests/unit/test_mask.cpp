@@ -314,6 +314,13 @@ TEST(MaskKinds, TheRangeParserReadsFilesAndGenerators) {
   for (int64_t q = 0; q < 40; ++q)
     for (int64_t k = 0; k < 40; ++k)
       ASSERT_EQ(blocks.visible(q, k), k / 7 <= q / 7);
+  // chunked-causal:C: causal within chunks, nothing across them (Llama 4; the last chunk short).
+  const Mask chunks = Mask::from_ranges(parse_mask_ranges("chunked-causal:7", 40));
+  for (int64_t q = 0; q < 40; ++q)
+    for (int64_t k = 0; k < 40; ++k)
+      ASSERT_EQ(chunks.visible(q, k), k <= q && k / 7 == q / 7);
+  EXPECT_NE(error_of([] { parse_mask_ranges("chunked-causal:0", 40); }).find("at least 1 token"),
+            std::string::npos);
   // random:S[:SEED]: S slices, within the sequence, not overlapping (from_ranges checks), the
   // same for the same seed.
   const std::vector<MaskSlice> drawn = parse_mask_ranges("random:64:3", 65536);

@@ -24,8 +24,9 @@ inline constexpr const char* kMaskRangesHelp =
     "a range mask (MagiAttention's): FILE with one slice a line, 'q0 q1 k0 k1 type'\n"
     "([q0, q1) x [k0, k1), type full, causal, inv-causal or bi-causal; # comments), or\n"
     "prefix-lm:P (the first P tokens, or P%, bidirectional, causal after), block-causal:B\n"
-    "(full within blocks of B tokens or B%, causal across them) or random:S[:SEED] (S\n"
-    "slices of every type); not with --causal, a window or --doc-lens";
+    "(full within blocks of B tokens or B%, causal across them), chunked-causal:C (causal\n"
+    "within chunks of C tokens or C%, none across) or random:S[:SEED] (S slices of every\n"
+    "type); not with --causal, a window or --doc-lens";
 
 // The mask of the options --causal, --window, --window-size, --doc-lens and --mask-ranges
 // (empty strings: not given) for a sequence of `seq` tokens, through the library's make_mask
