@@ -247,6 +247,10 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
             chan, mode, positions, my_positions, [same for _, _, same in gathered], layout,
             shards, counts, seq, lambda everyone: slow(everyone, layout, shards, seq, ranks))
         if mode == "documents":
+            if found is not None and ranges is not None:
+                raise Error("packed documents (position_ids restarting at 0) with a range mask "
+                            "(chunked attention): attention2d does not intersect the two; pack "
+                            "one document per sequence")
             bounds = found
     b, _, h, hk, d, dtype, _ = first_local
     problem = _problem(seq, h, d, hk, b, causal, window, softmax_scale, dtype, bounds,

@@ -38,29 +38,148 @@ NAME = "attention2d"
 _configs = []  # handle -> dict(group=, layout=, options=)
 
 
-class _Unsupported:
-    """What attention2d's mask function hands the model in place of a mask it cannot express:
-    the attention function turns it into a refusal on every rank."""
+class _Mask:
+    """What attention2d's mask function hands the model in place of a mask: the 2-D padding mask
+    (checked by the attention) and what transformers' mask function asked for beyond causality
+    (a window of W tokens, chunks of C tokens), or the reason it cannot be served (the attention
+    turns it into a refusal on every rank)."""
 
-    def __init__(self, reason):
+    def __init__(self, padding=None, window=0, chunk=0, reason=""):
+        self.padding = padding
+        self.window = window
+        self.chunk = chunk
         self.reason = reason
+
+
+_MASKING = "transformers.masking_utils"
+# transformers' mask functions attention2d knows (masking_utils; by __qualname__), and what each
+# contributes to the intersection an and_masks() builds.
+_KNOWN_PARTS = {
+    "causal_mask_function": "causal",
+    "sliding_window_overlay.<locals>.inner_mask": "window",
+    "chunked_overlay.<locals>.inner_mask": "chunk",
+    # packed sequences found in the local position_ids: attention2d reads the documents from the
+    # global position_ids itself
+    "packed_sequence_mask_function.<locals>.inner_mask": "documents",
+    "padding_mask_function.<locals>.inner_mask": "padding",
+}
+# Those it does not serve, in words (anything else is named by its qualified name).
+_UNSERVED_PARTS = {
+    "or_masks.<locals>.or_mask": "a union of masks (an or_mask_function, or block_sequence_ids: "
+                                 "blocks of image or audio tokens that see each other both ways)",
+    "bidirectional_mask_function": "bidirectional attention",
+    "sliding_window_bidirectional_overlay.<locals>.inner_mask": "a two-sided sliding window",
+    "blockwise_overlay.<locals>.inner_mask": "blocks that see each other both ways "
+                                             "(block_sequence_ids)",
+}
+
+
+def _closure(fn):
+    code = getattr(fn, "__code__", None)
+    if code is None or not fn.__closure__:
+        return {}
+    return dict(zip(code.co_freevars, (cell.cell_contents for cell in fn.__closure__)))
+
+
+def _mask_parts(fn):
+    """transformers' mask function as a list of (part, value) whose intersection it is; raises
+    ValueError naming a part attention2d does not serve."""
+    name = getattr(fn, "__qualname__", type(fn).__name__)
+    if getattr(fn, "__module__", None) != _MASKING:
+        raise ValueError("a mask function of the model's own (%s.%s)"
+                         % (getattr(fn, "__module__", "?"), name))
+    if name == "and_masks.<locals>.and_mask":
+        parts = []
+        for part in _closure(fn).get("mask_functions", ()):
+            parts += _mask_parts(part)
+        return parts
+    kind = _KNOWN_PARTS.get(name)
+    if kind is None:
+        raise ValueError(_UNSERVED_PARTS.get(name, "transformers' %s" % name))
+    values = _closure(fn)
+    value = {"window": lambda: int(values["sliding_window"]),
+             "chunk": lambda: int(values["chunk_size"])}.get(kind, lambda: None)()
+    return [(kind, value)]
+
+
+def _mask_from_parts(mask_function):
+    """(window, chunk, reason) from transformers' mask function's parts (its closures: eager
+    only, as torch.compile's tracing cannot read closures)."""
+    try:
+        parts = _mask_parts(mask_function)
+    except ValueError as e:
+        return 0, 0, ("the model's mask combines its causal mask with %s: attention2d masks "
+                      "causal attention, sliding windows, chunks and packed documents "
+                      "(position_ids) only" % e)
+    kinds = [kind for kind, _ in parts]
+    windows = {value for kind, value in parts if kind == "window"}
+    chunks = {value for kind, value in parts if kind == "chunk"}
+    reason = ""
+    if "causal" not in kinds:
+        reason = ("the model's mask is not causal (%s): attention2d serves the causal "
+                  "self-attention of decoder models" % ", ".join(kinds or ["no part"]))
+    elif len(windows) > 1 or len(chunks) > 1 or (windows and chunks):
+        reason = ("the model's mask intersects windows %s and chunks %s: attention2d masks one "
+                  "window or one chunk size" % (sorted(windows), sorted(chunks)))
+    return (windows.pop() if len(windows) == 1 else 0,
+            chunks.pop() if len(chunks) == 1 else 0, reason)
+
+
+def _mask_from_names(mask_function, local_size, config, use_vmap):
+    """(window, chunk, reason) from what torch.compile can trace: the name of transformers' mask
+    function (its code object), the size transformers hands the mask interface (local_size: the
+    window of create_sliding_window_causal_mask, the chunk of create_chunked_causal_mask) and
+    the config it took it from. _mask_function holds it to the parts' reading in eager runs, and
+    test_transformers.py to it for every model family of the installed transformers."""
+    code = getattr(mask_function, "__code__", None)
+    name = code.co_qualname if code is not None else type(mask_function).__name__
+    if code is None or not code.co_filename.endswith("masking_utils.py"):
+        return 0, 0, ("the model's mask is a mask function of its own (%s): attention2d masks "
+                      "causal attention, sliding windows, chunks and packed documents "
+                      "(position_ids) only" % name)
+    if use_vmap:  # transformers' sign of an or_mask_function / and_mask_function
+        return 0, 0, ("the model combines its causal mask with an or_mask_function / "
+                      "and_mask_function (bidirectional image tokens, a custom mask): attention2d "
+                      "masks causal attention, sliding windows, chunks and packed documents "
+                      "(position_ids) only")
+    if name == "causal_mask_function" and local_size is None:
+        return 0, 0, ""
+    if name == "and_masks.<locals>.and_mask":  # causal, with a window, chunks or documents
+        if local_size is None:
+            return 0, 0, ""
+        window = int(local_size) == getattr(config, "sliding_window", None)
+        chunk = int(local_size) == getattr(config, "attention_chunk_size", None)
+        if window != chunk:
+            return (int(local_size), 0, "") if window else (0, int(local_size), "")
+    return 0, 0, ("the model's mask is transformers' %s with local_size=%s: attention2d masks "
+                  "causal attention, sliding windows, chunks and packed documents "
+                  "(position_ids) only" % (_UNSERVED_PARTS.get(name, name), local_size))
 
 
 def _mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                    attention_mask=None, use_vmap=False, **kwargs):
-    """transformers' mask interface: attention2d masks causality, the window and the documents
-    itself, so the model gets back only the 2-D padding mask (checked by the attention), or a
-    refusal for what cannot be expressed."""
-    if use_vmap:
-        return _Unsupported("the model combines its causal mask with an or_mask_function / "
-                            "and_mask_function (bidirectional image tokens, a custom mask): "
-                            "attention2d masks causal attention, sliding windows and packed "
-                            "documents (position_ids) only")
+    """transformers' mask interface: attention2d masks causality, the window, the chunks and the
+    documents itself, so the model gets back a _Mask: the 2-D padding mask (checked by the
+    attention), the window and chunk size read from transformers' mask function (which is all
+    some models say of their windows: Qwen2-MoE, PhiMoE), or a refusal for what cannot be
+    expressed. Under torch.compile the function's name and local_size are read
+    (_mask_from_names); in eager runs also its parts, and the two readings must agree."""
     if not isinstance(q_offset, int) or q_offset or kv_offset or kv_length != q_length:
-        return _Unsupported("a KV cache (past_key_values, use_cache=True): attention2d computes "
+        return _Mask(reason="a KV cache (past_key_values, use_cache=True): attention2d computes "
                             "self-attention of the sharded sequence; pass use_cache=False "
                             "(attention2d.Decoder serves inference)")
-    return attention_mask
+    window, chunk, reason = _mask_from_names(mask_function, kwargs.get("local_size"),
+                                             kwargs.get("config"), use_vmap)
+    if not torch.compiler.is_compiling():
+        exact = _mask_from_parts(mask_function)
+        if exact[2]:
+            reason = exact[2]
+        elif (window, chunk, bool(reason)) != exact[:2] + (False,):
+            reason = ("attention2d reads the model's mask function as window %d, chunk %d from "
+                      "its parts, but as %s from its name and local_size (what torch.compile "
+                      "can trace): refused rather than guessed"
+                      % (exact[0], exact[1], reason or "window %d, chunk %d" % (window, chunk)))
+    return _Mask(attention_mask, window, chunk, reason)
 
 
 def _refusal(module, query, key, attention_mask, dropout, kwargs):
@@ -73,13 +192,19 @@ def _refusal(module, query, key, attention_mask, dropout, kwargs):
                 "decoder models" % (model, "config.use_bidirectional_attention=True"
                                     if getattr(config, "use_bidirectional_attention", False)
                                     else "an encoder's or a cross-attention"))
-    if isinstance(attention_mask, _Unsupported):
+    if isinstance(attention_mask, _Mask) and attention_mask.reason:
         return attention_mask.reason
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 2:
         return ("a %d-D attention_mask reached %s (a prepared or custom mask): attention2d masks "
                 "causal attention, sliding windows and packed documents itself; pass no "
                 "attention_mask (packed documents: position_ids restarting at 0)"
                 % (attention_mask.dim(), model))
+    if getattr(module, "attn_temperature_tuning", False) and not getattr(module, "use_rope", True):
+        return ("%s scales the queries of its NoPE layers by positions it counts from 0 on each "
+                "rank (config.attn_temperature_tuning), not by the tokens' global positions: "
+                "sharded, every rank would scale its own tokens as the sequence's first. Set "
+                "config.attn_temperature_tuning=False (a different model), or use "
+                "attn_implementation='eager' or 'sdpa'" % model)
     if config is not None and (getattr(config, "alibi", False)
                                or getattr(config, "position_embedding_type", "") == "alibi"):
         return ("%s uses ALiBi (config.alibi / position_embedding_type='alibi'): attention2d "
@@ -106,7 +231,7 @@ def _refusal(module, query, key, attention_mask, dropout, kwargs):
     return ""
 
 
-def _local_refusal(q, position_ids, padding):
+def _local_refusal(q, position_ids, padding, model="the attention"):
     """Refusals that need the tensors' values (run inside the op, not traced)."""
     if padding is not None and not bool(padding.all()):
         return ("attention_mask has padding (zeros): attention2d cannot mask padded tokens; pack "
@@ -114,9 +239,11 @@ def _local_refusal(q, position_ids, padding):
                 "position_ids restarting at 0 (transformers' DataCollatorWithFlattening), and "
                 "pass no attention_mask")
     if position_ids is None:
-        return ("position_ids is needed: pass the global positions of this rank's tokens "
-                "(attention2d.shard(torch.arange(N)[None], layout)), else every rank's tokens "
-                "would be taken for positions 0..n-1")
+        return ("position_ids did not reach %s: pass the model position_ids with the global "
+                "positions of this rank's tokens (attention2d.shard(torch.arange(N)[None], "
+                "layout)), else every rank's tokens would be taken for positions 0..n-1. A model "
+                "that keeps position_ids from its attention layers (Llama 4's decoder layers "
+                "do) cannot be checked, and is not served" % model)
     if position_ids.dim() != 2 or position_ids.shape[-1] != q.shape[1]:
         return ("position_ids has shape %s for %d local tokens: pass [batch or 1, local tokens]"
                 % (list(position_ids.shape), q.shape[1]))
@@ -126,35 +253,40 @@ def _local_refusal(q, position_ids, padding):
     return ""
 
 
-def _call(q, k, v, sinks, position_ids, padding, handle, scale, window, softcap, refusal,
+def _call(q, k, v, sinks, position_ids, padding, handle, scale, window, chunk, softcap, refusal,
           engine_only):
+    """attention() of the op: causal with a window of `window` tokens (0: none), or with chunks
+    of `chunk` tokens (causal within each, none across: the range mask chunked-causal:C)."""
     config = _configs[handle]
     refusal = refusal or _local_refusal(q, position_ids, padding)
     positions = None if refusal else position_ids[0]
+    mask = {"causal": True, "window": window} if not chunk else {
+        "mask": "chunked-causal:%d" % chunk}
     with torch.no_grad():
-        return _api.attention(q, k, v, causal=True, window=window, softmax_scale=scale,
-                              softcap=softcap, sinks=sinks, group=config["group"],
-                              layout=config["layout"], return_lse=True, positions=positions,
-                              _documents=True, _refusal=refusal, _engine_only=engine_only,
+        return _api.attention(q, k, v, softmax_scale=scale, softcap=softcap, sinks=sinks,
+                              group=config["group"], layout=config["layout"], return_lse=True,
+                              positions=positions, qkv_format="bshd", _documents=True,
+                              _refusal=refusal, _engine_only=engine_only, **mask,
                               **config["options"])
 
 
 @torch.library.custom_op("attention2d::hf_attention", mutates_args=())
 def hf_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sinks: Optional[torch.Tensor],
                  position_ids: Optional[torch.Tensor], padding: Optional[torch.Tensor],
-                 handle: int, scale: Optional[float], window: int, softcap: float,
+                 handle: int, scale: Optional[float], window: int, chunk: int, softcap: float,
                  refusal: str) -> Tuple[torch.Tensor, torch.Tensor]:
     """This rank's attention output [batch, local tokens, heads, head_dim] and fp32 LSE [batch,
     heads, local tokens] of q [batch, local tokens, heads, head_dim] and k, v (kv_heads), with
     sinks (a logit per query head joining each row's softmax denominator, gpt-oss's s_aux) or
-    None; collective over the registered group."""
-    out, lse = _call(q, k, v, sinks, position_ids, padding, handle, scale, window, softcap,
+    None; causal with a window (0: none) or with chunks (0: none); collective over the
+    registered group."""
+    out, lse = _call(q, k, v, sinks, position_ids, padding, handle, scale, window, chunk, softcap,
                      refusal, False)
     return out, lse
 
 
 @hf_attention.register_fake
-def _(q, k, v, sinks, position_ids, padding, handle, scale, window, softcap, refusal):
+def _(q, k, v, sinks, position_ids, padding, handle, scale, window, chunk, softcap, refusal):
     b, n, h, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((b, h, n), dtype=torch.float32)
 
@@ -163,29 +295,30 @@ def _(q, k, v, sinks, position_ids, padding, handle, scale, window, softcap, ref
 def hf_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                           lse: torch.Tensor, d_out: torch.Tensor, sinks: Optional[torch.Tensor],
                           position_ids: Optional[torch.Tensor], handle: int,
-                          scale: Optional[float], window: int, softcap: float
+                          scale: Optional[float], window: int, chunk: int, softcap: float
                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV and dsinks (empty without sinks) of hf_attention (collective). The same
     engine as the forward (the engine cache keeps it); with a layout exchange, Q, K, V, O, LSE
     and dO go into the plan's layout again (the op saves only the caller's tensors). dsinks is
     this rank's 1/P of the sum over all ranks' rows, so that summing the ranks' gradients, as
     for every replicated parameter of a sequence-sharded model, gives the sinks' gradient."""
-    engine = _call(q, k, v, sinks, position_ids, None, handle, scale, window, softcap, "", True)
+    engine = _call(q, k, v, sinks, position_ids, None, handle, scale, window, chunk, softcap, "",
+                   True)
     dq, dk, dv, dsinks = _api._backward_in_user_layout(engine, q, k, v, out, lse, d_out, sinks)
     return dq, dk, dv, q.new_empty(0) if dsinks is None else dsinks
 
 
 @hf_attention_backward.register_fake
-def _(q, k, v, out, lse, d_out, sinks, position_ids, handle, scale, window, softcap):
+def _(q, k, v, out, lse, d_out, sinks, position_ids, handle, scale, window, chunk, softcap):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, sinks, position_ids, _, handle, scale, window, softcap, _ = inputs
+    q, k, v, sinks, position_ids, _, handle, scale, window, chunk, softcap, _ = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, sinks, position_ids)
-    ctx.arguments = (handle, scale, window, softcap)
+    ctx.arguments = (handle, scale, window, chunk, softcap)
 
 
 def _backward(ctx, d_out, d_lse):
@@ -193,7 +326,7 @@ def _backward(ctx, d_out, d_lse):
     dq, dk, dv, dsinks = hf_attention_backward(q, k, v, out, lse, d_out, sinks, position_ids,
                                                *ctx.arguments)
     return (dq, dk, dv, None if sinks is None else dsinks, None, None, None, None, None, None,
-            None)
+            None, None)
 
 
 hf_attention.register_autograd(_backward, setup_context=_setup_context)
@@ -208,13 +341,28 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if kwargs.get("output_attentions"):
         refusal = refusal or ("output_attentions=True: attention2d never forms the attention "
                               "probabilities; use attn_implementation='eager' to inspect them")
-    padding = (attention_mask if isinstance(attention_mask, torch.Tensor)
-               and attention_mask.dim() == 2 else None)
+    if kwargs.get("position_ids") is None:
+        refusal = refusal or _local_refusal(query, None, None, type(module).__name__)
+    window, chunk = int(sliding_window or 0), 0
+    padding = attention_mask
+    if isinstance(attention_mask, _Mask):
+        # The mask is what eager and SDPA attend with; a window the model also hands the
+        # attention (flash-attention's argument) must be the same.
+        padding, chunk = attention_mask.padding, attention_mask.chunk
+        if window and attention_mask.window != window:
+            refusal = refusal or (
+                "%s hands the attention sliding_window=%d but its mask has %s: attention2d "
+                "cannot know which one the model means" % (
+                    type(module).__name__, window, "a window of %d" % attention_mask.window
+                    if attention_mask.window else "no window"))
+        window = attention_mask.window
+    if not (isinstance(padding, torch.Tensor) and padding.dim() == 2):
+        padding = None
     sinks = kwargs.get("s_aux") if not refusal else None
     out, _ = hf_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                           sinks, kwargs.get("position_ids"), padding, handle,
-                          None if scaling is None else float(scaling),
-                          int(sliding_window or 0), float(softcap or 0.0), refusal)
+                          None if scaling is None else float(scaling), window, chunk,
+                          float(softcap or 0.0), refusal)
     return out, None
 
 
