@@ -10,15 +10,16 @@ from ._autograd import _run_forward
 from ._channel import Error, channel, planner_grid, torch
 from ._engine_cache import _engine
 from ._planning import (USER_LAYOUTS, _algo_name, _as_ranges, _bounds, _grid_text, _problem,
-                        _resolve_plan, _softmax_scale, _window_size)
+                        _resolve_plan, _softmax_scale, _varlen_refusal, _window_size)
 from ._sharding import Layout, _check_positions, _documents_from_positions, _user_layout
 from ._tensors import (_check_inputs, _describe_dtype, _device_text, _engine_ready, _is_torch,
-                       _numpy_empty)
+                       _numpy_empty, _stream_of, _torch_empty_on)
 
 if torch is not None:
     # _backward_in_user_layout: attention2d.transformers' op backward calls it from here
     # (_api._backward_in_user_layout; bench/python/hf_step.py wraps it here to time it).
     from ._autograd import _AttentionFunction, _backward_in_user_layout  # noqa: F401
+    from . import _ops
 
 # What attention2d.transformers reads of this module.
 __all__ = ["USER_LAYOUTS", "Layout", "attention"]
@@ -87,7 +88,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
               calibration=None, cu_seqlens=None, sinks=None, softcap=0.0, heads_parallel=None,
               group=None, window_size=None, dropout_p=0.0, deterministic=None,
               return_attn_probs=False, mask=None, positions=None, qkv_format=None, _refusal="",
-              _documents=False, _engine_only=False):
+              _documents=False, _engine_only=False, _varlen=None, _in_op=False):
     """This rank's shard of softmax(q k^T * scale) v over the whole distributed sequence.
 
     q: [batch, local tokens, heads, head_dim] (or 3-D [local tokens, heads, head_dim], flash-attn's
@@ -132,10 +133,24 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     model's rotary embedding uses); each call then checks them against layout= on every rank
     and refuses a mismatch (each rank reads its own, O(N/P); the same tensor again is not read
     again). Without it only the ranks' token counts are checked, which contiguous and zigzag
-    shards share for most N."""
+    shards share for most N.
+
+    Under torch.compile the call is one torch.library op, attention2d::attention (its fake
+    implementation and autograd registered: _ops.py), and a block calling it compiles into one
+    graph."""
+    if not _in_op and _is_torch(q) and torch.compiler.is_compiling():
+        return _ops.compiled_attention(
+            q, k, v, causal=causal, window=window, softmax_scale=softmax_scale, algo=algo,
+            grid=grid, comm=comm, return_lse=return_lse, layout=layout, threads=threads,
+            machine=machine, calibration=calibration, cu_seqlens=cu_seqlens, sinks=sinks,
+            softcap=softcap, heads_parallel=heads_parallel, group=group,
+            window_size=window_size, dropout_p=dropout_p, return_attn_probs=return_attn_probs,
+            mask=mask, positions=positions, qkv_format=qkv_format, refusal=_refusal,
+            varlen=_varlen)
     chan = channel(comm, group, grid)
     grid = planner_grid(grid)
-    error = _refusal or _format_refusal(qkv_format, q)
+    error = _refusal or (_varlen_refusal(cu_seqlens, *_varlen) if _varlen else "")
+    error = error or _format_refusal(qkv_format, q)
     sdpa = not error and qkv_format == "bhsd"
     if sdpa:  # views in flash-attn's order (the engine reads any strides)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -274,7 +289,14 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     if _engine_only:
         return engine
 
-    if _is_torch(q):
+    if _is_torch(q) and _in_op:  # the op's forward: autograd is the op's (_ops.py)
+        q, k, v = _engine_ready(q), _engine_ready(k), _engine_ready(v)
+        sink_values = (None if sinks is None else  # kept alive: the engine reads it
+                       sinks.detach().to("cpu", torch.float32).contiguous())
+        out, lse, _ = _run_forward(engine, q, k, v, 0 if sinks is None
+                                   else sink_values.data_ptr(), _torch_empty_on(q.device),
+                                   _stream_of(q))
+    elif _is_torch(q):
         if sinks is not None and not _is_torch(sinks):
             sinks = torch.as_tensor(np.asarray(sinks, dtype=np.float32))
         out, lse = _AttentionFunction.apply(q, k, v, sinks, engine, chan,
@@ -288,6 +310,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
         out, lse = out[0], lse[0]
     if sdpa:
         out = out.transpose(1, 2)
+    if _in_op:
+        return out, lse
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out

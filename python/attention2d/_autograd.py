@@ -68,8 +68,9 @@ if torch is not None:
             qp, kp, vp, op, lsep, sink_values = ctx.saved_tensors
             # Whether any rank's LSE carries a gradient (the backward is collective: every rank
             # takes the same path).
+            # (a gradient of zeros adds nothing: no work, and no refusal with sinks or softcap)
             lse_gradient = ctx.lse_wanted and any(ctx.chan.allgather(
-                d_lse is not None, "backward arguments"))
+                d_lse is not None and bool(d_lse.any()), "backward arguments"))
             if lse_gradient:
                 problem = engine.problem
                 refusal = ""
@@ -143,12 +144,14 @@ if torch is not None:
         dkp += scratch[2]
 
 
-    def _backward_in_user_layout(engine, q, k, v, out, lse, d_out, sinks=None):
+    def _backward_in_user_layout(engine, q, k, v, out, lse, d_out, sinks=None, d_lse=None):
         """dQ, dK, dV in the caller's layout from the caller's Q, K, V, O, LSE and dO (the
-        torch.library op's backward, which saves only the caller's tensors): with a layout
+        torch.library ops' backward, which save only the caller's tensors): with a layout
         exchange they go into the plan's layout first (one all-to-all more than the autograd
         function's backward, which saved the plan-layout shards). With sinks ([heads]) also
-        dsinks, this rank's 1/P of the total as _AttentionFunction returns it (else None)."""
+        dsinks, this rank's 1/P of the total as _AttentionFunction returns it (else None).
+        d_lse: the LSE's gradient [batch, heads, local tokens] (every rank passes one or none;
+        without sinks and softcap), added as _AttentionFunction adds it."""
         q, k, v, out, d_out = (_engine_ready(x) for x in (q, k, v, out, d_out.to(q.dtype)))
         lse = lse.to(torch.float32).contiguous()
         device, stream = q.device, _stream_of(q)
@@ -173,6 +176,8 @@ if torch is not None:
                         _view(dqp), _view(dkp), _view(dvp),
                         0 if sinks is None else sink_values.data_ptr(),
                         0 if sinks is None else dsink.data_ptr(), stream=stream)
+        if d_lse is not None:
+            _add_lse_gradient(engine, d_lse, q.shape[1], qp, kp, vp, op, lsep, dqp, dkp)
         d_sinks = (None if sinks is None
                    else (dsink / engine.size).to(device=sinks.device, dtype=sinks.dtype))
         if not engine.exchanges:

@@ -117,6 +117,27 @@ class Channel:
         return [value for _, value in gathered]
 
 
+class Keyed:
+    """Objects a compiled call names by a string (torch.compile traces the string, a constant,
+    and the op finds the object by it at run time): Layout and Ranges."""
+
+    _objects = weakref.WeakValueDictionary()
+    _count = [0]
+
+    def _keep(self, kind):
+        Keyed._count[0] += 1
+        self._key = "%s:%d" % (kind, Keyed._count[0])
+        Keyed._objects[self._key] = self
+
+    @staticmethod
+    def find(key, what):
+        found = Keyed._objects.get(key)
+        if found is None:
+            raise Error("%s %s is gone: the compiled call outlived the object it was traced "
+                        "with" % (what, key))
+        return found
+
+
 _channels = {}
 _watchdog = {"timeout": DEFAULT_WATCHDOG_TIMEOUT, "channel": None, "idle_timeout": None}
 

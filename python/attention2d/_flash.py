@@ -18,8 +18,6 @@ The attention itself is attention2d's (the planner's algorithm over all ranks of
 attention: dropout_p must be 0 and alibi_slopes None."""
 
 from ._api import attention
-from ._channel import Error
-from ._planning import _bounds
 
 
 def _unsupported(alibi_slopes, block_table=None):
@@ -56,25 +54,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q=Non
     [0, l0, l0 + l1, ..., N] (self-attention: the same for queries and keys); max_seqlen_* are
     checked, not needed. Returns out [local tokens, heads, head_dim], or (out, softmax_lse
     [heads, local tokens], None)."""
-    refusal = _unsupported(alibi_slopes, block_table)
-    try:
-        bounds_q, bounds_k = _bounds(cu_seqlens_q), _bounds(cu_seqlens_k)
-    except Error as e:
-        refusal, bounds_q, bounds_k = refusal or str(e), [0], [0]
-    if bounds_q is None or bounds_k is None:
-        refusal, bounds_q, bounds_k = refusal or "cu_seqlens_q and cu_seqlens_k are needed", [0], [0]
-    if not refusal and bounds_q != bounds_k:
-        refusal = ("cu_seqlens_q and cu_seqlens_k differ: attention2d computes self-attention of "
-                   "one packed sequence (the same documents for queries and keys)")
-    longest = max((b - a for a, b in zip(bounds_q[:-1], bounds_q[1:])), default=0)
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if not refusal and value is not None and int(value) < longest:
-            refusal = ("%s=%d is shorter than the longest document (%d tokens) in cu_seqlens"
-                       % (name, int(value), longest))
     return attention(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size,
                      softcap=softcap, dropout_p=dropout_p, deterministic=deterministic,
-                     return_attn_probs=return_attn_probs, cu_seqlens=bounds_q, group=group,
-                     layout=layout, _refusal=refusal, **options)
+                     return_attn_probs=return_attn_probs, cu_seqlens=cu_seqlens_q, group=group,
+                     layout=layout, _refusal=_unsupported(alibi_slopes, block_table),
+                     _varlen=(cu_seqlens_k, max_seqlen_q, max_seqlen_k), **options)
 
 
 def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,

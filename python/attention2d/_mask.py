@@ -6,7 +6,7 @@ aligned), 3 bi-causal (both). Slices must not overlap. The library checks them (
 with the sequence length, on every rank, before any data moves."""
 
 from . import _core
-from ._channel import Error
+from ._channel import Error, Keyed
 
 
 def _pairs(ranges, name):
@@ -34,12 +34,13 @@ def _type_of(value):
     return number
 
 
-class Ranges:
+class Ranges(Keyed):
     """A range mask for attention(mask=...): its slices (q0, q1, k0, k1, type), or a
     specification the library resolves against the sequence length ("prefix-lm:P",
     "block-causal:B", "random:S[:SEED]", or a file of slices, as a2d's --mask-ranges)."""
 
     def __init__(self, slices=None, spec=None):
+        self._keep("ranges")
         self._slices = None if slices is None else tuple(slices)
         self.spec = spec
 

@@ -86,6 +86,26 @@ def _bounds(cu_seqlens):
                     % (values,)) from None
 
 
+def _varlen_refusal(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """flash_attn_varlen_func's own arguments checked ("" if fine): one packed sequence for queries
+    and keys (self-attention), max_seqlen_* at least the longest document."""
+    try:
+        bounds_q, bounds_k = _bounds(cu_seqlens_q), _bounds(cu_seqlens_k)
+    except Error as e:
+        return str(e)
+    if bounds_q is None or bounds_k is None:
+        return "cu_seqlens_q and cu_seqlens_k are needed"
+    if bounds_q != bounds_k:
+        return ("cu_seqlens_q and cu_seqlens_k differ: attention2d computes self-attention of one "
+                "packed sequence (the same documents for queries and keys)")
+    longest = max((b - a for a, b in zip(bounds_q[:-1], bounds_q[1:])), default=0)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if value is not None and int(value) < longest:
+            return ("%s=%d is shorter than the longest document (%d tokens) in cu_seqlens"
+                    % (name, int(value), longest))
+    return ""
+
+
 def _document_lengths(cu_seqlens, seq):
     """Document lengths from flash-attn's cu_seqlens [0, l0, l0 + l1, ..., seq] (None: one
     document), checked in the package's words."""

@@ -5,7 +5,7 @@ reads them."""
 import numpy as np
 
 from . import _core
-from ._channel import Error, channel, planner_grid, torch
+from ._channel import Error, Keyed, channel, planner_grid, torch
 from ._planning import USER_LAYOUTS, _problem, _resolve_plan, _window_size
 
 
@@ -18,12 +18,13 @@ def _layout_tokens(kind, seq, ranks, counts=None):
     return [np.asarray(t, dtype=np.int64) for t in _core.user_layout_tokens(kind, seq, ranks)]
 
 
-class Layout:
+class Layout(Keyed):
     """Which global tokens each rank's shards hold (in shard order): a plan's layout (from
     attention2d.layout(): .plan, .problem) or one of the layouts callers bring ("contiguous",
     "zigzag", "cyclic": .plan is None)."""
 
     def __init__(self, problem, chosen, ranks, rank, kind=None, tokens=None, slots=None):
+        self._keep("layout")
         self.problem = problem
         self.plan = chosen
         self.ranks = ranks
