@@ -48,22 +48,28 @@ def read_positions(positions, local_tokens):
 
 
 def _identity(positions):
-    """What says that positions have not changed since they were last read: the object itself
-    (weakly) and, for a torch tensor, its version counter (in-place writes bump it). None for
-    anything whose changes cannot be seen (numpy arrays, lists): read every time."""
+    """What says that positions have not changed since they were last read: for a torch tensor,
+    the tensor it views (weakly: alive, so its memory is not another's), where in it (offset,
+    shape, strides) and its version counter (in-place writes to it or any view of it bump it),
+    so that a new view of the same tensor (transformers hands each layer position_ids[0]) is
+    the same positions. None for anything whose changes cannot be seen (numpy arrays, lists):
+    read every time."""
     if torch is None or not isinstance(positions, torch.Tensor):
         return None
-    return (weakref.ref(positions), positions._version)
+    base = positions if positions._base is None else positions._base
+    return (weakref.ref(base), positions.storage_offset(), tuple(positions.shape),
+            positions.stride(), positions._version)
 
 
 def unchanged(chan, mode, positions):
     """Whether this rank's positions are the ones it sent at the channel's last exchange of
     `mode`: its flag in the call's argument exchange."""
     memo = chan.positions_memo.get(mode)
-    if memo is None or memo["identity"] is None:
+    mine = _identity(positions)
+    if memo is None or memo["identity"] is None or mine is None:
         return False
-    ref, version = memo["identity"]
-    return ref() is positions and positions._version == version
+    ref, *geometry = memo["identity"]
+    return ref() is mine[0]() and tuple(geometry) == mine[1:]
 
 
 def own_tokens(layout, shards, counts, seq, rank, ranks):
