@@ -231,6 +231,17 @@ def _refusal(module, query, key, attention_mask, dropout, kwargs):
     return ""
 
 
+def _missing_positions(model):
+    """The refusal of a call whose attention was handed no position_ids."""
+    if model.startswith("Llama4"):
+        return ("%s is not handed position_ids: Llama 4's decoder layers keep them, and its NoPE "
+                "layers scale their queries by positions counted from 0 on each rank "
+                "(config.attn_temperature_tuning), so attention2d can neither check the global "
+                "positions of a rank's tokens nor give the unsharded model's result; use "
+                "attn_implementation='eager' or 'sdpa'" % model)
+    return _local_refusal(None, None, None, model)
+
+
 def _local_refusal(q, position_ids, padding, model="the attention"):
     """Refusals that need the tensors' values (run inside the op, not traced)."""
     if padding is not None and not bool(padding.all()):
@@ -241,9 +252,9 @@ def _local_refusal(q, position_ids, padding, model="the attention"):
     if position_ids is None:
         return ("position_ids did not reach %s: pass the model position_ids with the global "
                 "positions of this rank's tokens (attention2d.shard(torch.arange(N)[None], "
-                "layout)), else every rank's tokens would be taken for positions 0..n-1. A model "
-                "that keeps position_ids from its attention layers (Llama 4's decoder layers "
-                "do) cannot be checked, and is not served" % model)
+                "layout)), else every rank's tokens would be taken for positions 0..n-1 (a model "
+                "that keeps position_ids from its attention layers cannot be checked, and is "
+                "not served)" % model)
     if position_ids.dim() != 2 or position_ids.shape[-1] != q.shape[1]:
         return ("position_ids has shape %s for %d local tokens: pass [batch or 1, local tokens]"
                 % (list(position_ids.shape), q.shape[1]))
@@ -342,7 +353,7 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         refusal = refusal or ("output_attentions=True: attention2d never forms the attention "
                               "probabilities; use attn_implementation='eager' to inspect them")
     if kwargs.get("position_ids") is None:
-        refusal = refusal or _local_refusal(query, None, None, type(module).__name__)
+        refusal = refusal or _missing_positions(type(module).__name__)
     window, chunk = int(sliding_window or 0), 0
     padding = attention_mask
     if isinstance(attention_mask, _Mask):

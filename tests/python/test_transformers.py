@@ -435,6 +435,32 @@ def test_more_refusals():
     assert_all_ranks("attention sinks (s_aux) of shape []" in sinks, sinks)
 
 
+def test_llama4_is_refused_for_its_causes():
+    """Llama 4 (text; chunked and full layers, a NoPE layer with temperature tuning): its decoder
+    layers keep position_ids from the attention and its NoPE layers scale queries by positions
+    counted from 0 on each rank. Refused on every rank naming both (issue 57: the message asked
+    for position_ids the user had passed), with the temperature tuning on or off."""
+    cfg = transformers.Llama4TextConfig(
+        vocab_size=61, hidden_size=32, intermediate_size=48, intermediate_size_mlp=48,
+        num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        max_position_embeddings=64, attention_chunk_size=8, num_local_experts=2, use_cache=False)
+    for tuning in (True, False):
+        cfg.attn_temperature_tuning = tuning
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = transformers.Llama4ForCausalLM._from_config(
+                cfg, attn_implementation="attention2d")
+        try:
+            forward_of()(model)
+        except attention2d.Error as e:
+            message = str(e)
+        else:
+            message = "(nothing raised)"
+        assert_all_ranks(len(set(COMM.allgather(message))) == 1, message)
+        assert_all_ranks("Llama 4's decoder layers keep them" in message
+                         and "attn_temperature_tuning" in message, message)
+
+
 def test_non_causal_is_refused():
     def call(model):
         for layer in model.model.layers:
