@@ -1,8 +1,10 @@
 """One training step (forward, backward, AdamW) of a tiny Hugging Face Llama (from a config,
 random weights) with attn_implementation="attention2d" over the launched ranks, and at one rank
 also with "sdpa" (torch's CPU flash attention), the two alternating in one run; the attention's
-share of the attention2d step (time inside the attention op's forward and backward). Prints the
-median over --iters steps after --warmup, the slowest rank's, and the load average.
+share of the attention2d step (time inside the attention op's forward and backward) and the
+arguments' exchange's (attention()'s all-gathers of its arguments and positions, the waits for
+the other ranks included). Prints the median over --iters steps after --warmup, the slowest
+rank's, and the load average.
 
     PYTHONPATH=build/python .venv/bin/python scripts/launch/launch.py --nproc 1 -- \\
         .venv/bin/python bench/python/hf_step.py --seq 2048
@@ -47,6 +49,25 @@ def timed(fn):
 hf._call = timed(hf._call)  # the op's forward (and the backward's engine lookup)
 _api._backward_in_user_layout = timed(_api._backward_in_user_layout)
 
+# The arguments' exchange: the channel's all-gathers of attention()'s arguments and positions,
+# each timed on every rank. What one costs the step is its time on the rank that came last to
+# it (the others' longer times are waits for that rank, which the engine's first message would
+# wait out without it): the minimum over the ranks, summed over the step's all-gathers.
+exchange = []
+_allgather = attention2d._channel.Channel.allgather
+
+
+def timed_allgather(self, value, phase):
+    start = time.perf_counter()
+    try:
+        return _allgather(self, value, phase)
+    finally:
+        if phase.startswith("attention()"):
+            exchange.append(time.perf_counter() - start)
+
+
+attention2d._channel.Channel.allgather = timed_allgather
+
 config = transformers.LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512,
                                   num_hidden_layers=2, num_attention_heads=8,
                                   num_key_value_heads=2, max_position_embeddings=args.seq,
@@ -64,7 +85,7 @@ labels = torch.full_like(ids, -100)
 labels[:, :-1] = ids[:, 1:]
 mine = attention2d.shard(torch.arange(args.seq)[None], "contiguous")[0]
 times = {n: [] for n in implementations}
-shares = []
+shares, exchanges = [], []
 for it in range(args.warmup + args.iters):
     for name in implementations:
         model = models[name]
@@ -72,6 +93,7 @@ for it in range(args.warmup + args.iters):
                       num_items_in_batch=int((labels != -100).sum()))
         dist.barrier()
         inside[0] = 0.0
+        exchange.clear()
         start = time.perf_counter()
         if name == "sdpa":
             out = model(input_ids=ids, position_ids=torch.arange(args.seq)[None], **kwargs)
@@ -83,23 +105,32 @@ for it in range(args.warmup + args.iters):
                 dist.all_reduce(p.grad)
         optimizers[name].step()
         optimizers[name].zero_grad()
-        elapsed = torch.tensor([time.perf_counter() - start, inside[0]], dtype=torch.float64)
+        step_s = time.perf_counter() - start
         if P > 1:
-            gathered = [torch.zeros(2, dtype=torch.float64) for _ in range(P)]
+            per_rank = [None] * P
+            dist.all_gather_object(per_rank, list(exchange))
+            exchange_s = sum(min(times) for times in zip(*per_rank))
+        else:
+            exchange_s = sum(exchange)
+        elapsed = torch.tensor([step_s, inside[0], exchange_s], dtype=torch.float64)
+        if P > 1:
+            gathered = [torch.zeros(3, dtype=torch.float64) for _ in range(P)]
             dist.all_gather(gathered, elapsed)
             elapsed = max(gathered, key=lambda t: float(t[0]))  # the slowest rank's
         if it >= args.warmup:
             times[name].append(float(elapsed[0]))
             if name == "attention2d":
                 shares.append(float(elapsed[1]) / float(elapsed[0]))
+                exchanges.append(float(elapsed[2]) / float(elapsed[0]))
 if rank == 0:
     load = os.getloadavg()[0]
     for name in implementations:
         print("P=%d N=%d %-11s step median %.1f ms (min %.1f, max %.1f)"
               % (P, args.seq, name, 1e3 * statistics.median(times[name]),
                  1e3 * min(times[name]), 1e3 * max(times[name])))
-    print("attention2d: the attention's share of the step %.0f %% (median)"
-          % (100 * statistics.median(shares)))
+    print("attention2d: the attention's share of the step %.0f %%, the arguments' exchange's "
+          "%.2f %% (medians)" % (100 * statistics.median(shares),
+                                 100 * statistics.median(exchanges)))
     if P == 1:
         print("attention2d / sdpa: %.2f" % (statistics.median(times["attention2d"])
                                             / statistics.median(times["sdpa"])))
