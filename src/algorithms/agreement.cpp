@@ -79,22 +79,22 @@ std::string layout_text(int64_t value) {
   return layout_name(static_cast<LayoutKind>(value));
 }
 
-// FNV-1a of a layout's counts (0 unless uneven): ranks given different cuts differ.
-int64_t counts_hash(const TokenLayout& layout) {
-  if (!layout.uneven()) return 0;
+// FNV-1a of one value per part of a layout.
+template <class Value>
+int64_t parts_hash(const TokenLayout& layout, Value value_of) {
   uint64_t hash = 14695981039346656037ull;
   for (int64_t p = 0; p < layout.parts(); ++p)
-    hash = (hash ^ static_cast<uint64_t>(layout.count(p))) * 1099511628211ull;
+    hash = (hash ^ static_cast<uint64_t>(value_of(p))) * 1099511628211ull;
   return static_cast<int64_t>(hash >> 1);
 }
 
-// FNV-1a of a layout's part order (0 unless permuted): ranks given different orders differ.
+// The layout's counts (0 unless uneven), and its part order (0 unless permuted): ranks given
+// different cuts or orders differ.
+int64_t counts_hash(const TokenLayout& layout) {
+  return layout.uneven() ? parts_hash(layout, [&](int64_t p) { return layout.count(p); }) : 0;
+}
 int64_t order_hash(const TokenLayout& layout) {
-  if (!layout.is_permuted()) return 0;
-  uint64_t hash = 14695981039346656037ull;
-  for (int64_t p = 0; p < layout.parts(); ++p)
-    hash = (hash ^ static_cast<uint64_t>(layout.slot(p))) * 1099511628211ull;
-  return static_cast<int64_t>(hash >> 1);
+  return layout.is_permuted() ? parts_hash(layout, [&](int64_t p) { return layout.slot(p); }) : 0;
 }
 
 // "8 on ranks 0-2, 4-15; 12 on rank 3"
