@@ -113,7 +113,9 @@ class Watchdog {
   // (MPI_Abort, or over Gloo every rank told and exiting quietly with that code), else MPI_Abort
   // while MPI runs, else this process alone. A signal from this process's parent (the launcher:
   // mpirun ending the job after another rank ended, or stopping it for a signal of its own) only
-  // ends this rank, quietly, with that code: the launcher, or that rank, reports it. Except where
+  // ends this rank, quietly, with that code: the launcher, or that rank, reports it. A parent that
+  // is a shell (sh, bash, zsh, ...: ranks started by hand with the env:// variables) is no
+  // launcher: its signal is its user's `kill`, reported as any other's. Except where
   // the parent is slurmstepd (srun's tasks): it signals every task of the step at once (scancel,
   // srun's forwarded Ctrl-C, a time limit) and SIGKILL follows within milliseconds, so every rank
   // ends at once with that code and rank 0 prints the line. Only signals

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Signals under a torch.distributed launch (scripts/launch/launch.py, gloo; docs/reliability.md,
 # "Signals"): SIGTERM or SIGINT to one of 3 training ranks ends the job within 10 s with exit code
-# 143 or 130 and one line naming the signal, under launch.py and under mpirun (MPI.COMM_WORLD;
-# $MPIEXEC, default mpiexec); SIGINT to a single process is still Python's KeyboardInterrupt.
+# 143 or 130 and one line naming the signal, under launch.py, under mpirun (MPI.COMM_WORLD;
+# $MPIEXEC, default mpiexec) and with no launcher (3 ranks started by this shell with the env://
+# variables, the signal sent by this shell, their parent); SIGINT to a single process is still
+# Python's KeyboardInterrupt.
 #   signals.sh PYTHON [CASE...]
 #   CASE: term, rank-int (SIGTERM, SIGINT to rank 1 of 3 under launch.py), int (SIGINT to 1
-#   process), mpi-term, mpi-int (SIGTERM, SIGINT to rank 1 of 3 under mpirun)
+#   process), mpi-term, mpi-int (SIGTERM, SIGINT to rank 1 of 3 under mpirun), env-term, env-int
+#   (SIGTERM, SIGINT to rank 1 of 3 started by hand)
 set -uo pipefail
 python=$1
 shift
-cases=${*:-term rank-int int mpi-term mpi-int}
+cases=${*:-term rank-int int mpi-term mpi-int env-term env-int}
 here=$(cd "$(dirname "$0")" && pwd)
 launch="$here/../../scripts/launch/launch.py"
 fail() { echo "signals.sh: $*" >&2; exit 1; }
@@ -71,10 +74,57 @@ one_rank() {
   grep -q "KeyboardInterrupt" "$work/$name.log" && fail "SIG$signal to rank 1 ($name): a traceback"
   echo "signals.sh: SIG$signal to rank 1 ($name): exit $code after $elapsed_ms ms"
 }
+# by_hand CASE SIGNAL CODE: 3 ranks started by this shell with the env:// variables (MASTER_ADDR,
+# MASTER_PORT, RANK, WORLD_SIZE; job control on, as in an interactive shell), SIGNAL sent to rank 1
+# by this shell, its parent, as a user's `kill` does: every rank exits with CODE within 10 s and
+# one line names the signal, as under a launcher.
+by_hand() {
+  local name=$1 signal=$2 want=$3 dir=$work/$1 port rank pids=() codes=() lines
+  mkdir "$dir"
+  port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  for rank in 0 1 2; do
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$rank WORLD_SIZE=3 \
+      "$python" "$here/signalled.py" "$dir" >"$dir.log.$rank" 2>&1 &
+    pids+=($!)
+  done
+  for _ in $(seq 1 600); do
+    [ -f "$dir/pid.0" ] && [ -f "$dir/pid.1" ] && [ -f "$dir/pid.2" ] && break
+    kill -0 "${pids[@]}" 2>/dev/null || break
+    sleep 0.1
+  done
+  [ -f "$dir/pid.0" ] && [ -f "$dir/pid.1" ] && [ -f "$dir/pid.2" ] ||
+    { kill -KILL "${pids[@]}" 2>/dev/null; cat "$dir".log.*; fail "the ranks did not start"; }
+  [ "$(ps -o ppid= -p "${pids[1]}" | tr -d ' ')" = "$$" ] || fail "rank 1's parent is not this shell"
+  local begin=$(date +%s%N)
+  kill "-$signal" "${pids[1]}"
+  for _ in $(seq 1 150); do kill -0 "${pids[@]}" 2>/dev/null || break; sleep 0.1; done
+  if kill -0 "${pids[@]}" 2>/dev/null; then
+    kill -KILL "${pids[@]}" 2>/dev/null
+    cat "$dir".log.*
+    fail "a rank still ran 15 s after the signal"
+  fi
+  for rank in 0 1 2; do wait "${pids[$rank]}"; codes+=($?); done
+  elapsed_ms=$(( ($(date +%s%N) - begin) / 1000000 ))
+  cat "$dir".log.* > "$dir.log"
+  cat "$dir.log"
+  lines=$(grep -c "received SIG" "$dir.log")
+  for rank in 0 1 2; do
+    [ "${codes[$rank]}" -eq "$want" ] ||
+      fail "SIG$signal to rank 1 ($name): rank $rank's exit code ${codes[$rank]}, not $want"
+  done
+  [ "$elapsed_ms" -le 10000 ] || fail "SIG$signal to rank 1 ($name): the job needed $elapsed_ms ms"
+  [ "$lines" -eq 1 ] || fail "SIG$signal to rank 1 ($name): $lines lines name the signal, not one"
+  grep -q "^a2d: rank 1 received SIG$signal; the job stops" "$dir.log" ||
+    fail "SIG$signal to rank 1 ($name): no line names it"
+  grep -q "KeyboardInterrupt" "$dir.log" && fail "SIG$signal to rank 1 ($name): a traceback"
+  echo "signals.sh: SIG$signal to rank 1 ($name): exit ${codes[*]} after $elapsed_ms ms"
+}
 [[ " $cases " == *" term "* ]] && one_rank term TERM 143
 [[ " $cases " == *" rank-int "* ]] && one_rank rank-int INT 130
 [[ " $cases " == *" mpi-term "* ]] && one_rank mpi-term TERM 143 mpi
 [[ " $cases " == *" mpi-int "* ]] && one_rank mpi-int INT 130 mpi
+[[ " $cases " == *" env-term "* ]] && by_hand env-term TERM 143
+[[ " $cases " == *" env-int "* ]] && by_hand env-int INT 130
 
 if [[ " $cases " == *" int "* ]]; then
 mkdir "$work/int"

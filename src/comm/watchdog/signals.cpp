@@ -10,7 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
+#include <iterator>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -35,6 +35,10 @@ pid_t g_signal_owner = 0;  // the process whose thread reads the pipe
 // nobody else reports (scancel, srun's forwarded Ctrl-C, a time limit), and srun or slurmstepd
 // sends SIGKILL milliseconds later (srun_job.c: job_force_termination).
 bool g_parent_is_slurmstepd = false;
+// A parent that is a shell (ranks started by hand with the env:// variables, or by a script) is no
+// launcher: a shell sends SIGTERM or SIGINT only when its user's `kill` tells it to, so its signal
+// is the user's to this rank, reported as any other sender's. 0 where the parent is no shell.
+pid_t g_shell_parent = 0;
 int g_slurm_task = -1;  // SLURM_PROCID: the rank before MPI_Init has set one
 // Task 0's lines, written by the handler itself (async-signal-safe: a write of a line made before):
 // the thread that reads the pipe may run too late, SIGKILL having come first.
@@ -80,15 +84,26 @@ void install(int signal) {
   sigaction(signal, &action, nullptr);
 }
 
-bool parent_is_slurmstepd() {
+// The name of the parent's program (its comm: the executable's file name, as run), "" if unread.
+std::string parent_name() {
   char path[64];
   std::snprintf(path, sizeof path, "/proc/%d/comm", static_cast<int>(::getppid()));
   FILE* file = std::fopen(path, "r");
-  if (!file) return false;
+  if (!file) return "";
   char name[32] = {};
   const bool read = std::fgets(name, sizeof name, file) != nullptr;
   std::fclose(file);
-  return read && std::strncmp(name, "slurmstepd", 10) == 0;
+  if (!read) return "";
+  std::string result = name;
+  if (!result.empty() && result.back() == '\n') result.pop_back();
+  return result;
+}
+
+bool is_shell(const std::string& name) {
+  static const char* const shells[] = {"sh",   "bash", "dash", "zsh", "ksh",  "ksh93",  "mksh",
+                                       "fish", "tcsh", "csh",  "ash", "yash", "busybox"};
+  return std::any_of(std::begin(shells), std::end(shells),
+                     [&](const char* shell) { return name == shell; });
 }
 
 const char* signal_name(int signal) {
@@ -104,7 +119,7 @@ const char* signal_name(int signal) {
   }
   const int code = 128 + received.signal;
   const auto from_launcher = [](const Received& r) {
-    return r.sender != 0 && r.sender == ::getppid();
+    return r.sender != 0 && r.sender == ::getppid() && r.sender != g_shell_parent;
   };
   // From slurmstepd: every rank has the signal, and SIGKILL follows within milliseconds (no time
   // for rank 0's note to reach the others, nor for MPI_Abort): each rank ends at once with
@@ -144,8 +159,9 @@ const char* signal_name(int signal) {
   // starts after this).
   if (void (*before_stop)() = g_before_stop.load()) before_stop();
   if (!claim_ending()) wait_for_the_end();  // the watchdog is ending the job already
-  // From the launcher (mpirun, orted, torchrun, slurmstepd): it is ending the job, because it was
-  // told to or because another rank ended; reporting that is its part, or that rank's.
+  // From the launcher (mpirun, orted, torchrun, slurmstepd; not a shell): it is ending the job,
+  // because it was told to or because another rank ended; reporting that is its part, or that
+  // rank's.
   if (from_launcher(received) || g_end_announced.load()) std::_Exit(code);
   const std::string line = "a2d: rank " + std::to_string(rank) + " received " +
                            signal_name(received.signal) + "; the job stops\n";
@@ -170,7 +186,9 @@ void Watchdog::stop_on_signals(bool interrupt, void (*before_stop)()) {
   std::call_once(once, [] {
     if (::pipe2(watchdog_detail::g_signal_pipe, O_CLOEXEC) != 0) return;
     watchdog_detail::g_signal_owner = ::getpid();
-    watchdog_detail::g_parent_is_slurmstepd = watchdog_detail::parent_is_slurmstepd();
+    const std::string parent = watchdog_detail::parent_name();
+    watchdog_detail::g_parent_is_slurmstepd = parent == "slurmstepd";
+    if (watchdog_detail::is_shell(parent)) watchdog_detail::g_shell_parent = ::getppid();
     if (const char* task = std::getenv("SLURM_PROCID"))
       watchdog_detail::g_slurm_task = std::atoi(task);
     for (const int signal : {SIGTERM, SIGINT}) {
