@@ -9,17 +9,17 @@ import torch
 
 import attention2d
 from attention2d import _core
-from conftest import COMM, assert_all_ranks, full_inputs, reference
+from conftest import COMM, TORCH_LAUNCH, assert_all_ranks, full_inputs, reference
 
 
-def run_decode(dtype, window, steps, use_numpy=False, prompt=23):
+def run_decode(dtype, window, steps, use_numpy=False, prompt=23, grid=None):
     heads, kv_heads, head_dim = 12, 4, 80
     total = prompt + sum(steps)
     q, k, v, _ = full_inputs(11, 1, total, heads, kv_heads, head_dim, dtype)
     out_ref, lse_ref, *_ = reference(q, k, v, q, causal=True, window=window)
     name = str(dtype).replace("torch.", "")
     dec = attention2d.Decoder(prompt=prompt, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
-                              window=window, dtype=name)
+                              window=window, dtype=name, grid=grid)
 
     def local(x, positions):
         part = x.index_select(1, torch.from_numpy(positions)).to(dtype).contiguous()
@@ -49,6 +49,17 @@ def run_decode(dtype, window, steps, use_numpy=False, prompt=23):
                          "step of %d at %d: errors %.3g %.3g" % (t, dec.sequence, e_out, e_lse))
     assert dec.sequence == total
     assert list(dec.cached_positions()) == sorted(dec.cached_positions())
+
+
+@pytest.mark.skipif(not TORCH_LAUNCH or COMM.Get_size() != 4, reason="a 2 x 2 DeviceMesh")
+def test_decode_on_a_grid_mesh():
+    """A Decoder over grid=DeviceMesh (ATTENTION2D's 2 x 2 grid on its dimensions; the engine's
+    ranks at grid positions, the caller's in torch's order): each rank's tokens and the step's
+    owners are torch's ranks'."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("r", "c"))
+    run_decode(torch.float32, 0, [1, 3, 1], grid=mesh)
 
 
 @pytest.mark.parametrize("window", [0, 7])
