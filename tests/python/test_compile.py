@@ -150,6 +150,24 @@ def test_arguments_changed_between_calls():
                                  % (layout, groups.index(group), causal, error))
 
 
+def test_masks_changed_between_calls():
+    """Range masks (Ranges objects, a specification string) changed between calls of one
+    compiled function: each the eager result."""
+    seq = 9 * P + 2
+    x = full_inputs(7, 1, seq, 4, 4, 8)
+    q, k, v = (attention2d.shard(t.float(), "contiguous") for t in x[:3])
+
+    def call(q, k, v, mask):
+        return attention2d.attention(q, k, v, layout="contiguous", mask=mask)
+
+    compiled = torch.compile(call, backend="aot_eager", fullgraph=True)
+    masks = [attention2d.ranges("prefix-lm:5"), attention2d.ranges("block-causal:4"),
+             attention2d.ranges([[0, seq]], [[0, 3]]), "chunked-causal:6"]
+    for mask in masks:
+        error = relative_error(compiled(q, k, v, mask), call(q, k, v, mask))
+        assert_all_ranks(error <= SAME, "mask %r: %.3g" % (mask, error))
+
+
 def test_refusals_under_compile():
     """A refusal raised inside the compiled op is the eager call's, on every rank."""
     q = torch.randn(1, 6, 2, 8)
