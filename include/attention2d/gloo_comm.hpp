@@ -51,6 +51,10 @@ struct GlooOptions {
   double timeout_seconds = 0;
   // Seconds the ranks may take to connect the mesh.
   double connect_timeout_seconds = 300;
+  // Whether Gloo's I/O thread runs under SCHED_BATCH from a post until the wait for it (Linux;
+  // unless A2D_GLOO_IO_BATCH=0): so that it cannot preempt a caller that holds a connection's lock
+  // and then spin until the caller gets the core back (docs/backends.md, "Small calls over Gloo").
+  bool batch_io_thread = true;
 };
 
 // Collective over `size` processes: every rank passes its own bytes to `exchange`, which returns

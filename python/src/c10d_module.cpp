@@ -19,7 +19,10 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <deque>
 #include <exception>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -31,16 +34,43 @@ namespace {
 
 constexpr const char* kCapsuleName = "attention2d.group_ops";
 
+struct Work;
+
+// Works waited for are kept, the last kRetired of a group, before they are freed (Handle::retire).
+constexpr size_t kRetired = 8;
+
 struct Handle {
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   c10::Device device = c10::Device(c10::kCPU);
+  std::mutex retired_mutex;
+  std::deque<std::unique_ptr<Work>> retired;  // freed before the group (declared after it)
+
+  // Takes a work that was waited for, and frees the oldest of those kept. A gloo send or receive
+  // work owns Gloo's buffer, whose destructor yields in a loop until Gloo's I/O thread lets go of
+  // it; the I/O thread signals the completion from inside its read or write, still holding the
+  // buffer, so a work freed right after its wait made the waiting thread, which the signal had
+  // just woken (and which had often preempted the I/O thread on its core), spin against it: a
+  // small call took milliseconds (docs/backends.md, "Small calls over Gloo"). kRetired waits
+  // later the I/O thread is long done with it.
+  void retire(Work* work);
 };
 
 struct Work {
   c10::intrusive_ptr<c10d::Work> work;
-  // Tensors the work uses: views of the caller's memory, alive until the work completes.
+  // Tensors the work uses: views of the caller's memory (not owned), alive with the work.
   std::vector<at::Tensor> tensors;
+  Handle* handle = nullptr;  // its group's
 };
+
+void Handle::retire(Work* work) {
+  std::unique_ptr<Work> oldest;
+  std::lock_guard<std::mutex> lock(retired_mutex);
+  retired.emplace_back(work);
+  if (retired.size() > kRetired) {
+    oldest = std::move(retired.front());
+    retired.pop_front();
+  }
+}
 
 void write_error(char* error, int64_t bytes, const char* text) {
   if (error == nullptr || bytes <= 0) return;
@@ -75,12 +105,13 @@ class WithoutGil {
   PyThreadState* state_;
 };
 
-// Runs `post` (which returns a work and may throw) as a table entry.
+// Runs `post` (which returns a work and may throw) as a table entry of `group`.
 template <typename Post>
-void* guarded(char* error, int64_t error_bytes, Post post) {
+void* guarded(void* group, char* error, int64_t error_bytes, Post post) {
   WithoutGil unlocked;
   try {
     auto* w = new Work();
+    w->handle = static_cast<Handle*>(group);
     try {
       post(*w);
     } catch (...) {
@@ -104,7 +135,7 @@ extern "C" {
 
 void* op_send(void* group, const void* data, int64_t bytes, int32_t peer, int32_t tag, char* error,
               int64_t error_bytes) {
-  return guarded(error, error_bytes, [&](Work& w) {
+  return guarded(group, error, error_bytes, [&](Work& w) {
     Handle& h = handle_of(group);
     w.tensors = {bytes_at(h, data, bytes)};
     w.work = h.group->send(w.tensors, peer, tag);
@@ -113,7 +144,7 @@ void* op_send(void* group, const void* data, int64_t bytes, int32_t peer, int32_
 
 void* op_recv(void* group, void* data, int64_t bytes, int32_t peer, int32_t tag, char* error,
               int64_t error_bytes) {
-  return guarded(error, error_bytes, [&](Work& w) {
+  return guarded(group, error, error_bytes, [&](Work& w) {
     Handle& h = handle_of(group);
     w.tensors = {bytes_at(h, data, bytes)};
     w.work = h.group->recv(w.tensors, peer, tag);
@@ -122,7 +153,7 @@ void* op_recv(void* group, void* data, int64_t bytes, int32_t peer, int32_t tag,
 
 void* op_all_to_all(void* group, const void* send, const int64_t* send_bytes, void* recv,
                     const int64_t* recv_bytes, char* error, int64_t error_bytes) {
-  return guarded(error, error_bytes, [&](Work& w) {
+  return guarded(group, error, error_bytes, [&](Work& w) {
     Handle& h = handle_of(group);
     const auto size = static_cast<size_t>(h.group->getSize());
     std::vector<int64_t> in(send_bytes, send_bytes + size), out(recv_bytes, recv_bytes + size);
@@ -141,7 +172,7 @@ void* op_all_to_all(void* group, const void* send, const int64_t* send_bytes, vo
 
 void* op_all_gather(void* group, const void* send, void* recv, int64_t bytes, char* error,
                     int64_t error_bytes) {
-  return guarded(error, error_bytes, [&](Work& w) {
+  return guarded(group, error, error_bytes, [&](Work& w) {
     Handle& h = handle_of(group);
     w.tensors = {bytes_at(h, send, bytes), bytes_at(h, recv, bytes * h.group->getSize())};
     w.work = h.group->_allgather_base(w.tensors[1], w.tensors[0]);
@@ -150,7 +181,7 @@ void* op_all_gather(void* group, const void* send, void* recv, int64_t bytes, ch
 
 void* op_all_reduce(void* group, void* data, int64_t count, int32_t element, int32_t maximum,
                     char* error, int64_t error_bytes) {
-  return guarded(error, error_bytes, [&](Work& w) {
+  return guarded(group, error, error_bytes, [&](Work& w) {
     Handle& h = handle_of(group);
     const auto type = element == 0 ? at::kFloat : element == 1 ? at::kDouble : at::kLong;
     w.tensors = {at::from_blob(data, {count}, at::TensorOptions().dtype(type).device(h.device))};
@@ -162,7 +193,7 @@ void* op_all_reduce(void* group, void* data, int64_t count, int32_t element, int
 
 void* op_broadcast(void* group, void* data, int64_t bytes, int32_t root, char* error,
                    int64_t error_bytes) {
-  return guarded(error, error_bytes, [&](Work& w) {
+  return guarded(group, error, error_bytes, [&](Work& w) {
     Handle& h = handle_of(group);
     w.tensors = {bytes_at(h, data, bytes)};
     c10d::BroadcastOptions options;
@@ -172,7 +203,7 @@ void* op_broadcast(void* group, void* data, int64_t bytes, int32_t root, char* e
 }
 
 void* op_barrier(void* group, char* error, int64_t error_bytes) {
-  return guarded(error, error_bytes, [&](Work& w) {
+  return guarded(group, error, error_bytes, [&](Work& w) {
     Handle& h = handle_of(group);
     c10d::BarrierOptions options;
     if (h.device.is_cuda()) options.device = h.device;
@@ -193,7 +224,7 @@ int32_t op_wait(void* work, char* error, int64_t error_bytes) {
     write_error(error, error_bytes, "unknown error");
     result = -1;
   }
-  delete w;
+  w->handle->retire(w);
   return result;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -19,6 +20,7 @@
 #include "attention2d/watchdog.hpp"
 #include "comm_choice.hpp"
 #include "direct_collectives.hpp"
+#include "io_threads.hpp"
 #if defined(A2D_WITH_CUDA) && defined(A2D_WITH_MPI)
 #include <cstdlib>
 
@@ -44,6 +46,8 @@ struct Group {
   Group(const Group&) = delete;
   Group& operator=(const Group&) = delete;
   A2dGroupOps ops;
+  // The I/O threads of a gloo group's device (null: none found, or not gloo).
+  std::unique_ptr<comm_detail::IoThreads> io_threads;
   // The next view id this rank may take (every view this rank belongs to has a smaller one,
   // modulo 2^15); id 0 is the whole group's.
   int64_t next_id = 1;
@@ -87,6 +91,7 @@ class GroupRequest final : public DirectRequest {
   // Posts through `post` (one of the table's operations, bound to its arguments); peer: the
   // group rank of a send or receive (-1: a collective).
   void add(const std::function<void*(char*, int64_t)>& post, const char* what, int peer = -1) {
+    if (group_->io_threads) group_->io_threads->posting();
     char error[kErrorBytes] = {};
     void* work = post(error, kErrorBytes);
     if (work == nullptr) {
@@ -100,6 +105,9 @@ class GroupRequest final : public DirectRequest {
   void wait() override {
     if (done_) return;
     done_ = true;
+    // The group's I/O threads may preempt this thread from now on (comm/io_threads.hpp).
+    const comm_detail::IoThreads::Waiting waiting(works_.empty() ? nullptr
+                                                                 : group_->io_threads.get());
     std::string failure;
     int failed_peer = -1;
     for (size_t i = 0; i < works_.size(); ++i) {
@@ -316,6 +324,10 @@ std::unique_ptr<Communicator> make_group_communicator(const A2dGroupOps& ops) {
   A2D_REQUIRE(ops.send && ops.recv && ops.all_to_all && ops.all_gather && ops.all_reduce &&
                   ops.broadcast && ops.barrier && ops.wait,
               "the process-group operations table is incomplete");
+  // A gloo group's messages cross its Gloo device's I/O thread, made by its library: its policy
+  // follows this process's waits, as the engine's own mesh's does (comm/io_threads.hpp).
+  if (std::strcmp(ops.backend, "gloo") == 0 && ops.size > 1 && comm_detail::batch_io_threads(true))
+    group->io_threads = std::make_unique<comm_detail::IoThreads>(comm_detail::find_gloo_io_loops());
   std::vector<int> members(static_cast<size_t>(ops.size));
   std::iota(members.begin(), members.end(), 0);
   return std::make_unique<GroupCommunicator>(std::move(group), std::move(members), 0);

@@ -2,10 +2,12 @@
 // bootstrapped over MPI: the operations test_comm.cpp does not cover (broadcast, all_reduce of
 // every type, barrier, all_to_all with empty blocks, all_gather_bytes), tags and concurrent
 // operations, nested splits as the grid and the hybrid make them, duplicates that open no
-// connection, two threads on two views at once, bitwise determinism, and the watchdog over the
-// mesh with every rank idle past its timeout. (test_gloo_processes.cpp has the faults.)
+// connection, two threads on two views at once, bitwise determinism, the watchdog over the mesh
+// with every rank idle past its timeout, and the I/O thread's scheduling policy.
+// (test_gloo_processes.cpp has the faults.)
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -361,6 +363,35 @@ TEST(Gloo, IdleRanksDoNotTriggerTheWatchdog) {
     }
     comm->barrier();
   }
+}
+
+// The mesh's I/O thread runs under SCHED_BATCH from a post until the wait for it, and at its own
+// policy otherwise (comm/io_threads.hpp: an I/O thread that preempted a caller posting a transfer
+// spun until the scheduler's tick); the calling thread keeps its policy.
+TEST(Gloo, ItsIoThreadDoesNotPreemptACallerThatPosts) {
+  auto comm = view();
+  const auto batch_threads = [] {
+    int count = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+      const auto id = static_cast<pid_t>(std::stol(entry.path().filename().string()));
+      if (sched_getscheduler(id) == SCHED_BATCH) ++count;
+    }
+    return count;
+  };
+  const int at_rest = batch_threads();
+  const int64_t mine = comm->rank();
+  std::vector<int64_t> all(static_cast<size_t>(comm->size()));
+  const std::vector<int64_t> bytes(all.size(), sizeof mine);
+  RequestPtr request =
+      comm->all_gather_async(Place::at_host(&mine), Place::at_host(all.data()), bytes);
+  const int posted = batch_threads();
+  request->wait();
+  const int waited = batch_threads();
+  const bool posts = comm->size() > 1;  // one rank posts nothing
+  EXPECT_TRUE(everywhere(*comm, at_rest == 0 && posted == (posts ? 1 : 0) && waited == 0))
+      << "threads under SCHED_BATCH: " << at_rest << " at rest, " << posted << " posted, " << waited
+      << " after the wait";
+  EXPECT_EQ(sched_getscheduler(0), SCHED_OTHER);
 }
 
 TEST(Gloo, RefusesWhatItCannotDo) {

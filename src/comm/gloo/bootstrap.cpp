@@ -16,6 +16,7 @@
 
 #include "attention2d/error.hpp"
 #include "attention2d/gloo_comm.hpp"
+#include "comm/io_threads.hpp"
 #include "communicator.hpp"
 #include "mesh.hpp"
 
@@ -110,11 +111,19 @@ std::shared_ptr<Mesh> connect_mesh(int rank, int size, const AllGatherBytes& exc
   mine.addresses.assign(static_cast<size_t>(size), "");
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::transport::Context> context;
+  std::vector<int> io_threads;
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = from_options(options.hostname, {"A2D_GLOO_HOSTNAME"});
     attr.iface = from_options(options.interface, {"A2D_GLOO_INTERFACE", "GLOO_SOCKET_IFNAME"});
-    device = gloo::transport::tcp::CreateDevice(attr);
+    {
+      // The device's I/O thread, made here, starts under SCHED_BATCH (so it is told apart from
+      // others); the mesh then switches it around posts and waits (comm/io_threads.hpp).
+      const comm_detail::BatchThreadsCreatedHere batch(
+          comm_detail::batch_io_threads(options.batch_io_thread));
+      device = gloo::transport::tcp::CreateDevice(attr);
+      io_threads = batch.created();
+    }
     context = device->createContext(rank, size);
     // Gloo waits five times its context's timeout for a connection.
     context->setTimeout(Milliseconds(
@@ -158,7 +167,8 @@ std::shared_ptr<Mesh> connect_mesh(int rank, int size, const AllGatherBytes& exc
       options.timeout_seconds > 0
           ? Milliseconds(std::max<int64_t>(1, static_cast<int64_t>(options.timeout_seconds * 1000)))
           : kNoLimit;
-  auto mesh = std::make_shared<Mesh>(rank, size, std::move(device), std::move(context), wait_limit);
+  auto mesh = std::make_shared<Mesh>(rank, size, std::move(device), std::move(context), wait_limit,
+                                     std::move(io_threads));
   mesh->post_notices();
   mesh->start_monitor();
   return mesh;

@@ -42,6 +42,10 @@ GlooRequest::~GlooRequest() {
 void GlooRequest::wait() {
   if (done_) return;
   done_ = true;
+  // The I/O thread may preempt this thread from now on (it holds no lock of Gloo's while it
+  // waits).
+  const comm_detail::IoThreads::Waiting waiting(transfers_.empty() ? nullptr
+                                                                   : &mesh_->io_threads());
   for (Transfer& t : transfers_) {
     bool done = false;
     try {
@@ -51,11 +55,16 @@ void GlooRequest::wait() {
     }
     if (!done) mesh_->fail("Connection closed by peer (the mesh's monitor)", t.peer);
   }
+  std::vector<std::unique_ptr<UnboundBuffer>> buffers;
+  for (Transfer& t : transfers_)
+    buffers.push_back(std::move(t.buffer));
   transfers_.clear();
+  mesh_->retire(std::move(buffers));
   complete();
 }
 
 void GlooRequest::post(void* data, int64_t bytes, int peer, uint64_t slot, bool send) {
+  mesh_->io_threads().posting();  // the I/O thread must not preempt this thread inside Gloo
   Transfer t{mesh_->buffer(data, bytes), peer, send};
   try {
     if (send) {

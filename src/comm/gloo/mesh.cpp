@@ -33,6 +33,7 @@ Mesh::~Mesh() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     parked_.clear();
+    retired_.clear();
     notices_.clear();
   }
   sentinels_.reset();
@@ -44,6 +45,18 @@ void Mesh::park(std::unique_ptr<Parked> parked) {
   if (!parked) return;
   std::lock_guard<std::mutex> lock(mutex_);
   parked_.push_back(std::move(parked));
+}
+
+void Mesh::retire(std::vector<std::unique_ptr<UnboundBuffer>> buffers) {
+  std::vector<std::unique_ptr<UnboundBuffer>> oldest;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    retired_.push_back(std::move(buffers));
+    if (retired_.size() <= kRetired) return;
+    oldest = std::move(retired_.front());
+    retired_.pop_front();
+  }
+  // `oldest` is freed here, outside the lock.
 }
 
 void Mesh::post_notices() {

@@ -14,12 +14,15 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "comm/io_threads.hpp"
 
 namespace a2d::gloo_detail {
 
@@ -44,13 +47,17 @@ struct Parked {
 
 class Mesh {
  public:
+  // io_threads: the device's I/O thread(s), whose policy follows the posts and waits
+  // (comm/io_threads.hpp).
   Mesh(int rank, int size, std::shared_ptr<gloo::transport::Device> device,
-       std::shared_ptr<gloo::transport::Context> context, Milliseconds wait_limit)
+       std::shared_ptr<gloo::transport::Context> context, Milliseconds wait_limit,
+       std::vector<int> io_threads)
       : rank_(rank),
         size_(size),
         wait_limit_(wait_limit),
         device_(std::move(device)),
-        context_(std::move(context)) {}
+        context_(std::move(context)),
+        io_threads_(std::move(io_threads)) {}
   // The monitor first, then the buffers (an operation still pending on one is dropped by Gloo
   // when it is gone), then the connections (closed with the context), then the I/O thread (with
   // the device).
@@ -62,12 +69,25 @@ class Mesh {
   int size() const { return size_; }
   Milliseconds wait_limit() const { return wait_limit_; }
 
+  // The device's I/O thread: a request calls posting() before each post and holds a Waiting
+  // while it waits.
+  comm_detail::IoThreads& io_threads() { return io_threads_; }
+
   std::unique_ptr<UnboundBuffer> buffer(void* data, int64_t bytes) {
     return context_->createUnboundBuffer(data, static_cast<size_t>(bytes));
   }
 
   // Keeps `parked` until the mesh ends: a buffer a peer may still send into, or send out of.
   void park(std::unique_ptr<Parked> parked);
+
+  // Keeps the buffers of a completed request while kRetired more requests complete, then frees
+  // them. Gloo's I/O thread signals a completion from inside its read or write, still holding the
+  // buffer (and the connection's lock), and a buffer's destructor yields in a loop until the I/O
+  // thread lets go of it: freed at once, right after the wait that the signal ended, the buffers
+  // made the waiting thread, which had often just preempted the I/O thread on its core, spin
+  // against it for milliseconds (docs/backends.md, "Small calls over Gloo").
+  void retire(std::vector<std::unique_ptr<UnboundBuffer>> buffers);
+  static constexpr size_t kRetired = 8;
 
   // Posts a receive of a notice from every other rank (at creation, before any transfer).
   void post_notices();
@@ -135,8 +155,10 @@ class Mesh {
   const Milliseconds wait_limit_;
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::transport::Context> context_;
+  comm_detail::IoThreads io_threads_;
   std::mutex mutex_;
   std::vector<std::unique_ptr<Parked>> parked_;
+  std::deque<std::vector<std::unique_ptr<UnboundBuffer>>> retired_;  // by request, oldest first
   std::vector<std::unique_ptr<Parked>> notices_;  // by rank; read only after a failure
   std::string failure_;
   int origin_ = -1;
