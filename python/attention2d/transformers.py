@@ -11,13 +11,17 @@ Every rank of the group passes its shard of `input_ids` (in `layout`, contiguous
 over the whole sequence through attention2d and the model computes exactly what the unsharded
 model computes. Causal self-attention with GQA, the models' sliding windows (Mistral, Qwen2/3,
 Gemma 2/3's local layers, gpt-oss), `attn_logit_softcapping` (Gemma 2), attention sinks (gpt-oss's
-learned per-head `s_aux` logits, trained through the engine's sinks) and the models' scaling are
-honoured; packed sequences are read from `position_ids` (each document's positions run 0, 1, ...,
-as transformers' DataCollatorWithFlattening makes them; the same documents in every row of the
-batch). What cannot be served is refused in the model's words, on every rank, before any of the
-attention's data moves: padding in `attention_mask`, attention dropout in training, ALiBi, a
+learned per-head `s_aux` logits, trained through the engine's sinks), multi-head latent attention
+(values of another head dim than the queries: DeepSeek V2/V3, MiniCPM3) and the models' scaling
+are honoured; packed sequences are read from `position_ids` (each document's positions run 0, 1,
+..., as transformers' DataCollatorWithFlattening makes them; the same documents in every row of
+the batch). What cannot be served is refused in the model's words, on every rank, before any of
+the attention's data moves: padding in `attention_mask`, attention dropout in training, ALiBi, a
 non-causal or cross-attention, a KV cache, 4-D or custom masks, flash-attention's
-cu_seq_lens arguments.
+cu_seq_lens arguments, layers that mix the sequence outside the attention (Mamba, linear
+attention, convolutions) or of a type attention2d does not know, decoders that number their
+tokens themselves, and models that compute with the mask themselves. tests/python/
+test_hf_models.py holds every model family of the installed transformers to this.
 
 The attention is one torch.library custom op, `torch.ops.attention2d.hf_attention` (a fake
 implementation for tracing, its backward another op, `hf_attention_backward`), so that
@@ -44,11 +48,30 @@ class _Mask:
     (a window of W tokens, chunks of C tokens), or the reason it cannot be served (the attention
     turns it into a refusal on every rank)."""
 
-    def __init__(self, padding=None, window=0, chunk=0, reason=""):
+    def __init__(self, padding=None, window=0, chunk=0, reason="", model=None):
         self.padding = padding
         self.window = window
         self.chunk = chunk
         self.reason = reason
+        self.model = model
+
+    def _refuse(self, *_):
+        """A model that computes with the mask itself (indexing it, adding it to its own scores,
+        reading its dtype: DeepSeek's sparse-attention indexer, Doge's dynamic mask) would get no
+        tensor: refused, on every rank (the same code reads it on every rank)."""
+        raise Error(self.reason or (
+            "the model (config.model_type=%r) computes with its attention mask itself (a dynamic "
+            "or sparse mask of its own): attention2d hands the model no mask tensor (it masks "
+            "causality, sliding windows, chunks and packed documents itself); use "
+            "attn_implementation='eager' or 'sdpa'" % self.model))
+
+    __getitem__ = __add__ = __radd__ = __mul__ = __rmul__ = __and__ = __rand__ = __or__ = \
+        __ror__ = __invert__ = __neg__ = _refuse
+
+    def __getattr__(self, name):  # a tensor's attributes and methods (shape, dtype, to, ...)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        self._refuse()
 
 
 _MASKING = "transformers.masking_utils"
@@ -72,6 +95,54 @@ _UNSERVED_PARTS = {
     "blockwise_overlay.<locals>.inner_mask": "blocks that see each other both ways "
                                              "(block_sequence_ids)",
 }
+
+
+# Layer types (config.layer_types, layers_block_type, block_types) whose layers mix tokens only
+# through the attention interface, or not at all (nemotron_h's "moe" and "mlp" layers); any other
+# type is refused, named.
+_SERVED_LAYERS = {"full_attention", "sliding_attention", "chunked_attention", "attention", "moe",
+                  "mlp"}
+# Those known to mix the sequence outside the attention interface, in words.
+_UNSERVED_LAYERS = {
+    "linear_attention": "linear-attention or state-space (Mamba) layers",
+    "mamba": "Mamba layers",
+    "hybrid": "a state-space or convolutional mixer beside the attention",
+    "conv": "short convolutions over the sequence",
+    "recurrent": "recurrent (RG-LRU) blocks",
+}
+# Decoders that number their tokens 0, 1, ... themselves and never read position_ids (their
+# learned or sinusoidal position embeddings take torch.arange of the local length): sharded,
+# every rank would embed its tokens as the sequence's first. Found by tests/python/
+# test_hf_models.py (transformers 5.17: the decoders of the encoder-decoder families).
+_OWN_POSITIONS = {"bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart",
+                  "pegasus", "plbart"}
+
+
+def _config_refusal(config):
+    """What of the model's config attention2d cannot serve, in its words ("" if none): layers
+    that mix the sequence outside the attention interface (Mamba, linear attention, convolutions:
+    each would see only its rank's tokens) or of a type it does not know (an attention that
+    selects or compresses its keys itself), and decoders that number their tokens themselves."""
+    for name in ("layer_types", "layers_block_type", "block_types"):
+        kinds = getattr(config, name, None)
+        if not isinstance(kinds, (list, tuple)):
+            continue
+        unserved = [kind for kind in dict.fromkeys(kinds) if kind not in _SERVED_LAYERS]
+        if unserved:
+            return ("config.%s has %s: sharded, a layer that mixes the sequence outside the "
+                    "attention interface sees only its rank's tokens, and attention2d cannot "
+                    "know what a layer type it does not know attends to; it serves "
+                    "full_attention, sliding_attention and chunked_attention layers (and layers "
+                    "without attention); use attn_implementation='eager' or 'sdpa'" % (
+                        name, ", ".join("%r (%s)" % (kind, _UNSERVED_LAYERS.get(
+                            kind, "a layer type attention2d does not know"))
+                            for kind in unserved)))
+    if getattr(config, "model_type", None) in _OWN_POSITIONS:
+        return ("config.model_type=%r: its decoder numbers its tokens 0, 1, ... itself (its "
+                "position embeddings never read position_ids), so sharded every rank would embed "
+                "its tokens as the sequence's first; use attn_implementation='eager' or 'sdpa'"
+                % config.model_type)
+    return ""
 
 
 def _closure(fn):
@@ -168,8 +239,9 @@ def _mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
         return _Mask(reason="a KV cache (past_key_values, use_cache=True): attention2d computes "
                             "self-attention of the sharded sequence; pass use_cache=False "
                             "(attention2d.Decoder serves inference)")
-    window, chunk, reason = _mask_from_names(mask_function, kwargs.get("local_size"),
-                                             kwargs.get("config"), use_vmap)
+    config = kwargs.get("config")
+    window, chunk, reason = _mask_from_names(mask_function, kwargs.get("local_size"), config,
+                                             use_vmap)
     if not torch.compiler.is_compiling():
         exact = _mask_from_parts(mask_function)
         if exact[2]:
@@ -179,7 +251,8 @@ def _mask_function(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
                       "its parts, but as %s from its name and local_size (what torch.compile "
                       "can trace): refused rather than guessed"
                       % (exact[0], exact[1], reason or "window %d, chunk %d" % (window, chunk)))
-    return _Mask(attention_mask, window, chunk, reason)
+    return _Mask(attention_mask, window, chunk, reason or _config_refusal(config),
+                 getattr(config, "model_type", None))
 
 
 def _refusal(module, query, key, attention_mask, dropout, kwargs):
@@ -194,6 +267,9 @@ def _refusal(module, query, key, attention_mask, dropout, kwargs):
                                     else "an encoder's or a cross-attention"))
     if isinstance(attention_mask, _Mask) and attention_mask.reason:
         return attention_mask.reason
+    unserved = _config_refusal(config)
+    if unserved:
+        return unserved
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 2:
         return ("a %d-D attention_mask reached %s (a prepared or custom mask): attention2d masks "
                 "causal attention, sliding windows and packed documents itself; pass no "
@@ -370,11 +446,23 @@ def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     if not (isinstance(padding, torch.Tensor) and padding.dim() == 2):
         padding = None
     sinks = kwargs.get("s_aux") if not refusal else None
+    # Multi-head latent attention (DeepSeek V2/V3, Kimi K2, MiniCPM3...) has values of another head
+    # dim than the queries and keys (v_head_dim 128, qk_head_dim 192): the engine takes one head
+    # dim, so the narrower side is padded with zeros (zero query/key columns add nothing to the
+    # scores, zero value columns give zero output columns, cut off again) and the scale kept
+    # the model's (1/sqrt of the query's head dim by default), as transformers' flash-attention
+    # path pads the values.
+    head_dim, value_dim = query.shape[-1], value.shape[-1]
+    if value_dim != head_dim and key.shape[-1] == head_dim and not refusal:
+        scaling = head_dim ** -0.5 if scaling is None else scaling
+        width = max(head_dim, value_dim)
+        query, key, value = (torch.nn.functional.pad(x, (0, width - x.shape[-1]))
+                             for x in (query, key, value))
     out, _ = hf_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                           sinks, kwargs.get("position_ids"), padding, handle,
                           None if scaling is None else float(scaling), window, chunk,
                           float(softcap or 0.0), refusal)
-    return out, None
+    return out[..., :value_dim], None
 
 
 def register(group=None, layout="contiguous", name=NAME, **options):
