@@ -20,7 +20,14 @@ DDP exact under sequence parallelism; attention2d.transformers.register() serves
 models built with attn_implementation="attention2d". docs/python.md has the whole story.
 """
 
-from ._core import Error, version as __version__
+try:
+    from ._core import Error, version as __version__
+except ImportError as _error:  # a system library missing: named, with its package (_loading.py)
+    from ._loading import explain as _explain
+    _explained = _explain(_error)
+    if _explained is None:
+        raise
+    raise _explained from None
 from ._api import attention
 from ._channel import (DEFAULT_TRANSPORT, DEFAULT_WATCHDOG_TIMEOUT, TRANSPORTS, set_transport,
                        watchdog)

@@ -5,8 +5,8 @@
 # and no Gloo (as on a machine without Open MPI or libgloo-dev); then `pip wheel .` and that wheel
 # installed into a second fresh venv with only torch. Each installed copy (not the build tree's)
 # runs a distributed forward and backward on 2 ranks of a torch gloo group (scripts/launch/launch.py),
-# over the group transport; its modules must not link MPI or Gloo, and the metadata must offer
-# the [mpi] extra.
+# over the group transport; its modules must not link MPI or Gloo (nor list them among the system
+# libraries they load), and the metadata must offer the [mpi] extra.
 #   pip_install.sh SOURCE_DIR WORK_DIR [TORCH_SPEC]
 set -euo pipefail
 source_dir=$(cd "$1" && pwd)
@@ -38,6 +38,9 @@ check() {  # the installed copy runs on 2 ranks, without MPI or Gloo in its modu
   done
   grep -q "Provides-Extra: mpi" "$site"/attention2d-*.dist-info/METADATA ||
     { echo "pip_install.sh: no [mpi] extra in the metadata"; exit 1; }
+  (cd "$work" && "$python" -c 'from attention2d import _system_libraries as s
+assert "libgomp.so.1" in s.LIBRARIES and not any(part for part, _ in s.LIBRARIES.values()), s.LIBRARIES') ||
+    { echo "pip_install.sh: _system_libraries.py missing or naming MPI or Gloo"; exit 1; }
   cat > "$work/check.py" <<'PY'
 import sys, torch, torch.distributed as dist, attention2d
 dist.init_process_group("gloo")
