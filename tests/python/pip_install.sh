@@ -6,7 +6,10 @@
 # installed into a second fresh venv with only torch. Each installed copy (not the build tree's)
 # runs a distributed forward and backward on 2 ranks of a torch gloo group (scripts/launch/launch.py),
 # over the group transport; its modules must not link MPI or Gloo (nor list them among the system
-# libraries they load), and the metadata must offer the [mpi] extra.
+# libraries they load), and the metadata must offer the [mpi] extra. The first install runs as at
+# a user's terminal (script(1) gives it one, where util-linux's script is installed) and without
+# -q: the build backend (python/build_backend/a2d_build_backend.py) must say there what it
+# compiles and for about how long, follow the build's steps and say when it is built.
 #   pip_install.sh SOURCE_DIR WORK_DIR [TORCH_SPEC]
 set -euo pipefail
 source_dir=$(cd "$1" && pwd)
@@ -78,7 +81,24 @@ if command -v ccache > /dev/null; then
 fi
 fresh_venv "$work/a"
 stamp "venv a (torch only)"
-(cd "$source_dir" && "$work/a/bin/python" -m pip install "${quiet[@]}" "${no_mpi_no_gloo[@]}" .)
+if command -v script > /dev/null; then
+  install=$(printf '%q ' "$work/a/bin/python" -m pip install --disable-pip-version-check \
+    --progress-bar off "${no_mpi_no_gloo[@]}" .)
+  (cd "$source_dir" && script -qec "$install" "$work/terminal.log" > /dev/null) ||
+    { cat "$work/terminal.log"; exit 1; }
+  # What the terminal showed, its rewritten line's states one per line.
+  tr '\r' '\n' < "$work/terminal.log" | sed 's/\x1b\[[0-9;?]*[a-zA-Z]//g' > "$work/terminal.txt"
+  for expected in "attention2d: compiling the C++ engine (attention2d._core" "CPU-minutes, so about" \
+                  "] src/core/mask.cpp (" "] src/module.cpp (" "attention2d: built in"; do
+    grep -qF "$expected" "$work/terminal.txt" ||
+      { cat "$work/terminal.txt"; echo "pip_install.sh: the terminal did not show '$expected'"; exit 1; }
+  done
+  # The terminal's lines but the build's steps (one in ten of those), for the log.
+  sed -n '/Building wheel for attention2d/,/attention2d: built in/p' "$work/terminal.txt" |
+    awk '!/^ *\[[0-9]+\/[0-9]+\]/ || ++steps % 10 == 0' | grep -v '^ *$' | tr -d '\b'
+else
+  (cd "$source_dir" && "$work/a/bin/python" -m pip install "${quiet[@]}" "${no_mpi_no_gloo[@]}" .)
+fi
 stamp "pip install . (isolated build)"
 check "$work/a/bin/python"
 (cd "$source_dir" && "$work/a/bin/python" -m pip wheel "${quiet[@]}" "${no_mpi_no_gloo[@]}" \
