@@ -70,8 +70,9 @@ std::unique_ptr<Communicator> make_gloo_communicator(int rank, int size,
                                                      const AllGatherBytes& exchange,
                                                      const GlooOptions& options = {});
 
-// All-gather of variable-length host bytes over any communicator (an all_gather of the sizes,
-// then of the bytes): every rank's `mine`, in rank order. Collective.
+// All-gather of variable-length host bytes over any communicator: every rank's `mine`, in rank
+// order. Collective; one all_gather where every rank's bytes are at most about 1 KiB (each rank's
+// size and first bytes in a fixed slot), a second for the rest where any rank's are more.
 std::vector<std::string> all_gather_bytes(Communicator& comm, const std::string& mine);
 
 }  // namespace a2d

@@ -129,6 +129,23 @@ TEST(Gloo, BroadcastAllReduceBarrierAndBytesOnUnevenAndEmptyParts) {
   ASSERT_EQ(static_cast<int>(all.size()), ranks);
   for (int r = 0; r < ranks; ++r)
     EXPECT_EQ(all[static_cast<size_t>(r)], std::string(static_cast<size_t>(r), 'A' + r));
+  // Around the first round's slot (1016 bytes inline): some ranks' bytes fit, others' take the
+  // second round; and one rank with 100 kB while the others send nothing.
+  const auto pattern = [](int r, int64_t n) {
+    std::string text(static_cast<size_t>(n), '\0');
+    for (int64_t i = 0; i < n; ++i)
+      text[static_cast<size_t>(i)] = static_cast<char>((i * 7 + r * 13) % 251);
+    return text;
+  };
+  for (const int64_t base : {int64_t{1000}, int64_t{1016}, int64_t{100000}}) {
+    const int64_t n = base == 100000 ? (rank == ranks - 1 ? base : 0) : base + 9 * rank;
+    const std::vector<std::string> gathered = all_gather_bytes(*comm, pattern(rank, n));
+    for (int r = 0; r < ranks; ++r) {
+      const int64_t length = base == 100000 ? (r == ranks - 1 ? base : 0) : base + 9 * r;
+      EXPECT_EQ(gathered[static_cast<size_t>(r)], pattern(r, length))
+          << "base " << base << " rank " << r;
+    }
+  }
 }
 
 // Exchanges told apart by tag, posted in opposite orders on the two sides, and several posted
