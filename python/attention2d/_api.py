@@ -56,6 +56,11 @@ def _format_refusal(qkv_format, q):
     return ""
 
 
+def _swap_tokens_and_heads(x):
+    """A view of a 4-D torch tensor or numpy array with dimensions 1 and 2 swapped."""
+    return x.transpose(1, 2) if _is_torch(x) else np.swapaxes(x, 1, 2)
+
+
 def _sdpa_hint(qkv_format):
     return ("" if qkv_format is not None else
             " (tensors in torch SDPA's order [batch, heads, tokens, head_dim]? pass "
@@ -153,7 +158,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     error = error or _format_refusal(qkv_format, q)
     sdpa = not error and qkv_format == "bhsd"
     if sdpa:  # views in flash-attn's order (the engine reads any strides)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k, v = _swap_tokens_and_heads(q), _swap_tokens_and_heads(k), _swap_tokens_and_heads(v)
     error = error or _check_inputs(q, k, v, dims=(3, 4), cuda=True)
     if error and qkv_format is None and "with q's batch" in error:
         error += _sdpa_hint(qkv_format)
@@ -309,7 +314,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     if thd:
         out, lse = out[0], lse[0]
     if sdpa:
-        out = out.transpose(1, 2)
+        out = _swap_tokens_and_heads(out)
     if _in_op:
         return out, lse
     if return_attn_probs:

@@ -122,6 +122,20 @@ def test_numpy_forward():
     del expected
 
 
+def test_numpy_in_sdpa_order():
+    """numpy arrays in SDPA's order [batch, heads, tokens, head_dim] with qkv_format='bhsd': the
+    output in that order, bit for bit the bshd call's, swapped."""
+    seq, heads, d = 19, 2, 8
+    q, k, v, _ = full_inputs(5, 1, seq, heads, heads, d)
+    lay = attention2d.layout(seq=seq, heads=heads, head_dim=d, causal=True, algo="ring")
+    shards = [attention2d.shard(x.numpy().astype(np.float32), lay) for x in (q, k, v)]
+    bshd = attention2d.attention(*shards, causal=True, layout=lay, qkv_format="bshd")
+    bhsd = attention2d.attention(*[np.swapaxes(x, 1, 2) for x in shards], causal=True, layout=lay,
+                                 qkv_format="bhsd")
+    assert_all_ranks(bhsd.shape == np.swapaxes(bshd, 1, 2).shape
+                     and np.array_equal(bhsd, np.swapaxes(bshd, 1, 2)), "numpy bhsd")
+
+
 def test_strided_inputs_match_contiguous():
     seq, heads, d = 23, 4, 16
     q, k, v, d_out = full_inputs(11, 2, seq, heads, heads, d)
