@@ -64,22 +64,27 @@ one_rank() {
   start 3 "$work/$name" ${4:+mpi}
   kill "-$signal" "$(cat "$work/$name/pid.1")"
   finish "$work/$name"
-  local lines
-  lines=$(grep -c "received SIG" "$work/$name.log")
   [ "$code" -eq "$want" ] || fail "SIG$signal to rank 1 ($name): exit code $code, not $want"
+  one_line "$name" "$signal" "$work/$name.log"
+  echo "signals.sh: SIG$signal to rank 1 ($name): exit $code after $elapsed_ms ms"
+}
+# one_line CASE SIGNAL LOG: what every case asks of the job's output: it ended within 10 s
+# (elapsed_ms), and one line names the signal, without a traceback.
+one_line() {
+  local name=$1 signal=$2 log=$3 lines
+  lines=$(grep -c "received SIG" "$log")
   [ "$elapsed_ms" -le 10000 ] || fail "SIG$signal to rank 1 ($name): the job needed $elapsed_ms ms"
   [ "$lines" -eq 1 ] || fail "SIG$signal to rank 1 ($name): $lines lines name the signal, not one"
-  grep -q "^a2d: rank 1 received SIG$signal; the job stops" "$work/$name.log" ||
+  grep -q "^a2d: rank 1 received SIG$signal; the job stops" "$log" ||
     fail "SIG$signal to rank 1 ($name): no line names it"
-  grep -q "KeyboardInterrupt" "$work/$name.log" && fail "SIG$signal to rank 1 ($name): a traceback"
-  echo "signals.sh: SIG$signal to rank 1 ($name): exit $code after $elapsed_ms ms"
+  if grep -q "KeyboardInterrupt" "$log"; then fail "SIG$signal to rank 1 ($name): a traceback"; fi
 }
 # by_hand CASE SIGNAL CODE: 3 ranks started by this shell with the env:// variables (MASTER_ADDR,
 # MASTER_PORT, RANK, WORLD_SIZE; job control on, as in an interactive shell), SIGNAL sent to rank 1
 # by this shell, its parent, as a user's `kill` does: every rank exits with CODE within 10 s and
 # one line names the signal, as under a launcher.
 by_hand() {
-  local name=$1 signal=$2 want=$3 dir=$work/$1 port rank pids=() codes=() lines
+  local name=$1 signal=$2 want=$3 dir=$work/$1 port rank pids=() codes=()
   mkdir "$dir"
   port=$("$python" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
   for rank in 0 1 2; do
@@ -107,16 +112,11 @@ by_hand() {
   elapsed_ms=$(( ($(date +%s%N) - begin) / 1000000 ))
   cat "$dir".log.* > "$dir.log"
   cat "$dir.log"
-  lines=$(grep -c "received SIG" "$dir.log")
   for rank in 0 1 2; do
     [ "${codes[$rank]}" -eq "$want" ] ||
       fail "SIG$signal to rank 1 ($name): rank $rank's exit code ${codes[$rank]}, not $want"
   done
-  [ "$elapsed_ms" -le 10000 ] || fail "SIG$signal to rank 1 ($name): the job needed $elapsed_ms ms"
-  [ "$lines" -eq 1 ] || fail "SIG$signal to rank 1 ($name): $lines lines name the signal, not one"
-  grep -q "^a2d: rank 1 received SIG$signal; the job stops" "$dir.log" ||
-    fail "SIG$signal to rank 1 ($name): no line names it"
-  grep -q "KeyboardInterrupt" "$dir.log" && fail "SIG$signal to rank 1 ($name): a traceback"
+  one_line "$name" "$signal" "$dir.log"
   echo "signals.sh: SIG$signal to rank 1 ($name): exit ${codes[*]} after $elapsed_ms ms"
 }
 [[ " $cases " == *" term "* ]] && one_rank term TERM 143
