@@ -37,7 +37,7 @@ def _type_of(value):
 class Ranges(Keyed):
     """A range mask for attention(mask=...): its slices (q0, q1, k0, k1, type), or a
     specification the library resolves against the sequence length ("prefix-lm:P",
-    "block-causal:B", "random:S[:SEED]", or a file of slices, as a2d's --mask-ranges)."""
+    "block-causal:B", "chunked-causal:C", "random:S[:SEED]", or a file of slices, as a2d's --mask-ranges)."""
 
     def __init__(self, slices=None, spec=None):
         self._keep("ranges")
