@@ -100,7 +100,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     packed "thd", batch 1); k, v: the same with kv_heads (GQA/MQA: heads a multiple of kv_heads).
     qkv_format: "bshd" (that order, flash-attn's) or "bhsd" (torch SDPA's [batch, heads, local
     tokens, head_dim]; the output comes back in it too); None: "bshd", but tensors that look like
-    SDPA's order (no rank holding more tokens than there are heads) are refused on every rank.
+    SDPA's order (as many K/V heads as query heads, and fewer tokens than heads, the same number
+    on every rank) are refused on every rank.
     group: a torch.distributed ProcessGroup or 1-D DeviceMesh (the sequence-parallel ranks; a mesh
     of more dimensions is refused: pass mesh["cp"]); comm: an mpi4py communicator; neither:
     torch.distributed's default group where initialised, else MPI.COMM_WORLD. grid: (R, C), or a

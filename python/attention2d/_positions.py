@@ -22,6 +22,7 @@ import weakref
 
 import numpy as np
 
+from . import _core
 from ._channel import Error, torch
 
 
@@ -80,22 +81,7 @@ def own_tokens(layout, shards, counts, seq, rank, ranks):
         return np.asarray(layout.tokens(rank), dtype=np.int64)
     if shards[0] == "plan":  # one rank
         return np.arange(seq, dtype=np.int64)
-    kind = shards[0]
-    if kind == "contiguous":
-        start = int(sum(counts[:rank]))
-        return np.arange(start, start + counts[rank], dtype=np.int64)
-    if kind == "cyclic":
-        return np.arange(rank, seq, ranks, dtype=np.int64)
-    if kind == "zigzag":  # chunks rank and 2P-1-rank of 2P near-equal chunks (layout.hpp)
-        chunks = 2 * ranks
-        base, extra = divmod(seq, chunks)
-
-        def chunk(c):
-            begin = c * base + min(c, extra)
-            return np.arange(begin, begin + base + (1 if c < extra else 0), dtype=np.int64)
-
-        return np.concatenate([chunk(rank), chunk(chunks - 1 - rank)])
-    raise Error("internal: no tokens for layout %r" % (kind,))
+    return _core.caller_tokens(shards[0], list(shards[1]), seq, ranks, rank)
 
 
 def _summary(mode, mine, tokens):
