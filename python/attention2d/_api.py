@@ -71,17 +71,18 @@ def _check_order(gathered, qkv_format):
     """Without qkv_format=, the mistake of tensors in SDPA's order [batch, heads, tokens,
     head_dim] read as [batch, tokens, heads, head_dim]. With GQA it fails the shape checks (k's
     "tokens" are its heads); with as many K/V heads as query heads it passes them, and then every
-    rank's "token count" is the head count (the same on every rank) and smaller than its "head
+    rank's "token count" is the head count (the same on every rank) and no larger than its "head
     count" (its real tokens), which real shards almost never are. Refused then, on every rank,
-    unless the caller says which order it is."""
+    unless the caller says which order it is. (Where the real shards hold fewer tokens than there
+    are heads, the two orders have the same shapes: nothing tells them apart.)"""
     if qkv_format is not None:
         return
     shapes = gathered[0][0]
     heads, kv_heads = shapes[2], shapes[3]
     counts = {s[1] for s, _, _ in gathered}
-    if heads == kv_heads and len(counts) == 1 and shapes[1] < heads:
+    if heads == kv_heads and len(counts) == 1 and shapes[1] <= heads:
         raise Error("q, k and v have shape [batch, tokens, heads, head_dim] = %s on every rank: "
-                    "fewer tokens than heads, the same on every rank, which is what tensors in "
+                    "no more tokens than heads, the same on every rank, which is what tensors in "
                     "torch SDPA's order [batch, heads, tokens, head_dim] look like. Pass "
                     "qkv_format='bhsd' for SDPA's order, or qkv_format='bshd' to say these are "
                     "flash-attn's [batch, tokens, heads, head_dim]"
@@ -100,8 +101,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     packed "thd", batch 1); k, v: the same with kv_heads (GQA/MQA: heads a multiple of kv_heads).
     qkv_format: "bshd" (that order, flash-attn's) or "bhsd" (torch SDPA's [batch, heads, local
     tokens, head_dim]; the output comes back in it too); None: "bshd", but tensors that look like
-    SDPA's order (as many K/V heads as query heads, and fewer tokens than heads, the same number
-    on every rank) are refused on every rank.
+    SDPA's order (as many K/V heads as query heads, and no more tokens than heads, the same
+    number on every rank) are refused on every rank.
     group: a torch.distributed ProcessGroup or 1-D DeviceMesh (the sequence-parallel ranks; a mesh
     of more dimensions is refused: pass mesh["cp"]); comm: an mpi4py communicator; neither:
     torch.distributed's default group where initialised, else MPI.COMM_WORLD. grid: (R, C), or a
@@ -207,14 +208,13 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     local = None
     my_positions = None
     if not error and positions is not None:
-        my_positions, error = _positions.read_positions(positions, q.shape[-3])
-        if error and qkv_format is None:
-            error += _sdpa_hint(qkv_format)
+        my_positions, error = _positions.read_positions(
+            positions, (q.shape[-3], q.shape[-2]), _sdpa_hint(qkv_format))
     if not error:
         b, n, h, d = q.shape[-4:] if len(q.shape) == 4 else (1,) + tuple(q.shape)
         local = (int(b), int(n), int(h), int(k.shape[-2]), int(d), _describe_dtype(q),
                  _device_text(q).split(":")[0])
-    same_positions = mode is not None and _positions.unchanged(chan, mode, positions)
+    same_positions = mode is not None and _positions.unchanged(chan, mode, my_positions)
     gathered = chan.raise_collectively(error, (local, signature, same_positions),
                                        phase="attention() arguments")
     # Every rank now holds every rank's shapes and arguments and reaches the same verdict.
@@ -265,7 +265,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
         # attention2d.transformers: the documents are where the global positions restart at 0.
         slow = _documents_from_positions if mode == "documents" else _check_positions
         found = _positions.resolve(
-            chan, mode, positions, my_positions, [same for _, _, same in gathered], layout,
+            chan, mode, my_positions, [same for _, _, same in gathered], layout,
             shards, counts, seq, lambda everyone: slow(everyone, layout, shards, seq, ranks))
         if mode == "documents":
             if found is not None and ranges is not None:

@@ -40,6 +40,10 @@ try:  # torch is optional: numpy arrays and mpi4py work without it
 except ImportError:  # pragma: no cover - Debian's python3-torch is installed by scripts/setup.sh
     torch = None
     dist = None
+try:  # (an isinstance test traces under torch.compile; hasattr on a mesh does not)
+    from torch.distributed.device_mesh import DeviceMesh
+except ImportError:  # pragma: no cover - torch without distributed
+    DeviceMesh = None
 
 # Variables an MPI launcher (Open MPI's mpirun, MPICH/Hydra, Slurm's PMI/PMIx) sets in every rank.
 _MPI_LAUNCH_VARIABLES = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "PMI_RANK",
@@ -201,7 +205,7 @@ def _is_process_group(x):
 
 
 def _is_device_mesh(x):
-    return type(x).__name__ == "DeviceMesh" and hasattr(x, "mesh") and hasattr(x, "get_group")
+    return DeviceMesh is not None and isinstance(x, DeviceMesh)
 
 
 def _is_mpi_comm(x):
@@ -264,9 +268,32 @@ def _refuse_whole_mesh(mesh):
     raise Error("group= is a %d-D DeviceMesh %s: attention2d runs over the ranks of one sequence, "
                 "and a mesh of several dimensions may be data parallel x sequence parallel (whose "
                 "batches must not mix) or ATTENTION2D's own grid. Pass its sequence-parallel "
-                "dimension (%s), or lay ATTENTION2D's rows x columns (heads x rows x columns for "
-                "the hybrid) on this mesh with grid=mesh (and no group=)"
+                "dimension (%s), or, where every rank of the mesh holds a shard of the same "
+                "sequence, lay ATTENTION2D's rows x columns (heads x rows x columns for the "
+                "hybrid) on it with grid=mesh (and no group=)"
                 % (mesh.ndim, _mesh_text(mesh), dim))
+
+
+# Words of mesh dimension names (split at "_") that name a parallelism other than the sequence's
+# (torch's and torchtitan's: dp, dp_replicate, dp_shard, tp, pp, ep, ...): replicas of other
+# batches, or shards of the model, never rows or columns of one sequence's grid.
+_OTHER_PARALLELISM = {"dp", "ddp", "fsdp", "hsdp", "replicate", "data", "batch", "tp", "tensor",
+                      "pp", "pipeline", "ep", "expert"}
+
+
+def _refuse_other_parallelism(mesh):
+    """grid= a mesh one of whose dimensions is named for data, tensor, pipeline or expert
+    parallelism: its ranks hold other batches or other parts of the model, not the rows and
+    columns of one sequence (a dp x cp mesh laid out as a grid mixes the replicas' batches
+    without a word). Refused on every rank (every rank holds the same mesh)."""
+    names = getattr(mesh, "mesh_dim_names", None) or ()
+    other = [name for name in names if set(str(name).lower().split("_")) & _OTHER_PARALLELISM]
+    if other:
+        raise Error("grid= is the DeviceMesh %s, whose dimension %s names another parallelism "
+                    "than the sequence's: grid= lays ATTENTION2D's rows x columns on the ranks of "
+                    "ONE sequence. Pass the sequence-parallel dimension as group= (e.g. "
+                    "group=mesh['cp']), or make a mesh of the sequence's ranks alone"
+                    % (_mesh_text(mesh), ", ".join(repr(n) for n in other)))
 
 
 def is_grid_mesh(grid):
@@ -295,6 +322,7 @@ def channel(comm=None, group=None, grid=None):
                         "ATTENTION2D) or 3 (heads groups x rows x columns of the hybrid); pass a "
                         "1-D mesh as group= (the planner then chooses the grid)"
                         % _mesh_text(grid))
+        _refuse_other_parallelism(grid)
         group = grid
     elif _is_device_mesh(group) and group.ndim > 1:
         _refuse_whole_mesh(group)

@@ -12,13 +12,10 @@ Every rank then checks the summaries together (the same verdict everywhere): eac
 a document start and no other start lies between it and its run's end. That is exactly "each
 document's positions run 0, 1, 2, ... in the global order".
 
-A rank whose positions are the same tensor as at the last exchange on the channel (the same
-object, unmodified: torch's version counter) says so in the call's argument exchange, and when
-every rank says so nothing more is sent: the result of the last exchange stands (the backward, the
-next layer). A refusal runs the exchange of every rank's positions once more, to name the first
+A rank whose positions equal those of the last exchange on the channel (compared in full with a
+copy kept of them) says so in the call's argument exchange, and when every rank says so nothing
+more is sent: the result of the last exchange stands (the backward, the next layer). A refusal runs the exchange of every rank's positions once more, to name the first
 token that is wrong."""
-
-import weakref
 
 import numpy as np
 
@@ -27,50 +24,47 @@ from ._channel import Error, torch
 
 
 def _as_array(positions):
-    """A 1-D int64 numpy array of the positions (a view of a CPU torch tensor's memory)."""
+    """A 1-D int64 numpy array of the positions (a view of a CPU torch tensor's memory); a
+    ValueError for values that are not integers (never truncated)."""
     if torch is not None and isinstance(positions, torch.Tensor):
         positions = positions.detach()
+        if positions.dtype.is_floating_point or positions.dtype.is_complex:
+            raise ValueError(str(positions.dtype))
         if positions.device.type != "cpu":
             positions = positions.cpu()
         return positions.to(torch.int64).reshape(-1).numpy()
-    return np.asarray(positions, dtype=np.int64).reshape(-1)
+    values = np.asarray(positions)
+    if values.size and not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(str(values.dtype))
+    return values.astype(np.int64, copy=False).reshape(-1)
 
 
-def read_positions(positions, local_tokens):
-    """This rank's positions as an array, or an error text (before any data moves)."""
+def read_positions(positions, tokens_and_heads, sdpa_hint=""):
+    """This rank's positions as an array, or an error text (before any data moves).
+    tokens_and_heads: q's local tokens and heads as its shape reads them; `sdpa_hint` (a
+    tensor-order hint, or "") joins the error where there are as many positions as q has heads:
+    the tokens of tensors in SDPA's order."""
     try:
         mine = _as_array(positions)
     except (TypeError, ValueError, RuntimeError):
-        return None, "positions must be a 1-D list or tensor of this rank's global token indices"
-    if len(mine) != local_tokens:
+        return None, ("positions must be a 1-D list or tensor of this rank's global token indices "
+                      "(integers)")
+    tokens, heads = tokens_and_heads
+    if len(mine) != tokens:
         return None, ("positions has %d entries for %d local tokens (one global index per token "
-                      "of this rank's shard, in shard order)" % (len(mine), local_tokens))
+                      "of this rank's shard, in shard order)%s"
+                      % (len(mine), tokens, sdpa_hint if len(mine) == heads else ""))
     return mine, ""
 
 
-def _identity(positions):
-    """What says that positions have not changed since they were last read: for a torch tensor,
-    the tensor it views (weakly: alive, so its memory is not another's), where in it (offset,
-    shape, strides) and its version counter (in-place writes to it or any view of it bump it),
-    so that a new view of the same tensor (transformers hands each layer position_ids[0]) is
-    the same positions. None for anything whose changes cannot be seen (numpy arrays, lists):
-    read every time."""
-    if torch is None or not isinstance(positions, torch.Tensor):
-        return None
-    base = positions if positions._base is None else positions._base
-    return (weakref.ref(base), positions.storage_offset(), tuple(positions.shape),
-            positions.stride(), positions._version)
-
-
-def unchanged(chan, mode, positions):
-    """Whether this rank's positions are the ones it sent at the channel's last exchange of
-    `mode`: its flag in the call's argument exchange."""
+def unchanged(chan, mode, mine):
+    """Whether this rank's positions (an array, or None) equal those it sent at the channel's
+    last exchange of `mode` (compared in full, a memcmp's O(N/P): a write that torch's version
+    counter does not see, through .numpy() or .data, is seen here): its flag in the call's
+    argument exchange."""
     memo = chan.positions_memo.get(mode)
-    mine = _identity(positions)
-    if memo is None or memo["identity"] is None or mine is None:
-        return False
-    ref, *geometry = memo["identity"]
-    return ref() is mine[0]() and tuple(geometry) == mine[1:]
+    return (memo is not None and mine is not None and len(mine) == len(memo["positions"])
+            and bool(np.array_equal(mine, memo["positions"])))
 
 
 def own_tokens(layout, shards, counts, seq, rank, ranks):
@@ -129,7 +123,7 @@ def _documents_verdict(summaries, seq, ranks):
     return tuple(int(x) for x in starts) + (int(seq),), True
 
 
-def resolve(chan, mode, positions, mine, flags, layout, shards, counts, seq, slow):
+def resolve(chan, mode, mine, flags, layout, shards, counts, seq, slow):
     """Collective, after the argument exchange (`flags`: every rank's unchanged() flag): the
     documents' bounds (mode "documents") or nothing (mode "check"); refused on every rank where
     the positions do not fit. `slow(all_positions)` raises the precise refusal from every rank's
@@ -149,9 +143,9 @@ def resolve(chan, mode, positions, mine, flags, layout, shards, counts, seq, slo
         result, ok = _documents_verdict(summaries, seq, ranks)
     if not ok:
         everyone = chan.allgather(mine, "attention() positions")
-        slow(everyone)
+        slow([positions.tolist() for positions in everyone])  # Python ints, for its message
         raise Error("internal: the positions were refused without a message")
-    memos[mode] = {"key": key, "result": result, "identity": _identity(positions)}
+    memos[mode] = {"key": key, "result": result, "positions": mine.copy()}
     return result
 
 

@@ -150,6 +150,27 @@ def test_arguments_changed_between_calls():
                                  % (layout, groups.index(group), causal, error))
 
 
+def test_grid_mesh_compiles():
+    """grid= a DeviceMesh (P x 1) in a compiled function: one graph, the eager result."""
+    if P == 1:
+        pytest.skip("a mesh of several ranks")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (P, 1), mesh_dim_names=("r", "c"))
+    seq = 7 * P + 3
+    x = full_inputs(8, 1, seq, 4, 2, 8)
+    q, k, v = (attention2d.shard(t.float(), "contiguous", grid=mesh) for t in x[:3])
+
+    def call(q, k, v):
+        return attention2d.attention(q, k, v, causal=True, layout="contiguous", grid=mesh)
+
+    graphs = Graphs()
+    got = torch.compile(call, backend=graphs, fullgraph=True)(q, k, v)
+    error = relative_error(got, call(q, k, v))
+    assert_all_ranks(graphs.count == 1 and error <= SAME, "grid=mesh compiled: %d graphs, %.3g"
+                     % (graphs.count, error))
+
+
 def test_masks_changed_between_calls():
     """Range masks (Ranges objects, a specification string) changed between calls of one
     compiled function: each the eager result."""

@@ -392,9 +392,9 @@ def test_grid_mesh_shards_in_torch_order(shape, reverse, layout):
 @torch_only
 def test_whole_mesh_as_group_is_refused():
     """A dp x cp mesh passed whole as group= would mix the data-parallel batches (issue 57:
-    gradient error 0.55, no message): refused on every rank, naming mesh['cp']; with
-    group=mesh['cp'] each replica's sequence is exact. A 1-D mesh is a group; grid= takes 2-D and
-    3-D meshes only, and alone."""
+    gradient error 0.55, no message): refused on every rank, naming mesh['cp'], and so is
+    grid=mesh (a dimension named for data parallelism); with group=mesh['cp'] each replica's
+    sequence is exact. A 1-D mesh is a group; grid= takes 2-D and 3-D meshes only, and alone."""
     if P != 4:
         pytest.skip("a 2 x 2 mesh")
     mesh = _mesh((2, 2), False, names=("dp", "cp"))
@@ -410,6 +410,9 @@ def test_whole_mesh_as_group_is_refused():
         attention2d.shard(q, "contiguous", group=mesh)
     with pytest.raises(attention2d.Error, match="1-D mesh as group="):
         attention2d.attention(*local, causal=True, layout="contiguous", grid=cp)
+    # grid= the dp x cp mesh: it names data parallelism, not a grid of one sequence.
+    with pytest.raises(attention2d.Error, match="names another parallelism"):
+        attention2d.attention(*local, causal=True, layout="contiguous", grid=mesh)
     with pytest.raises(attention2d.Error, match="pass it alone"):
         attention2d.attention(*local, causal=True, layout="contiguous", grid=mesh,
                               group=dist.group.WORLD)

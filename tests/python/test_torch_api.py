@@ -177,6 +177,10 @@ def test_sdpa_order_is_refused_or_taken():
     tiny = torch.randn(1, 2, 4, 8)
     out = attention2d.attention(tiny, tiny, tiny, layout="contiguous", qkv_format="bshd")
     assert tuple(out.shape) == (1, 2, 4, 8)
+    # As many tokens on every rank as heads: either order; refused unless said.
+    square = torch.randn(1, 4, 4, 8)
+    with pytest.raises(attention2d.Error, match="no more tokens than heads"):
+        attention2d.attention(square, square, square, layout="contiguous")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,7 +226,7 @@ def test_positions_are_read_once_and_changes_seen():
     assert second == ["attention() arguments"], second
     out.sum().backward()
     if P > 1:
-        # The same tensor written in place: its version changed, so it is read again.
+        # The same tensor written in place: its values changed, so it is read again.
         saved = positions.clone()
         positions[0], positions[-1] = positions[-1].item(), positions[0].item()
         with pytest.raises(attention2d.Error, match=r"rank \d+ holds global positions"):
@@ -233,3 +237,12 @@ def test_positions_are_read_once_and_changes_seen():
         shifted = positions + 1
         with pytest.raises(attention2d.Error, match=r"rank \d+ holds global positions"):
             attention2d.attention(*local, causal=True, layout="zigzag", positions=shifted)
+        # A write torch's version counter does not see (through .numpy()): seen all the same.
+        attention2d.attention(*local, causal=True, layout="zigzag", positions=positions)
+        positions.numpy()[0] += 1
+        with pytest.raises(attention2d.Error, match=r"rank \d+ holds global positions \[\d"):
+            attention2d.attention(*local, causal=True, layout="zigzag", positions=positions)
+    # Positions that are not integers: refused, not truncated.
+    with pytest.raises(attention2d.Error, match=r"\(integers\)"):
+        attention2d.attention(*local, causal=True, layout="zigzag",
+                              positions=torch.from_numpy(zig.tokens()) + 0.5)
