@@ -1,8 +1,11 @@
 """The package's own time per Hugging Face attention call, by sequence length: everything a call of
 attention2d.transformers' op does besides the engine's computation and messages (the arguments'
 checks and exchange, reading position_ids, planning, the engine cache), as a model's layers call
-it: each step hands every layer the same position_ids tensor (a new one each step), forward and
-backward. The engine's own work is left out by running the op's backward path up to its engine
+it: each step hands every layer the same position_ids, forward and backward, and each step packs
+other documents (lengths drawn per step, 1/8 to 2x --doc tokens, as a data loader with
+DataCollatorWithFlattening gives them), so that the first call of every step reads new
+positions and makes an engine for the new documents; --doc 0: one document, the same positions
+every step (a new tensor of the same values: read, found unchanged, nothing sent). The engine's own work is left out by running the op's backward path up to its engine
 (_engine_only): what both directions do before the engine runs.
 
 Per N (tokens of the whole sequence, over the launched ranks): the first call of a step (a new
@@ -11,7 +14,7 @@ tensor: nothing read, nothing sent beyond the argument exchange), and the mean o
 32-layer model (64 calls). Medians over --steps after a warm-up, of the slowest rank.
 
     PYTHONPATH=build/python .venv/bin/python scripts/launch/launch.py --nproc 2 -- \\
-        .venv/bin/python bench/python/call_overhead.py --seqs 4096,65536,262144,1048576"""
+        .venv/bin/python bench/python/call_overhead.py [--doc 0]"""
 
 import argparse
 import os
@@ -31,6 +34,9 @@ parser.add_argument("--layers", type=int, default=32)
 parser.add_argument("--heads", type=int, default=8)
 parser.add_argument("--kv-heads", type=int, default=2)
 parser.add_argument("--head-dim", type=int, default=8)
+parser.add_argument("--doc", type=int, default=4096,
+                    help="mean document length in tokens; 0: one document, positions 0..N-1 "
+                         "(each step a new tensor of the same values)")
 args = parser.parse_args()
 dist.init_process_group("gloo")
 P, rank = dist.get_world_size(), dist.get_rank()
@@ -58,7 +64,14 @@ for seq in (int(x) for x in args.seqs.split(",")):
     k = torch.zeros(1, n, args.kv_heads, args.head_dim)
     firsts, repeats, means = [], [], []
     for step in range(args.steps + 1):
-        positions = mine[None].clone()  # a new tensor each step, as a data loader gives
+        gen = torch.Generator().manual_seed(step)  # the same documents on every rank
+        lengths, total = ([seq], seq) if args.doc == 0 else ([], 0)
+        while total < seq:
+            lengths.append(min(seq - total, int(torch.randint(
+                max(1, args.doc // 8), 2 * args.doc + 1, (1,), generator=gen))))
+            total += lengths[-1]
+        packed = torch.cat([torch.arange(n) for n in lengths])
+        positions = packed[mine][None]  # this rank's, restarting at each document
         times = [call(q, k, k, positions) for _ in range(2 * args.layers)]
         if step == 0:
             continue  # warm-up: the engine is made (once per problem)
@@ -69,9 +82,10 @@ for seq in (int(x) for x in args.seqs.split(",")):
                  statistics.median(means)))
 
 if rank == 0:
-    print("P = %d, heads %d:%d, head_dim %d, %d layers (forward + backward: %d calls a step); "
-          "load average %.1f" % (P, args.heads, args.kv_heads, args.head_dim, args.layers,
-                                  2 * args.layers, os.getloadavg()[0]))
+    print("P = %d, heads %d:%d, head_dim %d, %d layers (forward + backward: %d calls a step), "
+          "documents of %d tokens on average (0: one); load average %.1f"
+          % (P, args.heads, args.kv_heads, args.head_dim, args.layers, 2 * args.layers,
+             args.doc, os.getloadavg()[0]))
     print("| N | first call of a step, ms | repeated call, ms | mean per call, ms |")
     print("|---:|---:|---:|---:|")
     for seq, first, repeat, mean in rows:

@@ -67,33 +67,70 @@ def unchanged(chan, mode, mine):
             and bool(np.array_equal(mine, memo["positions"])))
 
 
-def own_tokens(layout, shards, counts, seq, rank, ranks):
-    """This rank's global token indices (increasing) in the caller's layout, O(N/P)."""
+def _runs_of(tokens):
+    """Increasing token indices as runs (first, stride, count) of constant stride, in order
+    (greedy: each run as long as its stride holds; a lone last token is a run of its own)."""
+    n = len(tokens)
+    steps = np.diff(tokens)
+    changes = np.flatnonzero(steps[1:] != steps[:-1]) + 1  # steps[j] != steps[j - 1]
+    runs, begin = [], 0
+    while begin < n:
+        if begin == n - 1:
+            runs.append((int(tokens[begin]), 1, 1))
+            break
+        at = np.searchsorted(changes, begin, side="right")
+        end = int(changes[at]) if at < len(changes) else n - 1  # the run's last token
+        runs.append((int(tokens[begin]), int(steps[begin]), end - begin + 1))
+        begin = end + 1
+    return runs
+
+
+def own_runs(layout, shards, counts, seq, rank, ranks):
+    """This rank's global tokens in the caller's layout, as runs (first, stride, count) in shard
+    order: O(1) for a layout name (the engine's layout: _core.caller_runs), read once from the
+    tokens of a Layout object (kept on it)."""
     from ._sharding import Layout
 
     if isinstance(layout, Layout):
-        return np.asarray(layout.tokens(rank), dtype=np.int64)
+        cache = layout.__dict__.setdefault("_runs", {})
+        if rank not in cache:
+            cache[rank] = _runs_of(np.asarray(layout.tokens(rank), dtype=np.int64))
+        return cache[rank]
     if shards[0] == "plan":  # one rank
-        return np.arange(seq, dtype=np.int64)
-    return _core.caller_tokens(shards[0], list(shards[1]), seq, ranks, rank)
+        return [(0, 1, seq)] if seq else []
+    return _core.caller_runs(shards[0], list(shards[1]), seq, ranks, rank)
 
 
-def _summary(mode, mine, tokens):
-    """This rank's summary of its positions (the module's docstring)."""
+def _summary(mode, mine, runs):
+    """This rank's summary of its positions (the module's docstring), from its tokens' runs:
+    token i of a run is first + i * stride, so within a run the document a token claims
+    (token - position) changes exactly where the positions do not step by the stride."""
     if mode == "check":
-        return bool(np.array_equal(mine, tokens))
+        at = 0
+        for first, stride, count in runs:
+            part = mine[at:at + count]
+            if part[0] != first or (count > 1 and not (np.diff(part) == stride).all()):
+                return False
+            at += count
+        return True
+    empty = np.empty(0, np.int64)
+    if len(mine) == 0:
+        return (empty, empty, empty, False, False)
+    starts, claims, reaches, at = [], [], [], 0
+    for first, stride, count in runs:
+        part = mine[at:at + count]
+        starts.append(first + stride * np.flatnonzero(part == 0))
+        cut = np.flatnonzero(np.diff(part) != stride) + 1
+        heads = np.concatenate([[0], cut])
+        tails = np.concatenate([cut, [count]]) - 1
+        claims.append(first + stride * heads - part[heads])
+        reaches.append(first + stride * tails)
+        at += count
     n = len(mine)
-    if n == 0:
-        return (np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), False,
-                False)
-    starts = tokens[mine == 0]
-    claimed = tokens - mine
-    cut = np.flatnonzero(np.diff(claimed)) + 1
-    first = np.concatenate([[0], cut])
-    last = np.concatenate([cut, [n]]) - 1
     local_default = bool(mine[0] == 0 and mine[-1] == n - 1 and
                          np.array_equal(mine, np.arange(n)))
-    return (starts, claimed[first], tokens[last], local_default, bool((mine < 0).any()))
+    return (np.concatenate(starts), np.concatenate(claims), np.concatenate(reaches),
+            local_default, bool((mine < 0).any()))
 
 
 def _documents_verdict(summaries, seq, ranks):
@@ -135,8 +172,8 @@ def resolve(chan, mode, mine, flags, layout, shards, counts, seq, slow):
         return memo["result"]
     memos.pop(mode, None)
     ranks = chan.size
-    tokens = own_tokens(layout, shards, counts, seq, chan.rank, ranks)
-    summaries = chan.allgather(_summary(mode, mine, tokens), "attention() positions")
+    runs = own_runs(layout, shards, counts, seq, chan.rank, ranks)
+    summaries = chan.allgather(_summary(mode, mine, runs), "attention() positions")
     if mode == "check":
         ok, result = all(summaries), None
     else:

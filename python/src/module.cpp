@@ -9,7 +9,6 @@
 // as (address, dtype, shape, strides) tuples read from numpy arrays or torch tensors by the
 // pure-Python layer (python/attention2d), which also checks them collectively before any call;
 // the engine wraps their memory without copying.
-#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -330,17 +329,20 @@ PYBIND11_MODULE(_core, m) {
     return parts;
   });
 
-  // One rank's global token indices (increasing, a numpy int64 array: O(N/P), no Python ints)
-  // in the caller's layout (contiguous with every rank's counts, zigzag, cyclic), as the Engine
-  // reads it (caller_layout).
-  m.def("caller_tokens", [](const std::string& kind, const std::vector<int64_t>& counts,
-                            int64_t seq, int ranks, int part) {
+  // One rank's global tokens in the caller's layout (contiguous with every rank's counts,
+  // zigzag, cyclic), as the Engine reads it (caller_layout): runs (first token, stride, count)
+  // in shard order, at most two (cyclic: one of stride P).
+  m.def("caller_runs", [](const std::string& kind, const std::vector<int64_t>& counts,
+                          int64_t seq, int ranks, int part) {
     const a2d::TokenLayout layout = caller_layout(kind, counts, seq, ranks);
-    py::array_t<int64_t> out(layout.count(part));
-    int64_t* data = out.mutable_data();
-    for (int64_t i = 0; i < layout.count(part); ++i)
-      data[i] = layout.token_at(part, i);
-    return out;
+    std::vector<std::tuple<int64_t, int64_t, int64_t>> runs;
+    if (layout.periodic()) {  // caller layouts are cyclic: stripes of one token
+      if (layout.count(part) > 0) runs.emplace_back(part, ranks, layout.count(part));
+      return runs;
+    }
+    for (const a2d::TokenLayout::Interval& run : layout.intervals(part))
+      if (run.end > run.begin) runs.emplace_back(run.begin, 1, run.end - run.begin);
+    return runs;
   });
 
   py::class_<DecoderEngine>(m, "DecoderEngine")

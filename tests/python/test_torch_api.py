@@ -92,6 +92,17 @@ def test_positions_check_the_layout():
     ref, _ = masked_reference(q, k, v, True, 0, None, None, 0.0)
     error = float((attention2d.unshard(out, zig).double() - ref).norm() / ref.norm())
     assert_all_ranks(error <= FP32, "positions= with the right layout: error %.3g" % error)
+    # A plan's Layout (ATTENTION2D's cyclic, its tokens read as runs once): its own tokens
+    # pass, another order is refused.
+    plan = attention2d.layout(seq=seq, heads=2, head_dim=8, causal=True, algo="attention2d")
+    shards = [attention2d.shard(x.float(), plan) for x in (q, k, v)]
+    out = attention2d.attention(*shards, causal=True, layout=plan, positions=plan.tokens())
+    error = float((attention2d.unshard(out, plan).double() - ref).norm() / ref.norm())
+    assert_all_ranks(error <= FP32, "positions= with a plan's Layout: error %.3g" % error)
+    if len(plan.tokens()) > 1:
+        with pytest.raises(attention2d.Error, match=r"rank \d+ holds global positions"):
+            attention2d.attention(*shards, causal=True, layout=plan,
+                                  positions=plan.tokens()[::-1].copy())
     if P > 1 and zig.counts() == attention2d.layout(kind="contiguous", seq=seq).counts():
         with pytest.raises(attention2d.Error, match=r"rank \d+ holds global positions"):
             attention2d.attention(*local, causal=True, layout="contiguous",
