@@ -53,13 +53,16 @@ Wide keys_at_or_below(const PositionRun& a, const PositionRun& b, Wide shift) {
   return model::floor_sum(hi - lo, sb, sa, c + sa * lo) + (hi - lo) + nb * (na - hi);
 }
 
-Wide run_pairs(const Mask& mask, const PositionRun& q, const PositionRun& k) {
+// Pairs of a query run and a key run inside the mask's band lo <= k - q <= hi (a band-only mask:
+// MaskView::band_only), asked of the mask, whatever its kind: the keys at or below q + hi less
+// those at or below q + lo - 1.
+Wide run_pairs(const MaskView& band, const PositionRun& q, const PositionRun& k) {
   if (q.count <= 0 || k.count <= 0) return 0;
-  if (mask.kind == MaskKind::none) return Wide{q.count} * k.count;
   const PositionRun a = ascending(q);
-  const auto visible = [&](const PositionRun& b) {  // keys in (q - W, q], or at or below q
-    Wide seen = keys_at_or_below(a, b, 0);
-    if (mask.kind == MaskKind::causal_window) seen -= keys_at_or_below(a, b, mask.window);
+  const auto visible = [&](const PositionRun& b) {
+    Wide seen = band.hi >= kMaskUnbounded ? Wide{a.count} * b.count
+                                          : keys_at_or_below(a, b, -Wide{band.hi});
+    if (band.lo > -kMaskUnbounded) seen -= keys_at_or_below(a, b, 1 - Wide{band.lo});
     return seen;
   };
   // Every key at one position: n_k times the pairs of that one key.
@@ -108,11 +111,13 @@ std::vector<PositionRun> position_runs(std::span<const int64_t> positions) {
 int64_t count_visible_pairs(const Mask& mask, std::span<const PositionRun> q,
                             std::span<const PositionRun> k) {
   const int64_t nq = run_total(q), nk = run_total(k);
-  // Closed forms per pair of runs, unless there are so many that counting position by position
-  // is cheaper (or documents, which the closed forms do not take).
+  // Closed forms per pair of runs where the mask's band alone decides, unless there are so many
+  // runs that counting position by position is cheaper; documents and range slices are counted
+  // position by position by the mask's own rows.
+  const MaskView view = mask.view();
   const bool closed =
-      !mask.has_documents() && static_cast<double>(q.size()) * static_cast<double>(k.size()) <=
-                                   4.0 * static_cast<double>(nq + nk) + 16;
+      view.band_only() && static_cast<double>(q.size()) * static_cast<double>(k.size()) <=
+                              4.0 * static_cast<double>(nq + nk) + 16;
   if (!closed) {
     const std::vector<int64_t> qp = expand(q), kp = expand(k);
     return count_visible_pairs(mask, qp.data(), nq, kp.data(), nk);
@@ -120,7 +125,7 @@ int64_t count_visible_pairs(const Mask& mask, std::span<const PositionRun> q,
   Wide pairs = 0;
   for (const PositionRun& a : q)
     for (const PositionRun& b : k)
-      pairs += run_pairs(mask, a, b);
+      pairs += run_pairs(view, a, b);
   return static_cast<int64_t>(pairs);
 }
 

@@ -122,8 +122,10 @@ TEST(SimKernelTime, CountsTheVisiblePairsOfTheCallsPositions) {
   EXPECT_THROW(kernel_call_seconds(machine, call), Error);
 }
 
-// The closed forms per pair of runs against counting position by position, on random runs:
-// ascending, descending, single positions, repeated positions, overlapping, under every mask.
+// The closed forms per pair of runs against counting position by position and against the mask's
+// own rule pair by pair (MaskView::visible, what the kernels apply), on random runs: ascending,
+// descending, single positions, repeated positions, overlapping, under every mask kind (none,
+// causal, causal windows, two-sided windows, ranges).
 TEST(SimKernelTime, PairsOfRunsEqualPairsOfPositions) {
   uint64_t state = 12345;
   const auto next = [&](int64_t bound) {
@@ -147,10 +149,21 @@ TEST(SimKernelTime, PairsOfRunsEqualPairsOfPositions) {
     const std::vector<PositionRun> q = random_runs(), k = random_runs();
     const std::vector<int64_t> qp = expand(q), kp = expand(k);
     for (const Mask& mask :
-         {Mask::none(), Mask::causal(), Mask::causal_window(1), Mask::causal_window(37)}) {
-      ASSERT_EQ(count_visible_pairs(mask, q, k),
-                count_visible_pairs(mask, qp.data(), static_cast<int64_t>(qp.size()), kp.data(),
-                                    static_cast<int64_t>(kp.size())))
+         {Mask::none(), Mask::causal(), Mask::causal_window(1), Mask::causal_window(37),
+          Mask::window_size(5, 3), Mask::window_size(40, 0), Mask::window_size(0, 12),
+          Mask::from_ranges({{0, 120, 0, 120, RangeType::causal},
+                             {120, 250, 60, 250, RangeType::bi_causal},
+                             {30, 90, 150, 240, RangeType::inv_causal}})}) {
+      const MaskView view = mask.view();
+      int64_t by_rule = 0;
+      for (const int64_t a : qp)
+        for (const int64_t b : kp)
+          by_rule += view.visible(a, b) ? 1 : 0;
+      ASSERT_EQ(count_visible_pairs(mask, q, k), by_rule)
+          << "trial " << trial << " " << mask.describe();
+      ASSERT_EQ(count_visible_pairs(mask, qp.data(), static_cast<int64_t>(qp.size()), kp.data(),
+                                    static_cast<int64_t>(kp.size())),
+                by_rule)
           << "trial " << trial << " " << mask.describe();
     }
     // Encoding positions as runs gives them back.
