@@ -111,10 +111,11 @@ RelayoutBackward parse_relayout_backward(const std::string& name);  // saved or 
 std::string relayout_backward_name(RelayoutBackward backward);
 
 // The caller's shards, for the cost model (cost_model.hpp, model.hpp): their layout (N = the
-// problem's sequence, P = the plan's ranks) and which backward moves data.
+// problem's sequence, P = the plan's ranks) and which backward moves data; by default what
+// make_attention(..., shards) does (stateless). The Python layer's backward is saved.
 struct UserShards {
   TokenLayout layout;
-  RelayoutBackward backward = RelayoutBackward::saved;
+  RelayoutBackward backward = RelayoutBackward::stateless;
 };
 
 // Record bytes per token of the four exchanges (exchange_record of their fields), with B, H,
