@@ -8,10 +8,11 @@ install(TARGETS attention2d EXPORT attention2dTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(TARGETS a2d RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-# The public headers (the umbrella attention2d.hpp and what it includes); tools/ is the programs'
+# The public headers (the umbrella attention2d.hpp and what it includes, group_comm.hpp's C table
+# group_ops.h); tools/ is the programs'
 # (attention2d_tools), not the library's, and is not installed.
 install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/attention2d
-        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.hpp"
+        DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.hpp" PATTERN "*.h"
         PATTERN "tools" EXCLUDE)
 install(FILES ${PROJECT_BINARY_DIR}/generated/attention2d/version.hpp
         DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/attention2d)

@@ -121,7 +121,10 @@ struct PlanOptions {
   MachineOptions machine;      // the planner's machine
 
   void declare(Options& options);
-  // Checked against the problem and ranks. Without --algo or --grid the cost model chooses
+  // The options as the library's PlanRequest (the machine's read only where the model chooses).
+  PlanRequest request() const;
+  // resolve_plan(request(), ...): checked against the problem and ranks. Without --algo or --grid
+  // the cost model chooses
   // (this machine's calibration if there is one), charging the exchanges from and to `shards`
   // where given; `chosen` then says so.
   Plan plan(const Problem& problem, int ranks, std::string* chosen = nullptr,

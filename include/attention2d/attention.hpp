@@ -49,9 +49,20 @@ struct BackwardShards {
   float* dsink = nullptr;  // written
 };
 
-// Throws unless every shard tensor has the problem's dtype and lies in a buffer of `backend`.
-void check_shards(const Problem& problem, const Backend& backend, const ForwardShards& shards);
-void check_shards(const Problem& problem, const Backend& backend, const BackwardShards& shards);
+// Throws unless every shard tensor lies in a buffer of `backend`, holds the problem's dtype and
+// [batch, tokens, heads (K, V, dK, dV: kv_heads), head_dim] elements (LSE: [batch, heads, tokens])
+// inside that buffer, no two of them at one address, and the sinks' arrays are there where the
+// problem has sinks. `tokens` is this rank's count in layout(). Every attention's forward and
+// backward run it on every rank together before any data moves: a bad argument on one rank
+// raises the same CollectiveError on all of them.
+void check_shards(const Problem& problem, const Backend& backend, int64_t tokens,
+                  const ForwardShards& shards);
+void check_shards(const Problem& problem, const Backend& backend, int64_t tokens,
+                  const BackwardShards& shards);
+
+// The phases the per-call check_shards of every made attention charges its all-reduce to.
+inline constexpr const char* kCheckForwardPhase = "check.forward";
+inline constexpr const char* kCheckBackwardPhase = "check.backward";
 
 class DistributedAttention {
  public:

@@ -15,7 +15,8 @@
 //                         memory_check.hpp (refusing a run its hosts cannot hold)
 //   inference             inference.hpp
 //   sessions              session.hpp (what a front end assembles: world, backend, communicator,
-//                         watchdog, relayout, agreement)
+//                         watchdog, relayout, agreement), shard_attention.hpp (the C++ door:
+//                         host arrays with their shapes)
 //   errors, version       error.hpp, version.hpp
 //   measuring             timing.hpp (clock, summaries), peak.hpp (the machine's FMA peak)
 #pragma once
@@ -50,6 +51,7 @@
 #include "attention2d/reference.hpp"
 #include "attention2d/relayout.hpp"
 #include "attention2d/session.hpp"
+#include "attention2d/shard_attention.hpp"
 #include "attention2d/timing.hpp"
 #include "attention2d/traffic.hpp"
 #include "attention2d/version.hpp"

@@ -15,9 +15,11 @@ namespace a2d {
 // names the algorithms charge them to ("forward.q_allgather", ...). Phases that send nothing on
 // this rank are present with zeros.
 std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Plan& plan, int rank);
-// The same with the exchanges between the caller's `shards` and the plan's layout (relayout.hpp's
-// phases, charged by exchange_traffic with relayout_records; none where every rank holds the same
-// tokens in both layouts). Null: the plain prediction.
+// What the attention make_attention returns sends: the algorithm's phases, the exchanges between
+// the caller's `shards` and the plan's layout where given (relayout.hpp's phases, charged by
+// exchange_traffic with relayout_records; none where every rank holds the same tokens in both
+// layouts), and, where P > 1, each call's shard check (kCheckForwardPhase, kCheckBackwardPhase:
+// one all-reduce of one int64; outside the "forward"/"backward" totals and the time model).
 std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Plan& plan, int rank,
                                                const UserShards* shards);
 // The four relayout phases alone (empty when nothing moves).

@@ -81,6 +81,33 @@ PlannedRun choose_plan(const Problem& problem, int ranks, int ranks_per_node,
                        const std::string& grid, int heads_parallel = 0,
                        const UserShards* shards = nullptr);
 
+// What a front end asks of the plan (a2d run's --algo, --grid, --layout, ...; the C++ door's
+// argument): every field left empty (or 0) is chosen, by the cost model where it decides speed
+// (the algorithm, the grid, hybrid's U) and by the algorithm's default otherwise.
+struct PlanRequest {
+  std::string algo;    // "" = the fastest by the cost model
+  std::string grid;    // "" = the fastest grid by the cost model (where the algorithm has one)
+  std::string layout;  // "" = the algorithm's
+  int64_t stripe = 1;
+  int64_t threads = 1;  // kernel threads per rank
+  bool kv_transpose = true;
+  int64_t heads_parallel = 0;  // hybrid's U; 0 = from the grid, else the fastest by the model
+  // The planner's machine; an empty calibration_file is default_calibration_file(), as a2d run
+  // reads it.
+  MachineChoice machine;
+
+  // Whether resolve_plan leaves the choice to the cost model (no algorithm, or no grid where the
+  // algorithm has one).
+  bool chosen_by_planner() const;
+};
+
+// The plan `request` asks for, checked against the problem and the job's `ranks` (check_plan):
+// the one place a request becomes a plan, for every front end. Where the cost model chooses, it
+// charges the exchanges from and to `shards` where given and `chosen` (if not null) says so and
+// on which machine model. Throws a2d::Error naming the field (in a2d run's option words).
+Plan resolve_plan(const PlanRequest& request, const Problem& problem, int ranks,
+                  std::string* chosen = nullptr, const UserShards* shards = nullptr);
+
 // When no plan fits in `memory_cap` bytes per rank: what would (the fewest ranks, a multiple of
 // ranks_per_node, at which some plan fits; bf16 where the problem is fp32; the longest sequence
 // that fits on `ranks`), one clause each, for an error message.

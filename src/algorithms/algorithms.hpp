@@ -68,6 +68,16 @@ class SequenceParallel : public DistributedAttention {
   BufferPtr positions_;  // parts_.positions in the backend's memory
 };
 
+// What every algorithm checks of the shards it is given, on its own rank: a buffer of its backend
+// in the problem's dtype (make_attention's wrapper has checked the rest on every rank together).
+void check_shard_types(const Problem& problem, const Backend& backend, const ForwardShards& s);
+void check_shard_types(const Problem& problem, const Backend& backend, const BackwardShards& s);
+
+// `attention` whose forward and backward first run check_shards on every rank of `world`
+// together, so that a bad argument on one rank is the same CollectiveError on every rank.
+std::unique_ptr<DistributedAttention> with_checked_calls(
+    std::unique_ptr<DistributedAttention> attention, Communicator& world);
+
 // make_attention after its collective checks: the plan's algorithm, with sinks where the problem
 // has them.
 std::unique_ptr<DistributedAttention> make_checked_attention(const Problem& problem,

@@ -34,7 +34,7 @@ class AllGatherKvAttention final : public SequenceParallel {
   }
 
   void forward(const ForwardShards& s) override {
-    check_shards(problem_, backend_, s);
+    check_shard_types(problem_, backend_, s);
     BufferPtr kv = gather_kv(s.k, s.v, "forward");
     comm_->set_phase("forward.kernel");
     kv_order_.sort(Place::in(*kv), kv_rec_.per_token());
@@ -46,7 +46,7 @@ class AllGatherKvAttention final : public SequenceParallel {
   }
 
   void backward(const BackwardShards& s) override {
-    check_shards(problem_, backend_, s);
+    check_shard_types(problem_, backend_, s);
     const int64_t d = problem_.head_dim, b = problem_.batch, h = problem_.heads;
     BufferPtr kv = gather_kv(s.k, s.v, "backward");
     comm_->set_phase("backward.kernel");

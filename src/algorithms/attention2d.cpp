@@ -67,7 +67,7 @@ class Attention2D final : public Attention2DWithDelta {
   Backend& backend() const override { return backend_; }
 
   void forward(const ForwardShards& shards) override {
-    check_shards(problem_, backend_, shards);
+    check_shard_types(problem_, backend_, shards);
     if (plan_.algorithm == Algorithm::attention2d_overlap) {
       forward_overlapped(shards);
     } else {
@@ -76,14 +76,14 @@ class Attention2D final : public Attention2DWithDelta {
   }
 
   void backward(const BackwardShards& shards) override {
-    check_shards(problem_, backend_, shards);
+    check_shard_types(problem_, backend_, shards);
     backward_rows(shards, nullptr);
   }
 
   void backward_with_delta(const BackwardShards& shards, const RowTensor& delta) override {
     BackwardShards checked = shards;
     checked.out = shards.d_out;  // not read
-    check_shards(problem_, backend_, checked);
+    check_shard_types(problem_, backend_, checked);
     backward_rows(shards, &delta);
   }
 

@@ -89,7 +89,7 @@ class HybridAttention final : public DistributedAttention {
   Backend& backend() const override { return backend_; }
 
   void forward(const ForwardShards& s) override {
-    check_shards(problem_, backend_, s);
+    check_shard_types(problem_, backend_, s);
     const int64_t b = problem_.batch, d = problem_.head_dim;
     const int64_t hq = heads().heads, hkv = heads().kv_heads;
     const DType dtype = problem_.dtype;
@@ -126,7 +126,7 @@ class HybridAttention final : public DistributedAttention {
   }
 
   void backward(const BackwardShards& s) override {
-    check_shards(problem_, backend_, s);
+    check_shard_types(problem_, backend_, s);
     const int64_t b = problem_.batch, d = problem_.head_dim;
     const int64_t hq = heads().heads, hkv = heads().kv_heads;
     const DType dtype = problem_.dtype;

@@ -282,7 +282,7 @@ class RelayoutAttention final : public DistributedAttention {
   Backend& backend() const override { return inner_->backend(); }
 
   void forward(const ForwardShards& s) override {
-    check_shards(problem(), backend(), s);
+    algorithms::check_shard_types(problem(), backend(), s);
     const Problem& p = problem();
     Shard q = shard(p.heads), k = shard(p.kv_heads), v = shard(p.kv_heads), out = shard(p.heads);
     Rows lse = lse_rows();
@@ -298,7 +298,7 @@ class RelayoutAttention final : public DistributedAttention {
   }
 
   void backward(const BackwardShards& s) override {
-    check_shards(problem(), backend(), s);
+    algorithms::check_shard_types(problem(), backend(), s);
     const Problem& p = problem();
     Shard q = shard(p.heads), k = shard(p.kv_heads), v = shard(p.kv_heads), out = shard(p.heads),
           d_out = shard(p.heads), dq = shard(p.heads), dk = shard(p.kv_heads),
@@ -379,8 +379,9 @@ std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, con
   check_agreement(world, problem, plan, shards);
   std::unique_ptr<DistributedAttention> attention =
       algorithms::make_checked_attention(problem, plan, world, backend);
-  if (same_assignment(shards, attention->layout())) return attention;
-  return std::make_unique<RelayoutAttention>(std::move(attention), shards, world, backend);
+  if (!same_assignment(shards, attention->layout()))
+    attention = std::make_unique<RelayoutAttention>(std::move(attention), shards, world, backend);
+  return algorithms::with_checked_calls(std::move(attention), world);
 }
 
 }  // namespace a2d

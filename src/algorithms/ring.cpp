@@ -41,7 +41,7 @@ class RingAttention final : public SequenceParallel {
   }
 
   void forward(const ForwardShards& s) override {
-    check_shards(problem_, backend_, s);
+    check_shard_types(problem_, backend_, s);
     KvBuffers kv = own_kv(s.k, s.v);
     BufferPtr partial = backend_.allocate(partial_rec_.bytes(own_tokens_));
     const PartialTensor state = partial_records(partial_rec_, *partial, 0);
@@ -57,7 +57,7 @@ class RingAttention final : public SequenceParallel {
   }
 
   void backward(const BackwardShards& s) override {
-    check_shards(problem_, backend_, s);
+    check_shard_types(problem_, backend_, s);
     const int64_t d = problem_.head_dim;
     const int64_t b = problem_.batch, h = problem_.heads;
     BufferPtr delta = backend_.allocate(b * h * own_tokens_ * kFloatBytes);

@@ -39,7 +39,7 @@ class UlyssesAttention final : public SequenceParallel {
                   parts_.counts, rank_) {}
 
   void forward(const ForwardShards& s) override {
-    check_shards(problem_, backend_, s);
+    check_shard_types(problem_, backend_, s);
     const int64_t d = problem_.head_dim, hq = group_.heads, hkv = group_.kv_heads;
     const DType dtype = problem_.dtype;
     const int64_t e = dtype_bytes(dtype);
@@ -70,7 +70,7 @@ class UlyssesAttention final : public SequenceParallel {
   }
 
   void backward(const BackwardShards& s) override {
-    check_shards(problem_, backend_, s);
+    check_shard_types(problem_, backend_, s);
     const int64_t b = problem_.batch, d = problem_.head_dim, hq = group_.heads,
                   hkv = group_.kv_heads;
     const DType dtype = problem_.dtype;

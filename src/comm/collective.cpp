@@ -27,15 +27,14 @@ void collective_check(Communicator& comm, const std::function<void()>& stage) {
     message = std::string("unexpected error: ") + e.what();
     message += '\0' + message;
   }
-  // [first failing rank (or size if none), number of failing ranks]
-  // The lowest failing rank (as the max of -rank) and the number of failing ranks, in one
-  // all-reduce each.
-  int64_t first = failed ? -comm.rank() : -comm.size();
+  // The lowest failing rank, as the max of (size - rank), 0 where none failed: one all-reduce
+  // when every rank passed, a second for the number of failing ranks when one did not.
+  int64_t seen = failed ? comm.size() - comm.rank() : 0;
+  comm.all_reduce(&seen, 1, Reduction::max);
+  if (seen == 0) return;
+  const int64_t first = comm.size() - seen;
   int64_t failures = failed ? 1 : 0;
-  comm.all_reduce(&first, 1, Reduction::max);
   comm.all_reduce(&failures, 1, Reduction::sum);
-  first = -first;
-  if (failures == 0) return;
   int64_t length = comm.rank() == first ? static_cast<int64_t>(message.size()) : 0;
   comm.broadcast(&length, sizeof length, static_cast<int>(first));
   std::vector<char> text(static_cast<size_t>(length));

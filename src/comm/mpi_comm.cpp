@@ -604,6 +604,12 @@ std::unique_ptr<Communicator> make_mpi_communicator(MPI_Comm comm) {
   A2D_REQUIRE(seen[0] == 0, "A2D_MPI_WAIT is neither spin nor sleep on another rank");
   A2D_REQUIRE(-seen[1] == seen[2], "A2D_MPI_WAIT differs between ranks (spin on some, sleep on ",
               "others): set it the same on every rank (mpirun -x A2D_MPI_WAIT=...)");
+  // An application that started MPI itself (no MpiSession): its errors name the rank too.
+  if (error_rank() < 0) {
+    int world_rank = -1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+    set_error_rank(world_rank);
+  }
   MPI_Comm copy;
   A2D_MPI(MPI_Comm_dup(comm, &copy));
   return std::make_unique<MpiCommunicator>(copy);

@@ -63,6 +63,15 @@ std::map<std::string, Traffic> relayout_traffic(const Problem& problem, const Pl
 std::map<std::string, Traffic> predict_traffic(const Problem& problem, const Plan& plan, int rank,
                                                const UserShards* shards) {
   std::map<std::string, Traffic> phases = predict_traffic(problem, plan, rank);
+  // The attention make_attention returns checks every call's shards on every rank together
+  // (shard_checks.cpp): one all-reduce of one int64 per call (comm.hpp's charge). Named apart
+  // from the algorithm's "forward"/"backward" phases: the time model leaves this latency out.
+  const int64_t ranks = plan.ranks();
+  if (ranks > 1) {
+    const Traffic check{2 * (ranks - 1) * 8, 2 * (ranks - 1)};
+    phases[kCheckForwardPhase] = check;
+    phases[kCheckBackwardPhase] = check;
+  }
   if (shards) {
     for (const auto& [name, t] : relayout_traffic(problem, plan, *shards, rank))
       phases[name] = t;

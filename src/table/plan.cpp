@@ -118,45 +118,8 @@ std::unique_ptr<DistributedAttention> make_attention(const Problem& problem, con
     backend.check_supported(problem.dtype, problem.head_dim, problem.mask, problem.softcap);
   });
   check_agreement(world, problem, plan);
-  return algorithms::make_checked_attention(problem, plan, world, backend);
-}
-
-namespace {
-void check_tensor(const Problem& problem, const Backend& backend, const TokenTensor& t,
-                  const char* name) {
-  A2D_REQUIRE(t.buffer, "the ", name, " shard has no buffer");
-  A2D_REQUIRE(&t.buffer->backend() == &backend, "the ", name, " shard is a buffer of the ",
-              t.buffer->backend().name(), " backend, but the attention computes with the ",
-              backend.name(), " backend");
-  A2D_REQUIRE(t.dtype == problem.dtype, "the ", name, " shard holds ", dtype_name(t.dtype),
-              " but the problem's dtype is ", dtype_name(problem.dtype));
-}
-void check_rows(const Backend& backend, const RowTensor& t, const char* name) {
-  A2D_REQUIRE(t.buffer, "the ", name, " shard has no buffer");
-  A2D_REQUIRE(&t.buffer->backend() == &backend, "the ", name, " shard is a buffer of the ",
-              t.buffer->backend().name(), " backend, but the attention computes with the ",
-              backend.name(), " backend");
-}
-}  // namespace
-
-void check_shards(const Problem& problem, const Backend& backend, const ForwardShards& s) {
-  check_tensor(problem, backend, s.q, "Q");
-  check_tensor(problem, backend, s.k, "K");
-  check_tensor(problem, backend, s.v, "V");
-  check_tensor(problem, backend, s.out, "O");
-  check_rows(backend, s.lse, "LSE");
-}
-
-void check_shards(const Problem& problem, const Backend& backend, const BackwardShards& s) {
-  check_tensor(problem, backend, s.q, "Q");
-  check_tensor(problem, backend, s.k, "K");
-  check_tensor(problem, backend, s.v, "V");
-  check_tensor(problem, backend, s.out, "O");
-  check_tensor(problem, backend, s.d_out, "dO");
-  check_rows(backend, s.lse, "LSE");
-  check_tensor(problem, backend, s.dq, "dQ");
-  check_tensor(problem, backend, s.dk, "dK");
-  check_tensor(problem, backend, s.dv, "dV");
+  return algorithms::with_checked_calls(
+      algorithms::make_checked_attention(problem, plan, world, backend), world);
 }
 
 }  // namespace a2d

@@ -18,7 +18,7 @@ machinery (backends, communicators, algorithms, the cost model, the programs) st
     model        model cost_model memory_check planner                  src/model src/table
     simulation   sim                                                    src/backends/sim
     inference    inference                                              src/inference
-    session      session                                                src/session
+    session      session shard_attention                                src/session
     tools        tools/*                                                src/tools
     programs     -                                                      apps bench python/src
                                                                         tests fuzz examples sim
@@ -85,7 +85,7 @@ LAYERS = [
         "src/inference",
     ]),
     ("session", [
-        "include/attention2d/session.hpp",
+        "include/attention2d/session.hpp", "include/attention2d/shard_attention.hpp",
         "src/session",
     ]),
     ("tools", [

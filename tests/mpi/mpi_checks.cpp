@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "attention2d/collective.hpp"
 #include "attention2d/cost_model.hpp"
 #include "attention2d/error.hpp"
 #include "attention2d/model.hpp"
@@ -233,6 +234,17 @@ void expect_model_totals(Communicator& world, const TrafficLog& log, const Probl
   EXPECT_EQ(model.backward.messages, counted[3]) << what << ": backward messages per rank";
   EXPECT_DOUBLE_EQ(element_bytes * model.words_forward, static_cast<double>(counted[0])) << what;
   EXPECT_DOUBLE_EQ(element_bytes * model.words_backward, static_cast<double>(counted[2])) << what;
+}
+
+std::string error_of(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const CollectiveError& e) {
+    return e.what();
+  } catch (const Error& e) {
+    return std::string("raised on this rank alone: ") + e.what();
+  }
+  return "accepted";
 }
 
 }  // namespace a2d

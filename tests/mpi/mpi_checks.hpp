@@ -1,6 +1,7 @@
 // Checks shared by the MPI test programs.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -73,5 +74,9 @@ void expect_model_totals(Communicator& world, const TrafficLog& log, const Probl
 void expect_traffic_equals_model(Communicator& world, const TrafficLog& log,
                                  const Problem& problem, const Plan& plan, const std::string& what,
                                  const UserShards* shards = nullptr);
+
+// What `call` raised: a CollectiveError's what(), "raised on this rank alone: ..." for any other
+// a2d::Error, "accepted" when it returned.
+std::string error_of(const std::function<void()>& call);
 
 }  // namespace a2d

@@ -36,7 +36,8 @@ for mode in skip raise exit freeze slow; do
     [ "$stalled" = 0.0 ] || note=" (the machine stood still for $stalled s of it: not counted)"
     bound=$(( ${timeout%.*} + 15 ))
     case $mode in
-      skip)   expected="phase [0-9]* backward\.|phase [0-9]* forward\." ;;
+      # the waiting ranks are in a call: its shard check (check.*) or an algorithm phase
+      skip)   expected="phase [0-9]* (backward\.|forward\.|check\.backward|check\.forward)" ;;
       raise)  expected="outside attention2d"; bound=$(( 2 * ${timeout%.*} + 15 )) ;;
       exit)   expected="rank 1 (is gone|left|closed)" ;;
       freeze) expected="not answering \(dead or stuck\): rank 1 " ;;
