@@ -102,9 +102,11 @@ struct PlanRequest {
 };
 
 // The plan `request` asks for, checked against the problem and the job's `ranks` (check_plan):
-// the one place a request becomes a plan, for every front end. Where the cost model chooses, it
-// charges the exchanges from and to `shards` where given and `chosen` (if not null) says so and
-// on which machine model. Throws a2d::Error naming the field (in a2d run's option words).
+// the one place a request becomes a plan, for every front end (a2d run, bench and decode; the
+// Python package; the C++ door). The cost model chooses where the request leaves it open
+// (chosen_by_planner, or, with the caller's `shards`, whenever the grid is open: it then also
+// weighs running in the shards' own layout) and charges the exchanges from and to `shards`;
+// `chosen` (if not null) then says so and on which machine model. Throws a2d::Error naming the field (in a2d run's option words).
 Plan resolve_plan(const PlanRequest& request, const Problem& problem, int ranks,
                   std::string* chosen = nullptr, const UserShards* shards = nullptr);
 

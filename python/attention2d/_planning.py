@@ -233,40 +233,18 @@ def _resolve_plan(problem, ranks, algo="auto", grid=None, machine=None, calibrat
                         % ((u, rows, cols) if u > 1 else (rows, cols),
                            "hybrid" if u > 1 else "attention2d", algo))
         grid, heads_parallel = mesh_grid, (u if u > 1 else None)
-    hybrid = algo == "hybrid"
-    if heads_parallel is not None and not hybrid:
+    if heads_parallel is not None and algo != "hybrid":
         raise Error("heads_parallel applies to algo='hybrid' only")
     if heads_parallel is not None:
         _check_heads_parallel(problem, ranks, heads_parallel, grid)
-    u = int(heads_parallel or 0)
+    # The rest is the library's (resolve_plan, as a2d run resolves its options); the checks above
+    # name this call's own arguments.
     with _InPythonWords():
-        if grid and hybrid:
-            rows, cols = (int(x) for x in grid.split("x"))
-            if u == 0:
-                if ranks % (rows * cols):
-                    raise Error("hybrid: grid=(%d, %d) does not divide the %d ranks"
-                                % (rows, cols, ranks))
-                u = ranks // (rows * cols)
-        elif grid:
-            _core.check_grid(grid, ranks)
-        grid_matters = algo == "auto" or algo in _ATTENTION2D_ALGOS or hybrid
-        # With the caller's shards the planner also weighs running in their layout (Ring,
-        # all-gather K/V and Ulysses take any layout): ask it whenever the grid is open.
-        if algo == "auto" or (not grid and (grid_matters or shards_kind)):
-            chosen, _, _ = _core.choose_plan(
-                problem, ranks, ranks, machine or "",
-                calibration or _core.default_calibration_file(), machine_file or "",
-                "" if algo == "auto" else algo, grid if grid_matters else "", u, shards_kind,
-                shard_counts, list(slots or []) if shards_kind else [])
-        else:
-            chosen = _core.default_plan(algo, problem, ranks)
-            if grid:
-                chosen.grid = tuple(int(x) for x in grid.split("x"))
-            if hybrid:
-                chosen.heads_parallel = u
-        chosen.threads = int(threads)
-        _core.check_plan(chosen, problem, ranks)
-    return chosen
+        return _core.resolve_plan(
+            problem, ranks, "" if algo == "auto" else algo, grid, int(heads_parallel or 0),
+            int(threads), machine or "", calibration or _core.default_calibration_file(),
+            machine_file or "", shards_kind, shard_counts,
+            list(slots or []) if shards_kind else [])
 
 
 def plan(seq, heads, head_dim, kv_heads=None, batch=1, causal=False, window=0,

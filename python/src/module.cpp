@@ -219,6 +219,24 @@ PYBIND11_MODULE(_core, m) {
           return py::make_tuple(planned.plan, prediction_dict(planned.prediction),
                                 planned.machine_description);
         });
+  // The plan of a request (planner.hpp's resolve_plan, as a2d run resolves its options): algo ""
+  // and grid "" leave them to the cost model, heads_parallel 0 to the grid or the model.
+  m.def("resolve_plan",
+        [](const a2d::Problem& problem, int ranks, const std::string& algo,
+           const std::string& grid, int heads_parallel, int threads, const std::string& machine,
+           const std::string& calibration, const std::string& machine_file,
+           const std::string& shards_kind, const std::vector<int64_t>& shard_counts,
+           const std::vector<int64_t>& shard_slots) {
+          a2d::PlanRequest request;
+          request.algo = algo;
+          request.grid = grid;
+          request.heads_parallel = heads_parallel;
+          request.threads = threads;
+          request.machine = a2d::MachineChoice{machine, calibration, machine_file};
+          const auto shards =
+              user_shards(shards_kind, shard_counts, problem.seq, ranks, shard_slots);
+          return a2d::resolve_plan(request, problem, ranks, nullptr, shards ? &*shards : nullptr);
+        });
   // Every plan the model ranks, fastest first: [(plan, prediction)], and the skipped ones.
   m.def("search_plans",
         [](const a2d::Problem& problem, int ranks, int ranks_per_node, const std::string& machine,

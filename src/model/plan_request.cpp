@@ -60,7 +60,9 @@ Plan resolve_plan(const PlanRequest& request, const Problem& problem, int ranks,
   }
   Plan p;
   const bool grid_matters = grid_matters_for(algo);
-  if (request.chosen_by_planner()) {
+  // With the caller's shards the model also weighs running in their layout (Ring, all-gather
+  // K/V and Ulysses take any layout): it chooses whenever the grid is open.
+  if (request.chosen_by_planner() || (shards && grid.empty())) {
     MachineChoice machine = request.machine;
     if (machine.calibration_file.empty()) machine.calibration_file = default_calibration_file();
     const PlannedRun planned = choose_plan(problem, ranks, ranks, machine, algo,
