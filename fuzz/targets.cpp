@@ -160,7 +160,7 @@ void mask_ranges(const uint8_t* data, size_t size) {
   } catch (const Error&) {
     return;  // refused with a message: the expected outcome for bad input
   }
-  expect(mask.kind == MaskKind::ranges && mask.slices() <= static_cast<int64_t>(slices.size()));
+  expect(mask.has_ranges() && mask.slices() <= static_cast<int64_t>(slices.size()));
   // Brute force on the first positions.
   const int64_t n = std::min<int64_t>(seq, 48);
   const MaskView view = mask.view();

@@ -29,7 +29,7 @@ void report_mode(const KernelOptions& o, const KernelSetup& setup, const FmaPeak
         .add("heads", o.heads)
         .add("kv_heads", o.kv_heads)
         .add("head_dim", o.head_dim)
-        .add("causal", mask.kind == MaskKind::causal || mask.kind == MaskKind::causal_window)
+        .add("causal", mask.is_causal())
         .add("mask", mask.describe())
         .add("documents", mask.documents())
         .add("window", o.window)

@@ -316,8 +316,7 @@ void add_problem_fields(JsonLine& line, const Problem& problem) {
       .add("heads", problem.heads)
       .add("kv_heads", problem.kv_heads)
       .add("head_dim", problem.head_dim)
-      .add("causal",
-           problem.mask.kind == MaskKind::causal || problem.mask.kind == MaskKind::causal_window)
+      .add("causal", problem.mask.is_causal())
       .add("documents", problem.mask.documents())
       .add("window", problem.mask.window)
       .add("mask", problem.mask.describe());

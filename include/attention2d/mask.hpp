@@ -424,6 +424,11 @@ struct Mask {
   // Whether a decoder can extend it by tokens appended after the sequence: a new token must see
   // only keys at or before its position, by a rule of positions alone (causal, causal windows).
   bool extends_causally() const;
+  // Whether the position rule shows each query only keys at or before it (causal, causal windows),
+  // with documents or without: the "causal" of reports and of the Python Problem.
+  bool is_causal() const { return kind == MaskKind::causal || kind == MaskKind::causal_window; }
+  // The causal triangle itself: every key at or before its query, one document.
+  bool plain_causal() const { return kind == MaskKind::causal && !doc_offsets; }
   // Whether it is defined for one sequence length only (documents, ranges): a problem of another
   // length cannot keep it.
   bool fixed_length() const { return doc_offsets != nullptr || kind == MaskKind::ranges; }
@@ -442,6 +447,9 @@ struct Mask {
   // slices (0 when none); ranks that pass different masks differ in it.
   int64_t digest() const;
 };
+
+// "none", "causal", "causal-window", "window", "ranges": a kind's name in messages.
+const char* mask_kind_name(MaskKind kind);
 
 // The band of a slice type over [q0, q1) x [k0, k1) (MaskSlice), as lo <= k - q <= hi.
 MaskPiece slice_piece(const MaskSlice& slice);

@@ -74,10 +74,7 @@ PYBIND11_MODULE(_core, m) {
       .def_readwrite("scale", &a2d::Problem::scale)
       .def_property(
           "causal",
-          [](const a2d::Problem& p) {
-            return p.mask.kind == a2d::MaskKind::causal ||
-                   p.mask.kind == a2d::MaskKind::causal_window;
-          },
+          [](const a2d::Problem& p) { return p.mask.is_causal(); },
           [](a2d::Problem& p, bool causal) {
             const auto documents = p.mask.doc_offsets;
             p.mask = causal ? (p.mask.window > 0 ? a2d::Mask::causal_window(p.mask.window)
@@ -89,8 +86,7 @@ PYBIND11_MODULE(_core, m) {
           "window", [](const a2d::Problem& p) { return p.mask.window; },
           [](a2d::Problem& p, int64_t window) {
             A2D_REQUIRE(window >= 0, "window must be >= 0 (0: no window), got ", window);
-            const bool causal =
-                p.mask.kind == a2d::MaskKind::causal || p.mask.kind == a2d::MaskKind::causal_window;
+            const bool causal = p.mask.is_causal();
             A2D_REQUIRE(window == 0 || causal,
                         "a window needs causal=True (the window is q - window < k <= q)");
             const auto documents = p.mask.doc_offsets;

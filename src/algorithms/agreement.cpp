@@ -27,19 +27,7 @@ std::string dtype_text(int64_t value) {
 }
 
 std::string mask_kind_text(int64_t value) {
-  switch (static_cast<MaskKind>(value)) {
-    case MaskKind::none:
-      return "none";
-    case MaskKind::causal:
-      return "causal";
-    case MaskKind::causal_window:
-      return "causal-window";
-    case MaskKind::window:
-      return "window";
-    case MaskKind::ranges:
-      return "ranges";
-  }
-  return std::to_string(value);
+  return mask_kind_name(static_cast<MaskKind>(value));
 }
 
 std::vector<Field> descriptor(const Problem& p, const Plan& plan) {

@@ -260,6 +260,22 @@ MaskBalance Mask::balance() const {
   }
 }
 
+const char* mask_kind_name(MaskKind kind) {
+  switch (kind) {
+    case MaskKind::none:
+      return "none";
+    case MaskKind::causal:
+      return "causal";
+    case MaskKind::causal_window:
+      return "causal-window";
+    case MaskKind::window:
+      return "window";
+    case MaskKind::ranges:
+      return "ranges";
+  }
+  return "unknown";
+}
+
 bool Mask::extends_causally() const {
   return !doc_offsets && (kind == MaskKind::causal || kind == MaskKind::causal_window);
 }

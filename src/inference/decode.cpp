@@ -20,7 +20,7 @@ void check_decodable(const Problem& problem) {
               "): its slices are defined for the ",
               "prefill's tokens only, and say nothing of "
               "the tokens appended after them");
-  A2D_REQUIRE(mask.kind != MaskKind::window, "decoding cannot extend ", mask.describe(),
+  A2D_REQUIRE(mask.window_right() <= 0, "decoding cannot extend ", mask.describe(),
               ": its right side shows keys after the "
               "query, which a new token does not have yet; use --window-size L,0 (or --window)");
   A2D_REQUIRE(mask.extends_causally(),

@@ -63,8 +63,7 @@ CriticalPath critical_path(const PhaseTimes& x) {
 // earlier chunk.
 double critical_flops(const Problem& p, const Plan& plan) {
   const int ranks = plan.grid.size();
-  if (!(plan.layout == LayoutKind::contiguous && p.mask.kind == MaskKind::causal &&
-        !p.mask.has_documents() && ranks > 1)) {
+  if (!(plan.layout == LayoutKind::contiguous && p.mask.plain_causal() && ranks > 1)) {
     return 0;
   }
   const TokenLayout layout(plan.layout, p.seq, ranks, plan.stripe);
