@@ -42,6 +42,11 @@ while [[ $# -gt 0 ]]; do
     *) echo "sim/run.sh: unknown option $1 (usage: sim/run.sh --platform NAME -np P -- [a2d sim options])" >&2; exit 2 ;;
   esac
 done
+# a2d sim's own --help: SimGrid would take it for its own under smpirun, and an SMPI binary runs
+# only there, so the native build it was built beside (<build>/smpi/a2d: <build>/a2d) prints them.
+for arg in "$@"; do
+  if [[ $arg == --help || $arg == -h ]]; then exec "$(dirname "$binary")/../a2d" sim --help; fi
+done
 [[ -n $platform && -n $np ]] || { echo "sim/run.sh: --platform and -np are required" >&2; exit 2; }
 xml=$here/platforms/$platform.xml
 hosts=$here/platforms/$platform.hosts

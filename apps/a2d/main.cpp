@@ -15,6 +15,7 @@
 #include "attention2d/version.hpp"
 #include "attention2d/watchdog.hpp"
 #include "commands.hpp"
+#include "sim_options.hpp"
 
 namespace {
 
@@ -105,10 +106,12 @@ int sim_elsewhere(int argc, char** argv, int first) {
       "simulated platform; docs/simulation.md\n";
   for (int i = first; i < argc; ++i) {
     if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") {
-      std::cout << "usage: a2d sim [options]   (the SMPI build only)\n\n" << where
-                << "\noptions:\n"
-                << "  --help                this text ('build/smpi/a2d sim --help' lists the options\n"
-                << "                        of the SMPI build)\n";
+      // The SMPI build's options, printed here: that binary runs only under smpirun, whose
+      // SimGrid takes --help for itself (sim/run.sh ... -- --help comes here).
+      SimOptions o;
+      cli::Options options(kSimUsage, kSimAbout);
+      declare_sim_options(options, o);
+      std::cout << options.help() << "\n" << where;
       return 0;
     }
   }

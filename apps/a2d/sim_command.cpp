@@ -33,23 +33,10 @@
 #include "commands.hpp"
 #include "problem_options.hpp"
 #include "run_support.hpp"
+#include "sim_options.hpp"
 
 namespace a2d::commands {
 namespace {
-
-struct SimOptions {
-  cli::ProblemOptions problem;
-  std::string machine = "h100-ndr";
-  std::string machine_file;
-  std::string plans = algorithm_list(",");  // every algorithm of the table (src/table/)
-  int64_t gpus_per_node = 1;
-  int64_t top = 0;
-  int64_t warmup = 0, iters = 1;  // deterministic: a warm-up call changes nothing
-  double memory_gbs = -1;         // -1: the preset's HBM bandwidth, 0 with a machine file
-  double host_reduction_gbs = 0;
-  int64_t pool_gib = 64;
-  bool backward = false, json = false, cuda_rules = false;
-};
 
 // HBM bandwidth of the presets' GPUs, from their datasheets: the A100 SXM4 80GB's 2039 GB/s and
 // the H100 SXM5's 3.35 TB/s (docs/simulation.md, "The device").
@@ -257,40 +244,8 @@ int sim(int argc, char** argv, int first) {
   CountingCommunicator world(make_mpi_communicator(MPI_COMM_WORLD), log);
   return run_simulated(world, [&]() -> int {
     SimOptions o;
-    o.problem.dtype = "bf16";
-    cli::Options options(
-        "sim/run.sh --platform NAME -np P -- [a2d sim options]",
-        "Runs plans of the engine on the simulated device inside SimGrid (SMPI) and reports the\n"
-        "simulated time of the slowest rank, per phase, beside the cost model's prediction\n"
-        "(docs/simulation.md). A simulation, not a measurement.");
-    o.problem.declare(options);
-    options.add_string("--machine", &o.machine,
-                       "the device's kernel rates: a100-hdr or h100-ndr (cost model presets)");
-    options.add_string("--machine-file", &o.machine_file,
-                       "the kernel rates (and the model's links) from a machine file instead");
-    options.add_int("--gpus-per-node", &o.gpus_per_node,
-                    "ranks per node of the platform, for the model's prediction (a machine "
-                    "file's ranks_per_node replaces it)");
-    options.add_string("--plans", &o.plans,
-                       "comma-separated ALGO[:RxC][:uU][:LAYOUT][:nt]; a grid algorithm without "
-                       "a grid takes the model's fastest plan of it");
-    options.add_int("--top", &o.top, "also the planner's K fastest plans");
-    options.add_flag("--backward", &o.backward, "also the backward pass");
-    options.add_int("--warmup", &o.warmup,
-                    "untimed calls per plan (0: the simulation is deterministic, and the first "
-                    "call is timed as the others)");
-    options.add_int("--iters", &o.iters, "timed calls per plan (the simulation is deterministic)");
-    options.add_double("--memory-gbs", &o.memory_gbs,
-                       "device memory bandwidth for data operations, GB/s (default: the preset "
-                       "GPU's HBM; 0: free, and with --machine-file)");
-    options.add_double(
-        "--host-reduction-gbs", &o.host_reduction_gbs,
-        "the MPI communicator's ring reduce-scatter sums, GB/s (0: free, as NCCL's)");
-    options.add_flag("--cuda-rules", &o.cuda_rules,
-                     "refuse what the CUDA kernels refuse (always with --machine; with "
-                     "--machine-file when the file describes GPUs)");
-    options.add_int("--pool-gib", &o.pool_gib, "address space per rank for device buffers, GiB");
-    options.add_flag("--json", &o.json, "one JSON object per plan");
+    cli::Options options(kSimUsage, kSimAbout);
+    declare_sim_options(options, o);
     bool asked_help = false;
     Problem problem;
     Machine machine;
