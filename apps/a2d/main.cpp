@@ -109,9 +109,10 @@ int sim_elsewhere(int argc, char** argv, int first) {
       // The SMPI build's options, printed here: that binary runs only under smpirun, whose
       // SimGrid takes --help for itself (sim/run.sh ... -- --help comes here).
       SimOptions o;
-      cli::Options options(kSimUsage, kSimAbout);
+      cli::Options options(kSimUsage, std::string(kSimAbout) +
+                                          " This build lists the options only: " + where);
       declare_sim_options(options, o);
-      std::cout << options.help() << "\n" << where;
+      std::cout << options.help();
       return 0;
     }
   }

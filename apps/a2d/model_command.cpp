@@ -110,7 +110,9 @@ void print_table(const PlanSearch& search, const Problem& problem, const Machine
   try {
     check_machine_runs(machine, problem);
   } catch (const Error& e) {
-    std::printf("note: %s; these are predictions for kernels that would\n", e.message().c_str());
+    std::printf("note: %s; the predictions below are for kernels that would run it at the "
+                "machine's rates\n",
+                e.message().c_str());
   }
   const RankedPlan* ring = best_ring(search, forward_only);
   const auto header = [&] {

@@ -37,8 +37,9 @@ void ProblemOptions::declare(Options& options) {
   options.add_string("--dtype", &dtype,
                      std::string("element type of Q, K, V, O and the gradients: fp32, bf16 or "
                                  "fp16; statistics and partial sums stay fp32 (default: ") +
-                         (dtype_by_machine ? "bf16 on a GPU machine, fp32 on a CPU one"
-                                           : "bf16 with --device cuda, else fp32") +
+                         (dtype_default      ? dtype_default
+                          : dtype_by_machine ? "bf16 on a GPU machine, fp32 on a CPU one"
+                                             : "bf16 with --device cuda, else fp32") +
                          "; docs/usage.md, \"Defaults\")");
 }
 

@@ -34,6 +34,8 @@ struct ProblemOptions {
   std::string dtype;  // "" = the default: bf16 on GPUs, fp32 on CPUs (docs/usage.md, "Defaults")
   // The help's words for that default: the machine's (a2d model, plan) or the device's.
   bool dtype_by_machine = false;
+  // The --dtype help's default where neither rule applies (a2d sim: always bf16); null: by them.
+  const char* dtype_default = nullptr;
 
   void declare(Options& options);
   // Validated; `default_dtype` where --dtype was not given (the device's or the machine's).

@@ -6,6 +6,7 @@ namespace a2d::commands {
 
 void declare_sim_options(cli::Options& options, SimOptions& o) {
   o.problem.dtype = "bf16";
+  o.problem.dtype_default = "bf16, as the simulated device is a GPU";
   o.plans = algorithm_list(",");
   o.problem.declare(options);
   options.add_string("--machine", &o.machine,

@@ -25,7 +25,8 @@ struct SimOptions {
   bool backward = false, json = false, cuda_rules = false;
 };
 
-inline constexpr const char* kSimUsage = "sim/run.sh --platform NAME -np P -- [a2d sim options]";
+inline constexpr const char* kSimUsage =
+    "`sim/run.sh --platform NAME -np P -- [a2d sim options]`";
 inline constexpr const char* kSimAbout =
     "Runs plans of the engine on the simulated device inside SimGrid (SMPI) and reports the\n"
     "simulated time of the slowest rank, per phase, beside the cost model's prediction\n"

@@ -59,8 +59,15 @@ PlanSearch search_plans(const Problem& problem, int ranks, const Machine& machin
             {plan, predict_with(problem, plan, placed, ranks_per_node, shards, counts_for(plan)),
              cyclic});
       } catch (const Error& e) {
-        if (cyclic == machine.cyclic_placement)
-          search.skipped.emplace_back(algorithm_name(plan.algorithm), e.message());
+        // Once per reason (plans of one algorithm that differ in their grid often share it),
+        // without the algorithm's name repeated where the reason starts with it.
+        std::string reason = e.message();
+        const std::string name = algorithm_name(plan.algorithm);
+        if (reason.rfind(name + ": ", 0) == 0) reason.erase(0, name.size() + 2);
+        const std::pair<std::string, std::string> entry{name, reason};
+        if (cyclic == machine.cyclic_placement &&
+            std::find(search.skipped.begin(), search.skipped.end(), entry) == search.skipped.end())
+          search.skipped.push_back(entry);
       }
     }
   }

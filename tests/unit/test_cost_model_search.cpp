@@ -43,9 +43,10 @@ TEST(CostModel, SearchListsEveryCandidateAndSkipsUlyssesWithAReason) {
   const PlanSearch search = search_plans(p, 6, preset_machine("h100-ndr", DType::bf16), 8);
   // 4 grids x 2 variants x 2 transposes + ring + allgather-kv + the hybrid at U = 2 (grids 1x3
   // and 3x1); Ulysses cannot (6 does not divide 4), nor the hybrid at U = 3 (grids 1x2, 2x1) and
-  // U = 6 (neither divides nor is a multiple of Hkv = 4).
+  // U = 6 (neither divides nor is a multiple of Hkv = 4). Each reason once (U = 3's two grids
+  // share theirs), without the algorithm's name repeated at its start.
   EXPECT_EQ(search.ranked.size(), 20u);
-  ASSERT_EQ(search.skipped.size(), 4u);
+  ASSERT_EQ(search.skipped.size(), 3u);
   EXPECT_EQ(search.skipped[0].first, "ulysses");
   int hybrids = 0;
   for (const RankedPlan& r : search.ranked) {
@@ -54,12 +55,16 @@ TEST(CostModel, SearchListsEveryCandidateAndSkipsUlyssesWithAReason) {
     ++hybrids;
   }
   EXPECT_EQ(hybrids, 2);
-  for (size_t i = 1; i < 4; ++i) {
+  for (size_t i = 1; i < 3; ++i) {
     EXPECT_EQ(search.skipped[i].first, "hybrid");
     EXPECT_NE(search.skipped[i].second.find("must divide the number of K/V heads (4)"),
               std::string::npos)
         << search.skipped[i].second;
+    EXPECT_NE(search.skipped[i].second.rfind("hybrid:", 0), 0u) << search.skipped[i].second;
   }
+  EXPECT_NE(search.skipped[1].second, search.skipped[2].second);
+  EXPECT_NE(search.skipped[1].second.find("--heads-parallel 3 "), std::string::npos);
+  EXPECT_NE(search.skipped[2].second.find("--heads-parallel 6 "), std::string::npos);
   // Fastest first, but for ties: plans within kPlanTieTolerance of each other rank by memory
   // (test_planner.cpp checks that order).
   for (size_t i = 1; i < search.ranked.size(); ++i) {
