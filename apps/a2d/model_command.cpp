@@ -54,6 +54,15 @@ struct ModelOptions {
                      "the mean rank's");
   }
 
+  // A machine file places the ranks on nodes itself (its ranks_per_node, which it must have):
+  // --gpus-per-node beside it would be ignored, so it is refused.
+  void refuse_per_node_beside_file(const cli::Options& options) const {
+    A2D_REQUIRE(!options.given("--gpus-per-node") || machine.file.empty(), "--gpus-per-node ",
+                gpus_per_node, " and --machine-file ", machine.file,
+                " contradict each other: the file's ranks_per_node places the ranks on nodes; "
+                "give one of them");
+  }
+
   int ranks() const {
     A2D_REQUIRE(gpus >= 1 && gpus <= (1 << 20), "--gpus must be between 1 and 2^20, got ", gpus);
     A2D_REQUIRE(gpus_per_node >= 1, "--gpus-per-node must be at least 1, got ", gpus_per_node);
@@ -386,6 +395,7 @@ int model(int argc, char** argv, int first) {
   options.add_string("--plot-x", &o.plot_x,
                      "gpus (powers of two up to --gpus, at least 64) or seq (N/16 .. 16N)");
   if (!options.parse(argc, argv, first)) return 0;
+  o.refuse_per_node_beside_file(options);
   const int ranks = o.ranks();
   const MachineChoice choice = o.machine.choice();
   const Problem problem = o.problem.problem(choice.default_dtype(ranks));
@@ -455,6 +465,7 @@ int plan(int argc, char** argv, int first) {
       "plans and the fastest Ring Attention plan) and the command that runs it.");
   o.declare(options, false);
   if (!options.parse(argc, argv, first)) return 0;
+  o.refuse_per_node_beside_file(options);
   const int ranks = o.ranks();
   const MachineChoice choice = o.machine.choice();
   const bool dtype_given = !o.problem.dtype.empty();

@@ -184,8 +184,11 @@ int64_t parse_size(const std::string& option, const std::string& text) {
                   value >= 0 && scale > 0,
               option, " expects a size such as 80GiB, 500MiB or 4096 (bytes), or none; got '", text,
               "'");
-  A2D_REQUIRE(unit.empty() || value * scale >= 1 || value == 0, option, " of ", text,
-              " is less than a byte");
+  // 0 bytes would exclude every plan; "none" is the way to lift the cap: a 0 is refused rather
+  // than read as either.
+  A2D_REQUIRE(value * scale >= 1, option, " of ", text,
+              value == 0 ? " would exclude every plan: give a size, or none for no cap"
+                         : " is less than a byte");
   return static_cast<int64_t>(value * scale);
 }
 

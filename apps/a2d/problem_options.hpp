@@ -102,14 +102,15 @@ struct MachineOptions {
   std::string max_memory;  // "" = the machine's memory per rank; "none" = no cap
 
   // presets: also --machine; memory: also --max-memory; per_node: the command has
-  // --gpus-per-node (which a machine file's ranks_per_node replaces).
+  // --gpus-per-node (refused beside a machine file, whose ranks_per_node says it).
   void declare(Options& options, bool presets, bool memory, bool per_node);
   // Throws a2d::Error for a bad --max-memory or --machine with --machine-file.
   MachineChoice choice() const;
 };
 
 // A size in bytes: a number with an optional unit B, KiB, MiB, GiB, TiB (or K, M, G, T, also
-// powers of 1024), "none" or "0" for no cap. Throws a2d::Error naming `option`.
+// powers of 1024), or "none" for no cap (0: none returned); 0 bytes, which would exclude every
+// plan, is refused. Throws a2d::Error naming `option`.
 int64_t parse_size(const std::string& option, const std::string& text);
 
 struct PlanOptions {

@@ -258,6 +258,10 @@ int sim(int argc, char** argv, int first) {
       if (asked_help) return;
       A2D_REQUIRE(o.warmup >= 0 && o.iters >= 1, "--warmup must be >= 0 and --iters >= 1");
       A2D_REQUIRE(o.pool_gib >= 1, "--pool-gib must be at least 1");
+      A2D_REQUIRE(!options.given("--gpus-per-node") || o.machine_file.empty(), "--gpus-per-node ",
+                  o.gpus_per_node, " and --machine-file ", o.machine_file,
+                  " contradict each other: the file's ranks_per_node places the ranks on nodes; "
+                  "give one of them");
       problem = o.problem.problem(DType::bf16);  // the simulated device is a GPU
       const bool from_file = !o.machine_file.empty();
       machine = MachineChoice{from_file ? "" : o.machine, "", o.machine_file}.machine(
