@@ -63,12 +63,24 @@ hostfile=$(mktemp "${TMPDIR:-/tmp}/a2d-sim-hosts.XXXXXX")
 trap 'rm -f "$hostfile"' EXIT
 head -n "$np" "$hosts" > "$hostfile"
 
+# SimGrid's own lines when a2d sim exits non-zero (one per rank on stderr; the command line and
+# its exit code on stdout) say nothing a2d's one-line error has not: filtered out, the exit code
+# kept.
+smpi_noise=(-e 'SMPI process did not return 0' -e '^Execution failed with code' -e "^$binary --cfg")
+quiet_failure() { grep --line-buffered -v "${smpi_noise[@]}" || true; }
+statusfile=$(mktemp "${TMPDIR:-/tmp}/a2d-sim-status.XXXXXX")
+trap 'rm -f "$hostfile" "$statusfile"' EXIT
+echo 0 > "$statusfile"
+# stdout and stderr each through the filter, in pipelines (finished when this line is), with
+# smpirun's exit code kept in $statusfile.
 # shellcheck disable=SC2086
-smpirun "$privatize" -np "$np" -platform "$xml" -hostfile "$hostfile" \
+{ { smpirun "$privatize" -np "$np" -platform "$xml" -hostfile "$hostfile" \
   --cfg=network/model:CM02 --cfg=network/latency-factor:1 --cfg=network/bandwidth-factor:1 \
   --cfg=network/TCP-gamma:0 --cfg=network/crosstraffic:0 \
   --cfg=smpi/simulate-computation:no --cfg=smpi/shared-malloc:local \
   --cfg=smpi/allgatherv:mpich_ring --cfg=smpi/alltoallv:default \
   --cfg=smpi/barrier:ompi_recursivedoubling --cfg=smpi/allreduce:rdb --cfg=smpi/reduce:binomial \
   --log=root.thresh:warning --log=smpi_config.thresh:error \
-  $extra "$binary" sim "$@"
+  $extra "$binary" sim "$@" || echo $? > "$statusfile"; } 2>&1 1>&3 3>&- | quiet_failure >&2; } \
+  3>&1 | quiet_failure
+exit "$(cat "$statusfile")"
