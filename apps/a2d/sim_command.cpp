@@ -189,6 +189,9 @@ cli::JsonLine row_json(const SimRow& row, const Problem& problem, int ranks, int
                        const std::map<std::string, SimPhaseCharge>& charges, int64_t peak_bytes,
                        double wall_s, bool backward) {
   cli::JsonLine line;
+  // Every row says what it is: fwd_ms, bwd_ms and ms.* are simulated times (SimGrid's clock on
+  // the simulated device), not measurements, whatever keys a2d run's rows share with it.
+  line.add("simulated", true);
   cli::add_plan_fields(line, row.plan);
   line.add("spec", row.spec).add("ranks", ranks).add("gpus_per_node", per_node);
   cli::add_problem_fields(line, problem);
