@@ -2,6 +2,7 @@
 // sequence shards to head shards, whole-sequence attention on H/P heads per rank, and back.
 #include <algorithm>
 #include <numeric>
+#include <string>
 
 #include "algorithms/algorithms.hpp"
 #include "attention2d/decomposition.hpp"
@@ -21,10 +22,23 @@ void defaults(Plan& plan, const Problem&, int ranks) {
 // Ulysses gives every rank whole K/V heads, each to one rank only.
 void check(const Plan& plan, const Problem& problem, int ranks) {
   require_one_group(plan, ranks);
-  A2D_REQUIRE(problem.kv_heads % ranks == 0, "ulysses shards the heads: the number of ranks (",
-              ranks, ") must divide the number of K/V heads (", problem.kv_heads,
+  if (problem.kv_heads % ranks == 0) return;
+  // The heads all-to-all that does run here: the hybrid's largest U (a divisor of P that divides
+  // the query heads and divides, or is a multiple of, the K/V heads; those then replicated).
+  int64_t u = 0;
+  for (int64_t d = ranks; d > 1 && u == 0; --d) {
+    if (ranks % d == 0 && problem.heads % d == 0 &&
+        (problem.kv_heads % d == 0 || d % problem.kv_heads == 0))
+      u = d;
+  }
+  A2D_REQUIRE(false, "ulysses shards the heads: the number of ranks (", ranks,
+              ") must divide the number of K/V heads (", problem.kv_heads,
               "); use a number of ranks that divides ", problem.kv_heads,
-              ", or --algo ring, allgather-kv or attention2d");
+              ", or --algo ring, allgather-kv or attention2d",
+              u > 0 ? ", or --algo hybrid --heads-parallel " + std::to_string(u) +
+                          " (the heads' all-to-all over " + std::to_string(u) + " ranks" +
+                          (problem.kv_heads % u == 0 ? "" : ", K/V heads replicated") + ")"
+                    : std::string());
 }
 
 void plans(std::vector<Plan>& out, const Problem& problem, int ranks, const PlanChoices& choices) {
