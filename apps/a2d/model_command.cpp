@@ -531,6 +531,25 @@ int plan(int argc, char** argv, int first) {
                 cli::format_double(100 * kPlanTieTolerance, 3) +
                 " %) go to less memory, then fewer bytes.")
           .c_str());
+  // A close call: the model is within ±35 % of measurement at best (docs/benchmarks.md), so a
+  // runner-up a few percent slower is no worse by any evidence the model has.
+  if (!planned.runners_up.empty()) {
+    const auto total = [](const RankedPlan& r) {
+      return r.prediction.forward_s + r.prediction.backward_s;
+    };
+    const RankedPlan& next = planned.runners_up.front();
+    const double gap = total(next) / total(chosen) - 1;
+    if (gap < kPlanCloseCall) {
+      std::printf("%s\n",
+                  cli::wrap("close call: plan 2 (" + next.plan.describe() + ") is " +
+                                cli::format_double(100 * gap, 2) +
+                                " % slower by the model, which is within ±35 % of measurement "
+                                "at best (docs/cost-model.md): measure both (a2d bench) before "
+                                "trusting the choice.",
+                            100, 100, 0)
+                      .c_str());
+    }
+  }
   if (shards && same_assignment(shards->layout, plan_layout(problem, planned.plan))) {
     std::printf("shards: %s, the plan's own layout: nothing to exchange\n",
                 shards->layout.describe().c_str());
@@ -552,6 +571,7 @@ int plan(int argc, char** argv, int first) {
   if (!o.shards.counts.empty()) options_text += " --shard-counts " + o.shards.counts;
   if (o.shards.stripe != 1) options_text += " --shard-stripe " + std::to_string(o.shards.stripe);
   options_text += " --backward";
+  if (machine.gpu) options_text += " --device cuda";
   std::string mpirun = "mpirun -np " + std::to_string(ranks);
   std::string srun = "srun --mpi=pmix_v4 -n " + std::to_string(ranks);
   if (nodes > 1) {
@@ -563,6 +583,11 @@ int plan(int argc, char** argv, int first) {
   }
   std::printf("run it: %s a2d run%s\n    or: %s a2d run%s\n", mpirun.c_str(), options_text.c_str(),
               srun.c_str(), options_text.c_str());
+  if (machine.gpu) {
+    std::printf(
+        "note: a2d's CUDA kernels and NCCL path are compiled but have not yet run on a GPU "
+        "(README, status)\n");
+  }
   if (planned.cyclic_placement) {
     std::printf(
         "placement: world rank q on node q mod %d (round-robin: mpirun --map-by node, "

@@ -243,6 +243,9 @@ struct PlanSearch {
 // apart (it is within +-35 % at best, docs/benchmarks.md), so the plan needing less memory per
 // rank ranks first, then the one sending fewer bytes per rank, then the machine's own placement.
 inline constexpr double kPlanTieTolerance = 0.01;
+// A runner-up within this fraction of the chosen plan's time is a close call that a2d plan points
+// out: the model is within ±35 % of measurement at best, so the order is not evidence.
+inline constexpr double kPlanCloseCall = 0.05;
 // With choose_placement, and nodes of several ranks, every plan is also predicted with the other
 // placement of ranks on nodes (Machine::cyclic_placement), each ranked on its own. With `shards`
 // every plan is charged the exchanges from and to the caller's layout, and the baselines are also
