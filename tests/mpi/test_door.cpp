@@ -95,7 +95,8 @@ TEST(Door, EqualsTheEngineBitForBit) {
       const std::vector<float>& a = mine.*member;
       const std::vector<float>& b = theirs.*member;
       ASSERT_EQ(a.size(), b.size()) << c.name << " " << name;
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+      // (A rank without tokens has empty vectors, whose data() may be null: nothing to compare.)
+      EXPECT_TRUE(a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0)
           << c.name << " (" << door.plan().describe() << "): " << name;
     }
   }
