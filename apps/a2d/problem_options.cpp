@@ -291,14 +291,15 @@ PlanRequest PlanOptions::request() const {
   r.threads = threads;
   r.kv_transpose = !no_kv_transpose;
   r.heads_parallel = heads_parallel;
-  // The machine's options are read (and a contradiction among them refused) where the model
-  // chooses, only.
-  if (r.chosen_by_planner()) r.machine = machine.choice();
+  r.machine = machine.choice();  // (the model may choose where the options leave it open)
   return r;
 }
 
 bool PlanOptions::chosen_by_planner() const {
-  return request().chosen_by_planner();
+  PlanRequest r;  // the algorithm and the grid decide it, not the machine
+  r.algo = algo;
+  r.grid = grid;
+  return r.chosen_by_planner();
 }
 
 Plan PlanOptions::plan(const Problem& problem, int ranks, std::string* chosen,

@@ -124,7 +124,7 @@ struct PlanOptions {
   MachineOptions machine;      // the planner's machine
 
   void declare(Options& options);
-  // The options as the library's PlanRequest (the machine's read only where the model chooses).
+  // The options as the library's PlanRequest.
   PlanRequest request() const;
   // resolve_plan(request(), ...): checked against the problem and ranks. Without --algo or --grid
   // the cost model chooses
