@@ -58,3 +58,34 @@ function(a2d_add_avx512_sources target)
   target_sources(${target} PRIVATE $<TARGET_OBJECTS:attention2d_avx512>)
   target_compile_definitions(${target} PRIVATE A2D_HAVE_AVX512_PATH=1)
 endfunction()
+
+# The AMX kernel path (Intel Sapphire Rapids and later): the AVX-512 kernels, and for bf16 inputs a
+# forward on AMX tiles (src/backends/cpu/kernels/amx/), compiled with the AVX-512 flags and
+# -mamx-tile -mamx-bf16 -mavx512bf16 into attention2d_amx wherever the AVX-512 path is built and the
+# compiler takes the flags, and chosen at run time on CPUs that have AMX-TILE, AMX-BF16 and
+# AVX512-BF16 once Linux grants the process the tile state (dispatch.cpp).
+set(A2D_AMX_FLAGS ${A2D_AVX512_FLAGS} -mamx-tile -mamx-bf16 -mavx512bf16)
+set(A2D_HAVE_AMX_PATH OFF)
+if(A2D_HAVE_AVX512_PATH)
+  check_cxx_compiler_flag("-mamx-tile -mamx-bf16 -mavx512bf16" A2D_COMPILER_TAKES_AMX)
+  if(A2D_COMPILER_TAKES_AMX)
+    set(A2D_HAVE_AMX_PATH ON)
+  endif()
+endif()
+
+# a2d_add_amx_sources(target files...): as a2d_add_avx512_sources, for the AMX files.
+function(a2d_add_amx_sources target)
+  if(NOT A2D_HAVE_AMX_PATH)
+    target_compile_definitions(${target} PRIVATE A2D_HAVE_AMX_PATH=0)
+    return()
+  endif()
+  add_library(attention2d_amx OBJECT ${ARGN})
+  target_compile_options(attention2d_amx PRIVATE ${A2D_AMX_FLAGS})
+  target_compile_definitions(attention2d_amx PRIVATE A2D_HAVE_AVX2_PATH=1 A2D_HAVE_AVX512_PATH=1
+                                                     A2D_HAVE_AMX_PATH=1)
+  target_include_directories(attention2d_amx PRIVATE
+    $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)
+  target_link_libraries(attention2d_amx PRIVATE OpenMP::OpenMP_CXX a2d_warnings)
+  target_sources(${target} PRIVATE $<TARGET_OBJECTS:attention2d_amx>)
+  target_compile_definitions(${target} PRIVATE A2D_HAVE_AMX_PATH=1)
+endfunction()

@@ -5,6 +5,7 @@
 #include "attention2d/reference.hpp"
 #include "attention2d/tools/check.hpp"
 #include "attention2d/watchdog.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "kernel_command.hpp"
 
 namespace a2d::commands::kernel_cmd {
@@ -32,15 +33,18 @@ KernelCheck check_kernels(const KernelOptions& o, const KernelSetup& setup,
   // Bounds (check.hpp): fp32 outputs kFp32RelativeBound; a 16-bit O its dtype's rounding bound;
   // dQ and dK, whose delta comes from that O, the delta-gradient bound of the dtype. Kernels that
   // round as tensor cores do (a GPU's): the tensor-core bounds (P and dS rounded to the dtype too).
+  // The CPU's amx path rounds P as tensor cores do in the bf16 forward (not in the backward).
   const DType dtype = setup.dtype;
   const bool tensor_cores = capabilities.tensor_core_rounding;
+  const bool rounds_p = tensor_cores || (setup.cpu_kernels && dtype == DType::bf16 &&
+                                         bf16_forward_rounds_probabilities());
   const double output_bound =
-      dtype == DType::bf16  ? (tensor_cores ? kTensorCoreBf16OutputBound : kBf16OutputBound)
+      dtype == DType::bf16  ? (rounds_p ? kTensorCoreBf16OutputBound : kBf16OutputBound)
       : dtype == DType::f16 ? (tensor_cores ? kTensorCoreF16OutputBound : kF16OutputBound)
                             : kFp32RelativeBound;
   const double delta_gradient_bound =
       dtype == DType::bf16
-          ? (tensor_cores ? kTensorCoreBf16DeltaGradientBound : kBf16DeltaGradientBound)
+          ? (rounds_p ? kTensorCoreBf16DeltaGradientBound : kBf16DeltaGradientBound)
       : dtype == DType::f16
           ? (tensor_cores ? kTensorCoreF16DeltaGradientBound : kF16DeltaGradientBound)
           : kFp32RelativeBound;

@@ -113,8 +113,9 @@ int kernel(int argc, char** argv, int first) {
   options.add_int("--threads", &o.threads,
                   "threads of the kernel (and of the FMA peak measurement)");
   options.add_string("--path", &o.path,
-                     "kernel implementation: auto (fastest this CPU supports), portable, avx2 or\n"
-                     "avx512 (default: the environment variable A2D_KERNEL_PATH, else auto)");
+                     "kernel implementation: auto (fastest this CPU supports), portable, avx2,\n"
+                     "avx512 or amx (avx512 with the bf16 forward on AMX tiles; default: the\n"
+                     "environment variable A2D_KERNEL_PATH, else auto)");
   options.add_string(
       "--device", &o.device,
       "the backend the kernel runs on: cpu (the CPU kernels, on the command's own arrays),\n"
@@ -175,7 +176,8 @@ int kernel(int argc, char** argv, int first) {
   // The peak is measured before and after the kernel timings and the higher value is kept: on a
   // machine shared with other work, a peak measured while something else ran would flatter the
   // kernel's share of it. (Not for a GPU: it is the CPU's FMA peak.)
-  FmaPeak peak = on_cpu ? measure_fma_peak(static_cast<int>(o.threads)) : FmaPeak{};
+  // On the amx path with bf16 inputs, the forward's products run on AMX tiles: the peak is theirs.
+  FmaPeak peak = on_cpu ? measure_product_peak(dtype, static_cast<int>(o.threads)) : FmaPeak{};
 
   AttentionShape& shape = setup.shape;
   shape = {o.batch, o.heads, o.kv_heads, o.seq, o.kv_seq, o.head_dim};
@@ -240,7 +242,7 @@ int kernel(int argc, char** argv, int first) {
 
   kernel_cmd::KernelRun run = kernel_cmd::run_kernels(o, setup, estimate, *backend, progress);
   if (on_cpu) {
-    if (const FmaPeak again = measure_fma_peak(static_cast<int>(o.threads));
+    if (const FmaPeak again = measure_product_peak(dtype, static_cast<int>(o.threads));
         again.gflops > peak.gflops) {
       peak = again;
     }

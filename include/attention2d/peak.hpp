@@ -3,13 +3,17 @@
 
 #include <string>
 
+#include "attention2d/dtype.hpp"
+
 namespace a2d {
 
 struct FmaPeak {
   double gflops = 0.0;             // all threads together
   double gflops_per_thread = 0.0;  // gflops / threads
   int threads = 0;
-  std::string isa;  // what the loop ran: "avx512-fma" (16-lane), "avx2-fma" (8-lane) or "portable"
+  // What the loop ran: "avx512-fma" (16-lane), "avx2-fma" (8-lane), "portable", or "amx-bf16"
+  // (measure_product_peak).
+  std::string isa;
 };
 
 // Runs `threads` threads at once, each timing 12 independent chains of fp32 fused multiply-adds
@@ -18,5 +22,11 @@ struct FmaPeak {
 // when the CPU has it, whatever kernel path is selected, so efficiency is always measured against
 // the machine, not against the path.
 FmaPeak measure_fma_peak(int threads, int tries = 5, double seconds_per_try = 0.02);
+
+// The peak of the products the current kernel path runs for inputs of `dtype`: on the amx path
+// with bf16, the AMX tile peak (isa "amx-bf16": TDPBF16PS into four independent C tiles on
+// operands held in tile registers); otherwise measure_fma_peak.
+FmaPeak measure_product_peak(DType dtype, int threads, int tries = 5,
+                             double seconds_per_try = 0.02);
 
 }  // namespace a2d

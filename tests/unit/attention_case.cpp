@@ -233,4 +233,10 @@ std::vector<KernelPath> supported_paths() {
   return paths;
 }
 
+std::vector<KernelPath> bf16_paths() {
+  std::vector<KernelPath> paths = supported_paths();
+  if (kernel_path_supported(KernelPath::amx)) paths.push_back(KernelPath::amx);
+  return paths;
+}
+
 }  // namespace a2d::test

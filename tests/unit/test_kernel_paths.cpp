@@ -30,6 +30,8 @@ TEST(KernelPath, NamesParseAndSelection) {
   EXPECT_STREQ(kernel_path_name(KernelPath::avx512), "avx512");
   EXPECT_EQ(parse_kernel_path("avx2"), KernelPath::avx2);
   EXPECT_EQ(parse_kernel_path("avx512"), KernelPath::avx512);
+  EXPECT_STREQ(kernel_path_name(KernelPath::amx), "amx");
+  EXPECT_EQ(parse_kernel_path("amx"), KernelPath::amx);
   EXPECT_EQ(parse_kernel_path("auto"), best_kernel_path());
   EXPECT_THROW(parse_kernel_path("avx1024"), Error);
   EXPECT_TRUE(kernel_path_supported(KernelPath::portable));
@@ -38,15 +40,20 @@ TEST(KernelPath, NamesParseAndSelection) {
     const PathScope scope(path);
     EXPECT_EQ(kernel_path(), path);
   }
-  for (const KernelPath path : {KernelPath::avx2, KernelPath::avx512}) {
+  for (const KernelPath path : {KernelPath::avx2, KernelPath::avx512, KernelPath::amx}) {
     if (!kernel_path_supported(path)) {
       EXPECT_THROW(set_kernel_path(path), Error);
     }
   }
   // auto is the widest path the CPU has.
-  const KernelPath best = kernel_path_supported(KernelPath::avx512) ? KernelPath::avx512
-                          : kernel_path_supported(KernelPath::avx2) ? KernelPath::avx2
-                                                                    : KernelPath::portable;
+  const KernelPath best = kernel_path_supported(KernelPath::amx)      ? KernelPath::amx
+                          : kernel_path_supported(KernelPath::avx512) ? KernelPath::avx512
+                          : kernel_path_supported(KernelPath::avx2)   ? KernelPath::avx2
+                                                                      : KernelPath::portable;
+  // The amx path needs everything the avx512 path needs.
+  if (kernel_path_supported(KernelPath::amx)) {
+    EXPECT_TRUE(kernel_path_supported(KernelPath::avx512));
+  }
   EXPECT_EQ(best_kernel_path(), best);
 }
 

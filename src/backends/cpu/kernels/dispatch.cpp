@@ -18,6 +18,10 @@
 #if A2D_HAVE_AVX2_PATH
 #include <cpuid.h>
 #endif
+#if A2D_HAVE_AMX_PATH
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace a2d {
 namespace {
@@ -43,6 +47,22 @@ bool cpu_has_avx512() {
   return cpu_has_avx2_fma_f16c() && __builtin_cpu_supports("avx512f") &&
          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
          __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+// AMX-TILE and AMX-BF16 (CPUID leaf 7: EDX bits 24 and 22) for the products, AVX512-BF16 (leaf 7
+// subleaf 1: EAX bit 5) for the rounding of P, besides AVX-512; and the tile state, which Linux
+// gives a process only when asked (ARCH_REQ_XCOMP_PERM = 0x1023 for XFEATURE_XTILEDATA = 18).
+bool cpu_has_amx_bf16() {
+#if A2D_HAVE_AMX_PATH
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!cpu_has_avx512() || !__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
+  const bool tiles = (edx & (1u << 24)) != 0 && (edx & (1u << 22)) != 0;
+  if (!tiles || !__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) || (eax & (1u << 5)) == 0)
+    return false;
+  return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 #else
   return false;
 #endif
@@ -132,8 +152,15 @@ void run_forward(const ForwardArgs& args, const cpu::ForwardResult& result) {
   check_forward(args);
   const KernelPath path = kernel_path();
   if (path != KernelPath::portable && finite_forward_inputs(args)) {
+#if A2D_HAVE_AMX_PATH
+    if (path == KernelPath::amx && args.q.dtype == DType::bf16 && args.k.dtype == DType::bf16 &&
+        args.v.dtype == DType::bf16) {
+      return cpu::amx::forward(args, result);
+    }
+#endif
 #if A2D_HAVE_AVX512_PATH
-    if (path == KernelPath::avx512) return cpu::avx512::forward(args, result);
+    if (path == KernelPath::avx512 || path == KernelPath::amx)
+      return cpu::avx512::forward(args, result);
 #endif
 #if A2D_HAVE_AVX2_PATH
     if (path == KernelPath::avx2) return cpu::avx2::forward(args, result);
@@ -156,19 +183,26 @@ bool kernel_path_supported(KernelPath path) {
       static const bool supported = cpu_has_avx512();
       return supported;
     }
+    case KernelPath::amx: {
+      static const bool supported = cpu_has_amx_bf16();
+      return supported;
+    }
   }
   return false;
 }
 
 KernelPath best_kernel_path() {
-  for (const KernelPath path : {KernelPath::avx512, KernelPath::avx2}) {
+  for (const KernelPath path : {KernelPath::amx, KernelPath::avx512, KernelPath::avx2}) {
     if (kernel_path_supported(path)) return path;
   }
   return KernelPath::portable;
 }
 
 constexpr EnumName<KernelPath> kKernelPathNames[] = {
-    {KernelPath::portable, "portable"}, {KernelPath::avx2, "avx2"}, {KernelPath::avx512, "avx512"}};
+    {KernelPath::portable, "portable"},
+    {KernelPath::avx2, "avx2"},
+    {KernelPath::avx512, "avx512"},
+    {KernelPath::amx, "amx"}};
 
 const char* kernel_path_name(KernelPath path) {
   return enum_name(kKernelPathNames, path);
@@ -181,10 +215,19 @@ KernelPath parse_kernel_path(const std::string& name) {
   A2D_FAIL("unknown kernel path '", name, "'; use auto, ", enum_choices(kKernelPathNames));
 }
 
+bool bf16_forward_rounds_probabilities() {
+  return kernel_path() == KernelPath::amx;
+}
+
 void set_kernel_path(KernelPath path) {
-  const bool built = path == KernelPath::avx512 ? A2D_HAVE_AVX512_PATH : A2D_HAVE_AVX2_PATH;
+  const bool built = path == KernelPath::amx      ? A2D_HAVE_AMX_PATH
+                     : path == KernelPath::avx512 ? A2D_HAVE_AVX512_PATH
+                                                  : A2D_HAVE_AVX2_PATH;
   const char* reason =
       !built ? "this build has no code for it (it needs an x86-64 GCC or Clang build)"
+      : path == KernelPath::amx
+          ? "this CPU lacks AMX-TILE, AMX-BF16 or AVX512-BF16 (or AVX-512), or Linux refused the "
+            "process the tile state"
       : path == KernelPath::avx512 ? "this CPU lacks AVX-512 F/BW/DQ/VL, FMA or F16C"
                                    : "this CPU lacks AVX2, FMA or F16C";
   A2D_REQUIRE(kernel_path_supported(path), "the ", kernel_path_name(path),
@@ -207,6 +250,12 @@ KernelPath kernel_path() {
 }
 
 int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
+#if A2D_HAVE_AMX_PATH
+  if (kernel_path() == KernelPath::amx) {
+    return std::max(cpu::amx::forward_workspace_bytes(shape, threads),
+                    cpu::avx512::forward_workspace_bytes(shape, threads));
+  }
+#endif
 #if A2D_HAVE_AVX512_PATH
   if (kernel_path() == KernelPath::avx512) {
     return cpu::avx512::forward_workspace_bytes(shape, threads);
@@ -223,7 +272,7 @@ int64_t backward_workspace_bytes(const AttentionShape& shape, int threads, bool 
                                                    static_cast<int64_t>(sizeof(float))
                                              : 0;
 #if A2D_HAVE_AVX512_PATH
-  if (kernel_path() == KernelPath::avx512) {
+  if (kernel_path() == KernelPath::avx512 || kernel_path() == KernelPath::amx) {
     return delta_bytes + cpu::avx512::backward_workspace_bytes(shape, threads);
   }
 #endif
@@ -283,7 +332,8 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
                      usable_rows(args.lse, shape.batch, shape.heads, shape.q_tokens) &&
                      usable_rows(delta, shape.batch, shape.heads, shape.q_tokens)))) {
 #if A2D_HAVE_AVX512_PATH
-    if (path == KernelPath::avx512) return cpu::avx512::backward(in, dq, dk, dv);
+    if (path == KernelPath::avx512 || path == KernelPath::amx)
+      return cpu::avx512::backward(in, dq, dk, dv);
 #endif
     return cpu::avx2::backward(in, dq, dk, dv);
   }

@@ -72,4 +72,13 @@ float fma_chains(int64_t iterations);  // the AVX-512 loop of measure_fma_peak (
 }  // namespace avx512
 #endif
 
+// The AMX forward (amx/forward.cpp): bf16 Q, K and V only; the amx path's other calls run avx512.
+#if A2D_HAVE_AMX_PATH
+namespace amx {
+void forward(const ForwardArgs& args, const ForwardResult& result);
+int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
+float tile_chains(int64_t iterations);  // the loop of measure_tile_peak (4 C tiles, TDPBF16PS)
+}  // namespace amx
+#endif
+
 }  // namespace a2d::cpu

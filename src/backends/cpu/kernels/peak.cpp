@@ -35,24 +35,11 @@ float portable_chains(int64_t iterations) {
 constexpr double kFlopsPerIteration = 12 * 8 * 2;
 constexpr double kFlopsPerAvx512Iteration = 12 * 16 * 2;
 
-}  // namespace
-
-FmaPeak measure_fma_peak(int threads, int tries, double seconds_per_try) {
-  A2D_REQUIRE(threads >= 1 && tries >= 1 && seconds_per_try > 0,
-              "measure_fma_peak: threads and tries must be >= 1 and the time positive");
-  const bool avx2 = kernel_path_supported(KernelPath::avx2);
-  // The peak of the widest vectors this CPU has (the peak the fastest path can reach).
-  const bool avx512 = kernel_path_supported(KernelPath::avx512);
-  const double flops_per_iteration = avx512 ? kFlopsPerAvx512Iteration : kFlopsPerIteration;
-  auto chains = [&](int64_t iterations) {
-#if A2D_HAVE_AVX512_PATH
-    if (avx512) return cpu::avx512::fma_chains(iterations);
-#endif
-#if A2D_HAVE_AVX2_PATH
-    if (avx2) return cpu::avx2::fma_chains(iterations);
-#endif
-    return portable_chains(iterations);
-  };
+// Runs `chains` (a loop of `flops_per_iteration` per iteration) on `threads` threads at once, best
+// of `tries` of about `seconds_per_try` seconds each, and sums the threads' best rates.
+template <typename Chains>
+FmaPeak measure_chains(Chains&& chains, double flops_per_iteration, int threads, int tries,
+                       double seconds_per_try) {
   // Calibrate the iteration count on one short run so every try lasts about seconds_per_try.
   int64_t iterations = 1 << 16;
   for (;;) {
@@ -89,8 +76,49 @@ FmaPeak measure_fma_peak(int threads, int tries, double seconds_per_try) {
   for (double rate : best)
     peak.gflops += rate;
   peak.gflops_per_thread = peak.gflops / threads;
+  return peak;
+}
+
+void check_peak_arguments(int threads, int tries, double seconds_per_try) {
+  A2D_REQUIRE(threads >= 1 && tries >= 1 && seconds_per_try > 0,
+              "measure_fma_peak: threads and tries must be >= 1 and the time positive");
+}
+
+}  // namespace
+
+FmaPeak measure_fma_peak(int threads, int tries, double seconds_per_try) {
+  check_peak_arguments(threads, tries, seconds_per_try);
+  const bool avx2 = kernel_path_supported(KernelPath::avx2);
+  // The peak of the widest vectors this CPU has (the peak the fastest path can reach).
+  const bool avx512 = kernel_path_supported(KernelPath::avx512);
+  const double flops_per_iteration = avx512 ? kFlopsPerAvx512Iteration : kFlopsPerIteration;
+  auto chains = [&](int64_t iterations) {
+#if A2D_HAVE_AVX512_PATH
+    if (avx512) return cpu::avx512::fma_chains(iterations);
+#endif
+#if A2D_HAVE_AVX2_PATH
+    if (avx2) return cpu::avx2::fma_chains(iterations);
+#endif
+    return portable_chains(iterations);
+  };
+  FmaPeak peak = measure_chains(chains, flops_per_iteration, threads, tries, seconds_per_try);
   peak.isa = avx512 ? "avx512-fma" : avx2 ? "avx2-fma" : "portable";
   return peak;
+}
+
+FmaPeak measure_product_peak(DType dtype, int threads, int tries, double seconds_per_try) {
+#if A2D_HAVE_AMX_PATH
+  if (dtype == DType::bf16 && kernel_path() == KernelPath::amx) {
+    check_peak_arguments(threads, tries, seconds_per_try);
+    // Per iteration: 4 TDPBF16PS of 16 x 16 x 32 products, 2 flops each.
+    FmaPeak peak = measure_chains([](int64_t n) { return cpu::amx::tile_chains(n); },
+                                  4.0 * 16 * 16 * 32 * 2, threads, tries, seconds_per_try);
+    peak.isa = "amx-bf16";
+    return peak;
+  }
+#endif
+  (void)dtype;
+  return measure_fma_peak(threads, tries, seconds_per_try);
 }
 
 }  // namespace a2d

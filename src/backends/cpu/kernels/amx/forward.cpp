@@ -1,0 +1,608 @@
+// The AMX forward kernel (Intel Sapphire Rapids and later: AMX-TILE, AMX-BF16): both products of
+// FlashAttention-2 on bf16 tiles with fp32 sums, the online softmax on AVX-512 vectors between
+// them. It runs when Q, K and V are all bf16 on the amx kernel path (dispatch.cpp); every other
+// input takes the AVX-512 kernel.
+//
+//   tiles       eight tile registers of 16 rows x 64 bytes: four fp32 C tiles (16 x 16), two A
+//               tiles (16 rows x 32 bf16) and two B tiles (16 pairs of rows x 16 columns x 2 bf16,
+//               the "VNNI" layout TDPBF16PS reads), configured once per thread
+//   K/V heads   one K/V head at a time is packed into B tiles (pack_head): K as [16-key tile]
+//               [32-dim chunk][1 KiB], V as [32-key chunk][16-dim tile][1 KiB], zeros past the
+//               last key and dim. The query heads that share it (GQA) then run over it.
+//   work item   (query head, 32 query rows: two A tiles of Q, zero rows as padding)
+//   key block   256 keys = 8 chunks of 32. Per chunk, S = Q K^T as 2 x 2 C tiles (depth = the
+//               head dim in steps of 32), stored to S[32][256] (softcapped there, if asked), then
+//               the mask: chunks it hides entirely are trimmed at both ends of the block or set
+//               to -inf inside it, partial chunks get a per-element test
+//   softmax     row-wise over the block: max, then for 16 rows at once the new maxima and alpha =
+//               2^(max2_old - max2_new), then P = 2^(s scale log2 e - max2) in fp32 (one FMA
+//               before the exp), summed in fp32 and rounded once to bf16 (P[32][256])
+//   O           fp32 [32][Dp] in memory (Dp = head dim rounded up to 32): rows rescaled by alpha
+//               where it is not 1, then O += P V as 2 x 2 C tiles loaded from O and stored back,
+//               depth = the block's keys
+//
+// Numerics: the products of bf16 values are exact in fp32 and summed in fp32, so S, the softmax
+// statistics and LSE are those of the fp32 kernels within fp32 rounding; P is rounded to bf16
+// before P V, as on the GPU's tensor cores (check.hpp: kTensorCoreBf16OutputBound), so O moves by
+// at most one more bf16 rounding. TDPBF16PS treats bf16 subnormal inputs as zero and flushes
+// subnormal results: only values below 1.2e-38 are affected.
+//
+// Include order: the AVX-512 vector layer (exp2, softcap, conversions) is reused as it is.
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include "backends/cpu/kernels/avx512/convert.hpp"
+#include "backends/cpu/kernels/avx512/simd.hpp"
+#include "backends/cpu/kernels/cpu_kernels.hpp"
+#include "backends/cpu/kernels/paths.hpp"
+#include "backends/cpu/kernels/tiles.hpp"
+
+namespace a2d::cpu::amx {
+namespace {
+
+using avx512::exp2_lanes;
+using avx512::kLanes;
+using avx512::softcap_lanes;
+using avx512::Vec;
+using avx512::vload;
+using avx512::vmax;
+using avx512::vset;
+using avx512::vstore;
+
+constexpr int kTileRows = 16;                  // rows of every tile
+constexpr int kQueryRows = 2 * kTileRows;      // query rows per work item (two A tiles)
+constexpr int kChunk = 32;                     // keys per chunk: the bf16 depth of one A tile
+constexpr int kBlockChunks = 8;                // chunks per softmax block
+constexpr int kBlockKeys = kBlockChunks * kChunk;
+constexpr int kTileElements = 512;             // bf16 elements of one 1 KiB B tile
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr double kLn2 = 0.69314718055994530942;
+constexpr double kLog2eDouble = 1.44269504088896340736;
+constexpr float kLog2e = 1.44269504088896340736f;
+
+int64_t round_up(int64_t x, int64_t to) {
+  return (x + to - 1) / to * to;
+}
+int64_t smaller(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+int64_t position(const int64_t* positions, int64_t index) {
+  return positions ? positions[index] : index;
+}
+
+// The 64-byte tile configuration (palette 1) of LDTILECFG: tiles 0-7, each 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Every thread that runs tile instructions loads the configuration first and releases it after.
+class TileScope {
+ public:
+  TileScope() {
+    TileConfig config;
+    for (int t = 0; t < 8; ++t) {
+      config.bytes_per_row[t] = 64;
+      config.rows[t] = kTileRows;
+    }
+    _tile_loadconfig(&config);
+  }
+  ~TileScope() { _tile_release(); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+struct Bounds {
+  int64_t min = 0;
+  int64_t max = 0;
+};
+
+// What one call shares between its threads.
+struct Call {
+  const ForwardArgs& args;
+  const ForwardResult& result;
+  MaskView mask;
+  int64_t dim, padded_dim, dim_chunks, dim_tiles;  // Dp = padded_dim = 32 dim_chunks = 16 dim_tiles
+  int64_t chunks;                                  // 32-key chunks of the keys
+  const Bounds* chunk_bounds;                      // [chunks] min/max key position
+  uint16_t* packed_k;                              // one K/V head: [chunks * 2][dim_chunks][512]
+  uint16_t* packed_v;                              //               [chunks][dim_tiles][512]
+};
+
+// Packs chunks [first, last) of K/V head (batch, kv_head) into the B-tile layouts (see the top).
+// Each key row is first copied into `row` (Dp bf16, zeros past the head dim); K then moves as
+// 32-bit pairs of dims (a transpose of 16 keys x 16 pairs per tile), V as pairs of key rows
+// interleaved 16 dims at a time.
+void pack_chunks(const Call& call, int64_t batch, int64_t kv_head, int64_t first, int64_t last,
+                 uint16_t* rows) {
+  const ForwardArgs& args = call.args;
+  const int64_t kv_tokens = args.shape.kv_tokens;
+  const int64_t dp = call.padded_dim;
+  for (int64_t c = first; c < last; ++c) {
+    // rows: K [32][Dp] then V [32][Dp], zero past the last key and the head dim.
+    std::memset(rows, 0, sizeof(uint16_t) * 2 * kChunk * dp);
+    for (int64_t j = 0; j < kChunk && c * kChunk + j < kv_tokens; ++j) {
+      std::memcpy(rows + j * dp, args.k.at(batch, c * kChunk + j, kv_head),
+                  sizeof(uint16_t) * call.dim);
+      std::memcpy(rows + (kChunk + j) * dp, args.v.at(batch, c * kChunk + j, kv_head),
+                  sizeof(uint16_t) * call.dim);
+    }
+    // K: tile t (keys 16 t ..), dim chunk dc: out32[pair][key] = row32[key][16 dc + pair].
+    uint32_t* k_out = reinterpret_cast<uint32_t*>(call.packed_k) +
+                      c * 2 * call.dim_chunks * (kTileElements / 2);
+    for (int64_t t = 0; t < 2; ++t) {
+      for (int64_t dc = 0; dc < call.dim_chunks; ++dc) {
+        uint32_t* tile = k_out + (t * call.dim_chunks + dc) * (kTileElements / 2);
+        for (int64_t key = 0; key < kTileRows; ++key) {
+          const uint16_t* row = rows + (t * kTileRows + key) * dp + dc * 32;
+          for (int64_t pair = 0; pair < 16; ++pair) {
+            uint32_t bits;
+            std::memcpy(&bits, row + 2 * pair, sizeof bits);
+            tile[pair * 16 + key] = bits;
+          }
+        }
+      }
+    }
+    // V: dim tile dt, key pair r: out[r][n] = (row 2r [16 dt + n], row 2r + 1 [16 dt + n]).
+    uint16_t* v_out = call.packed_v + c * call.dim_tiles * kTileElements;
+    const uint16_t* v_rows = rows + kChunk * dp;
+    for (int64_t dt = 0; dt < call.dim_tiles; ++dt) {
+      uint16_t* tile = v_out + dt * kTileElements;
+      for (int64_t r = 0; r < kTileRows; ++r) {
+        const __m512i even = _mm512_cvtepu16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v_rows + 2 * r * dp + 16 * dt)));
+        const __m512i odd = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(v_rows + (2 * r + 1) * dp + 16 * dt)));
+        _mm512_store_si512(tile + r * 32, _mm512_or_si512(even, _mm512_slli_epi32(odd, 16)));
+      }
+    }
+  }
+}
+
+// One work item's memory (per thread, 64-byte aligned slices of one AlignedFloats).
+struct Workspace {
+  uint16_t* q;      // [32][Dp] bf16
+  float* scores;    // [32][256] fp32
+  uint16_t* probs;  // [32][256] bf16
+  float* acc;       // [32][Dp] fp32
+  float* max2;      // [32] running maximum, log2 units
+  float* sum;       // [32]
+  float* alpha;     // [32]
+
+  static int64_t floats(int64_t padded_dim) {
+    return cache_lines_of_floats(kQueryRows * padded_dim / 2) +
+           cache_lines_of_floats(kQueryRows * kBlockKeys) +
+           cache_lines_of_floats(kQueryRows * kBlockKeys / 2) +
+           cache_lines_of_floats(kQueryRows * padded_dim) + 3 * cache_lines_of_floats(kQueryRows);
+  }
+  Workspace(float* base, int64_t padded_dim) {
+    int64_t offset = 0;
+    auto take = [&](int64_t count) {
+      float* at = base + offset;
+      offset += cache_lines_of_floats(count);
+      return at;
+    };
+    q = reinterpret_cast<uint16_t*>(take(kQueryRows * padded_dim / 2));
+    scores = take(kQueryRows * kBlockKeys);
+    probs = reinterpret_cast<uint16_t*>(take(kQueryRows * kBlockKeys / 2));
+    acc = take(kQueryRows * padded_dim);
+    max2 = take(kQueryRows);
+    sum = take(kQueryRows);
+    alpha = take(kQueryRows);
+  }
+};
+
+// 32 query rows of one head against every key of the packed K/V head.
+class QueryBlock {
+ public:
+  QueryBlock(const Call& call, const Workspace& w, int64_t batch, int64_t head, int64_t row_begin)
+      : call_(call),
+        args_(call.args),
+        w_(w),
+        batch_(batch),
+        head_(head),
+        row_begin_(row_begin),
+        rows_(smaller(kQueryRows, args_.shape.q_tokens - row_begin)) {}
+
+  int64_t run() {
+    load_queries();
+    load_state();
+    int64_t entries = 0;
+    for (int64_t c0 = 0; c0 < call_.chunks; c0 += kBlockChunks) {
+      if (args_.progress && (c0 / kBlockChunks) % 16 == 0 && is_calling_thread())
+        args_.progress(args_.progress_context);
+      entries += attend_block(c0, smaller(c0 + kBlockChunks, call_.chunks));
+    }
+    store_state();
+    return entries;
+  }
+
+ private:
+  // Q rows to the A layout (bf16 [32][Dp], zeros past the last row and dim); their positions'
+  // bounds and, for the per-element mask, each row's visible keys.
+  void load_queries() {
+    const int64_t dp = call_.padded_dim;
+    std::memset(w_.q, 0, sizeof(uint16_t) * kQueryRows * dp);
+    bounds_ = {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()};
+    for (int64_t r = 0; r < rows_; ++r) {
+      const std::byte* q = args_.q.at(batch_, row_begin_ + r, head_);
+      std::memcpy(w_.q + r * dp, q, sizeof(uint16_t) * call_.dim);
+      const int64_t pos = position(args_.q_positions, row_begin_ + r);
+      bounds_.min = pos < bounds_.min ? pos : bounds_.min;
+      bounds_.max = pos > bounds_.max ? pos : bounds_.max;
+      mask_rows_[r] = call_.mask.row(pos);
+    }
+  }
+
+  // The caller's partial triple, converted to the log2 maximum (as simd/forward.inc does).
+  void load_state() {
+    const ForwardResult& result = call_.result;
+    const int64_t dp = call_.padded_dim;
+    std::memset(w_.acc, 0, sizeof(float) * kQueryRows * dp);
+    for (int64_t r = 0; r < kQueryRows; ++r) {
+      w_.max2[r] = kNegInf;
+      w_.sum[r] = 0.0f;
+      if (!result.accumulate || r >= rows_) continue;
+      const int64_t row = row_begin_ + r;
+      const float row_max = result.partial->row_max.at(batch_, head_, row);
+      if (row_max == kNegInf) continue;
+      w_.max2[r] = static_cast<float>(row_max * kLog2eDouble);
+      const float factor = static_cast<float>(std::exp2(row_max * kLog2eDouble - w_.max2[r]));
+      w_.sum[r] = factor * result.partial->row_sum.at(batch_, head_, row);
+      const float* in = result.partial->acc.at(batch_, row, head_);
+      for (int64_t d = 0; d < call_.dim; ++d)
+        w_.acc[r * dp + d] = factor * in[d];
+    }
+  }
+
+  void store_state() const {
+    const ForwardResult& result = call_.result;
+    const int64_t dp = call_.padded_dim;
+    for (int64_t r = 0; r < rows_; ++r) {
+      const float* acc = w_.acc + r * dp;
+      const int64_t row = row_begin_ + r;
+      const float max2 = w_.max2[r];
+      const float sum = w_.sum[r];
+      const bool empty = sum == 0.0f || max2 == kNegInf;
+      if (!result.partial) {
+        const float inverse = empty ? 0.0f : 1.0f / sum;
+        avx512::with_dtype(result.out.dtype, [&]<DType kOut>() {
+          avx512::narrow_row<kOut>(acc, inverse, result.out.at(batch_, row, head_), call_.dim);
+        });
+        result.lse.at(batch_, head_, row) =
+            empty ? kNegInf
+                  : static_cast<float>((max2 + std::log2(static_cast<double>(sum))) * kLn2);
+        continue;
+      }
+      float* out = result.partial->acc.at(batch_, row, head_);
+      if (empty) {
+        result.partial->row_max.at(batch_, head_, row) = kNegInf;
+        result.partial->row_sum.at(batch_, head_, row) = 0.0f;
+        for (int64_t d = 0; d < call_.dim; ++d)
+          out[d] = 0.0f;
+        continue;
+      }
+      const float row_max = static_cast<float>(max2 * kLn2);
+      const float factor = static_cast<float>(std::exp2(max2 - row_max * kLog2eDouble));
+      result.partial->row_max.at(batch_, head_, row) = row_max;
+      result.partial->row_sum.at(batch_, head_, row) = factor * sum;
+      for (int64_t d = 0; d < call_.dim; ++d)
+        out[d] = factor * acc[d];
+    }
+  }
+
+  // Chunks [c0, c1) of keys; returns the score entries computed.
+  int64_t attend_block(int64_t c0, int64_t c1) {
+    const MaskView& mask = call_.mask;
+    const int64_t kv_tokens = args_.shape.kv_tokens;
+    BlockVisibility visibility[kBlockChunks];
+    for (int64_t c = c0; c < c1; ++c) {
+      const Bounds& keys = call_.chunk_bounds[c];
+      visibility[c - c0] = mask.classify(bounds_.min, bounds_.max, keys.min, keys.max);
+      // A chunk that runs past the last key, or a block of fewer than 32 rows, is tested per
+      // element (the padding keys must get -inf).
+      if (visibility[c - c0] == BlockVisibility::full && (c + 1) * kChunk > kv_tokens)
+        visibility[c - c0] = BlockVisibility::partial;
+    }
+    int64_t first = c0, last = c1;
+    while (first < last && visibility[first - c0] == BlockVisibility::hidden)
+      ++first;
+    while (last > first && visibility[last - 1 - c0] == BlockVisibility::hidden)
+      --last;
+    if (first == last) return 0;
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t column = (c - c0) * kChunk;
+      switch (visibility[c - c0]) {
+        case BlockVisibility::hidden:
+          hide_chunk(column);
+          break;
+        case BlockVisibility::partial:
+          score_chunk(c, column);
+          mask_chunk(c, column);
+          break;
+        case BlockVisibility::full:
+          score_chunk(c, column);
+          break;
+      }
+    }
+    const int64_t begin = (first - c0) * kChunk, end = (last - c0) * kChunk;
+    softmax(begin, end);
+    accumulate_values(first, last, begin);
+    return rows_ * (smaller(last * kChunk, kv_tokens) - first * kChunk);
+  }
+
+  // S[:, column, +32) = scale Q K^T of chunk c (then softcapped), in fp32.
+  void score_chunk(int64_t c, int64_t column) {
+    const int64_t dp = call_.padded_dim;
+    const uint16_t* k0 = call_.packed_k + (2 * c) * call_.dim_chunks * kTileElements;
+    const uint16_t* k1 = k0 + call_.dim_chunks * kTileElements;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t dc = 0; dc < call_.dim_chunks; ++dc) {
+      _tile_loadd(4, w_.q + dc * 32, dp * 2);
+      _tile_loadd(5, w_.q + kTileRows * dp + dc * 32, dp * 2);
+      _tile_loadd(6, k0 + dc * kTileElements, 64);
+      _tile_loadd(7, k1 + dc * kTileElements, 64);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    float* s = w_.scores + column;
+    constexpr int64_t stride = kBlockKeys * 4;
+    _tile_stored(0, s, stride);
+    _tile_stored(1, s + kTileRows, stride);
+    _tile_stored(2, s + kTileRows * kBlockKeys, stride);
+    _tile_stored(3, s + kTileRows * kBlockKeys + kTileRows, stride);
+    if (args_.softcap == 0.0f) return;  // softmax() scales the raw scores
+    // Softcapped scores in log2 units: softcap tanh(s scale / softcap) log2 e.
+    const Vec log2e = vset(kLog2e);
+    const Vec scale = vset(args_.scale);
+    const Vec cap = vset(args_.softcap), inverse = vset(1.0f / args_.softcap);
+    for (int r = 0; r < kQueryRows; ++r) {
+      float* row = s + r * kBlockKeys;
+      for (int v = 0; v < kChunk; v += kLanes) {
+        const Vec x = _mm512_mul_ps(vload(row + v), scale);
+        vstore(row + v, _mm512_mul_ps(softcap_lanes(x, cap, inverse), log2e));
+      }
+    }
+  }
+
+  void hide_chunk(int64_t column) {
+    const Vec minus_infinity = vset(kNegInf);
+    for (int r = 0; r < kQueryRows; ++r)
+      for (int v = 0; v < kChunk; v += kLanes)
+        vstore(w_.scores + r * kBlockKeys + column + v, minus_infinity);
+  }
+
+  // -inf where the mask hides the pair, and for keys past the last.
+  void mask_chunk(int64_t c, int64_t column) {
+    const int64_t kv_tokens = args_.shape.kv_tokens;
+    for (int64_t j = 0; j < kChunk; ++j) {
+      const int64_t key = c * kChunk + j;
+      if (key >= kv_tokens) {
+        for (int r = 0; r < kQueryRows; ++r)
+          w_.scores[r * kBlockKeys + column + j] = kNegInf;
+        continue;
+      }
+      const int64_t key_pos = position(args_.kv_positions, key);
+      for (int64_t r = 0; r < rows_; ++r) {
+        if (!mask_rows_[r].visible(key_pos)) w_.scores[r * kBlockKeys + column + j] = kNegInf;
+      }
+    }
+  }
+
+  // Row-wise online softmax over S columns [begin, end): the new maxima, alpha, P in bf16. S holds
+  // raw scores (log2 units after softcapping), which `factor` takes to log2 units; the maximum
+  // commutes with it (factor > 0), so the maxima are taken on S as it is.
+  void softmax(int64_t begin, int64_t end) {
+    const float factor = args_.softcap != 0.0f ? 1.0f : args_.scale * kLog2e;
+    alignas(64) float block_max[kQueryRows];
+    alignas(64) float offset[kQueryRows];
+    alignas(64) float block_sum[kQueryRows];
+    for (int r = 0; r < kQueryRows; ++r) {
+      const float* s = w_.scores + r * kBlockKeys;
+      Vec column_max = vset(kNegInf);
+      for (int64_t v = begin; v < end; v += kLanes)
+        column_max = vmax(column_max, vload(s + v));
+      block_max[r] = _mm512_reduce_max_ps(column_max);
+    }
+    // 16 rows at a time: the new maxima and alpha = 2^(max2_old - max2_new). A row that has still
+    // seen no key exponentiates against 0 instead: P = 0 and alpha = 0.
+    const Vec minus_infinity = vset(kNegInf);
+    for (int g = 0; g < kQueryRows; g += kLanes) {
+      const Vec old_max2 = vload(w_.max2 + g);
+      const Vec new_max2 = vmax(old_max2, _mm512_mul_ps(vload(block_max + g), vset(factor)));
+      const Vec shift = avx512::vselect_equal(new_max2, minus_infinity, avx512::vzero(), new_max2);
+      vstore(w_.max2 + g, new_max2);
+      vstore(offset + g, shift);
+      vstore(w_.alpha + g, exp2_lanes(_mm512_sub_ps(old_max2, shift)));
+    }
+    const Vec scale = vset(factor);
+    for (int r = 0; r < kQueryRows; ++r) {
+      const float* s = w_.scores + r * kBlockKeys;
+      const Vec shift = vset(offset[r]);
+      Vec total = _mm512_setzero_ps();
+      uint16_t* p = w_.probs + r * kBlockKeys;
+      for (int64_t v = begin; v < end; v += 2 * kLanes) {
+        const Vec low = exp2_lanes(_mm512_fmsub_ps(vload(s + v), scale, shift));
+        const Vec high = exp2_lanes(_mm512_fmsub_ps(vload(s + v + kLanes), scale, shift));
+        total = _mm512_add_ps(total, _mm512_add_ps(low, high));
+        _mm512_store_si512(p + v, (__m512i)_mm512_cvtne2ps_pbh(high, low));
+      }
+      block_sum[r] = _mm512_reduce_add_ps(total);
+    }
+    for (int g = 0; g < kQueryRows; g += kLanes) {
+      vstore(w_.sum + g, _mm512_fmadd_ps(vload(w_.alpha + g), vload(w_.sum + g),
+                                         vload(block_sum + g)));
+    }
+  }
+
+  // O = alpha O + P V over chunks [first, last) (P from column `begin` on).
+  void accumulate_values(int64_t first, int64_t last, int64_t begin) {
+    const int64_t dp = call_.padded_dim;
+    for (int r = 0; r < kQueryRows; ++r) {
+      const float alpha = w_.alpha[r];
+      if (alpha == 1.0f) continue;
+      const Vec a = vset(alpha);
+      float* acc = w_.acc + r * dp;
+      for (int64_t d = 0; d < dp; d += kLanes)
+        vstore(acc + d, _mm512_mul_ps(a, vload(acc + d)));
+    }
+    const int64_t o_stride = dp * 4;
+    constexpr int64_t p_stride = kBlockKeys * 2;
+    for (int64_t dt = 0; dt < call_.dim_tiles; dt += 2) {
+      float* o = w_.acc + dt * kTileRows;
+      _tile_loadd(0, o, o_stride);
+      _tile_loadd(1, o + kTileRows, o_stride);
+      _tile_loadd(2, o + kTileRows * dp, o_stride);
+      _tile_loadd(3, o + kTileRows * dp + kTileRows, o_stride);
+      for (int64_t c = first; c < last; ++c) {
+        const uint16_t* p = w_.probs + begin + (c - first) * kChunk;
+        const uint16_t* v = call_.packed_v + (c * call_.dim_tiles + dt) * kTileElements;
+        _tile_loadd(4, p, p_stride);
+        _tile_loadd(5, p + kTileRows * kBlockKeys, p_stride);
+        _tile_loadd(6, v, 64);
+        _tile_loadd(7, v + kTileElements, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, o, o_stride);
+      _tile_stored(1, o + kTileRows, o_stride);
+      _tile_stored(2, o + kTileRows * dp, o_stride);
+      _tile_stored(3, o + kTileRows * dp + kTileRows, o_stride);
+    }
+  }
+
+  const Call& call_;
+  const ForwardArgs& args_;
+  const Workspace& w_;
+  const int64_t batch_, head_, row_begin_, rows_;
+  Bounds bounds_;
+  MaskRow mask_rows_[kQueryRows];
+};
+
+int64_t packed_floats(int64_t kv_tokens, int64_t padded_dim) {
+  // K and V: chunks x 32 keys x Dp bf16 each.
+  return 2 * cache_lines_of_floats((kv_tokens + kChunk - 1) / kChunk * kChunk * padded_dim / 2);
+}
+
+}  // namespace
+
+int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
+  const int64_t dp = round_up(shape.head_dim, 32);
+  const int64_t chunks = (shape.kv_tokens + kChunk - 1) / kChunk;
+  const int64_t floats = threads * (Workspace::floats(dp) + cache_lines_of_floats(kChunk * dp)) +
+                         packed_floats(shape.kv_tokens, dp) +
+                         cache_lines_of_floats(chunks * 4);
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
+void forward(const ForwardArgs& args, const ForwardResult& result) {
+  const AttentionShape& shape = args.shape;
+  if (shape.q_tokens == 0 || shape.batch * shape.heads == 0) return;
+  const int64_t dp = round_up(shape.head_dim, 32);
+  const int64_t chunks = (shape.kv_tokens + kChunk - 1) / kChunk;
+  const int64_t q_blocks = (shape.q_tokens + kQueryRows - 1) / kQueryRows;
+  const int64_t group = shape.heads / shape.kv_heads;
+
+  AlignedFloats shared(packed_floats(shape.kv_tokens, dp) + cache_lines_of_floats(chunks * 4));
+  const int64_t half = packed_floats(shape.kv_tokens, dp) / 2;
+  auto* chunk_bounds = reinterpret_cast<Bounds*>(shared.data() + 2 * half);
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t begin = c * kChunk, end = smaller(shape.kv_tokens, begin + kChunk);
+    Bounds b{position(args.kv_positions, begin), position(args.kv_positions, begin)};
+    for (int64_t j = begin + 1; j < end; ++j) {
+      const int64_t pos = position(args.kv_positions, j);
+      b.min = pos < b.min ? pos : b.min;
+      b.max = pos > b.max ? pos : b.max;
+    }
+    chunk_bounds[c] = b;
+  }
+  const Call call{args,
+                  result,
+                  args.mask.view(),
+                  shape.head_dim,
+                  dp,
+                  dp / 32,
+                  dp / 16,
+                  chunks,
+                  chunk_bounds,
+                  reinterpret_cast<uint16_t*>(shared.data()),
+                  reinterpret_cast<uint16_t*>(shared.data() + half)};
+  const int64_t items = group * q_blocks;
+  const int threads = static_cast<int>(smaller(args.threads, smaller(items, 1 << 20)));
+  const int64_t pack_steps = smaller(chunks, int64_t{threads} * 8);
+
+#pragma omp parallel num_threads(threads)
+  {
+    AlignedFloats memory(Workspace::floats(dp) + cache_lines_of_floats(kChunk * dp));
+    const Workspace workspace(memory.data(), dp);
+    auto* pack_rows = reinterpret_cast<uint16_t*>(memory.data() + Workspace::floats(dp));
+    const TileScope tiles;
+    // One K/V head at a time: packed by all threads, then the query heads that share it, item
+    // by item (an item writes only its own rows, so the result does not depend on the threads).
+    for (int64_t b = 0; b < shape.batch; ++b) {
+      for (int64_t kv_head = 0; kv_head < shape.kv_heads; ++kv_head) {
+        if (chunks > 0) {
+#pragma omp for schedule(static)
+          for (int64_t step = 0; step < pack_steps; ++step) {
+            pack_chunks(call, b, kv_head, chunks * step / pack_steps,
+                        chunks * (step + 1) / pack_steps, pack_rows);
+          }
+        }
+        // Late query blocks first: under a causal mask they carry the most keys.
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < items; ++item) {
+          const int64_t head = kv_head * group + item / q_blocks;
+          const int64_t block = q_blocks - 1 - item % q_blocks;
+          const int64_t entries =
+              QueryBlock(call, workspace, b, head, block * kQueryRows).run();
+          if (args.work_done) args.work_done->fetch_add(entries, std::memory_order_relaxed);
+        }
+      }
+    }
+  }
+}
+
+// The tile peak probe: four independent C tiles, each TDPBF16PS 16 x 16 x 32 products (2 flops
+// each) on operands that stay in the tile registers. Returns a value that depends on the result.
+float tile_chains(int64_t iterations) {
+  alignas(64) uint16_t ones[kTileElements];
+  for (uint16_t& x : ones)
+    x = 0x3c00;  // bf16 2^-7: the sums stay exact and finite
+  alignas(64) float out[kTileRows * kTileRows];
+  const TileScope tiles;
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  _tile_loadd(4, ones, 64);
+  _tile_loadd(5, ones, 64);
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  for (int64_t i = 0; i < iterations; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, out, 64);
+  float sum = out[0];
+  _tile_stored(3, out, 64);
+  return sum + out[255];
+}
+
+}  // namespace a2d::cpu::amx
