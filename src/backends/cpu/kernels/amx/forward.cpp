@@ -45,7 +45,6 @@
 namespace a2d::cpu::amx {
 namespace {
 
-using avx512::exp2_lanes;
 using avx512::kLanes;
 using avx512::softcap_lanes;
 using avx512::Vec;
@@ -170,7 +169,8 @@ void pack_chunks(const Call& call, int64_t batch, int64_t kv_head, int64_t first
 // One work item's memory (per thread, 64-byte aligned slices of one AlignedFloats).
 struct Workspace {
   uint16_t* q;      // [32][Dp] bf16
-  float* scores;    // [32][256] fp32
+  float* scores[2];  // [32][256] fp32 each: one block's softmax reads one while the next block's
+                     // scores are computed into the other
   uint16_t* probs;  // [32][256] bf16
   float* acc;       // [32][Dp] fp32
   float* max2;      // [32] running maximum, log2 units
@@ -179,7 +179,7 @@ struct Workspace {
 
   static int64_t floats(int64_t padded_dim) {
     return cache_lines_of_floats(kQueryRows * padded_dim / 2) +
-           cache_lines_of_floats(kQueryRows * kBlockKeys) +
+           2 * cache_lines_of_floats(kQueryRows * kBlockKeys) +
            cache_lines_of_floats(kQueryRows * kBlockKeys / 2) +
            cache_lines_of_floats(kQueryRows * padded_dim) + 3 * cache_lines_of_floats(kQueryRows);
   }
@@ -191,7 +191,8 @@ struct Workspace {
       return at;
     };
     q = reinterpret_cast<uint16_t*>(take(kQueryRows * padded_dim / 2));
-    scores = take(kQueryRows * kBlockKeys);
+    scores[0] = take(kQueryRows * kBlockKeys);
+    scores[1] = take(kQueryRows * kBlockKeys);
     probs = reinterpret_cast<uint16_t*>(take(kQueryRows * kBlockKeys / 2));
     acc = take(kQueryRows * padded_dim);
     max2 = take(kQueryRows);
@@ -212,20 +213,255 @@ class QueryBlock {
         row_begin_(row_begin),
         rows_(smaller(kQueryRows, args_.shape.q_tokens - row_begin)) {}
 
+  // Blocks of keys one after the other; while the softmax of one block runs on the vector units,
+  // the tile unit computes the next block's scores (its instructions are issued between the
+  // softmax's rows, see ScoreJob), then P V of the block follows.
   int64_t run() {
     load_queries();
     load_state();
-    int64_t entries = 0;
-    for (int64_t c0 = 0; c0 < call_.chunks; c0 += kBlockChunks) {
-      if (args_.progress && (c0 / kBlockChunks) % 16 == 0 && is_calling_thread())
+    int64_t entries = 0, blocks = 0;
+    KeyBlock current = next_block(0);
+    if (!current.empty()) {
+      ScoreJob first(*this, current, w_.scores[0]);
+      first.drain();
+      finish_scores(current, w_.scores[0]);
+    }
+    for (int buffer = 0; !current.empty(); buffer ^= 1, ++blocks) {
+      if (args_.progress && blocks % 16 == 0 && is_calling_thread())
         args_.progress(args_.progress_context);
-      entries += attend_block(c0, smaller(c0 + kBlockChunks, call_.chunks));
+      const KeyBlock next = next_block(current.c1);
+      ScoreJob job(*this, next, w_.scores[buffer ^ 1]);
+      softmax(current, w_.scores[buffer], job);
+      job.drain();
+      accumulate_values(current);
+      entries += rows_ * (smaller(current.last * kChunk, args_.shape.kv_tokens) -
+                          current.first * kChunk);
+      if (!next.empty()) finish_scores(next, w_.scores[buffer ^ 1]);
+      current = next;
     }
     store_state();
     return entries;
   }
 
  private:
+  // Chunks [c0, c1) of keys (at most 8), of which [first, last) are visible to some row of the
+  // block: trimmed of the chunks the mask hides at both ends. Empty: no block left.
+  struct KeyBlock {
+    int64_t c0 = 0, c1 = 0, first = 0, last = 0;
+    BlockVisibility visibility[kBlockChunks] = {};
+    bool empty() const { return first == last; }
+    int64_t column(int64_t c) const { return (c - c0) * kChunk; }
+  };
+
+  // The first block from chunk `from` on that this query block sees.
+  KeyBlock next_block(int64_t from) const {
+    const MaskView& mask = call_.mask;
+    const int64_t kv_tokens = args_.shape.kv_tokens;
+    for (int64_t c0 = from; c0 < call_.chunks; c0 += kBlockChunks) {
+      KeyBlock b;
+      b.c0 = c0;
+      b.c1 = smaller(c0 + kBlockChunks, call_.chunks);
+      for (int64_t c = b.c0; c < b.c1; ++c) {
+        const Bounds& keys = call_.chunk_bounds[c];
+        BlockVisibility v = mask.classify(bounds_.min, bounds_.max, keys.min, keys.max);
+        // A chunk that runs past the last key is tested per element (its padding gets -inf).
+        if (v == BlockVisibility::full && (c + 1) * kChunk > kv_tokens) v = BlockVisibility::partial;
+        b.visibility[c - c0] = v;
+      }
+      b.first = b.c0;
+      b.last = b.c1;
+      while (b.first < b.last && b.visibility[b.first - c0] == BlockVisibility::hidden)
+        ++b.first;
+      while (b.last > b.first && b.visibility[b.last - 1 - c0] == BlockVisibility::hidden)
+        --b.last;
+      if (!b.empty()) return b;
+    }
+    return {};
+  }
+
+  // The tile instructions of one block's S = Q K^T, chunk by chunk: pump() stores the chunk issued
+  // last time (its products are done by then) and issues the next; drain() finishes the block.
+  // Chunks the mask hides are skipped (finish_scores fills them).
+  class ScoreJob {
+   public:
+    ScoreJob(const QueryBlock& owner, const KeyBlock& block, float* scores)
+        : owner_(owner), block_(block), scores_(scores), next_(block.first) {}
+    ~ScoreJob() = default;
+    ScoreJob(const ScoreJob&) = delete;
+    ScoreJob& operator=(const ScoreJob&) = delete;
+
+    void pump() {
+      store_pending();
+      while (next_ < block_.last &&
+             block_.visibility[next_ - block_.c0] == BlockVisibility::hidden)
+        ++next_;
+      if (next_ >= block_.last) return;
+      issue(next_);
+      pending_ = next_++;
+    }
+    void drain() {
+      while (next_ < block_.last || pending_ >= 0)
+        pump();
+    }
+
+   private:
+    void issue(int64_t c) const {
+      const Call& call = owner_.call_;
+      const int64_t dp = call.padded_dim;
+      const uint16_t* k0 = call.packed_k + (2 * c) * call.dim_chunks * kTileElements;
+      const uint16_t* k1 = k0 + call.dim_chunks * kTileElements;
+      const uint16_t* q = owner_.w_.q;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t dc = 0; dc < call.dim_chunks; ++dc) {
+        _tile_loadd(4, q + dc * 32, dp * 2);
+        _tile_loadd(5, q + kTileRows * dp + dc * 32, dp * 2);
+        _tile_loadd(6, k0 + dc * kTileElements, 64);
+        _tile_loadd(7, k1 + dc * kTileElements, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+    }
+    void store_pending() {
+      if (pending_ < 0) return;
+      float* s = scores_ + block_.column(pending_);
+      constexpr int64_t stride = kBlockKeys * 4;
+      _tile_stored(0, s, stride);
+      _tile_stored(1, s + kTileRows, stride);
+      _tile_stored(2, s + kTileRows * kBlockKeys, stride);
+      _tile_stored(3, s + kTileRows * kBlockKeys + kTileRows, stride);
+      pending_ = -1;
+    }
+
+    const QueryBlock& owner_;
+    const KeyBlock& block_;
+    float* const scores_;
+    int64_t next_;
+    int64_t pending_ = -1;
+  };
+
+  // After the products: hidden chunks to -inf, softcapping, the per-element mask.
+  void finish_scores(const KeyBlock& block, float* scores) const {
+    for (int64_t c = block.first; c < block.last; ++c) {
+      float* s = scores + block.column(c);
+      const BlockVisibility v = block.visibility[c - block.c0];
+      if (v == BlockVisibility::hidden) {
+        hide_chunk(s);
+        continue;
+      }
+      if (args_.softcap != 0.0f) softcap_chunk(s);
+      if (v == BlockVisibility::partial) mask_chunk(c, s);
+    }
+  }
+
+  // Softcapped scores in log2 units: softcap tanh(s scale / softcap) log2 e (softmax() then takes
+  // them as they are; without softcapping it scales the raw scores itself).
+  void softcap_chunk(float* s) const {
+    const Vec log2e = vset(kLog2e);
+    const Vec scale = vset(args_.scale);
+    const Vec cap = vset(args_.softcap), inverse = vset(1.0f / args_.softcap);
+    for (int r = 0; r < kQueryRows; ++r) {
+      float* row = s + r * kBlockKeys;
+      for (int v = 0; v < kChunk; v += kLanes) {
+        const Vec x = _mm512_mul_ps(vload(row + v), scale);
+        vstore(row + v, _mm512_mul_ps(softcap_lanes(x, cap, inverse), log2e));
+      }
+    }
+  }
+
+  static void hide_chunk(float* s) {
+    const Vec minus_infinity = vset(kNegInf);
+    for (int r = 0; r < kQueryRows; ++r)
+      for (int v = 0; v < kChunk; v += kLanes)
+        vstore(s + r * kBlockKeys + v, minus_infinity);
+  }
+
+  // -inf where the mask hides the pair, and for keys past the last.
+  void mask_chunk(int64_t c, float* s) const {
+    const int64_t kv_tokens = args_.shape.kv_tokens;
+    for (int64_t j = 0; j < kChunk; ++j) {
+      const int64_t key = c * kChunk + j;
+      if (key >= kv_tokens) {
+        for (int r = 0; r < kQueryRows; ++r)
+          s[r * kBlockKeys + j] = kNegInf;
+        continue;
+      }
+      const int64_t key_pos = position(args_.kv_positions, key);
+      for (int64_t r = 0; r < rows_; ++r) {
+        if (!mask_rows_[r].visible(key_pos)) s[r * kBlockKeys + j] = kNegInf;
+      }
+    }
+  }
+
+  // 2^x for x <= 0 (and -inf, NaN): exp2_lanes's polynomial, with 2^n applied by vscalefps. x is
+  // clamped below at -200, where the result underflows to exactly 0 (masked scores need 0).
+  static Vec exp2_nonpositive(Vec x) {
+    x = vmax(vset(-200.0f), x);  // this operand order lets NaN through
+    const Vec n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const Vec f = _mm512_sub_ps(x, n);
+    Vec p = vset(1.5461444854736328e-4f);
+    p = _mm512_fmadd_ps(p, f, vset(1.3400427997112274e-3f));
+    p = _mm512_fmadd_ps(p, f, vset(9.618056938052177e-3f));
+    p = _mm512_fmadd_ps(p, f, vset(5.550327152013779e-2f));
+    p = _mm512_fmadd_ps(p, f, vset(0.24022650718688965f));
+    p = _mm512_fmadd_ps(p, f, vset(0.6931471824645996f));
+    p = _mm512_fmadd_ps(p, f, vset(1.0f));
+    return _mm512_scalef_ps(p, n);
+  }
+
+  // Row-wise online softmax of one block's S: the new maxima, alpha, P in bf16 (columns
+  // [first, last) of the block; P's columns start at 0). S holds raw scores (log2 units after
+  // softcapping), which `factor` takes to log2 units; the maximum commutes with it (factor > 0),
+  // so the maxima are taken on S as it is. Between rows it pumps `job`, the next block's scores.
+  void softmax(const KeyBlock& block, const float* scores, ScoreJob& job) {
+    const int64_t begin = block.column(block.first), end = block.column(block.last);
+    const float factor = args_.softcap != 0.0f ? 1.0f : args_.scale * kLog2e;
+    alignas(64) float block_max[kQueryRows];
+    alignas(64) float offset[kQueryRows];
+    alignas(64) float block_sum[kQueryRows];
+    for (int r = 0; r < kQueryRows; ++r) {
+      const float* s = scores + r * kBlockKeys;
+      Vec column_max = vset(kNegInf);
+      for (int64_t v = begin; v < end; v += kLanes)
+        column_max = vmax(column_max, vload(s + v));
+      block_max[r] = _mm512_reduce_max_ps(column_max);
+    }
+    // 16 rows at a time: the new maxima and alpha = 2^(max2_old - max2_new). A row that has still
+    // seen no key exponentiates against 0 instead: P = 0 and alpha = 0.
+    const Vec minus_infinity = vset(kNegInf);
+    for (int g = 0; g < kQueryRows; g += kLanes) {
+      const Vec old_max2 = vload(w_.max2 + g);
+      const Vec new_max2 = vmax(old_max2, _mm512_mul_ps(vload(block_max + g), vset(factor)));
+      const Vec shift = avx512::vselect_equal(new_max2, minus_infinity, avx512::vzero(), new_max2);
+      vstore(w_.max2 + g, new_max2);
+      vstore(offset + g, shift);
+      vstore(w_.alpha + g, exp2_nonpositive(_mm512_sub_ps(old_max2, shift)));
+    }
+    const Vec scale = vset(factor);
+    for (int r = 0; r < kQueryRows; ++r) {
+      if (r % 4 == 0) job.pump();
+      const float* s = scores + r * kBlockKeys;
+      const Vec shift = vset(offset[r]);
+      Vec total = _mm512_setzero_ps();
+      uint16_t* p = w_.probs + r * kBlockKeys - begin;
+      for (int64_t v = begin; v < end; v += 2 * kLanes) {
+        const Vec low = exp2_nonpositive(_mm512_fmsub_ps(vload(s + v), scale, shift));
+        const Vec high = exp2_nonpositive(_mm512_fmsub_ps(vload(s + v + kLanes), scale, shift));
+        total = _mm512_add_ps(total, _mm512_add_ps(low, high));
+        _mm512_store_si512(p + v, (__m512i)_mm512_cvtne2ps_pbh(high, low));
+      }
+      block_sum[r] = _mm512_reduce_add_ps(total);
+    }
+    for (int g = 0; g < kQueryRows; g += kLanes) {
+      vstore(w_.sum + g, _mm512_fmadd_ps(vload(w_.alpha + g), vload(w_.sum + g),
+                                         vload(block_sum + g)));
+    }
+  }
+
   // Q rows to the A layout (bf16 [32][Dp], zeros past the last row and dim); their positions'
   // bounds and, for the per-element mask, each row's visible keys.
   void load_queries() {
@@ -299,157 +535,8 @@ class QueryBlock {
     }
   }
 
-  // Chunks [c0, c1) of keys; returns the score entries computed.
-  int64_t attend_block(int64_t c0, int64_t c1) {
-    const MaskView& mask = call_.mask;
-    const int64_t kv_tokens = args_.shape.kv_tokens;
-    BlockVisibility visibility[kBlockChunks];
-    for (int64_t c = c0; c < c1; ++c) {
-      const Bounds& keys = call_.chunk_bounds[c];
-      visibility[c - c0] = mask.classify(bounds_.min, bounds_.max, keys.min, keys.max);
-      // A chunk that runs past the last key, or a block of fewer than 32 rows, is tested per
-      // element (the padding keys must get -inf).
-      if (visibility[c - c0] == BlockVisibility::full && (c + 1) * kChunk > kv_tokens)
-        visibility[c - c0] = BlockVisibility::partial;
-    }
-    int64_t first = c0, last = c1;
-    while (first < last && visibility[first - c0] == BlockVisibility::hidden)
-      ++first;
-    while (last > first && visibility[last - 1 - c0] == BlockVisibility::hidden)
-      --last;
-    if (first == last) return 0;
-    for (int64_t c = first; c < last; ++c) {
-      const int64_t column = (c - c0) * kChunk;
-      switch (visibility[c - c0]) {
-        case BlockVisibility::hidden:
-          hide_chunk(column);
-          break;
-        case BlockVisibility::partial:
-          score_chunk(c, column);
-          mask_chunk(c, column);
-          break;
-        case BlockVisibility::full:
-          score_chunk(c, column);
-          break;
-      }
-    }
-    const int64_t begin = (first - c0) * kChunk, end = (last - c0) * kChunk;
-    softmax(begin, end);
-    accumulate_values(first, last, begin);
-    return rows_ * (smaller(last * kChunk, kv_tokens) - first * kChunk);
-  }
-
-  // S[:, column, +32) = scale Q K^T of chunk c (then softcapped), in fp32.
-  void score_chunk(int64_t c, int64_t column) {
-    const int64_t dp = call_.padded_dim;
-    const uint16_t* k0 = call_.packed_k + (2 * c) * call_.dim_chunks * kTileElements;
-    const uint16_t* k1 = k0 + call_.dim_chunks * kTileElements;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t dc = 0; dc < call_.dim_chunks; ++dc) {
-      _tile_loadd(4, w_.q + dc * 32, dp * 2);
-      _tile_loadd(5, w_.q + kTileRows * dp + dc * 32, dp * 2);
-      _tile_loadd(6, k0 + dc * kTileElements, 64);
-      _tile_loadd(7, k1 + dc * kTileElements, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    float* s = w_.scores + column;
-    constexpr int64_t stride = kBlockKeys * 4;
-    _tile_stored(0, s, stride);
-    _tile_stored(1, s + kTileRows, stride);
-    _tile_stored(2, s + kTileRows * kBlockKeys, stride);
-    _tile_stored(3, s + kTileRows * kBlockKeys + kTileRows, stride);
-    if (args_.softcap == 0.0f) return;  // softmax() scales the raw scores
-    // Softcapped scores in log2 units: softcap tanh(s scale / softcap) log2 e.
-    const Vec log2e = vset(kLog2e);
-    const Vec scale = vset(args_.scale);
-    const Vec cap = vset(args_.softcap), inverse = vset(1.0f / args_.softcap);
-    for (int r = 0; r < kQueryRows; ++r) {
-      float* row = s + r * kBlockKeys;
-      for (int v = 0; v < kChunk; v += kLanes) {
-        const Vec x = _mm512_mul_ps(vload(row + v), scale);
-        vstore(row + v, _mm512_mul_ps(softcap_lanes(x, cap, inverse), log2e));
-      }
-    }
-  }
-
-  void hide_chunk(int64_t column) {
-    const Vec minus_infinity = vset(kNegInf);
-    for (int r = 0; r < kQueryRows; ++r)
-      for (int v = 0; v < kChunk; v += kLanes)
-        vstore(w_.scores + r * kBlockKeys + column + v, minus_infinity);
-  }
-
-  // -inf where the mask hides the pair, and for keys past the last.
-  void mask_chunk(int64_t c, int64_t column) {
-    const int64_t kv_tokens = args_.shape.kv_tokens;
-    for (int64_t j = 0; j < kChunk; ++j) {
-      const int64_t key = c * kChunk + j;
-      if (key >= kv_tokens) {
-        for (int r = 0; r < kQueryRows; ++r)
-          w_.scores[r * kBlockKeys + column + j] = kNegInf;
-        continue;
-      }
-      const int64_t key_pos = position(args_.kv_positions, key);
-      for (int64_t r = 0; r < rows_; ++r) {
-        if (!mask_rows_[r].visible(key_pos)) w_.scores[r * kBlockKeys + column + j] = kNegInf;
-      }
-    }
-  }
-
-  // Row-wise online softmax over S columns [begin, end): the new maxima, alpha, P in bf16. S holds
-  // raw scores (log2 units after softcapping), which `factor` takes to log2 units; the maximum
-  // commutes with it (factor > 0), so the maxima are taken on S as it is.
-  void softmax(int64_t begin, int64_t end) {
-    const float factor = args_.softcap != 0.0f ? 1.0f : args_.scale * kLog2e;
-    alignas(64) float block_max[kQueryRows];
-    alignas(64) float offset[kQueryRows];
-    alignas(64) float block_sum[kQueryRows];
-    for (int r = 0; r < kQueryRows; ++r) {
-      const float* s = w_.scores + r * kBlockKeys;
-      Vec column_max = vset(kNegInf);
-      for (int64_t v = begin; v < end; v += kLanes)
-        column_max = vmax(column_max, vload(s + v));
-      block_max[r] = _mm512_reduce_max_ps(column_max);
-    }
-    // 16 rows at a time: the new maxima and alpha = 2^(max2_old - max2_new). A row that has still
-    // seen no key exponentiates against 0 instead: P = 0 and alpha = 0.
-    const Vec minus_infinity = vset(kNegInf);
-    for (int g = 0; g < kQueryRows; g += kLanes) {
-      const Vec old_max2 = vload(w_.max2 + g);
-      const Vec new_max2 = vmax(old_max2, _mm512_mul_ps(vload(block_max + g), vset(factor)));
-      const Vec shift = avx512::vselect_equal(new_max2, minus_infinity, avx512::vzero(), new_max2);
-      vstore(w_.max2 + g, new_max2);
-      vstore(offset + g, shift);
-      vstore(w_.alpha + g, exp2_lanes(_mm512_sub_ps(old_max2, shift)));
-    }
-    const Vec scale = vset(factor);
-    for (int r = 0; r < kQueryRows; ++r) {
-      const float* s = w_.scores + r * kBlockKeys;
-      const Vec shift = vset(offset[r]);
-      Vec total = _mm512_setzero_ps();
-      uint16_t* p = w_.probs + r * kBlockKeys;
-      for (int64_t v = begin; v < end; v += 2 * kLanes) {
-        const Vec low = exp2_lanes(_mm512_fmsub_ps(vload(s + v), scale, shift));
-        const Vec high = exp2_lanes(_mm512_fmsub_ps(vload(s + v + kLanes), scale, shift));
-        total = _mm512_add_ps(total, _mm512_add_ps(low, high));
-        _mm512_store_si512(p + v, (__m512i)_mm512_cvtne2ps_pbh(high, low));
-      }
-      block_sum[r] = _mm512_reduce_add_ps(total);
-    }
-    for (int g = 0; g < kQueryRows; g += kLanes) {
-      vstore(w_.sum + g, _mm512_fmadd_ps(vload(w_.alpha + g), vload(w_.sum + g),
-                                         vload(block_sum + g)));
-    }
-  }
-
-  // O = alpha O + P V over chunks [first, last) (P from column `begin` on).
-  void accumulate_values(int64_t first, int64_t last, int64_t begin) {
+  // O = alpha O + P V over the block's chunks [first, last) (P from column 0 on).
+  void accumulate_values(const KeyBlock& block) {
     const int64_t dp = call_.padded_dim;
     for (int r = 0; r < kQueryRows; ++r) {
       const float alpha = w_.alpha[r];
@@ -467,8 +554,8 @@ class QueryBlock {
       _tile_loadd(1, o + kTileRows, o_stride);
       _tile_loadd(2, o + kTileRows * dp, o_stride);
       _tile_loadd(3, o + kTileRows * dp + kTileRows, o_stride);
-      for (int64_t c = first; c < last; ++c) {
-        const uint16_t* p = w_.probs + begin + (c - first) * kChunk;
+      for (int64_t c = block.first; c < block.last; ++c) {
+        const uint16_t* p = w_.probs + (c - block.first) * kChunk;
         const uint16_t* v = call_.packed_v + (c * call_.dim_tiles + dt) * kTileElements;
         _tile_loadd(4, p, p_stride);
         _tile_loadd(5, p + kTileRows * kBlockKeys, p_stride);
