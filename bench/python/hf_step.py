@@ -4,7 +4,10 @@ also with "sdpa" (torch's CPU flash attention), the two alternating in one run; 
 share of the attention2d step (time inside the attention op's forward and backward) and the
 arguments' exchange's (attention()'s all-gathers of its arguments and positions, the waits for
 the other ranks included). Prints the median over --iters steps after --warmup, the slowest
-rank's, and the load average.
+rank's, and the load average. With --profile (P = 1), one more step of each under torch.profiler:
+the self CPU time of every op outside the attention (ops whose name or an ancestor's names
+attention), summed per op name, attention2d's step against sdpa's: torch's own work must run at
+the same speed beside either attention.
 
     PYTHONPATH=build/python .venv/bin/python scripts/launch/launch.py --nproc 1 -- \\
         .venv/bin/python bench/python/hf_step.py --seq 2048
@@ -28,7 +31,11 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--seq", type=int, default=2048)
 parser.add_argument("--iters", type=int, default=5)
 parser.add_argument("--warmup", type=int, default=1)
+parser.add_argument("--threads", type=int, default=0, help="torch's threads (default: torch's)")
+parser.add_argument("--profile", action="store_true")
 args = parser.parse_args()
+if args.threads:
+    torch.set_num_threads(args.threads)
 dist.init_process_group("gloo")
 P, rank = dist.get_world_size(), dist.get_rank()
 hf.register()
@@ -86,25 +93,31 @@ labels[:, :-1] = ids[:, 1:]
 mine = attention2d.shard(torch.arange(args.seq)[None], "contiguous")[0]
 times = {n: [] for n in implementations}
 shares, exchanges = [], []
+
+
+def step(name):
+    model = models[name]
+    kwargs = dict(labels=labels[:, mine], shift_labels=labels[:, mine],
+                  num_items_in_batch=int((labels != -100).sum()))
+    if name == "sdpa":
+        out = model(input_ids=ids, position_ids=torch.arange(args.seq)[None], **kwargs)
+    else:
+        out = model(input_ids=ids[:, mine], position_ids=mine[None], **kwargs)
+    out.loss.backward()
+    for p in model.parameters():
+        if P > 1:
+            dist.all_reduce(p.grad)
+    optimizers[name].step()
+    optimizers[name].zero_grad()
+
+
 for it in range(args.warmup + args.iters):
     for name in implementations:
-        model = models[name]
-        kwargs = dict(labels=labels[:, mine], shift_labels=labels[:, mine],
-                      num_items_in_batch=int((labels != -100).sum()))
         dist.barrier()
         inside[0] = 0.0
         exchange.clear()
         start = time.perf_counter()
-        if name == "sdpa":
-            out = model(input_ids=ids, position_ids=torch.arange(args.seq)[None], **kwargs)
-        else:
-            out = model(input_ids=ids[:, mine], position_ids=mine[None], **kwargs)
-        out.loss.backward()
-        for p in model.parameters():
-            if P > 1:
-                dist.all_reduce(p.grad)
-        optimizers[name].step()
-        optimizers[name].zero_grad()
+        step(name)
         step_s = time.perf_counter() - start
         if P > 1:
             per_rank = [None] * P
@@ -135,4 +148,40 @@ if rank == 0:
         print("attention2d / sdpa: %.2f" % (statistics.median(times["attention2d"])
                                             / statistics.median(times["sdpa"])))
     print("load average %.1f" % load)
+
+
+def outside_attention(name):
+    """Self CPU microseconds per op name over one profiled step, ops under an attention excluded."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step(name)
+    totals = {}
+    for event in prof.events():
+        node, inside_attention = event, False
+        while node is not None:
+            if "attention" in node.name.lower():
+                inside_attention = True
+                break
+            node = node.cpu_parent
+        if not inside_attention:
+            totals[event.name] = totals.get(event.name, 0.0) + event.self_cpu_time_total
+    return totals
+
+
+if args.profile and P == 1:
+    ours, theirs = outside_attention("attention2d"), outside_attention("sdpa")
+    common = sorted(set(ours) & set(theirs), key=lambda n: -theirs[n])
+    print("\nOps outside the attention, self CPU ms in one step (torch %d threads):"
+          % torch.get_num_threads())
+    print("| op | beside attention2d | beside sdpa | ratio |")
+    print("|---|---|---|---|")
+    for op in common[:12]:
+        print("| %s | %.2f | %.2f | %.2f |" % (op, ours[op] / 1e3, theirs[op] / 1e3,
+                                             ours[op] / max(theirs[op], 1e-9)))
+    only = {n: v for n, v in ours.items() if n not in theirs}
+    total_ours, total_theirs = sum(ours[n] for n in common), sum(theirs[n] for n in common)
+    print("all %d common ops: %.2f ms beside attention2d, %.2f beside sdpa (%.2fx); ops only "
+          "beside attention2d: %.2f ms (%s)" % (
+              len(common), total_ours / 1e3, total_theirs / 1e3, total_ours / total_theirs,
+              sum(only.values()) / 1e3, ", ".join(sorted(only)[:6]) or "none"))
 dist.destroy_process_group()

@@ -13,11 +13,9 @@ import os
 import statistics
 import time
 
-# torch's OpenMP runtime (its own libgomp) and attention2d's (the system's) share this process:
-# threads that spin after a parallel region would take the cores from the other's next region
-# (measured: torch's 2-thread backward 20-40x slower right after attention2d's). Both sleep at
-# once instead: the comparison is of the kernels, not of two runtimes fighting.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Nothing is set in the environment: torch and attention2d share one OpenMP runtime (the libgomp
+# loaded first) and its threads, as a user's process does (bench/python/threads.py measures that
+# neither slows the other; OMP_WAIT_POLICY=PASSIVE would only slow torch's many short regions).
 
 import torch
 import torch.nn.functional as F
@@ -56,9 +54,9 @@ def backend(q, k, v, causal):
         return "? (%s)" % e
 
 
-print("torch %s, attention2d %s, OMP_WAIT_POLICY=%s, %d heads; load before: %s"
-      % (torch.__version__, attention2d.__version__, os.environ["OMP_WAIT_POLICY"], args.heads,
-         load()))
+print("torch %s, attention2d %s, OMP_WAIT_POLICY=%s, kernel path %s, %d heads; load before: %s"
+      % (torch.__version__, attention2d.__version__, os.environ.get("OMP_WAIT_POLICY", "(unset)"),
+         os.environ.get("A2D_KERNEL_PATH", "auto"), args.heads, load()))
 print("\n| threads | dtype | D | N | causal | pass | SDPA ms | attention2d ms | speedup |")
 print("|---|---|---|---|---|---|---|---|---|")
 worst = None
