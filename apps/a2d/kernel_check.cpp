@@ -33,11 +33,11 @@ KernelCheck check_kernels(const KernelOptions& o, const KernelSetup& setup,
   // Bounds (check.hpp): fp32 outputs kFp32RelativeBound; a 16-bit O its dtype's rounding bound;
   // dQ and dK, whose delta comes from that O, the delta-gradient bound of the dtype. Kernels that
   // round as tensor cores do (a GPU's): the tensor-core bounds (P and dS rounded to the dtype too).
-  // The CPU's amx path rounds P as tensor cores do in the bf16 forward (not in the backward).
+  // The CPU's amx path rounds P and dS as tensor cores do (bf16 only).
   const DType dtype = setup.dtype;
   const bool tensor_cores = capabilities.tensor_core_rounding;
   const bool rounds_p = tensor_cores || (setup.cpu_kernels && dtype == DType::bf16 &&
-                                         bf16_forward_rounds_probabilities());
+                                         bf16_kernels_round_like_tensor_cores());
   const double output_bound =
       dtype == DType::bf16  ? (rounds_p ? kTensorCoreBf16OutputBound : kBf16OutputBound)
       : dtype == DType::f16 ? (tensor_cores ? kTensorCoreF16OutputBound : kF16OutputBound)
@@ -48,7 +48,7 @@ KernelCheck check_kernels(const KernelOptions& o, const KernelSetup& setup,
       : dtype == DType::f16
           ? (tensor_cores ? kTensorCoreF16DeltaGradientBound : kF16DeltaGradientBound)
           : kFp32RelativeBound;
-  const double value_gradient_bound = !tensor_cores          ? kFp32RelativeBound
+  const double value_gradient_bound = !rounds_p              ? kFp32RelativeBound
                                       : dtype == DType::bf16 ? kTensorCoreBf16ValueGradientBound
                                                              : kTensorCoreF16ValueGradientBound;
   KernelCheck check;

@@ -502,19 +502,20 @@ double OutputBounds::of(int index) const {
 OutputBounds output_bounds(DType dtype) {
   // A tensor stored in 16 bits is its fp32 value rounded once: at most the unit roundoff u away
   // (kBf16OutputBound = u + the fp32 bound), the gradients against the reference that computes
-  // delta from the same 16-bit O (reference_outputs). A bf16 forward that rounds P before P V (the
-  // CPU's amx path) adds one more u to O (kTensorCoreBf16OutputBound); its O is then no longer the
-  // reference's rounded O, and dQ and dK take the difference through delta with the problem's
-  // delta-gradient gain (check.hpp): the tensor-core delta-gradient bound. (Measured worst: 6.9e-3,
-  // two tokens on three ranks, where both rows' dS nearly cancel.)
+  // delta from the same 16-bit O (reference_outputs). Kernels that round as tensor cores do (the
+  // CPU's amx path) add one more u to O and to dV (kTensorCoreBf16OutputBound); their O is then
+  // no longer the reference's rounded O, and dQ and dK take the difference through delta with the
+  // problem's delta-gradient gain, and dS's rounding (check.hpp): the tensor-core delta-gradient
+  // bound.
   switch (dtype) {
     case DType::f32:
       break;
     case DType::bf16:
-      if (bf16_forward_rounds_probabilities()) {
+      if (bf16_kernels_round_like_tensor_cores()) {
+        // dV: P's rounding (kTensorCoreBf16ValueGradientBound) and dV's own, once.
         return {kTensorCoreBf16OutputBound,        kFp32RelativeBound,
                 kTensorCoreBf16DeltaGradientBound, kTensorCoreBf16DeltaGradientBound,
-                kBf16OutputBound,                  2 * 0x1p-8 + kFp32RelativeBound};
+                kTensorCoreBf16OutputBound,        2 * 0x1p-8 + kFp32RelativeBound};
       }
       return {kBf16OutputBound, kFp32RelativeBound, kBf16OutputBound,
               kBf16OutputBound, kBf16OutputBound,   2 * 0x1p-8 + kFp32RelativeBound};

@@ -16,10 +16,10 @@
 // with accumulate over the second, then finalize_partial into the dtype), backward with delta
 // given (computed from the fp32 O) and with delta computed from the 16-bit O.
 //
-// The amx path's bf16 forward is the one run that does not widen: it multiplies bf16 on AMX tiles
-// and rounds P to bf16 before P V (cpu_kernels.hpp), so there (a) does not apply and (b) holds O
-// to the tensor-core bound (kTensorCoreBf16OutputBound), dQ and dK from its O to the tensor-core
-// delta-gradient bound; LSE and every gradient with delta given keep kFp32RelativeBound.
+// The amx path's bf16 kernels are the runs that do not widen: they multiply bf16 on AMX tiles and
+// round P (and dS) to bf16 before the products that take them (cpu_kernels.hpp), so there (a)
+// does not apply and (b) holds O and the gradients to the tensor-core bounds (check.hpp); LSE
+// keeps kFp32RelativeBound.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -302,7 +302,11 @@ void check_case(const Case& c, const std::vector<KernelPath>& paths = bf16_paths
 
       // (b) accuracy against the fp64 reference on the rounded inputs.
       const double o_bound = native ? kTensorCoreBf16OutputBound : output_bound(dtype);
-      const double delta_bound = native ? kTensorCoreBf16DeltaGradientBound : delta_gradient_bound(dtype);
+      const double delta_bound =
+          native ? kTensorCoreBf16DeltaGradientBound : delta_gradient_bound(dtype);
+      // The amx backward rounds P and dS too (tensor-core bounds for every gradient).
+      const double q_k_bound = native ? kTensorCoreBf16DeltaGradientBound : kFp32RelativeBound;
+      const double v_bound = native ? kTensorCoreBf16ValueGradientBound : kFp32RelativeBound;
       const struct {
         const char* name;
         double error, bound;
@@ -311,12 +315,12 @@ void check_case(const Case& c, const std::vector<KernelPath>& paths = bf16_paths
           {"lse", error_of(typed.lse, ref.lse), kFp32RelativeBound},
           {"final_o", error_of(floats_of(typed.final_out, dtype), ref.out), o_bound},
           {"final_lse", error_of(typed.final_lse, ref.lse), kFp32RelativeBound},
-          {"dq", error_of(typed.dq, ref.dq), kFp32RelativeBound},
-          {"dk", error_of(typed.dk, ref.dk), kFp32RelativeBound},
-          {"dv", error_of(typed.dv, ref.dv), kFp32RelativeBound},
+          {"dq", error_of(typed.dq, ref.dq), q_k_bound},
+          {"dk", error_of(typed.dk, ref.dk), q_k_bound},
+          {"dv", error_of(typed.dv, ref.dv), v_bound},
           {"dq_o", error_of(typed.dq_o, ref.dq), delta_bound},
           {"dk_o", error_of(typed.dk_o, ref.dk), delta_bound},
-          {"dv_o", error_of(typed.dv_o, ref.dv), kFp32RelativeBound},
+          {"dv_o", error_of(typed.dv_o, ref.dv), v_bound},
       };
       for (const auto& e : errors) {
         EXPECT_LE(e.error, e.bound) << e.name;

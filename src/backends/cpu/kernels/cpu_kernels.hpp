@@ -89,9 +89,10 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
 //             build
 //   avx512    the same kernels on 16-lane AVX-512 vectors with larger register blocks; needs
 //             AVX-512 F, BW, DQ and VL besides what avx2 needs, and an x86-64 build
-//   amx       avx512, except that the forward of bf16 Q, K and V multiplies on AMX tiles (bf16
-//             products, fp32 sums; P rounded to bf16 before P V, as on GPU tensor cores, so O
-//             meets check.hpp's kTensorCoreBf16OutputBound rather than kBf16OutputBound); needs
+//   amx       avx512, except that the forward and backward of bf16 Q, K, V (and dO) multiply on
+//             AMX tiles (bf16 products, fp32 sums; P and dS rounded to bf16 before the products
+//             that take them, as on GPU tensor cores, so the outputs meet check.hpp's tensor-core
+//             bounds; a softcapped backward runs avx512's); needs
 //             AMX-TILE, AMX-BF16 and AVX512-BF16 besides what avx512 needs, and Linux's grant of
 //             the tile state (arch_prctl ARCH_REQ_XCOMP_PERM), asked for when first tested
 // The process starts on the path named by the environment variable A2D_KERNEL_PATH (auto,
@@ -108,10 +109,11 @@ KernelPath best_kernel_path();                  // the fastest supported path
 const char* kernel_path_name(KernelPath path);  // "portable", "avx2", "avx512", "amx"
 // "portable", "avx2", "avx512", "amx" or "auto" (= best_kernel_path()); anything else throws a2d::Error.
 KernelPath parse_kernel_path(const std::string& name);
-// True when the forward of bf16 Q, K and V rounds P to bf16 before P V (the amx path): its O then
-// meets check.hpp's kTensorCoreBf16OutputBound, not kBf16OutputBound (harness.hpp's
-// output_bounds and `a2d kernel --check` apply the one that holds).
-bool bf16_forward_rounds_probabilities();
+// True when the kernels of bf16 inputs round as tensor cores do (the amx path): P to bf16 before
+// P V in the forward, and P and dS before the products that take them in the backward (unless
+// softcapped). Their outputs then meet check.hpp's tensor-core bounds (harness.hpp's
+// output_bounds and `a2d kernel --check` apply the ones that hold).
+bool bf16_kernels_round_like_tensor_cores();
 
 // Bytes the forward kernel allocates besides its inputs and outputs, on the current path, for
 // this shape and thread count: per-thread tiles plus per-call tables of key positions. It does not

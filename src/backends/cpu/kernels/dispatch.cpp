@@ -215,7 +215,7 @@ KernelPath parse_kernel_path(const std::string& name) {
   A2D_FAIL("unknown kernel path '", name, "'; use auto, ", enum_choices(kKernelPathNames));
 }
 
-bool bf16_forward_rounds_probabilities() {
+bool bf16_kernels_round_like_tensor_cores() {
   return kernel_path() == KernelPath::amx;
 }
 
@@ -271,6 +271,12 @@ int64_t backward_workspace_bytes(const AttentionShape& shape, int threads, bool 
   const int64_t delta_bytes = delta_from_out ? shape.batch * shape.heads * shape.q_tokens *
                                                    static_cast<int64_t>(sizeof(float))
                                              : 0;
+#if A2D_HAVE_AMX_PATH
+  if (kernel_path() == KernelPath::amx) {
+    return delta_bytes + std::max(cpu::amx::backward_workspace_bytes(shape, threads),
+                                  cpu::avx512::backward_workspace_bytes(shape, threads));
+  }
+#endif
 #if A2D_HAVE_AVX512_PATH
   if (kernel_path() == KernelPath::avx512 || kernel_path() == KernelPath::amx) {
     return delta_bytes + cpu::avx512::backward_workspace_bytes(shape, threads);
@@ -331,6 +337,12 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
                      finite_tokens(args.d_out, shape.batch, shape.q_tokens, shape.heads, dim) &&
                      usable_rows(args.lse, shape.batch, shape.heads, shape.q_tokens) &&
                      usable_rows(delta, shape.batch, shape.heads, shape.q_tokens)))) {
+#if A2D_HAVE_AMX_PATH
+    if (path == KernelPath::amx && args.q.dtype == DType::bf16 && args.k.dtype == DType::bf16 &&
+        args.v.dtype == DType::bf16 && args.d_out.dtype == DType::bf16 && args.softcap == 0.0f) {
+      return cpu::amx::backward(in, dq, dk, dv);
+    }
+#endif
 #if A2D_HAVE_AVX512_PATH
     if (path == KernelPath::avx512 || path == KernelPath::amx)
       return cpu::avx512::backward(in, dq, dk, dv);

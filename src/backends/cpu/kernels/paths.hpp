@@ -72,11 +72,15 @@ float fma_chains(int64_t iterations);  // the AVX-512 loop of measure_fma_peak (
 }  // namespace avx512
 #endif
 
-// The AMX forward (amx/forward.cpp): bf16 Q, K and V only; the amx path's other calls run avx512.
+// The AMX kernels (amx/): bf16 Q, K, V (and dO) only, without softcapping in the backward; the
+// amx path's other calls run avx512.
 #if A2D_HAVE_AMX_PATH
 namespace amx {
 void forward(const ForwardArgs& args, const ForwardResult& result);
 int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
+void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk,
+              TokenView<float> dv);
+int64_t backward_workspace_bytes(const AttentionShape& shape, int threads);
 float tile_chains(int64_t iterations);  // the loop of measure_tile_peak (4 C tiles, TDPBF16PS)
 }  // namespace amx
 #endif

@@ -41,6 +41,7 @@
 #include "backends/cpu/kernels/cpu_kernels.hpp"
 #include "backends/cpu/kernels/paths.hpp"
 #include "backends/cpu/kernels/tiles.hpp"
+#include "tiles.hpp"
 
 namespace a2d::cpu::amx {
 namespace {
@@ -53,12 +54,10 @@ using avx512::vmax;
 using avx512::vset;
 using avx512::vstore;
 
-constexpr int kTileRows = 16;                  // rows of every tile
 constexpr int kQueryRows = 2 * kTileRows;      // query rows per work item (two A tiles)
 constexpr int kChunk = 32;                     // keys per chunk: the bf16 depth of one A tile
 constexpr int kBlockChunks = 8;                // chunks per softmax block
 constexpr int kBlockKeys = kBlockChunks * kChunk;
-constexpr int kTileElements = 512;             // bf16 elements of one 1 KiB B tile
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr double kLn2 = 0.69314718055994530942;
 constexpr double kLog2eDouble = 1.44269504088896340736;
@@ -73,31 +72,6 @@ int64_t smaller(int64_t a, int64_t b) {
 int64_t position(const int64_t* positions, int64_t index) {
   return positions ? positions[index] : index;
 }
-
-// The 64-byte tile configuration (palette 1) of LDTILECFG: tiles 0-7, each 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Every thread that runs tile instructions loads the configuration first and releases it after.
-class TileScope {
- public:
-  TileScope() {
-    TileConfig config;
-    for (int t = 0; t < 8; ++t) {
-      config.bytes_per_row[t] = 64;
-      config.rows[t] = kTileRows;
-    }
-    _tile_loadconfig(&config);
-  }
-  ~TileScope() { _tile_release(); }
-  TileScope(const TileScope&) = delete;
-  TileScope& operator=(const TileScope&) = delete;
-};
 
 struct Bounds {
   int64_t min = 0;
@@ -117,9 +91,8 @@ struct Call {
 };
 
 // Packs chunks [first, last) of K/V head (batch, kv_head) into the B-tile layouts (see the top).
-// Each key row is first copied into `row` (Dp bf16, zeros past the head dim); K then moves as
-// 32-bit pairs of dims (a transpose of 16 keys x 16 pairs per tile), V as pairs of key rows
-// interleaved 16 dims at a time.
+// Each key row is first copied into `rows` (Dp bf16, zeros past the head dim), then packed
+// (tiles.hpp).
 void pack_chunks(const Call& call, int64_t batch, int64_t kv_head, int64_t first, int64_t last,
                  uint16_t* rows) {
   const ForwardArgs& args = call.args;
@@ -134,35 +107,10 @@ void pack_chunks(const Call& call, int64_t batch, int64_t kv_head, int64_t first
       std::memcpy(rows + (kChunk + j) * dp, args.v.at(batch, c * kChunk + j, kv_head),
                   sizeof(uint16_t) * call.dim);
     }
-    // K: tile t (keys 16 t ..), dim chunk dc: out32[pair][key] = row32[key][16 dc + pair].
-    uint32_t* k_out = reinterpret_cast<uint32_t*>(call.packed_k) +
-                      c * 2 * call.dim_chunks * (kTileElements / 2);
-    for (int64_t t = 0; t < 2; ++t) {
-      for (int64_t dc = 0; dc < call.dim_chunks; ++dc) {
-        uint32_t* tile = k_out + (t * call.dim_chunks + dc) * (kTileElements / 2);
-        for (int64_t key = 0; key < kTileRows; ++key) {
-          const uint16_t* row = rows + (t * kTileRows + key) * dp + dc * 32;
-          for (int64_t pair = 0; pair < 16; ++pair) {
-            uint32_t bits;
-            std::memcpy(&bits, row + 2 * pair, sizeof bits);
-            tile[pair * 16 + key] = bits;
-          }
-        }
-      }
-    }
-    // V: dim tile dt, key pair r: out[r][n] = (row 2r [16 dt + n], row 2r + 1 [16 dt + n]).
-    uint16_t* v_out = call.packed_v + c * call.dim_tiles * kTileElements;
-    const uint16_t* v_rows = rows + kChunk * dp;
-    for (int64_t dt = 0; dt < call.dim_tiles; ++dt) {
-      uint16_t* tile = v_out + dt * kTileElements;
-      for (int64_t r = 0; r < kTileRows; ++r) {
-        const __m512i even = _mm512_cvtepu16_epi32(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v_rows + 2 * r * dp + 16 * dt)));
-        const __m512i odd = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
-            reinterpret_cast<const __m256i*>(v_rows + (2 * r + 1) * dp + 16 * dt)));
-        _mm512_store_si512(tile + r * 32, _mm512_or_si512(even, _mm512_slli_epi32(odd, 16)));
-      }
-    }
+    uint16_t* k_out = call.packed_k + c * 2 * call.dim_chunks * kTileElements;
+    pack_pairs_of_dims(rows, dp, k_out);
+    pack_pairs_of_dims(rows + kTileRows * dp, dp, k_out + call.dim_chunks * kTileElements);
+    pack_pairs_of_rows(rows + kChunk * dp, dp, call.packed_v + c * call.dim_tiles * kTileElements);
   }
 }
 
