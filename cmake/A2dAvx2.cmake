@@ -9,23 +9,40 @@ if(A2D_WITH_AVX2 AND CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|amd64)$"
   set(A2D_HAVE_AVX2_PATH ON)
 endif()
 
+# _a2d_add_path_objects(target path have flags files...): builds the files with `flags` (a list)
+# into the object library attention2d_<path>, with every path macro this one implies defined to 1
+# (the paths nest: amx needs avx512, avx512 needs avx2), links its objects into `target` and
+# defines A2D_HAVE_<PATH>_PATH=1 there; without the path (`have` false), only defines it to 0.
+function(_a2d_add_path_objects target path have flags)
+  string(TOUPPER "${path}" upper)
+  if(NOT have)
+    target_compile_definitions(${target} PRIVATE A2D_HAVE_${upper}_PATH=0)
+    return()
+  endif()
+  set(implied A2D_HAVE_AVX2_PATH=1)
+  if(path STREQUAL "avx2")
+    list(APPEND implied A2D_HAVE_AVX512_PATH=$<BOOL:${A2D_HAVE_AVX512_PATH}>)
+  else()
+    list(APPEND implied A2D_HAVE_AVX512_PATH=1)
+  endif()
+  if(path STREQUAL "amx")
+    list(APPEND implied A2D_HAVE_AMX_PATH=1)
+  endif()
+  add_library(attention2d_${path} OBJECT ${ARGN})
+  target_compile_options(attention2d_${path} PRIVATE ${flags})
+  target_compile_definitions(attention2d_${path} PRIVATE ${implied})
+  target_include_directories(attention2d_${path} PRIVATE
+    $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)
+  target_link_libraries(attention2d_${path} PRIVATE OpenMP::OpenMP_CXX a2d_warnings)
+  target_sources(${target} PRIVATE $<TARGET_OBJECTS:attention2d_${path}>)
+  target_compile_definitions(${target} PRIVATE A2D_HAVE_${upper}_PATH=1)
+endfunction()
+
 # a2d_add_avx2_sources(target files...): builds the files with the AVX2 flags into
 # attention2d_avx2 and links its objects into `target`; without the AVX2 path, does nothing but
 # tell `target` so.
 function(a2d_add_avx2_sources target)
-  if(NOT A2D_HAVE_AVX2_PATH)
-    target_compile_definitions(${target} PRIVATE A2D_HAVE_AVX2_PATH=0)
-    return()
-  endif()
-  add_library(attention2d_avx2 OBJECT ${ARGN})
-  target_compile_options(attention2d_avx2 PRIVATE -mavx2 -mfma -mf16c)
-  target_compile_definitions(attention2d_avx2 PRIVATE A2D_HAVE_AVX2_PATH=1
-                                                      A2D_HAVE_AVX512_PATH=$<BOOL:${A2D_HAVE_AVX512_PATH}>)
-  target_include_directories(attention2d_avx2 PRIVATE
-    $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)
-  target_link_libraries(attention2d_avx2 PRIVATE OpenMP::OpenMP_CXX a2d_warnings)
-  target_sources(${target} PRIVATE $<TARGET_OBJECTS:attention2d_avx2>)
-  target_compile_definitions(${target} PRIVATE A2D_HAVE_AVX2_PATH=1)
+  _a2d_add_path_objects(${target} avx2 "${A2D_HAVE_AVX2_PATH}" "-mavx2;-mfma;-mf16c" ${ARGN})
 endfunction()
 
 # The AVX-512 kernel path (Zen 4/5, Intel since Skylake-SP): the same kernels on 16-lane vectors,
@@ -44,19 +61,7 @@ endif()
 
 # a2d_add_avx512_sources(target files...): as a2d_add_avx2_sources, for the AVX-512 files.
 function(a2d_add_avx512_sources target)
-  if(NOT A2D_HAVE_AVX512_PATH)
-    target_compile_definitions(${target} PRIVATE A2D_HAVE_AVX512_PATH=0)
-    return()
-  endif()
-  add_library(attention2d_avx512 OBJECT ${ARGN})
-  target_compile_options(attention2d_avx512 PRIVATE ${A2D_AVX512_FLAGS})
-  target_compile_definitions(attention2d_avx512 PRIVATE A2D_HAVE_AVX2_PATH=1
-                                                        A2D_HAVE_AVX512_PATH=1)
-  target_include_directories(attention2d_avx512 PRIVATE
-    $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)
-  target_link_libraries(attention2d_avx512 PRIVATE OpenMP::OpenMP_CXX a2d_warnings)
-  target_sources(${target} PRIVATE $<TARGET_OBJECTS:attention2d_avx512>)
-  target_compile_definitions(${target} PRIVATE A2D_HAVE_AVX512_PATH=1)
+  _a2d_add_path_objects(${target} avx512 "${A2D_HAVE_AVX512_PATH}" "${A2D_AVX512_FLAGS}" ${ARGN})
 endfunction()
 
 # The AMX kernel path (Intel Sapphire Rapids and later): the AVX-512 kernels, and for bf16 inputs a
@@ -73,19 +78,7 @@ if(A2D_HAVE_AVX512_PATH)
   endif()
 endif()
 
-# a2d_add_amx_sources(target files...): as a2d_add_avx512_sources, for the AMX files.
+# a2d_add_amx_sources(target files...): as a2d_add_avx2_sources, for the AMX files.
 function(a2d_add_amx_sources target)
-  if(NOT A2D_HAVE_AMX_PATH)
-    target_compile_definitions(${target} PRIVATE A2D_HAVE_AMX_PATH=0)
-    return()
-  endif()
-  add_library(attention2d_amx OBJECT ${ARGN})
-  target_compile_options(attention2d_amx PRIVATE ${A2D_AMX_FLAGS})
-  target_compile_definitions(attention2d_amx PRIVATE A2D_HAVE_AVX2_PATH=1 A2D_HAVE_AVX512_PATH=1
-                                                     A2D_HAVE_AMX_PATH=1)
-  target_include_directories(attention2d_amx PRIVATE
-    $<TARGET_PROPERTY:${target},INCLUDE_DIRECTORIES>)
-  target_link_libraries(attention2d_amx PRIVATE OpenMP::OpenMP_CXX a2d_warnings)
-  target_sources(${target} PRIVATE $<TARGET_OBJECTS:attention2d_amx>)
-  target_compile_definitions(${target} PRIVATE A2D_HAVE_AMX_PATH=1)
+  _a2d_add_path_objects(${target} amx "${A2D_HAVE_AMX_PATH}" "${A2D_AMX_FLAGS}" ${ARGN})
 endfunction()

@@ -8,12 +8,14 @@
 //                 K^T as A tiles per 32-key chunk (bf16 [Dp][32])
 //   per query     Q and dO as B tiles twice: pairs of dims (for S^T = K Q^T, dP^T = V dO^T) and
 //   head          pairs of query rows (for dK += dS^T Q, dV += P^T dO); LSE log2 e and delta per row
-//   work item     (query head, 32 keys); its dK and dV in fp32 [32][Dp], over 32 queries a step:
+//   work item     (query head, 128 keys = 4 chunks of 32); their dK and dV in fp32 [32][Dp] per
+//                 chunk, over 32 queries a step, per chunk the queries see:
 //                   S^T, dP^T   2 x 2 C tiles each, depth Dp
 //                   P^T = 2^(S^T scale log2 e - LSE log2 e), dS^T = scale P^T (dP^T - delta), on
 //                   16 queries a vector, rounded to bf16 (as on tensor cores)
 //                   dV += P^T dO, dK += dS^T Q       C tiles loaded from and stored to dK, dV
-//                   dQ^T += K^T dS^T                 into this thread's own dQ^T [Dp][queries]
+//                 then dQ^T += K^T dS^T over the item's chunks (one load and store of the C tiles)
+//                 into this thread's own dQ^T ([Dp][32] per query chunk)
 //   query heads   one at a time; the threads' dQ^T are summed into dQ in a fixed order after each
 //
 // Numerics: as the forward's, the products of bf16 values are exact and summed in fp32; P and dS
@@ -36,51 +38,11 @@ namespace {
 using avx512::Vec;
 using avx512::vload;
 using avx512::vset;
-using avx512::vstore;
 
-constexpr int kChunk = 32;  // keys per work item; queries per step
+constexpr int kChunk = 32;      // keys per chunk; queries per step
+constexpr int kItemChunks = 4;  // key chunks per work item
 constexpr float kLog2e = 1.44269504088896340736f;
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-int64_t round_up(int64_t x, int64_t to) {
-  return (x + to - 1) / to * to;
-}
-int64_t smaller(int64_t a, int64_t b) {
-  return a < b ? a : b;
-}
-int64_t position(const int64_t* positions, int64_t index) {
-  return positions ? positions[index] : index;
-}
-
-// 2^x for x <= 0 (and -inf): the forward's exp2_nonpositive.
-A2D_INLINE Vec exp2_nonpositive(Vec x) {
-  x = _mm512_max_ps(vset(-200.0f), x);
-  const Vec n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const Vec f = _mm512_sub_ps(x, n);
-  Vec p = vset(1.5461444854736328e-4f);
-  p = _mm512_fmadd_ps(p, f, vset(1.3400427997112274e-3f));
-  p = _mm512_fmadd_ps(p, f, vset(9.618056938052177e-3f));
-  p = _mm512_fmadd_ps(p, f, vset(5.550327152013779e-2f));
-  p = _mm512_fmadd_ps(p, f, vset(0.24022650718688965f));
-  p = _mm512_fmadd_ps(p, f, vset(0.6931471824645996f));
-  p = _mm512_fmadd_ps(p, f, vset(1.0f));
-  return _mm512_scalef_ps(p, n);
-}
-
-struct Bounds {
-  int64_t min = 0;
-  int64_t max = 0;
-};
-
-Bounds bounds_of(const int64_t* positions, int64_t begin, int64_t end) {
-  Bounds b{position(positions, begin), position(positions, begin)};
-  for (int64_t i = begin + 1; i < end; ++i) {
-    const int64_t pos = position(positions, i);
-    b.min = pos < b.min ? pos : b.min;
-    b.max = pos > b.max ? pos : b.max;
-  }
-  return b;
-}
 
 // The call's shared arrays (one K/V head and one of its query heads at a time).
 struct Shared {
@@ -96,7 +58,7 @@ struct Shared {
   float* delta;        // [q_pad]  delta; 0 for padding
   Bounds* key_bounds;  // [k_chunks]
   Bounds* q_bounds;    // [q_chunks]
-  float* dq_t;         // [threads][Dp][q_pad]
+  float* dq_t;         // [threads][q_chunks][Dp][32]
 };
 
 // Rows [32 c, 32 c + 32) of x (batch, head) into `rows` (bf16 [32][Dp], zeros past the last row
@@ -134,10 +96,12 @@ class Backward {
           std::memset(own_dq_t, 0, sizeof(float) * s_.dp * s_.q_pad);
 #pragma omp barrier
           // Late key chunks first: under a causal mask the early ones carry the most queries.
+          const int64_t items = (s_.k_chunks + kItemChunks - 1) / kItemChunks;
 #pragma omp for schedule(dynamic, 1)
-          for (int64_t item = 0; item < s_.k_chunks; ++item) {
-            const int64_t c = s_.k_chunks - 1 - item;
-            key_chunk(b, kv_head, c, /*add=*/args_.accumulate || g > 0, own_dq_t, workspace);
+          for (int64_t item = 0; item < items; ++item) {
+            const int64_t first = (items - 1 - item) * kItemChunks;
+            key_chunks(b, kv_head, first, smaller(first + kItemChunks, s_.k_chunks),
+                       /*add=*/args_.accumulate || g > 0, own_dq_t, workspace);
           }
           // dQ += the threads' dQ^T, in thread order.
 #pragma omp for schedule(static)
@@ -191,42 +155,49 @@ class Backward {
     s_.q_bounds[c] = bounds_of(args_.q_positions, c * kChunk, smaller(nq, (c + 1) * kChunk));
   }
 
-  // Workspace (floats): S^T, dP^T [32][32] fp32; P^T, dS^T [32][32] bf16; dS^T as B tiles (2 KiB);
-  // dK, dV [32][Dp] fp32.
-  void key_chunk(int64_t b, int64_t kv_head, int64_t c, bool add, float* dq_t,
-                 float* workspace) const {
-    const int64_t dp = s_.dp;
+  // Key chunks [first, last) (at most 4). Workspace (floats): S^T, dP^T [32][32] fp32; P^T, dS^T
+  // [32][32] bf16; per chunk dS^T as B tiles (2 KiB) and dK, dV [32][Dp] fp32.
+  void key_chunks(int64_t b, int64_t kv_head, int64_t first, int64_t last, bool add, float* dq_t,
+                  float* workspace) const {
+    const int64_t dp = s_.dp, count = last - first;
     float* s_t = workspace;
     float* dp_t = s_t + kChunk * kChunk;
     auto* p_t = reinterpret_cast<uint16_t*>(dp_t + kChunk * kChunk);
     uint16_t* ds_t = p_t + kChunk * kChunk;
-    uint16_t* ds_tiles = ds_t + kChunk * kChunk;
-    float* dk_acc = reinterpret_cast<float*>(ds_tiles + kChunk * kChunk);
-    float* dv_acc = dk_acc + kChunk * dp;
-    std::memset(dk_acc, 0, sizeof(float) * 2 * kChunk * dp);
-    const Bounds& keys = s_.key_bounds[c];
+    uint16_t* ds_tiles = ds_t + kChunk * kChunk;  // [4][2 tiles]
+    float* dk_acc = reinterpret_cast<float*>(ds_tiles + kItemChunks * kChunk * kChunk);
+    float* dv_acc = dk_acc + kItemChunks * kChunk * dp;
+    std::memset(dk_acc, 0, sizeof(float) * 2 * kItemChunks * kChunk * dp);
     int64_t entries = 0;
+    bool seen[kItemChunks];
     for (int64_t qc = 0; qc < s_.q_chunks; ++qc) {
       if (args_.progress && qc % 16 == 0 && is_calling_thread())
         args_.progress(args_.progress_context);
       const Bounds& rows = s_.q_bounds[qc];
-      const BlockVisibility visibility = mask_.classify(rows.min, rows.max, keys.min, keys.max);
-      if (visibility == BlockVisibility::hidden) continue;
-      products_t(s_.k_rows + c * kChunk * dp, s_.q_dims, qc, s_t);
-      products_t(s_.v_rows + c * kChunk * dp, s_.do_dims, qc, dp_t);
-      probabilities(c, qc, visibility == BlockVisibility::partial, s_t, dp_t, p_t, ds_t);
-      pack_pairs_of_rows(ds_t, kChunk, ds_tiles);
-      accumulate(p_t, s_.do_rows + qc * (dp / 16) * kTileElements, dv_acc);
-      accumulate(ds_t, s_.q_rows + qc * (dp / 16) * kTileElements, dk_acc);
-      accumulate_dq_t(c, qc, ds_tiles, dq_t);
-      entries += kChunk * kChunk;
+      bool any = false;
+      for (int64_t i = 0; i < count; ++i) {
+        const int64_t c = first + i;
+        const Bounds& keys = s_.key_bounds[c];
+        const BlockVisibility visibility = mask_.classify(rows.min, rows.max, keys.min, keys.max);
+        seen[i] = visibility != BlockVisibility::hidden;
+        if (!seen[i]) continue;
+        any = true;
+        products_t(s_.k_rows + c * kChunk * dp, s_.q_dims, qc, s_t);
+        products_t(s_.v_rows + c * kChunk * dp, s_.do_dims, qc, dp_t);
+        probabilities(c, qc, visibility == BlockVisibility::partial, s_t, dp_t, p_t, ds_t);
+        pack_pairs_of_rows(ds_t, kChunk, ds_tiles + i * kChunk * kChunk);
+        accumulate(p_t, s_.do_rows + qc * (dp / 16) * kTileElements, dv_acc + i * kChunk * dp);
+        accumulate(ds_t, s_.q_rows + qc * (dp / 16) * kTileElements, dk_acc + i * kChunk * dp);
+        entries += kChunk * kChunk;
+      }
+      if (any) accumulate_dq_t(first, count, seen, qc, ds_tiles, dq_t);
     }
     if (args_.work_done) args_.work_done->fetch_add(entries, std::memory_order_relaxed);
-    // The chunk's rows of dK and dV (written, or added to).
+    // The chunks' rows of dK and dV (written, or added to).
     const int64_t kv = args_.shape.kv_tokens;
-    for (int64_t j = 0; j < kChunk && c * kChunk + j < kv; ++j) {
-      float* dk = dk_.at(b, c * kChunk + j, kv_head);
-      float* dv = dv_.at(b, c * kChunk + j, kv_head);
+    for (int64_t j = 0; j < count * kChunk && first * kChunk + j < kv; ++j) {
+      float* dk = dk_.at(b, first * kChunk + j, kv_head);
+      float* dv = dv_.at(b, first * kChunk + j, kv_head);
       for (int64_t d = 0; d < s_.dim; ++d) {
         dk[d] = (add ? dk[d] : 0.0f) + dk_acc[j * dp + d];
         dv[d] = (add ? dv[d] : 0.0f) + dv_acc[j * dp + d];
@@ -239,25 +210,10 @@ class Backward {
     const int64_t dp = s_.dp, chunks = dp / 32;
     const uint16_t* b0 = b_dims + qc * 2 * chunks * kTileElements;
     const uint16_t* b1 = b0 + chunks * kTileElements;
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int64_t dc = 0; dc < chunks; ++dc) {
-      _tile_loadd(4, a_rows + dc * 32, dp * 2);
-      _tile_loadd(5, a_rows + kTileRows * dp + dc * 32, dp * 2);
-      _tile_loadd(6, b0 + dc * kTileElements, 64);
-      _tile_loadd(7, b1 + dc * kTileElements, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-    }
-    constexpr int64_t stride = kChunk * 4;
-    _tile_stored(0, out, stride);
-    _tile_stored(1, out + kTileRows, stride);
-    _tile_stored(2, out + kTileRows * kChunk, stride);
-    _tile_stored(3, out + kTileRows * kChunk + kTileRows, stride);
+    zero_c_block();
+    for (int64_t dc = 0; dc < chunks; ++dc)
+      multiply_block(a_rows + dc * 32, dp, b0 + dc * kTileElements, b1 + dc * kTileElements);
+    store_c_block(out, kChunk);
   }
 
   // P^T and dS^T of key chunk c and query chunk qc, in bf16; a partial block hides pairs the
@@ -305,50 +261,30 @@ class Backward {
   // acc[32 keys][Dp] += a (bf16 [32 keys][32 queries]) x the query chunk's B tiles (pairs of
   // query rows, one per 16 dims).
   void accumulate(const uint16_t* a, const uint16_t* b_tiles, float* acc) const {
-    const int64_t dp = s_.dp, stride = dp * 4;
-    _tile_loadd(4, a, kChunk * 2);
-    _tile_loadd(5, a + kTileRows * kChunk, kChunk * 2);
+    const int64_t dp = s_.dp;
     for (int64_t dt = 0; dt < dp / 16; dt += 2) {
       float* o = acc + dt * kTileRows;
-      _tile_loadd(0, o, stride);
-      _tile_loadd(1, o + kTileRows, stride);
-      _tile_loadd(2, o + kTileRows * dp, stride);
-      _tile_loadd(3, o + kTileRows * dp + kTileRows, stride);
-      _tile_loadd(6, b_tiles + dt * kTileElements, 64);
-      _tile_loadd(7, b_tiles + (dt + 1) * kTileElements, 64);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-      _tile_stored(0, o, stride);
-      _tile_stored(1, o + kTileRows, stride);
-      _tile_stored(2, o + kTileRows * dp, stride);
-      _tile_stored(3, o + kTileRows * dp + kTileRows, stride);
+      load_c_block(o, dp);
+      multiply_block(a, kChunk, b_tiles + dt * kTileElements, b_tiles + (dt + 1) * kTileElements);
+      store_c_block(o, dp);
     }
   }
 
-  // dQ^T[:, 32 qc ..] += K^T (A: [Dp][32 keys] of chunk c) x dS^T (B: pairs of key rows).
-  void accumulate_dq_t(int64_t c, int64_t qc, const uint16_t* ds_tiles, float* dq_t) const {
-    const int64_t dp = s_.dp, stride = s_.q_pad * 4;
-    const uint16_t* k_t = s_.k_t + c * dp * kChunk;
-    _tile_loadd(6, ds_tiles, 64);
-    _tile_loadd(7, ds_tiles + kTileElements, 64);
+  // dQ^T of query chunk qc ([Dp][32], contiguous) += K^T (A: [Dp][32 keys] per key chunk) x dS^T
+  // (B: pairs of key rows), over the `count` key chunks from `first` that the queries see.
+  void accumulate_dq_t(int64_t first, int64_t count, const bool* seen, int64_t qc,
+                       const uint16_t* ds_tiles, float* dq_t) const {
+    const int64_t dp = s_.dp;
     for (int64_t dt = 0; dt < dp / 16; dt += 2) {
-      float* o = dq_t + dt * kTileRows * s_.q_pad + qc * kChunk;
-      _tile_loadd(0, o, stride);
-      _tile_loadd(1, o + kTileRows, stride);
-      _tile_loadd(2, o + kTileRows * s_.q_pad, stride);
-      _tile_loadd(3, o + kTileRows * s_.q_pad + kTileRows, stride);
-      _tile_loadd(4, k_t + dt * kTileRows * kChunk, kChunk * 2);
-      _tile_loadd(5, k_t + (dt + 1) * kTileRows * kChunk, kChunk * 2);
-      _tile_dpbf16ps(0, 4, 6);
-      _tile_dpbf16ps(1, 4, 7);
-      _tile_dpbf16ps(2, 5, 6);
-      _tile_dpbf16ps(3, 5, 7);
-      _tile_stored(0, o, stride);
-      _tile_stored(1, o + kTileRows, stride);
-      _tile_stored(2, o + kTileRows * s_.q_pad, stride);
-      _tile_stored(3, o + kTileRows * s_.q_pad + kTileRows, stride);
+      float* o = dq_t + qc * dp * kChunk + dt * kTileRows * kChunk;
+      load_c_block(o, kChunk);
+      for (int64_t i = 0; i < count; ++i) {
+        if (!seen[i]) continue;
+        const uint16_t* k_t = s_.k_t + (first + i) * dp * kChunk + dt * kTileRows * kChunk;
+        const uint16_t* tiles = ds_tiles + i * kChunk * kChunk;
+        multiply_block(k_t, kChunk, tiles, tiles + kTileElements);
+      }
+      store_c_block(o, kChunk);
     }
   }
 
@@ -358,9 +294,9 @@ class Backward {
     for (int64_t r = c * kChunk; r < (c + 1) * kChunk && r < nq; ++r) {
       float* dq = dq_.at(b, r, head);
       for (int t = 0; t < threads_; ++t) {
-        const float* column = s_.dq_t + t * s_.dp * s_.q_pad + r;
+        const float* column = s_.dq_t + t * s_.dp * s_.q_pad + c * s_.dp * kChunk + r % kChunk;
         for (int64_t d = 0; d < s_.dim; ++d)
-          dq[d] += column[d * s_.q_pad];
+          dq[d] += column[d * kChunk];
       }
     }
   }
@@ -374,8 +310,9 @@ class Backward {
 };
 
 int64_t workspace_floats(int64_t dp) {
-  // S^T, dP^T (fp32), P^T, dS^T, dS^T tiles (bf16: 3 x 32 x 32 / 2 floats), dK, dV.
-  return cache_lines_of_floats(2 * kChunk * kChunk + 3 * kChunk * kChunk / 2 + 2 * kChunk * dp);
+  // S^T, dP^T (fp32), P^T, dS^T (bf16), dS^T tiles per chunk (bf16), dK, dV per chunk (fp32).
+  return cache_lines_of_floats(2 * kChunk * kChunk + (2 + kItemChunks) * kChunk * kChunk / 2 +
+                               2 * kItemChunks * kChunk * dp);
 }
 
 struct Sizes {

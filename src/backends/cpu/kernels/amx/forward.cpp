@@ -63,20 +63,6 @@ constexpr double kLn2 = 0.69314718055994530942;
 constexpr double kLog2eDouble = 1.44269504088896340736;
 constexpr float kLog2e = 1.44269504088896340736f;
 
-int64_t round_up(int64_t x, int64_t to) {
-  return (x + to - 1) / to * to;
-}
-int64_t smaller(int64_t a, int64_t b) {
-  return a < b ? a : b;
-}
-int64_t position(const int64_t* positions, int64_t index) {
-  return positions ? positions[index] : index;
-}
-
-struct Bounds {
-  int64_t min = 0;
-  int64_t max = 0;
-};
 
 // What one call shares between its threads.
 struct Call {
@@ -259,29 +245,13 @@ class QueryBlock {
       const uint16_t* k0 = call.packed_k + (2 * c) * call.dim_chunks * kTileElements;
       const uint16_t* k1 = k0 + call.dim_chunks * kTileElements;
       const uint16_t* q = owner_.w_.q;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
-      for (int64_t dc = 0; dc < call.dim_chunks; ++dc) {
-        _tile_loadd(4, q + dc * 32, dp * 2);
-        _tile_loadd(5, q + kTileRows * dp + dc * 32, dp * 2);
-        _tile_loadd(6, k0 + dc * kTileElements, 64);
-        _tile_loadd(7, k1 + dc * kTileElements, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
-      }
+      zero_c_block();
+      for (int64_t dc = 0; dc < call.dim_chunks; ++dc)
+        multiply_block(q + dc * 32, dp, k0 + dc * kTileElements, k1 + dc * kTileElements);
     }
     void store_pending() {
       if (pending_ < 0) return;
-      float* s = scores_ + block_.column(pending_);
-      constexpr int64_t stride = kBlockKeys * 4;
-      _tile_stored(0, s, stride);
-      _tile_stored(1, s + kTileRows, stride);
-      _tile_stored(2, s + kTileRows * kBlockKeys, stride);
-      _tile_stored(3, s + kTileRows * kBlockKeys + kTileRows, stride);
+      store_c_block(scores_ + block_.column(pending_), kBlockKeys);
       pending_ = -1;
     }
 
@@ -343,22 +313,6 @@ class QueryBlock {
         if (!mask_rows_[r].visible(key_pos)) s[r * kBlockKeys + j] = kNegInf;
       }
     }
-  }
-
-  // 2^x for x <= 0 (and -inf, NaN): exp2_lanes's polynomial, with 2^n applied by vscalefps. x is
-  // clamped below at -200, where the result underflows to exactly 0 (masked scores need 0).
-  static Vec exp2_nonpositive(Vec x) {
-    x = vmax(vset(-200.0f), x);  // this operand order lets NaN through
-    const Vec n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const Vec f = _mm512_sub_ps(x, n);
-    Vec p = vset(1.5461444854736328e-4f);
-    p = _mm512_fmadd_ps(p, f, vset(1.3400427997112274e-3f));
-    p = _mm512_fmadd_ps(p, f, vset(9.618056938052177e-3f));
-    p = _mm512_fmadd_ps(p, f, vset(5.550327152013779e-2f));
-    p = _mm512_fmadd_ps(p, f, vset(0.24022650718688965f));
-    p = _mm512_fmadd_ps(p, f, vset(0.6931471824645996f));
-    p = _mm512_fmadd_ps(p, f, vset(1.0f));
-    return _mm512_scalef_ps(p, n);
   }
 
   // Row-wise online softmax of one block's S: the new maxima, alpha, P in bf16 (columns
@@ -494,30 +448,14 @@ class QueryBlock {
       for (int64_t d = 0; d < dp; d += kLanes)
         vstore(acc + d, _mm512_mul_ps(a, vload(acc + d)));
     }
-    const int64_t o_stride = dp * 4;
-    constexpr int64_t p_stride = kBlockKeys * 2;
     for (int64_t dt = 0; dt < call_.dim_tiles; dt += 2) {
       float* o = w_.acc + dt * kTileRows;
-      _tile_loadd(0, o, o_stride);
-      _tile_loadd(1, o + kTileRows, o_stride);
-      _tile_loadd(2, o + kTileRows * dp, o_stride);
-      _tile_loadd(3, o + kTileRows * dp + kTileRows, o_stride);
+      load_c_block(o, dp);
       for (int64_t c = block.first; c < block.last; ++c) {
-        const uint16_t* p = w_.probs + (c - block.first) * kChunk;
         const uint16_t* v = call_.packed_v + (c * call_.dim_tiles + dt) * kTileElements;
-        _tile_loadd(4, p, p_stride);
-        _tile_loadd(5, p + kTileRows * kBlockKeys, p_stride);
-        _tile_loadd(6, v, 64);
-        _tile_loadd(7, v + kTileElements, 64);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        multiply_block(w_.probs + (c - block.first) * kChunk, kBlockKeys, v, v + kTileElements);
       }
-      _tile_stored(0, o, o_stride);
-      _tile_stored(1, o + kTileRows, o_stride);
-      _tile_stored(2, o + kTileRows * dp, o_stride);
-      _tile_stored(3, o + kTileRows * dp + kTileRows, o_stride);
+      store_c_block(o, dp);
     }
   }
 
@@ -557,14 +495,8 @@ void forward(const ForwardArgs& args, const ForwardResult& result) {
   const int64_t half = packed_floats(shape.kv_tokens, dp) / 2;
   auto* chunk_bounds = reinterpret_cast<Bounds*>(shared.data() + 2 * half);
   for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t begin = c * kChunk, end = smaller(shape.kv_tokens, begin + kChunk);
-    Bounds b{position(args.kv_positions, begin), position(args.kv_positions, begin)};
-    for (int64_t j = begin + 1; j < end; ++j) {
-      const int64_t pos = position(args.kv_positions, j);
-      b.min = pos < b.min ? pos : b.min;
-      b.max = pos > b.max ? pos : b.max;
-    }
-    chunk_bounds[c] = b;
+    chunk_bounds[c] =
+        bounds_of(args.kv_positions, c * kChunk, smaller(shape.kv_tokens, (c + 1) * kChunk));
   }
   const Call call{args,
                   result,

@@ -43,6 +43,84 @@ class TileScope {
   TileScope& operator=(const TileScope&) = delete;
 };
 
+int64_t round_up(int64_t x, int64_t to) {
+  return (x + to - 1) / to * to;
+}
+int64_t smaller(int64_t a, int64_t b) {
+  return a < b ? a : b;
+}
+int64_t position(const int64_t* positions, int64_t index) {
+  return positions ? positions[index] : index;
+}
+
+struct Bounds {
+  int64_t min = 0;
+  int64_t max = 0;
+};
+
+// The smallest and largest of positions [begin, end) (nullptr: the indices).
+Bounds bounds_of(const int64_t* positions, int64_t begin, int64_t end) {
+  Bounds b{position(positions, begin), position(positions, begin)};
+  for (int64_t i = begin + 1; i < end; ++i) {
+    const int64_t pos = position(positions, i);
+    b.min = pos < b.min ? pos : b.min;
+    b.max = pos > b.max ? pos : b.max;
+  }
+  return b;
+}
+
+// 2^x for x <= 0, -inf and NaN: avx512's exp2_lanes polynomial (degree 6, within 2 ulp), with
+// 2^n applied by vscalefps. x is clamped below at -200, where the result underflows to exactly 0
+// (masked scores need 0).
+A2D_INLINE __m512 exp2_nonpositive(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(-200.0f), x);  // this operand order lets NaN through
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 p = _mm512_set1_ps(1.5461444854736328e-4f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3400427997112274e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618056938052177e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550327152013779e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24022650718688965f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.6931471824645996f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+// Every product here is a 2 x 2 block of C tiles 0-3 (rows 0-15: tiles 0, 1; rows 16-31: tiles
+// 2, 3; columns 0-15 and 16-31), A tiles 4 (rows 0-15) and 5 (rows 16-31), B tiles 6 (columns
+// 0-15) and 7 (columns 16-31). `c` is the block's first fp32 element, rows `stride` floats apart.
+A2D_INLINE void load_c_block(const float* c, int64_t stride) {
+  _tile_loadd(0, c, stride * 4);
+  _tile_loadd(1, c + kTileRows, stride * 4);
+  _tile_loadd(2, c + kTileRows * stride, stride * 4);
+  _tile_loadd(3, c + kTileRows * stride + kTileRows, stride * 4);
+}
+A2D_INLINE void zero_c_block() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+A2D_INLINE void store_c_block(float* c, int64_t stride) {
+  _tile_stored(0, c, stride * 4);
+  _tile_stored(1, c + kTileRows, stride * 4);
+  _tile_stored(2, c + kTileRows * stride, stride * 4);
+  _tile_stored(3, c + kTileRows * stride + kTileRows, stride * 4);
+}
+// A tiles: rows 0-15 at `a`, rows 16-31 at a + 16 stride (bf16, rows `stride` elements apart);
+// B tiles: two 1 KiB tiles at b0 and b1.
+A2D_INLINE void multiply_block(const uint16_t* a, int64_t stride, const uint16_t* b0,
+                               const uint16_t* b1) {
+  _tile_loadd(4, a, stride * 2);
+  _tile_loadd(5, a + kTileRows * stride, stride * 2);
+  _tile_loadd(6, b0, 64);
+  _tile_loadd(7, b1, 64);
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+
 // B tiles whose pairs run along the dims: for 16 consecutive rows (the tile's columns) of `rows`
 // (bf16, `padded_dim` apart, padded_dim a multiple of 32), one tile per 32 dims:
 // out[chunk][pair][row] = (rows[row][32 chunk + 2 pair], rows[row][32 chunk + 2 pair + 1]).
