@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -127,9 +128,43 @@ struct KernelBody {
 
 }  // namespace
 
+// The block's inputs and O stored in bf16, and the four calls on them: where the bf16 kernels run
+// on other instructions than the fp32 ones (bf16_kernels_round_like_tensor_cores: the amx path's
+// tiles), bf16 has rates of its own.
+struct Bf16Calls {
+  explicit Bf16Calls(KernelBlock& kb) : fwd(kb.fwd), bwd(kb.bwd) {
+    const auto stored = [&](const std::vector<float>& x) {
+      std::vector<uint16_t> bits(x.size());
+      from_float(DType::bf16, x.data(), bits.data(), static_cast<int64_t>(x.size()));
+      return bits;
+    };
+    q = stored(kb.q), k = stored(kb.k), v = stored(kb.v), d_out = stored(kb.d_out);
+    o.resize(kb.o.size());
+    const int64_t heads = kb.heads, dim = kb.head_dim, rows = kb.block;
+    const auto in = [&](const std::vector<uint16_t>& x) {
+      return InTokens{x.data(), DType::bf16, rows * heads * dim, heads * dim, dim};
+    };
+    o_view = OutTokens{o.data(), DType::bf16, rows * heads * dim, heads * dim, dim};
+    fwd.q = bwd.q = in(q);
+    fwd.k = bwd.k = in(k);
+    fwd.v = bwd.v = in(v);
+    bwd.d_out = in(d_out);
+    bwd.out = in(o);
+    fwd_causal = fwd;
+    bwd_causal = bwd;
+    fwd_causal.mask = Mask::causal();
+    bwd_causal.mask = Mask::causal();
+  }
+  std::vector<uint16_t> q, k, v, d_out, o;
+  OutTokens o_view;
+  ForwardArgs fwd, fwd_causal;
+  BackwardArgs bwd, bwd_causal;
+};
+
 // The calibration's four kernel timings on one block: forward and backward, unmasked and under a
 // causal mask (positions 0..block-1 for queries and keys: a diagonal block, counted in unmasked
-// FLOPs; the tiles on the diagonal are computed whole and masked).
+// FLOPs; the tiles on the diagonal are computed whole and masked); and the same four with bf16
+// inputs where bf16 runs on its own instructions.
 struct KernelSampler::State {
   explicit State(const CalibrationSettings& settings)
       : kb(settings),
@@ -140,6 +175,7 @@ struct KernelSampler::State {
         bwd_causal(kb.bwd) {
     fwd_causal.mask = Mask::causal();
     bwd_causal.mask = Mask::causal();
+    if (bf16_kernels_round_like_tensor_cores()) bf16 = std::make_unique<Bf16Calls>(kb);
     const auto add = [this](double call_flops, std::function<void()> body) {
       KernelBody k;
       k.call_flops = call_flops;
@@ -152,8 +188,18 @@ struct KernelSampler::State {
     add(causal_flops, [this] {
       attention_backward(bwd_causal, kb.tokens(kb.dq), kb.tokens(kb.dk), kb.tokens(kb.dv));
     });
+    if (!bf16) return;
+    add(flops, [this] { attention_forward(bf16->fwd, bf16->o_view, kb.lse_view); });
+    add(flops, [this] {
+      attention_backward(bf16->bwd, kb.tokens(kb.dq), kb.tokens(kb.dk), kb.tokens(kb.dv));
+    });
+    add(causal_flops, [this] { attention_forward(bf16->fwd_causal, bf16->o_view, kb.lse_view); });
+    add(causal_flops, [this] {
+      attention_backward(bf16->bwd_causal, kb.tokens(kb.dq), kb.tokens(kb.dk), kb.tokens(kb.dv));
+    });
   }
   KernelBlock kb;
+  std::unique_ptr<Bf16Calls> bf16;
   double flops, causal_flops;
   ForwardArgs fwd_causal;
   BackwardArgs bwd_causal;
@@ -212,6 +258,12 @@ void KernelSampler::apply(Calibration& c) const {
   c.kernel_backward_flops = 2.5 * state_->flops / k[1].seconds_per_call();
   c.kernel_forward_causal_flops = state_->causal_flops / k[2].seconds_per_call();
   c.kernel_backward_causal_flops = 2.5 * state_->causal_flops / k[3].seconds_per_call();
+  if (k.size() == 8) {
+    c.kernel_forward_flops_bf16 = state_->flops / k[4].seconds_per_call();
+    c.kernel_backward_flops_bf16 = 2.5 * state_->flops / k[5].seconds_per_call();
+    c.kernel_forward_causal_flops_bf16 = state_->causal_flops / k[6].seconds_per_call();
+    c.kernel_backward_causal_flops_bf16 = 2.5 * state_->causal_flops / k[7].seconds_per_call();
+  }
 }
 
 namespace {
@@ -500,6 +552,13 @@ void print_calibration(const Calibration& c, const CalibrationSettings& settings
       c.kernel_forward_key_s * 1e6, c.permute_bytes_per_s / 1e9, c.sum_bytes_per_s / 1e9,
       c.merge_bytes_per_s / 1e9, c.wait_share, c.latency_s * 1e6, c.bytes_per_s / 1e9,
       c.sync_s * 1e3, c.step_sync_s * 1e3, file.c_str(), c.ranks);
+  if (c.kernel_forward_flops_bf16 > 0) {
+    std::printf("  bf16 on its own instructions (%s path): kernel forward %.3f GFLOP/s per rank "
+                "(causal %.3f), backward %.3f (causal %.3f)\n",
+                kernel_path_name(kernel_path()), c.kernel_forward_flops_bf16 / 1e9,
+                c.kernel_forward_causal_flops_bf16 / 1e9, c.kernel_backward_flops_bf16 / 1e9,
+                c.kernel_backward_causal_flops_bf16 / 1e9);
+  }
 }
 
 int calibrate(int argc, char** argv, int first) {

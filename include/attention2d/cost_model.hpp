@@ -103,7 +103,9 @@ std::vector<std::string> preset_names();
 // This machine, as measured by `a2d calibrate` at `ranks` ranks (the calibration file holds one
 // section per rank count it was run at), with this node's physical memory shared by the ranks.
 // Throws, saying which command to run, when the file or the section is missing.
-Machine local_machine(const std::string& calibration_file, int ranks);
+// For `dtype` bf16, the section's bf16 kernel rates where it has them (a CPU whose bf16 kernels
+// run on other instructions, the amx path's tiles), else the fp32 ones.
+Machine local_machine(const std::string& calibration_file, int ranks, DType dtype = DType::f32);
 // Whether the calibration file has a section for `ranks` ranks (false when there is no file).
 bool has_calibration(const std::string& calibration_file, int ranks);
 // Where `a2d calibrate` writes and the model reads by default: $A2D_CALIBRATION if set, else
@@ -142,6 +144,12 @@ struct Calibration {
   double kernel_backward_flops = 0;
   double kernel_forward_causal_flops = 0;  // the same on a causal diagonal block (unmasked FLOPs)
   double kernel_backward_causal_flops = 0;
+  // The four rates with bf16 inputs, where the bf16 kernels run on other instructions than the fp32
+  // ones (the amx path's tiles); 0: not measured (bf16 runs at the fp32 rates).
+  double kernel_forward_flops_bf16 = 0;
+  double kernel_backward_flops_bf16 = 0;
+  double kernel_forward_causal_flops_bf16 = 0;
+  double kernel_backward_causal_flops_bf16 = 0;
   double kernel_forward_panel_s = 0;  // per 24-row panel of a head per call (Machine)
   double kernel_forward_key_s = 0;    // per key of a head per call (Machine)
   double permute_bytes_per_s = 0;     // sorting gathered rows in place (Machine)

@@ -127,6 +127,12 @@ Calibration average_calibrations(const Calibration& a, const Calibration& b) {
       rate(a.kernel_forward_causal_flops, b.kernel_forward_causal_flops);
   c.kernel_backward_causal_flops =
       rate(a.kernel_backward_causal_flops, b.kernel_backward_causal_flops);
+  c.kernel_forward_flops_bf16 = rate(a.kernel_forward_flops_bf16, b.kernel_forward_flops_bf16);
+  c.kernel_backward_flops_bf16 = rate(a.kernel_backward_flops_bf16, b.kernel_backward_flops_bf16);
+  c.kernel_forward_causal_flops_bf16 =
+      rate(a.kernel_forward_causal_flops_bf16, b.kernel_forward_causal_flops_bf16);
+  c.kernel_backward_causal_flops_bf16 =
+      rate(a.kernel_backward_causal_flops_bf16, b.kernel_backward_causal_flops_bf16);
   c.kernel_forward_panel_s = mean(a.kernel_forward_panel_s, b.kernel_forward_panel_s);
   c.kernel_forward_key_s = mean(a.kernel_forward_key_s, b.kernel_forward_key_s);
   c.permute_bytes_per_s = rate(a.permute_bytes_per_s, b.permute_bytes_per_s);
@@ -159,6 +165,13 @@ void save_calibration(const std::string& file, const Calibration& c) {
                        {"permute_gbs", c.permute_bytes_per_s / 1e9},
                        {"sum_gbs", c.sum_bytes_per_s / 1e9},
                        {"merge_gbs", c.merge_bytes_per_s / 1e9}};
+  if (c.kernel_forward_flops_bf16 > 0) {
+    auto& section = sections[c.ranks];
+    section["kernel_forward_gflops_bf16"] = c.kernel_forward_flops_bf16 / 1e9;
+    section["kernel_backward_gflops_bf16"] = c.kernel_backward_flops_bf16 / 1e9;
+    section["kernel_forward_causal_gflops_bf16"] = c.kernel_forward_causal_flops_bf16 / 1e9;
+    section["kernel_backward_causal_gflops_bf16"] = c.kernel_backward_causal_flops_bf16 / 1e9;
+  }
   const std::string temporary = file + ".tmp";
   {
     std::ofstream out(temporary);
@@ -176,7 +189,7 @@ void save_calibration(const std::string& file, const Calibration& c) {
   A2D_REQUIRE(std::rename(temporary.c_str(), file.c_str()) == 0, "cannot replace ", file);
 }
 
-Machine local_machine(const std::string& file, int ranks) {
+Machine local_machine(const std::string& file, int ranks, DType dtype) {
   const auto sections = read_sections(file);
   const auto it = sections.find(ranks);
   A2D_REQUIRE(it != sections.end(), "no calibration for ", ranks, " ranks in ", file,
@@ -198,6 +211,16 @@ Machine local_machine(const std::string& file, int ranks) {
   };
   m.kernel_forward_causal_flops = optional("kernel_forward_causal_gflops") * 1e9;
   m.kernel_backward_causal_flops = optional("kernel_backward_causal_gflops") * 1e9;
+  // bf16 on its own instructions (the amx path): its rates, where the calibration measured them.
+  if (dtype == DType::bf16 && optional("kernel_forward_gflops_bf16") > 0) {
+    m.kernel_forward_flops = optional("kernel_forward_gflops_bf16") * 1e9;
+    m.kernel_backward_flops = optional("kernel_backward_gflops_bf16") * 1e9;
+    m.kernel_forward_causal_flops = optional("kernel_forward_causal_gflops_bf16") * 1e9;
+    m.kernel_backward_causal_flops = optional("kernel_backward_causal_gflops_bf16") * 1e9;
+    A2D_REQUIRE(m.kernel_backward_flops > 0, "the calibration of ", ranks, " ranks in ", file,
+                " has bf16 forward rates but no 'kernel_backward_gflops_bf16'; run a2d calibrate "
+                "again");
+  }
   m.tile_block = static_cast<int64_t>(optional("block"));
   m.intra.latency_s = value("latency_us") * 1e-6;
   m.intra.bytes_per_s = value("bandwidth_gbs") * 1e9;

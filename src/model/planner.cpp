@@ -44,9 +44,11 @@ DType MachineChoice::default_dtype(int ranks) const {
 Machine MachineChoice::machine(int ranks, DType dtype) const {
   check_choice(*this);
   if (!machine_file.empty()) return load_machine_file(machine_file, dtype);
-  if (name == "local") return local_machine(calibration_file, ranks);
+  if (name == "local") return local_machine(calibration_file, ranks, dtype);
   if (!name.empty()) return preset_machine(name, dtype);
-  if (has_calibration(calibration_file, ranks)) return local_machine(calibration_file, ranks);
+  if (has_calibration(calibration_file, ranks)) {
+    return local_machine(calibration_file, ranks, dtype);
+  }
   Machine m = preset_machine(kDefaultMachine, dtype);
   m.description += " (the default machine: no calibration of this machine for " +
                    std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") + " in " +

@@ -46,6 +46,8 @@ TEST(CostModel, MachinesAndCalibrationFiles) {
   EXPECT_DOUBLE_EQ(four.kernel_forward_causal_flops, 10e9);
   EXPECT_DOUBLE_EQ(four.kernel_backward_causal_flops, 5e9);
   EXPECT_THROW(local_machine(file, 16), Error);
+  // Without bf16 rates of its own, bf16 runs at the fp32 ones.
+  EXPECT_DOUBLE_EQ(local_machine(file, 4, DType::bf16).kernel_forward_flops, 20e9);
   // Files from before the synchronisation, sorting and forward-overhead terms: none charged.
   EXPECT_EQ(four.sync_s, 0.0);
   EXPECT_EQ(four.step_sync_s, 0.0);
@@ -63,7 +65,20 @@ TEST(CostModel, MachinesAndCalibrationFiles) {
   c.sum_bytes_per_s = 3e9;
   c.merge_bytes_per_s = 1.5e9;
   save_calibration(file, c);
+  // bf16 rates of its own (the amx path's tiles): used for bf16 problems only.
+  c.kernel_forward_flops_bf16 = 80e9;
+  c.kernel_backward_flops_bf16 = 60e9;
+  c.kernel_forward_causal_flops_bf16 = 40e9;
+  c.kernel_backward_causal_flops_bf16 = 30e9;
+  save_calibration(file, c);
   const Machine three = local_machine(file, 3);
+  const Machine three_bf16 = local_machine(file, 3, DType::bf16);
+  EXPECT_DOUBLE_EQ(three.kernel_forward_flops, 7e9);
+  EXPECT_DOUBLE_EQ(three_bf16.kernel_forward_flops, 80e9);
+  EXPECT_DOUBLE_EQ(three_bf16.kernel_backward_flops, 60e9);
+  EXPECT_DOUBLE_EQ(three_bf16.kernel_forward_causal_flops, 40e9);
+  EXPECT_DOUBLE_EQ(three_bf16.kernel_backward_causal_flops, 30e9);
+  EXPECT_DOUBLE_EQ(local_machine(file, 3, DType::f16).kernel_forward_flops, 7e9);
   EXPECT_DOUBLE_EQ(three.sum_bytes_per_s, 3e9);
   EXPECT_DOUBLE_EQ(three.merge_bytes_per_s, 1.5e9);
   EXPECT_DOUBLE_EQ(three.sync_s, 2e-3);
