@@ -92,7 +92,7 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
 //   amx       avx512, except that the forward and backward of bf16 Q, K, V (and dO) multiply on
 //             AMX tiles (bf16 products, fp32 sums; P and dS rounded to bf16 before the products
 //             that take them, as on GPU tensor cores, so the outputs meet check.hpp's tensor-core
-//             bounds; a softcapped backward runs avx512's); needs
+//             bounds); needs
 //             AMX-TILE, AMX-BF16 and AVX512-BF16 besides what avx512 needs, and Linux's grant of
 //             the tile state (arch_prctl ARCH_REQ_XCOMP_PERM), asked for when first tested
 // The process starts on the path named by the environment variable A2D_KERNEL_PATH (auto,
@@ -110,8 +110,7 @@ const char* kernel_path_name(KernelPath path);  // "portable", "avx2", "avx512",
 // "portable", "avx2", "avx512", "amx" or "auto" (= best_kernel_path()); anything else throws a2d::Error.
 KernelPath parse_kernel_path(const std::string& name);
 // True when the kernels of bf16 inputs round as tensor cores do (the amx path): P to bf16 before
-// P V in the forward, and P and dS before the products that take them in the backward (unless
-// softcapped). Their outputs then meet check.hpp's tensor-core bounds (harness.hpp's
+// P V in the forward, and P and dS before the products that take them in the backward. Their outputs then meet check.hpp's tensor-core bounds (harness.hpp's
 // output_bounds and `a2d kernel --check` apply the ones that hold).
 bool bf16_kernels_round_like_tensor_cores();
 

@@ -339,7 +339,7 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
                      usable_rows(delta, shape.batch, shape.heads, shape.q_tokens)))) {
 #if A2D_HAVE_AMX_PATH
     if (path == KernelPath::amx && args.q.dtype == DType::bf16 && args.k.dtype == DType::bf16 &&
-        args.v.dtype == DType::bf16 && args.d_out.dtype == DType::bf16 && args.softcap == 0.0f) {
+        args.v.dtype == DType::bf16 && args.d_out.dtype == DType::bf16) {
       return cpu::amx::backward(in, dq, dk, dv);
     }
 #endif

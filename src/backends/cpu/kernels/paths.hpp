@@ -72,8 +72,7 @@ float fma_chains(int64_t iterations);  // the AVX-512 loop of measure_fma_peak (
 }  // namespace avx512
 #endif
 
-// The AMX kernels (amx/): bf16 Q, K, V (and dO) only, without softcapping in the backward; the
-// amx path's other calls run avx512.
+// The AMX kernels (amx/): bf16 Q, K, V (and dO) only; the amx path's other calls run avx512.
 #if A2D_HAVE_AMX_PATH
 namespace amx {
 void forward(const ForwardArgs& args, const ForwardResult& result);

@@ -20,7 +20,7 @@
 //
 // Numerics: as the forward's, the products of bf16 values are exact and summed in fp32; P and dS
 // are rounded once to bf16 before the products that take them (check.hpp's tensor-core bounds).
-// Softcapped calls take the avx512 backward (dispatch.cpp).
+// Softcapping (s' = cap tanh(s scale / cap)) multiplies dS by 1 - (s' / cap)^2.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -220,8 +220,12 @@ class Backward {
   // mask hides (P = 0).
   void probabilities(int64_t c, int64_t qc, bool partial, const float* s_t, const float* dp_t,
                      uint16_t* p_t, uint16_t* ds_t) const {
-    const Vec factor = vset(args_.scale * kLog2e);
+    const bool softcap = args_.softcap != 0.0f;
     const Vec scale = vset(args_.scale);
+    const Vec log2e = vset(kLog2e);
+    const Vec cap = vset(args_.softcap), inverse = vset(softcap ? 1.0f / args_.softcap : 0.0f);
+    // Scores to log2 units: s scale log2 e, or (softcapped, already in log2 units) s.
+    const Vec s_factor = softcap ? vset(1.0f) : vset(args_.scale * kLog2e);
     const float* lse2 = s_.lse2 + qc * kChunk;
     const float* delta = s_.delta + qc * kChunk;
     const Vec lse_low = _mm512_loadu_ps(lse2), lse_high = _mm512_loadu_ps(lse2 + 16);
@@ -245,13 +249,29 @@ class Backward {
         s_low = _mm512_add_ps(s_low, vload(hidden));
         s_high = _mm512_add_ps(s_high, vload(hidden + 16));
       }
-      const Vec p_low = exp2_nonpositive(_mm512_fmsub_ps(s_low, factor, lse_low));
-      const Vec p_high = exp2_nonpositive(_mm512_fmsub_ps(s_high, factor, lse_high));
+      Vec p_scale_low = scale, p_scale_high = scale;
+      if (softcap) {
+        // s' = cap tanh(s scale / cap) (-inf stays -inf: masked), and dS gains ds'/ds / scale =
+        // 1 - (s' / cap)^2.
+        const Vec capped_low = avx512::softcap_lanes(_mm512_mul_ps(s_low, scale), cap, inverse);
+        const Vec capped_high = avx512::softcap_lanes(_mm512_mul_ps(s_high, scale), cap, inverse);
+        const Vec t_low = _mm512_mul_ps(capped_low, inverse);
+        const Vec t_high = _mm512_mul_ps(capped_high, inverse);
+        p_scale_low = _mm512_mul_ps(scale, _mm512_fnmadd_ps(t_low, t_low, vset(1.0f)));
+        p_scale_high = _mm512_mul_ps(scale, _mm512_fnmadd_ps(t_high, t_high, vset(1.0f)));
+        const Vec minus_infinity = vset(-kInf);
+        s_low = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(s_low, minus_infinity, _CMP_EQ_OQ),
+                                     _mm512_mul_ps(capped_low, log2e), minus_infinity);
+        s_high = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(s_high, minus_infinity, _CMP_EQ_OQ),
+                                      _mm512_mul_ps(capped_high, log2e), minus_infinity);
+      }
+      const Vec p_low = exp2_nonpositive(_mm512_fmsub_ps(s_low, s_factor, lse_low));
+      const Vec p_high = exp2_nonpositive(_mm512_fmsub_ps(s_high, s_factor, lse_high));
       const Vec ds_low =
-          _mm512_mul_ps(_mm512_mul_ps(p_low, scale),
+          _mm512_mul_ps(_mm512_mul_ps(p_low, p_scale_low),
                         _mm512_sub_ps(vload(dp_t + j * kChunk), delta_low));
       const Vec ds_high =
-          _mm512_mul_ps(_mm512_mul_ps(p_high, scale),
+          _mm512_mul_ps(_mm512_mul_ps(p_high, p_scale_high),
                         _mm512_sub_ps(vload(dp_t + j * kChunk + 16), delta_high));
       _mm512_store_si512(p_t + j * kChunk, (__m512i)_mm512_cvtne2ps_pbh(p_high, p_low));
       _mm512_store_si512(ds_t + j * kChunk, (__m512i)_mm512_cvtne2ps_pbh(ds_high, ds_low));
