@@ -437,8 +437,9 @@ int bench(int argc, char** argv, int first) {
       if (could_take_longer(static_cast<double>(rounds) * flops, static_cast<int>(o.threads),
                             predict_s) ||
           (o.check && reference_flops / (2e9 * reference_threads()) > predict_s)) {
-        const LocalMachine local = local_machine_for_prediction(
-            world.size(), static_cast<int>(o.threads), machine_choice.calibration_file);
+        const LocalMachine local =
+            local_machine_for_prediction(world.size(), static_cast<int>(o.threads),
+                                         machine_choice.calibration_file, nullptr, problem.dtype);
         double total = 0;
         for (size_t i = 0; i < rows.size(); ++i) {
           if (!rows[i].skipped.empty()) continue;
@@ -609,11 +610,12 @@ int bench(int argc, char** argv, int first) {
     try {
       Machine machine;
       if (file_machine) {
-        machine = o.calibrate ? with_kernel_rates(*file_machine,
-                                                  local_machine(calibration_file, world.size()))
-                              : *file_machine;
+        machine = o.calibrate
+                      ? with_kernel_rates(*file_machine, local_machine(calibration_file,
+                                                                       world.size(), problem.dtype))
+                      : *file_machine;
       } else {
-        machine = local_machine(calibration_file, world.size());
+        machine = local_machine(calibration_file, world.size(), problem.dtype);
       }
       const int per_node = machine.ranks_per_node > 0
                                ? std::min(machine.ranks_per_node, world.size())

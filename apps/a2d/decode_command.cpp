@@ -189,7 +189,7 @@ int decode_main(int argc, char** argv, int first, bool bench) {
       if (could_take_longer(flops, plan.threads, ProgressSettings::from_environment().predict_s)) {
         const std::string file = o.plan.machine.calibration.empty() ? default_calibration_file()
                                                                     : o.plan.machine.calibration;
-        const LocalMachine local = local_machine_for_prediction(ranks, plan.threads, file);
+        const LocalMachine local = local_machine_for_prediction(ranks, plan.threads, file, nullptr, problem.dtype);
         prefill_predicted_s = predict(problem, plan, local.machine, ranks).forward_s;
         step_predicted_s = 0.5 * (predict_decode_step(problem, plan, local.machine, ranks, o.prompt,
                                                       o.tokens_per_step)

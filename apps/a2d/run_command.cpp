@@ -363,7 +363,7 @@ int run(int argc, char** argv, int first) {
                                      ? default_calibration_file()
                                      : o.plan.machine.calibration;
         const LocalMachine local =
-            local_machine_for_prediction(world.size(), plan.threads, file);
+            local_machine_for_prediction(world.size(), plan.threads, file, nullptr, problem.dtype);
         const Prediction predicted = predict(problem, plan, local.machine, world.size());
         forward_s = predicted.forward_s;
         backward_s = o.backward ? predicted.backward_s : 0;

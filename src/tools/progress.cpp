@@ -83,14 +83,14 @@ bool could_take_longer(double flops_per_rank, int threads, double seconds) {
 
 LocalMachine local_machine_for_prediction(int ranks, int threads,
                                           const std::string& calibration_file,
-                                          const FmaPeak* given_peak) {
+                                          const FmaPeak* given_peak, DType dtype) {
   LocalMachine out;
   if (has_calibration(calibration_file, ranks)) {
-    out.machine = local_machine(calibration_file, ranks);
+    out.machine = local_machine(calibration_file, ranks, dtype);
     out.source = "the cost model with this machine's calibration, " + calibration_file;
     return out;
   }
-  const FmaPeak peak = given_peak ? *given_peak : measure_fma_peak(1);
+  const FmaPeak peak = given_peak ? *given_peak : measure_product_peak(dtype, 1);
   const KernelEfficiency efficiency = kernel_efficiency(peak);
   // The ranks of this host share its cores (Open MPI says how many ranks it put here).
   int on_host = ranks;

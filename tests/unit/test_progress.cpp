@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "attention2d/cost_model.hpp"
 #include "attention2d/peak.hpp"
 #include "attention2d/timing.hpp"
 #include "attention2d/tools/progress.hpp"
@@ -124,6 +126,33 @@ TEST(Progress, EstimatedMachineIsThePeakTimesTheEfficiency) {
       << local.source;
   EXPECT_TRUE(could_take_longer(1e12, 1, 10));  // 500 s at 2 GFLOP/s
   EXPECT_FALSE(could_take_longer(1e9, 1, 10));
+}
+
+// A calibrated machine predicts with the problem's dtype: bf16 with the bf16 rates where the
+// calibration has them (the amx path's), every dtype with the fp32 ones otherwise.
+TEST(Progress, CalibratedMachineTakesTheProblemsDtype) {
+  const std::string file = ::testing::TempDir() + "/a2d-progress-calibration.txt";
+  std::remove(file.c_str());
+  Calibration c;
+  c.ranks = 2;
+  c.cores = 2;
+  c.kernel_forward_flops = 100e9;
+  c.kernel_backward_flops = 90e9;
+  c.latency_s = 1e-6;
+  c.bytes_per_s = 1e9;
+  save_calibration(file, c);
+  EXPECT_DOUBLE_EQ(
+      local_machine_for_prediction(2, 1, file, nullptr, DType::bf16).machine.kernel_forward_flops,
+      100e9);
+  c.kernel_forward_flops_bf16 = 400e9;
+  c.kernel_backward_flops_bf16 = 350e9;
+  save_calibration(file, c);
+  const LocalMachine bf16 = local_machine_for_prediction(2, 1, file, nullptr, DType::bf16);
+  const LocalMachine fp32 = local_machine_for_prediction(2, 1, file);
+  EXPECT_DOUBLE_EQ(bf16.machine.kernel_forward_flops, 400e9);
+  EXPECT_DOUBLE_EQ(bf16.machine.kernel_backward_flops, 350e9);
+  EXPECT_DOUBLE_EQ(fp32.machine.kernel_forward_flops, 100e9);
+  std::remove(file.c_str());
 }
 
 }  // namespace

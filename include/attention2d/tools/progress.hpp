@@ -57,9 +57,12 @@ struct LocalMachine {
   Machine machine;
   std::string source;
 };
+// `dtype`: the problem's (bf16 takes the calibration's bf16 rates, or the tile peak, where bf16
+// runs on its own instructions: the amx kernel path).
 LocalMachine local_machine_for_prediction(int ranks, int threads,
                                           const std::string& calibration_file,
-                                          const FmaPeak* peak = nullptr);
+                                          const FmaPeak* peak = nullptr,
+                                          DType dtype = DType::f32);
 // Whether a run of `flops` per rank could take longer than `seconds` on this CPU at all (at a
 // pessimistic 2 GFLOP/s per thread): only then is the peak worth measuring for a prediction.
 bool could_take_longer(double flops_per_rank, int threads, double seconds);
