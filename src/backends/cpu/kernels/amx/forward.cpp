@@ -28,9 +28,6 @@
 // subnormal results: only values below 1.2e-38 are affected.
 //
 // Include order: the AVX-512 vector layer (exp2, softcap, conversions) is reused as it is.
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -510,7 +507,7 @@ void forward(const ForwardArgs& args, const ForwardResult& result) {
                   reinterpret_cast<uint16_t*>(shared.data()),
                   reinterpret_cast<uint16_t*>(shared.data() + half)};
   const int64_t items = group * q_blocks;
-  const int threads = static_cast<int>(smaller(args.threads, smaller(items, 1 << 20)));
+  const int threads = static_cast<int>(smaller(args.threads, items));
   const int64_t pack_steps = smaller(chunks, int64_t{threads} * 8);
 
 #pragma omp parallel num_threads(threads)
