@@ -11,7 +11,7 @@ endif()
 
 # _a2d_add_path_objects(target path have flags files...): builds the files with `flags` (a list)
 # into the object library attention2d_<path>, with every path macro this one implies defined to 1
-# (the paths nest: amx needs avx512, avx512 needs avx2), links its objects into `target` and
+# (the paths nest: amx and avx512bf16 need avx512, avx512 needs avx2), links its objects into `target` and
 # defines A2D_HAVE_<PATH>_PATH=1 there; without the path (`have` false), only defines it to 0.
 function(_a2d_add_path_objects target path have flags)
   string(TOUPPER "${path}" upper)
@@ -25,8 +25,8 @@ function(_a2d_add_path_objects target path have flags)
   else()
     list(APPEND implied A2D_HAVE_AVX512_PATH=1)
   endif()
-  if(path STREQUAL "amx")
-    list(APPEND implied A2D_HAVE_AMX_PATH=1)
+  if(path STREQUAL "amx" OR path STREQUAL "avx512bf16")
+    list(APPEND implied A2D_HAVE_${upper}_PATH=1)
   endif()
   add_library(attention2d_${path} OBJECT ${ARGN})
   target_compile_options(attention2d_${path} PRIVATE ${flags})
@@ -81,4 +81,24 @@ endif()
 # a2d_add_amx_sources(target files...): as a2d_add_avx2_sources, for the AMX files.
 function(a2d_add_amx_sources target)
   _a2d_add_path_objects(${target} amx "${A2D_HAVE_AMX_PATH}" "${A2D_AMX_FLAGS}" ${ARGN})
+endfunction()
+
+# The AVX512-BF16 kernel path (AMD Zen 4 and later, Intel Cooper Lake and Sapphire Rapids): the
+# AVX-512 kernels, and for bf16 inputs the bf16 kernels with VDPBF16PS products
+# (src/backends/cpu/kernels/avx512bf16/), compiled with the AVX-512 flags and -mavx512bf16 into
+# attention2d_avx512bf16 wherever the AVX-512 path is built and the compiler takes the flag, and
+# chosen at run time on CPUs that have AVX512-BF16 (dispatch.cpp).
+set(A2D_AVX512BF16_FLAGS ${A2D_AVX512_FLAGS} -mavx512bf16)
+set(A2D_HAVE_AVX512BF16_PATH OFF)
+if(A2D_HAVE_AVX512_PATH)
+  check_cxx_compiler_flag("-mavx512bf16" A2D_COMPILER_TAKES_AVX512BF16)
+  if(A2D_COMPILER_TAKES_AVX512BF16)
+    set(A2D_HAVE_AVX512BF16_PATH ON)
+  endif()
+endif()
+
+# a2d_add_avx512bf16_sources(target files...): as a2d_add_avx2_sources, for the AVX512-BF16 files.
+function(a2d_add_avx512bf16_sources target)
+  _a2d_add_path_objects(${target} avx512bf16 "${A2D_HAVE_AVX512BF16_PATH}"
+                        "${A2D_AVX512BF16_FLAGS}" ${ARGN})
 endfunction()

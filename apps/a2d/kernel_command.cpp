@@ -114,8 +114,8 @@ int kernel(int argc, char** argv, int first) {
                   "threads of the kernel (and of the FMA peak measurement)");
   options.add_string("--path", &o.path,
                      "kernel implementation: auto (fastest this CPU supports), portable, avx2,\n"
-                     "avx512 or amx (avx512 with the bf16 forward on AMX tiles; default: the\n"
-                     "environment variable A2D_KERNEL_PATH, else auto)");
+                     "avx512, avx512bf16 or amx (avx512 with the bf16 kernels on VDPBF16PS or on\n"
+                     "AMX tiles; default: the environment variable A2D_KERNEL_PATH, else auto)");
   options.add_string(
       "--device", &o.device,
       "the backend the kernel runs on: cpu (the CPU kernels, on the command's own arrays),\n"
@@ -176,7 +176,8 @@ int kernel(int argc, char** argv, int first) {
   // The peak is measured before and after the kernel timings and the higher value is kept: on a
   // machine shared with other work, a peak measured while something else ran would flatter the
   // kernel's share of it. (Not for a GPU: it is the CPU's FMA peak.)
-  // On the amx path with bf16 inputs, the forward's products run on AMX tiles: the peak is theirs.
+  // On the amx and avx512bf16 paths with bf16 inputs, the products run on AMX tiles or VDPBF16PS:
+  // the peak is theirs.
   FmaPeak peak = on_cpu ? measure_product_peak(dtype, static_cast<int>(o.threads)) : FmaPeak{};
 
   AttentionShape& shape = setup.shape;

@@ -64,9 +64,13 @@ KernelEfficiency kernel_efficiency(const FmaPeak& peak) {
   // Against the AMX tile peak (bf16 on the amx path): the tile kernels reach about a sixth of it
   // (14-17 %, docs/kernels.md, "The AMX path's rates").
   if (peak.isa == "amx-bf16") return {0.15, 0.15};
+  // Against the VDPBF16PS peak (bf16 on the avx512bf16 path): docs/kernels.md, "The AVX512-BF16
+  // path's rates".
+  if (peak.isa == "avx512-bf16") return {0.60, 0.45};
   switch (kernel_path()) {
     case KernelPath::avx512:
-    case KernelPath::amx:  // fp32 rates: the tile forward runs for bf16 inputs only
+    case KernelPath::avx512bf16:
+    case KernelPath::amx:  // fp32 rates: the bf16 kernels run for bf16 inputs only
       return {0.85, 0.80};
     case KernelPath::avx2:
       // The AVX2 path's 8-lane FMAs reach about half of a 16-lane peak.

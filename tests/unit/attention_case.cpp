@@ -235,7 +235,8 @@ std::vector<KernelPath> supported_paths() {
 
 std::vector<KernelPath> bf16_paths() {
   std::vector<KernelPath> paths = supported_paths();
-  if (kernel_path_supported(KernelPath::amx)) paths.push_back(KernelPath::amx);
+  for (const KernelPath path : {KernelPath::avx512bf16, KernelPath::amx})
+    if (kernel_path_supported(path)) paths.push_back(path);
   return paths;
 }
 

@@ -73,9 +73,10 @@ struct PathErrors {
 std::vector<PathErrors> run_case_on_paths(const Case& c, bool backward);
 
 // Every kernel path of fp32 inputs this build and CPU can run: portable, and avx2 and avx512
-// where available. (The amx path runs fp32 inputs on the avx512 kernels: bf16_paths adds it.)
+// where available. (The avx512bf16 and amx paths run fp32 inputs on the avx512 kernels:
+// bf16_paths adds them.)
 std::vector<KernelPath> supported_paths();
-// supported_paths() and amx where available: the paths that differ on bf16 inputs.
+// supported_paths() and avx512bf16 and amx where available: the paths that differ on bf16 inputs.
 std::vector<KernelPath> bf16_paths();
 
 // Selects a kernel path for the lifetime of the object and restores the previous one after.

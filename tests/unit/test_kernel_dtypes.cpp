@@ -16,8 +16,8 @@
 // with accumulate over the second, then finalize_partial into the dtype), backward with delta
 // given (computed from the fp32 O) and with delta computed from the 16-bit O.
 //
-// The amx path's bf16 kernels are the runs that do not widen: they multiply bf16 on AMX tiles and
-// round P (and dS) to bf16 before the products that take them (cpu_kernels.hpp), so there (a)
+// The bf16 kernels of the avx512bf16 and amx paths are the runs that do not widen: they multiply
+// bf16 pairs (VDPBF16PS, AMX tiles) and round P (and dS) to bf16 before the products that take them (cpu_kernels.hpp), so there (a)
 // does not apply and (b) holds O and the gradients to the tensor-core bounds (check.hpp); LSE
 // keeps kFp32RelativeBound.
 #include <gtest/gtest.h>
@@ -296,15 +296,16 @@ void check_case(const Case& c, const std::vector<KernelPath>& paths = bf16_paths
       run_backward(r, c, typed_in, delta,
                    in_view(typed.out.data(), dtype, s.q_tokens, s.heads, s.head_dim), typed);
 
-      // (a) exactness, except for the amx path's bf16 forward (and the backward from its LSE).
-      const bool native = path == KernelPath::amx && dtype == DType::bf16;
+      // (a) exactness, except for the bf16 kernels of the avx512bf16 and amx paths.
+      const bool native =
+          (path == KernelPath::amx || path == KernelPath::avx512bf16) && dtype == DType::bf16;
       if (!native) expect_exact(typed, wide, dtype);
 
       // (b) accuracy against the fp64 reference on the rounded inputs.
       const double o_bound = native ? kTensorCoreBf16OutputBound : output_bound(dtype);
       const double delta_bound =
           native ? kTensorCoreBf16DeltaGradientBound : delta_gradient_bound(dtype);
-      // The amx backward rounds P and dS too (tensor-core bounds for every gradient).
+      // Their backward rounds P and dS too (tensor-core bounds for every gradient).
       const double q_k_bound = native ? kTensorCoreBf16DeltaGradientBound : kFp32RelativeBound;
       const double v_bound = native ? kTensorCoreBf16ValueGradientBound : kFp32RelativeBound;
       const struct {
@@ -402,42 +403,31 @@ TEST(KernelDtypes, Avx512GqaWindowHeadDims80And128) {
   }
 }
 
-// The amx path's bf16 forward on its own, so that a CPU or build without it reports these tests
-// as skipped: sizes around its 16-row tiles, 32-row items, 32-key chunks and 128-key blocks; head
-// dims around its 32-dim chunks (1 to 256); every mask kind on every position layout, softcap, GQA
-// and two threads. Each against the fp64 reference (check_case; the avx512 run is skipped here, the
-// tests above run it).
-bool skip_without_amx() {
-  return !kernel_path_supported(KernelPath::amx);
-}
-#define A2D_SKIP_WITHOUT_AMX()                                                                 \
-  if (skip_without_amx())                                                                      \
-  GTEST_SKIP() << "no amx path: this CPU lacks AMX-TILE, AMX-BF16 or AVX512-BF16 (or Linux " \
-                  "refused the tile state, or the build has no AMX code)"
-
-TEST(KernelDtypes, AmxTileAndBlockEdges) {
-  A2D_SKIP_WITHOUT_AMX();
+// The bf16 kernels of the avx512bf16 and amx paths on their own, so that a CPU or build without a
+// path reports its tests as skipped: sizes around the 16-row tiles, 32-row items, 32-key chunks
+// and 128-key blocks; head dims around the 32-dim chunks (1 to 256); every mask kind on every
+// position layout, softcap, GQA and two threads. Each against the fp64 reference (check_case; the
+// avx512 run is skipped here, the tests above run it).
+void native_tile_and_block_edges(KernelPath path) {
   const std::vector<std::pair<int64_t, int64_t>> sizes = {
       {1, 1},   {15, 31}, {16, 32}, {17, 33}, {31, 127}, {32, 128},
       {33, 129}, {2, 255}, {65, 300}, {100, 513}};
   for (const auto& [nq, nk] : sizes) {
     for (const Mask& mask : {Mask::none(), Mask::causal()}) {
-      check_case(make_case(1, 2, 1, nq, nk, 40, mask, Positions::contiguous, 1),
-                 {KernelPath::amx}, {DType::bf16});
+      check_case(make_case(1, 2, 1, nq, nk, 40, mask, Positions::contiguous, 1), {path},
+                 {DType::bf16});
     }
   }
 }
 
-TEST(KernelDtypes, AmxHeadDims) {
-  A2D_SKIP_WITHOUT_AMX();
+void native_head_dims(KernelPath path) {
   for (const int64_t dim : {1, 3, 17, 33, 64, 80, 96, 128, 130, 192, 256}) {
     check_case(make_case(1, 3, 3, 61, 101, dim, Mask::causal_window(19), Positions::contiguous, 1),
-               {KernelPath::amx}, {DType::bf16});
+               {path}, {DType::bf16});
   }
 }
 
-TEST(KernelDtypes, AmxMasksPositionsSoftcapThreads) {
-  A2D_SKIP_WITHOUT_AMX();
+void native_masks_positions_softcap_threads(KernelPath path) {
   const std::vector<Mask> masks = {
       Mask::causal(),
       Mask::causal_window(23),
@@ -452,10 +442,44 @@ TEST(KernelDtypes, AmxMasksPositionsSoftcapThreads) {
          {Positions::contiguous, Positions::strided, Positions::arbitrary, Positions::shuffled}) {
       Case c = make_case(1, 4, 2, 150, 270, 64, mask, positions, cases % 2 + 1);
       c.softcap = cases % 3 == 1 ? 1.5f : 0.0f;
-      check_case(c, {KernelPath::amx}, {DType::bf16});
+      check_case(c, {path}, {DType::bf16});
       ++cases;
     }
   }
+}
+
+#define A2D_SKIP_WITHOUT_AMX()                                                                 \
+  if (!kernel_path_supported(KernelPath::amx))                                                 \
+  GTEST_SKIP() << "no amx path: this CPU lacks AMX-TILE, AMX-BF16 or AVX512-BF16 (or Linux " \
+                  "refused the tile state, or the build has no AMX code)"
+#define A2D_SKIP_WITHOUT_AVX512BF16()                                                    \
+  if (!kernel_path_supported(KernelPath::avx512bf16))                                    \
+  GTEST_SKIP() << "no avx512bf16 path: this CPU lacks AVX512-BF16 (or AVX-512), or the " \
+                  "build has no AVX512-BF16 code"
+
+TEST(KernelDtypes, AmxTileAndBlockEdges) {
+  A2D_SKIP_WITHOUT_AMX();
+  native_tile_and_block_edges(KernelPath::amx);
+}
+TEST(KernelDtypes, AmxHeadDims) {
+  A2D_SKIP_WITHOUT_AMX();
+  native_head_dims(KernelPath::amx);
+}
+TEST(KernelDtypes, AmxMasksPositionsSoftcapThreads) {
+  A2D_SKIP_WITHOUT_AMX();
+  native_masks_positions_softcap_threads(KernelPath::amx);
+}
+TEST(KernelDtypes, Avx512Bf16TileAndBlockEdges) {
+  A2D_SKIP_WITHOUT_AVX512BF16();
+  native_tile_and_block_edges(KernelPath::avx512bf16);
+}
+TEST(KernelDtypes, Avx512Bf16HeadDims) {
+  A2D_SKIP_WITHOUT_AVX512BF16();
+  native_head_dims(KernelPath::avx512bf16);
+}
+TEST(KernelDtypes, Avx512Bf16MasksPositionsSoftcapThreads) {
+  A2D_SKIP_WITHOUT_AVX512BF16();
+  native_masks_positions_softcap_threads(KernelPath::avx512bf16);
 }
 
 // Two-sided windows and range masks in bf16 and fp16 (every path): the same bits as the fp32

@@ -32,26 +32,33 @@ TEST(KernelPath, NamesParseAndSelection) {
   EXPECT_EQ(parse_kernel_path("avx512"), KernelPath::avx512);
   EXPECT_STREQ(kernel_path_name(KernelPath::amx), "amx");
   EXPECT_EQ(parse_kernel_path("amx"), KernelPath::amx);
+  EXPECT_STREQ(kernel_path_name(KernelPath::avx512bf16), "avx512bf16");
+  EXPECT_EQ(parse_kernel_path("avx512bf16"), KernelPath::avx512bf16);
   EXPECT_EQ(parse_kernel_path("auto"), best_kernel_path());
   EXPECT_THROW(parse_kernel_path("avx1024"), Error);
   EXPECT_TRUE(kernel_path_supported(KernelPath::portable));
   EXPECT_TRUE(kernel_path_supported(best_kernel_path()));
-  for (const KernelPath path : supported_paths()) {
+  for (const KernelPath path : bf16_paths()) {
     const PathScope scope(path);
     EXPECT_EQ(kernel_path(), path);
   }
-  for (const KernelPath path : {KernelPath::avx2, KernelPath::avx512, KernelPath::amx}) {
+  for (const KernelPath path :
+       {KernelPath::avx2, KernelPath::avx512, KernelPath::avx512bf16, KernelPath::amx}) {
     if (!kernel_path_supported(path)) {
       EXPECT_THROW(set_kernel_path(path), Error);
     }
   }
   // auto is the widest path the CPU has.
-  const KernelPath best = kernel_path_supported(KernelPath::amx)      ? KernelPath::amx
-                          : kernel_path_supported(KernelPath::avx512) ? KernelPath::avx512
-                          : kernel_path_supported(KernelPath::avx2)   ? KernelPath::avx2
-                                                                      : KernelPath::portable;
-  // The amx path needs everything the avx512 path needs.
+  const KernelPath best = kernel_path_supported(KernelPath::amx)          ? KernelPath::amx
+                          : kernel_path_supported(KernelPath::avx512bf16) ? KernelPath::avx512bf16
+                          : kernel_path_supported(KernelPath::avx512)     ? KernelPath::avx512
+                          : kernel_path_supported(KernelPath::avx2)       ? KernelPath::avx2
+                                                                          : KernelPath::portable;
+  // The amx and avx512bf16 paths need everything the avx512 path needs; amx needs AVX512-BF16 too.
   if (kernel_path_supported(KernelPath::amx)) {
+    EXPECT_TRUE(kernel_path_supported(KernelPath::avx512bf16));
+  }
+  if (kernel_path_supported(KernelPath::avx512bf16)) {
     EXPECT_TRUE(kernel_path_supported(KernelPath::avx512));
   }
   EXPECT_EQ(best_kernel_path(), best);

@@ -89,29 +89,32 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
 //             build
 //   avx512    the same kernels on 16-lane AVX-512 vectors with larger register blocks; needs
 //             AVX-512 F, BW, DQ and VL besides what avx2 needs, and an x86-64 build
-//   amx       avx512, except that the forward and backward of bf16 Q, K, V (and dO) multiply on
-//             AMX tiles (bf16 products, fp32 sums; P and dS rounded to bf16 before the products
-//             that take them, as on GPU tensor cores, so the outputs meet check.hpp's tensor-core
-//             bounds); needs
-//             AMX-TILE, AMX-BF16 and AVX512-BF16 besides what avx512 needs, and Linux's grant of
-//             the tile state (arch_prctl ARCH_REQ_XCOMP_PERM), asked for when first tested
+//   avx512bf16  avx512, except that the forward and backward of bf16 Q, K, V (and dO) multiply
+//             bf16 pairs with AVX512-BF16's VDPBF16PS (bf16 products, fp32 sums; P and dS rounded
+//             to bf16 before the products that take them, as on GPU tensor cores, so the outputs
+//             meet check.hpp's tensor-core bounds); needs AVX512-BF16 besides what avx512 needs
+//   amx       the same bf16 kernels on AMX tiles (TDPBF16PS); needs AMX-TILE, AMX-BF16 and
+//             AVX512-BF16 besides what avx512 needs, and Linux's grant of the tile state
+//             (arch_prctl ARCH_REQ_XCOMP_PERM), asked for when first tested
 // The process starts on the path named by the environment variable A2D_KERNEL_PATH (auto,
-// portable, avx2, avx512 or amx; auto = unset = the fastest path this CPU supports: amx, avx512,
-// avx2, then portable) and set_kernel_path
+// portable, avx2, avx512, avx512bf16 or amx; auto = unset = the fastest path this CPU supports:
+// amx, avx512bf16, avx512, avx2, then portable) and set_kernel_path
 // changes it. The choice applies to attention_forward, attention_forward_partial and
 // attention_backward; the merge functions have one implementation.
-enum class KernelPath { portable, avx2, avx512, amx };
+enum class KernelPath { portable, avx2, avx512, avx512bf16, amx };
 
 KernelPath kernel_path();                       // the path the kernels use now
 void set_kernel_path(KernelPath path);          // throws a2d::Error if the path is unsupported
 bool kernel_path_supported(KernelPath path);    // built in and runnable on this CPU
 KernelPath best_kernel_path();                  // the fastest supported path
-const char* kernel_path_name(KernelPath path);  // "portable", "avx2", "avx512", "amx"
-// "portable", "avx2", "avx512", "amx" or "auto" (= best_kernel_path()); anything else throws a2d::Error.
+// "portable", "avx2", "avx512", "avx512bf16", "amx"
+const char* kernel_path_name(KernelPath path);
+// One of those names or "auto" (= best_kernel_path()); anything else throws a2d::Error.
 KernelPath parse_kernel_path(const std::string& name);
-// True when the kernels of bf16 inputs round as tensor cores do (the amx path): P to bf16 before
-// P V in the forward, and P and dS before the products that take them in the backward. Their outputs then meet check.hpp's tensor-core bounds (harness.hpp's
-// output_bounds and `a2d kernel --check` apply the ones that hold).
+// True when the kernels of bf16 inputs round as tensor cores do (the avx512bf16 and amx paths): P
+// to bf16 before P V in the forward, and P and dS before the products that take them in the
+// backward. Their outputs then meet check.hpp's tensor-core bounds (harness.hpp's output_bounds
+// and `a2d kernel --check` apply the ones that hold).
 bool bf16_kernels_round_like_tensor_cores();
 
 // Bytes the forward kernel allocates besides its inputs and outputs, on the current path, for

@@ -68,6 +68,23 @@ bool cpu_has_amx_bf16() {
 #endif
 }
 
+// AVX512-BF16 (CPUID leaf 7 subleaf 1: EAX bit 5) for VDPBF16PS and the rounding of P, besides
+// AVX-512.
+bool cpu_has_avx512_bf16() {
+#if A2D_HAVE_AVX512BF16_PATH
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return cpu_has_avx512() && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) &&
+         (eax & (1u << 5)) != 0;
+#else
+  return false;
+#endif
+}
+
+// Paths whose kernels for every input but all-bf16 ones are the AVX-512 kernels.
+[[maybe_unused]] bool runs_avx512_kernels(KernelPath path) {
+  return path == KernelPath::avx512 || path == KernelPath::avx512bf16 || path == KernelPath::amx;
+}
+
 // -1: not chosen yet (the first kernel call reads A2D_KERNEL_PATH); else a KernelPath value.
 std::atomic<int> g_path{-1};
 
@@ -158,9 +175,14 @@ void run_forward(const ForwardArgs& args, const cpu::ForwardResult& result) {
       return cpu::amx::forward(args, result);
     }
 #endif
+#if A2D_HAVE_AVX512BF16_PATH
+    if (path == KernelPath::avx512bf16 && args.q.dtype == DType::bf16 &&
+        args.k.dtype == DType::bf16 && args.v.dtype == DType::bf16) {
+      return cpu::avx512bf16::forward(args, result);
+    }
+#endif
 #if A2D_HAVE_AVX512_PATH
-    if (path == KernelPath::avx512 || path == KernelPath::amx)
-      return cpu::avx512::forward(args, result);
+    if (runs_avx512_kernels(path)) return cpu::avx512::forward(args, result);
 #endif
 #if A2D_HAVE_AVX2_PATH
     if (path == KernelPath::avx2) return cpu::avx2::forward(args, result);
@@ -183,6 +205,10 @@ bool kernel_path_supported(KernelPath path) {
       static const bool supported = cpu_has_avx512();
       return supported;
     }
+    case KernelPath::avx512bf16: {
+      static const bool supported = cpu_has_avx512_bf16();
+      return supported;
+    }
     case KernelPath::amx: {
       static const bool supported = cpu_has_amx_bf16();
       return supported;
@@ -192,7 +218,8 @@ bool kernel_path_supported(KernelPath path) {
 }
 
 KernelPath best_kernel_path() {
-  for (const KernelPath path : {KernelPath::amx, KernelPath::avx512, KernelPath::avx2}) {
+  for (const KernelPath path :
+       {KernelPath::amx, KernelPath::avx512bf16, KernelPath::avx512, KernelPath::avx2}) {
     if (kernel_path_supported(path)) return path;
   }
   return KernelPath::portable;
@@ -202,6 +229,7 @@ constexpr EnumName<KernelPath> kKernelPathNames[] = {
     {KernelPath::portable, "portable"},
     {KernelPath::avx2, "avx2"},
     {KernelPath::avx512, "avx512"},
+    {KernelPath::avx512bf16, "avx512bf16"},
     {KernelPath::amx, "amx"}};
 
 const char* kernel_path_name(KernelPath path) {
@@ -216,18 +244,21 @@ KernelPath parse_kernel_path(const std::string& name) {
 }
 
 bool bf16_kernels_round_like_tensor_cores() {
-  return kernel_path() == KernelPath::amx;
+  return kernel_path() == KernelPath::amx || kernel_path() == KernelPath::avx512bf16;
 }
 
 void set_kernel_path(KernelPath path) {
-  const bool built = path == KernelPath::amx      ? A2D_HAVE_AMX_PATH
-                     : path == KernelPath::avx512 ? A2D_HAVE_AVX512_PATH
-                                                  : A2D_HAVE_AVX2_PATH;
+  const bool built = path == KernelPath::amx          ? A2D_HAVE_AMX_PATH
+                     : path == KernelPath::avx512bf16 ? A2D_HAVE_AVX512BF16_PATH
+                     : path == KernelPath::avx512     ? A2D_HAVE_AVX512_PATH
+                                                      : A2D_HAVE_AVX2_PATH;
   const char* reason =
       !built ? "this build has no code for it (it needs an x86-64 GCC or Clang build)"
       : path == KernelPath::amx
           ? "this CPU lacks AMX-TILE, AMX-BF16 or AVX512-BF16 (or AVX-512), or Linux refused the "
             "process the tile state"
+      : path == KernelPath::avx512bf16
+          ? "this CPU lacks AVX512-BF16 (or AVX-512 F/BW/DQ/VL, FMA or F16C)"
       : path == KernelPath::avx512 ? "this CPU lacks AVX-512 F/BW/DQ/VL, FMA or F16C"
                                    : "this CPU lacks AVX2, FMA or F16C";
   A2D_REQUIRE(kernel_path_supported(path), "the ", kernel_path_name(path),
@@ -256,6 +287,12 @@ int64_t forward_workspace_bytes(const AttentionShape& shape, int threads) {
                     cpu::avx512::forward_workspace_bytes(shape, threads));
   }
 #endif
+#if A2D_HAVE_AVX512BF16_PATH
+  if (kernel_path() == KernelPath::avx512bf16) {
+    return std::max(cpu::avx512bf16::forward_workspace_bytes(shape, threads),
+                    cpu::avx512::forward_workspace_bytes(shape, threads));
+  }
+#endif
 #if A2D_HAVE_AVX512_PATH
   if (kernel_path() == KernelPath::avx512) {
     return cpu::avx512::forward_workspace_bytes(shape, threads);
@@ -277,8 +314,14 @@ int64_t backward_workspace_bytes(const AttentionShape& shape, int threads, bool 
                                   cpu::avx512::backward_workspace_bytes(shape, threads));
   }
 #endif
+#if A2D_HAVE_AVX512BF16_PATH
+  if (kernel_path() == KernelPath::avx512bf16) {
+    return delta_bytes + std::max(cpu::avx512bf16::backward_workspace_bytes(shape, threads),
+                                  cpu::avx512::backward_workspace_bytes(shape, threads));
+  }
+#endif
 #if A2D_HAVE_AVX512_PATH
-  if (kernel_path() == KernelPath::avx512 || kernel_path() == KernelPath::amx) {
+  if (kernel_path() == KernelPath::avx512) {
     return delta_bytes + cpu::avx512::backward_workspace_bytes(shape, threads);
   }
 #endif
@@ -343,9 +386,15 @@ void attention_backward(const BackwardArgs& args, TokenView<float> dq, TokenView
       return cpu::amx::backward(in, dq, dk, dv);
     }
 #endif
+#if A2D_HAVE_AVX512BF16_PATH
+    if (path == KernelPath::avx512bf16 && args.q.dtype == DType::bf16 &&
+        args.k.dtype == DType::bf16 && args.v.dtype == DType::bf16 &&
+        args.d_out.dtype == DType::bf16) {
+      return cpu::avx512bf16::backward(in, dq, dk, dv);
+    }
+#endif
 #if A2D_HAVE_AVX512_PATH
-    if (path == KernelPath::avx512 || path == KernelPath::amx)
-      return cpu::avx512::backward(in, dq, dk, dv);
+    if (runs_avx512_kernels(path)) return cpu::avx512::backward(in, dq, dk, dv);
 #endif
     return cpu::avx2::backward(in, dq, dk, dv);
   }

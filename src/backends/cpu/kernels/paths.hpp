@@ -72,7 +72,19 @@ float fma_chains(int64_t iterations);  // the AVX-512 loop of measure_fma_peak (
 }  // namespace avx512
 #endif
 
-// The AMX kernels (amx/): bf16 Q, K, V (and dO) only; the amx path's other calls run avx512.
+// The bf16 kernels (bf16/*.inc) on AMX tiles (amx/) and on AVX512-BF16 (avx512bf16/): bf16 Q, K, V
+// (and dO) only; those paths' other calls run avx512.
+#if A2D_HAVE_AVX512BF16_PATH
+namespace avx512bf16 {
+void forward(const ForwardArgs& args, const ForwardResult& result);
+int64_t forward_workspace_bytes(const AttentionShape& shape, int threads);
+void backward(const BackwardInputs& in, TokenView<float> dq, TokenView<float> dk,
+              TokenView<float> dv);
+int64_t backward_workspace_bytes(const AttentionShape& shape, int threads);
+float dot_chains(int64_t iterations);  // the loop of measure_product_peak (12 zmm, VDPBF16PS)
+}  // namespace avx512bf16
+#endif
+
 #if A2D_HAVE_AMX_PATH
 namespace amx {
 void forward(const ForwardArgs& args, const ForwardResult& result);

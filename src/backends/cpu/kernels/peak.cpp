@@ -117,6 +117,16 @@ FmaPeak measure_product_peak(DType dtype, int threads, int tries, double seconds
     return peak;
   }
 #endif
+#if A2D_HAVE_AVX512BF16_PATH
+  if (dtype == DType::bf16 && kernel_path() == KernelPath::avx512bf16) {
+    check_peak_arguments(threads, tries, seconds_per_try);
+    // Per iteration: 12 VDPBF16PS of 16 lanes x 2 products and their 2 adds.
+    FmaPeak peak = measure_chains([](int64_t n) { return cpu::avx512bf16::dot_chains(n); },
+                                  12.0 * 16 * 4, threads, tries, seconds_per_try);
+    peak.isa = "avx512-bf16";
+    return peak;
+  }
+#endif
   (void)dtype;
   return measure_fma_peak(threads, tries, seconds_per_try);
 }

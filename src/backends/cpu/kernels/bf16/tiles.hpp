@@ -1,10 +1,18 @@
-// Internal: what the AMX kernels (forward.cpp, backward.cpp) share: the tile configuration and
-// the packing of bf16 rows into the two operand layouts of TDPBF16PS. Include only from
-// translation units compiled with the AMX flags; everything here has internal linkage.
+// Internal: what the bf16 kernels (bf16/forward.inc, bf16/backward.inc) share: the packing of
+// bf16 rows into the two operand layouts of the bf16 pair products, and those products on 32 x 32
+// fp32 blocks, in one of two implementations:
 //
-// TDPBF16PS C += A B: C is 16 x 16 fp32, A 16 rows x 32 bf16 (row-major, any row stride), B 32 x 16
-// bf16 stored as 16 rows of 16 pairs ("VNNI": B[k][n] at row k / 2, pair element k % 2 of column
-// n), 1 KiB. Every tile here is 16 rows of 64 bytes.
+//   A2D_BF16_ON_AMX 1   AMX tiles (amx/): TDPBF16PS, C blocks in four tile registers
+//   A2D_BF16_ON_AMX 0   AVX512-BF16 vectors (avx512bf16/): VDPBF16PS, C blocks in a 4 KiB array
+//                       of the thread (the "tile registers"), register-blocked 8 rows x 32 columns
+//
+// Both compute C += A B with C 32 x 32 fp32, A 32 rows x 32 bf16 (row-major, any row stride) and B
+// 32 x 32 bf16 as two 16-column halves, each stored as 16 rows of 16 pairs ("VNNI": B[k][n] at row
+// k / 2, pair element k % 2 of column n; 1 KiB): per output element, each pair of bf16 products
+// exact in fp32 and added to it in fp32. Every tile here is 16 rows of 64 bytes.
+//
+// The including file defines A2D_BF16_NAMESPACE (amx or avx512bf16) and A2D_BF16_ON_AMX, and is
+// compiled with the flags of its path; everything here has internal linkage.
 #pragma once
 
 #include <cstdint>
@@ -12,44 +20,19 @@
 
 #include "backends/cpu/kernels/avx512/simd.hpp"  // first: <immintrin.h> (see there)
 
-namespace a2d::cpu::amx {
+namespace a2d::cpu::A2D_BF16_NAMESPACE {
 namespace {
 
 constexpr int kTileRows = 16;      // rows of every tile
 constexpr int kTileElements = 512;  // bf16 elements of one 1 KiB B tile
 
-// The 64-byte tile configuration (palette 1) of LDTILECFG: tiles 0-7, each 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {};
-  uint8_t rows[16] = {};
-};
-
-// Every thread that runs tile instructions loads the configuration first and releases it after.
-class TileScope {
- public:
-  TileScope() {
-    TileConfig config;
-    for (int t = 0; t < 8; ++t) {
-      config.bytes_per_row[t] = 64;
-      config.rows[t] = kTileRows;
-    }
-    _tile_loadconfig(&config);
-  }
-  ~TileScope() { _tile_release(); }
-  TileScope(const TileScope&) = delete;
-  TileScope& operator=(const TileScope&) = delete;
-};
-
-int64_t round_up(int64_t x, int64_t to) {
+[[maybe_unused]] int64_t round_up(int64_t x, int64_t to) {
   return (x + to - 1) / to * to;
 }
-int64_t smaller(int64_t a, int64_t b) {
+[[maybe_unused]] int64_t smaller(int64_t a, int64_t b) {
   return a < b ? a : b;
 }
-int64_t position(const int64_t* positions, int64_t index) {
+[[maybe_unused]] int64_t position(const int64_t* positions, int64_t index) {
   return positions ? positions[index] : index;
 }
 
@@ -59,7 +42,7 @@ struct Bounds {
 };
 
 // The smallest and largest of positions [begin, end) (nullptr: the indices).
-Bounds bounds_of(const int64_t* positions, int64_t begin, int64_t end) {
+[[maybe_unused]] Bounds bounds_of(const int64_t* positions, int64_t begin, int64_t end) {
   Bounds b{position(positions, begin), position(positions, begin)};
   for (int64_t i = begin + 1; i < end; ++i) {
     const int64_t pos = position(positions, i);
@@ -85,6 +68,32 @@ A2D_INLINE __m512 exp2_nonpositive(__m512 x) {
   p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
   return _mm512_scalef_ps(p, n);
 }
+
+#if A2D_BF16_ON_AMX
+// The 64-byte tile configuration (palette 1) of LDTILECFG: tiles 0-7, each 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Every thread that runs tile instructions loads the configuration first and releases it after.
+class TileScope {
+ public:
+  TileScope() {
+    TileConfig config;
+    for (int t = 0; t < 8; ++t) {
+      config.bytes_per_row[t] = 64;
+      config.rows[t] = kTileRows;
+    }
+    _tile_loadconfig(&config);
+  }
+  ~TileScope() { _tile_release(); }
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
 
 // Every product here is a 2 x 2 block of C tiles 0-3 (rows 0-15: tiles 0, 1; rows 16-31: tiles
 // 2, 3; columns 0-15 and 16-31), A tiles 4 (rows 0-15) and 5 (rows 16-31), B tiles 6 (columns
@@ -120,6 +129,71 @@ A2D_INLINE void multiply_block(const uint16_t* a, int64_t stride, const uint16_t
   _tile_dpbf16ps(2, 5, 6);
   _tile_dpbf16ps(3, 5, 7);
 }
+
+#else
+// The C tiles of this thread: C[32][32] fp32, row-major.
+alignas(64) thread_local float t_c_block[2 * kTileRows * 2 * kTileRows];
+constexpr int kBlockColumns = 2 * kTileRows;
+
+// Nothing to configure: the products run on zmm registers.
+class TileScope {
+ public:
+  TileScope() = default;
+  ~TileScope() = default;
+  TileScope(const TileScope&) = delete;
+  TileScope& operator=(const TileScope&) = delete;
+};
+
+A2D_INLINE void load_c_block(const float* c, int64_t stride) {
+  for (int r = 0; r < kBlockColumns; ++r) {
+    _mm512_store_ps(t_c_block + r * kBlockColumns, _mm512_loadu_ps(c + r * stride));
+    _mm512_store_ps(t_c_block + r * kBlockColumns + 16, _mm512_loadu_ps(c + r * stride + 16));
+  }
+}
+A2D_INLINE void zero_c_block() {
+  for (int i = 0; i < kBlockColumns * kBlockColumns; i += 16)
+    _mm512_store_ps(t_c_block + i, _mm512_setzero_ps());
+}
+A2D_INLINE void store_c_block(float* c, int64_t stride) {
+  for (int r = 0; r < kBlockColumns; ++r) {
+    _mm512_storeu_ps(c + r * stride, _mm512_load_ps(t_c_block + r * kBlockColumns));
+    _mm512_storeu_ps(c + r * stride + 16, _mm512_load_ps(t_c_block + r * kBlockColumns + 16));
+  }
+}
+// C += A B, 8 rows of C (16 zmm accumulators) at a time: per pair of A's columns, two rows of the
+// B tiles (16 pairs each) and one broadcast pair of each A row.
+A2D_INLINE void multiply_block(const uint16_t* a, int64_t stride, const uint16_t* b0,
+                               const uint16_t* b1) {
+  constexpr int kRows = 8;
+  float* c = t_c_block;
+  for (int r0 = 0; r0 < kBlockColumns; r0 += kRows) {
+    __m512 acc[kRows][2];
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      acc[r][0] = _mm512_load_ps(c + (r0 + r) * kBlockColumns);
+      acc[r][1] = _mm512_load_ps(c + (r0 + r) * kBlockColumns + 16);
+    }
+#pragma GCC unroll 2
+    for (int p = 0; p < kTileRows; ++p) {
+      const auto x0 = (__m512bh)_mm512_loadu_si512(b0 + p * 32);
+      const auto x1 = (__m512bh)_mm512_loadu_si512(b1 + p * 32);
+#pragma GCC unroll 8
+      for (int r = 0; r < kRows; ++r) {
+        uint32_t pair;
+        std::memcpy(&pair, a + (r0 + r) * stride + 2 * p, sizeof pair);
+        const auto y = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], y, x0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], y, x1);
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      _mm512_store_ps(c + (r0 + r) * kBlockColumns, acc[r][0]);
+      _mm512_store_ps(c + (r0 + r) * kBlockColumns + 16, acc[r][1]);
+    }
+  }
+}
+#endif
 
 // B tiles whose pairs run along the dims: for 16 consecutive rows (the tile's columns) of `rows`
 // (bf16, `padded_dim` apart, padded_dim a multiple of 32), one tile per 32 dims:
@@ -157,4 +231,4 @@ A2D_INLINE void pack_pairs_of_rows(const uint16_t* rows, int64_t padded_dim, uin
 }
 
 }  // namespace
-}  // namespace a2d::cpu::amx
+}  // namespace a2d::cpu::A2D_BF16_NAMESPACE
