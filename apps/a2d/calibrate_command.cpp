@@ -130,7 +130,7 @@ struct KernelBody {
 
 // The block's inputs and O stored in bf16, and the four calls on them: where the bf16 kernels run
 // on other instructions than the fp32 ones (bf16_kernels_round_like_tensor_cores: the amx path's
-// tiles), bf16 has rates of its own.
+// tiles, the avx512bf16 path's VDPBF16PS), bf16 has rates of its own.
 struct Bf16Calls {
   explicit Bf16Calls(KernelBlock& kb) : fwd(kb.fwd), bwd(kb.bwd) {
     const auto stored = [&](const std::vector<float>& x) {

@@ -33,7 +33,7 @@ KernelCheck check_kernels(const KernelOptions& o, const KernelSetup& setup,
   // Bounds (check.hpp): fp32 outputs kFp32RelativeBound; a 16-bit O its dtype's rounding bound;
   // dQ and dK, whose delta comes from that O, the delta-gradient bound of the dtype. Kernels that
   // round as tensor cores do (a GPU's): the tensor-core bounds (P and dS rounded to the dtype too).
-  // The CPU's amx path rounds P and dS as tensor cores do (bf16 only).
+  // The CPU's amx and avx512bf16 paths round P and dS as tensor cores do (bf16 only).
   const DType dtype = setup.dtype;
   const bool tensor_cores = capabilities.tensor_core_rounding;
   const bool rounds_p = tensor_cores || (setup.cpu_kernels && dtype == DType::bf16 &&

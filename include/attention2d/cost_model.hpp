@@ -104,7 +104,7 @@ std::vector<std::string> preset_names();
 // section per rank count it was run at), with this node's physical memory shared by the ranks.
 // Throws, saying which command to run, when the file or the section is missing.
 // For `dtype` bf16, the section's bf16 kernel rates where it has them (a CPU whose bf16 kernels
-// run on other instructions, the amx path's tiles), else the fp32 ones.
+// run on other instructions: the amx and avx512bf16 paths), else the fp32 ones.
 Machine local_machine(const std::string& calibration_file, int ranks, DType dtype = DType::f32);
 // Whether the calibration file has a section for `ranks` ranks (false when there is no file).
 bool has_calibration(const std::string& calibration_file, int ranks);
@@ -145,7 +145,7 @@ struct Calibration {
   double kernel_forward_causal_flops = 0;  // the same on a causal diagonal block (unmasked FLOPs)
   double kernel_backward_causal_flops = 0;
   // The four rates with bf16 inputs, where the bf16 kernels run on other instructions than the fp32
-  // ones (the amx path's tiles); 0: not measured (bf16 runs at the fp32 rates).
+  // ones (the amx and avx512bf16 paths); 0: not measured (bf16 runs at the fp32 rates).
   double kernel_forward_flops_bf16 = 0;
   double kernel_backward_flops_bf16 = 0;
   double kernel_forward_causal_flops_bf16 = 0;

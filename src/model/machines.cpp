@@ -211,7 +211,7 @@ Machine local_machine(const std::string& file, int ranks, DType dtype) {
   };
   m.kernel_forward_causal_flops = optional("kernel_forward_causal_gflops") * 1e9;
   m.kernel_backward_causal_flops = optional("kernel_backward_causal_gflops") * 1e9;
-  // bf16 on its own instructions (the amx path): its rates, where the calibration measured them.
+  // bf16 on its own instructions (the amx and avx512bf16 paths): its rates, where the calibration measured them.
   if (dtype == DType::bf16 && optional("kernel_forward_gflops_bf16") > 0) {
     m.kernel_forward_flops = optional("kernel_forward_gflops_bf16") * 1e9;
     m.kernel_backward_flops = optional("kernel_backward_gflops_bf16") * 1e9;

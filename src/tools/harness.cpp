@@ -503,7 +503,7 @@ OutputBounds output_bounds(DType dtype) {
   // A tensor stored in 16 bits is its fp32 value rounded once: at most the unit roundoff u away
   // (kBf16OutputBound = u + the fp32 bound), the gradients against the reference that computes
   // delta from the same 16-bit O (reference_outputs). Kernels that round as tensor cores do (the
-  // CPU's amx path) add one more u to O and to dV (kTensorCoreBf16OutputBound); their O is then
+  // CPU's amx and avx512bf16 paths) add one more u to O and to dV (kTensorCoreBf16OutputBound); their O is then
   // no longer the reference's rounded O, and dQ and dK take the difference through delta with the
   // problem's delta-gradient gain, and dS's rounding (check.hpp): the tensor-core delta-gradient
   // bound.

@@ -65,7 +65,7 @@ TEST(CostModel, MachinesAndCalibrationFiles) {
   c.sum_bytes_per_s = 3e9;
   c.merge_bytes_per_s = 1.5e9;
   save_calibration(file, c);
-  // bf16 rates of its own (the amx path's tiles): used for bf16 problems only.
+  // bf16 rates of its own (the amx and avx512bf16 paths'): used for bf16 problems only.
   c.kernel_forward_flops_bf16 = 80e9;
   c.kernel_backward_flops_bf16 = 60e9;
   c.kernel_forward_causal_flops_bf16 = 40e9;

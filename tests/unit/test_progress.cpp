@@ -129,7 +129,7 @@ TEST(Progress, EstimatedMachineIsThePeakTimesTheEfficiency) {
 }
 
 // A calibrated machine predicts with the problem's dtype: bf16 with the bf16 rates where the
-// calibration has them (the amx path's), every dtype with the fp32 ones otherwise.
+// calibration has them (the amx and avx512bf16 paths'), every dtype with the fp32 ones otherwise.
 TEST(Progress, CalibratedMachineTakesTheProblemsDtype) {
   const std::string file = ::testing::TempDir() + "/a2d-progress-calibration.txt";
   std::remove(file.c_str());

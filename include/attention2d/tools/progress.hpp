@@ -58,7 +58,7 @@ struct LocalMachine {
   std::string source;
 };
 // `dtype`: the problem's (bf16 takes the calibration's bf16 rates, or the tile peak, where bf16
-// runs on its own instructions: the amx kernel path).
+// runs on its own instructions: the amx and avx512bf16 kernel paths).
 LocalMachine local_machine_for_prediction(int ranks, int threads,
                                           const std::string& calibration_file,
                                           const FmaPeak* peak = nullptr,

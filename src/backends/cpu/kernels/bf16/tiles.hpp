@@ -69,6 +69,19 @@ A2D_INLINE __m512 exp2_nonpositive(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
+// The operands of a block product: steps i = 0 .. steps - 1, each A_i B_i with A_i 32 rows of 32
+// bf16 at a + i a_step (rows a_stride elements apart) and B_i the two 1 KiB tiles at b + i b_step
+// (columns 0-15) and b + i b_step + b_half (columns 16-31); a step is skipped where `use` is set
+// and use[i] is false.
+struct Operands {
+  const uint16_t* a;
+  int64_t a_stride, a_step;
+  const uint16_t* b;
+  int64_t b_half, b_step;
+  int64_t steps;
+  const bool* use = nullptr;
+};
+
 #if A2D_BF16_ON_AMX
 // The 64-byte tile configuration (palette 1) of LDTILECFG: tiles 0-7, each 16 rows of 64 bytes.
 struct alignas(64) TileConfig {
@@ -130,11 +143,28 @@ A2D_INLINE void multiply_block(const uint16_t* a, int64_t stride, const uint16_t
   _tile_dpbf16ps(3, 5, 7);
 }
 
-#else
-// The C tiles of this thread: C[32][32] fp32, row-major.
-alignas(64) thread_local float t_c_block[2 * kTileRows * 2 * kTileRows];
-constexpr int kBlockColumns = 2 * kTileRows;
+// C = (zero ? 0 : C) + the sum of the steps' products, C 32 x 32 fp32 at c (rows `stride` floats
+// apart): start_product computes it and finish_product stores it. On AMX the block stays in the
+// tile registers in between, so a caller may run vector code between the two while the tile unit
+// works; on AVX512-BF16 start_product also stores it and finish_product does nothing. One block
+// at a time per thread.
+A2D_INLINE void start_product(float* c, int64_t stride, bool zero, const Operands& x) {
+  if (zero) {
+    zero_c_block();
+  } else {
+    load_c_block(c, stride);
+  }
+  for (int64_t i = 0; i < x.steps; ++i) {
+    if (x.use && !x.use[i]) continue;
+    const uint16_t* b = x.b + i * x.b_step;
+    multiply_block(x.a + i * x.a_step, x.a_stride, b, b + x.b_half);
+  }
+}
+A2D_INLINE void finish_product(float* c, int64_t stride) {
+  store_c_block(c, stride);
+}
 
+#else
 // Nothing to configure: the products run on zmm registers.
 class TileScope {
  public:
@@ -144,56 +174,51 @@ class TileScope {
   TileScope& operator=(const TileScope&) = delete;
 };
 
-A2D_INLINE void load_c_block(const float* c, int64_t stride) {
-  for (int r = 0; r < kBlockColumns; ++r) {
-    _mm512_store_ps(t_c_block + r * kBlockColumns, _mm512_loadu_ps(c + r * stride));
-    _mm512_store_ps(t_c_block + r * kBlockColumns + 16, _mm512_loadu_ps(c + r * stride + 16));
-  }
-}
-A2D_INLINE void zero_c_block() {
-  for (int i = 0; i < kBlockColumns * kBlockColumns; i += 16)
-    _mm512_store_ps(t_c_block + i, _mm512_setzero_ps());
-}
-A2D_INLINE void store_c_block(float* c, int64_t stride) {
-  for (int r = 0; r < kBlockColumns; ++r) {
-    _mm512_storeu_ps(c + r * stride, _mm512_load_ps(t_c_block + r * kBlockColumns));
-    _mm512_storeu_ps(c + r * stride + 16, _mm512_load_ps(t_c_block + r * kBlockColumns + 16));
-  }
-}
-// C += A B, 8 rows of C (16 zmm accumulators) at a time: per pair of A's columns, two rows of the
-// B tiles (16 pairs each) and one broadcast pair of each A row.
-A2D_INLINE void multiply_block(const uint16_t* a, int64_t stride, const uint16_t* b0,
-                               const uint16_t* b1) {
+// 8 rows of C (16 zmm accumulators) at a time over every step: per pair of A's columns, one row of
+// each B tile (16 pairs) and one broadcast pair of each A row.
+A2D_INLINE void start_product(float* c, int64_t stride, bool zero, const Operands& x) {
   constexpr int kRows = 8;
-  float* c = t_c_block;
-  for (int r0 = 0; r0 < kBlockColumns; r0 += kRows) {
+  for (int r0 = 0; r0 < 2 * kTileRows; r0 += kRows) {
     __m512 acc[kRows][2];
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
-      acc[r][0] = _mm512_load_ps(c + (r0 + r) * kBlockColumns);
-      acc[r][1] = _mm512_load_ps(c + (r0 + r) * kBlockColumns + 16);
+      acc[r][0] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(c + (r0 + r) * stride);
+      acc[r][1] = zero ? _mm512_setzero_ps() : _mm512_loadu_ps(c + (r0 + r) * stride + 16);
     }
+    for (int64_t i = 0; i < x.steps; ++i) {
+      if (x.use && !x.use[i]) continue;
+      const uint16_t* a = x.a + i * x.a_step + r0 * x.a_stride;
+      const uint16_t* b0 = x.b + i * x.b_step;
+      const uint16_t* b1 = b0 + x.b_half;
 #pragma GCC unroll 2
-    for (int p = 0; p < kTileRows; ++p) {
-      const auto x0 = (__m512bh)_mm512_loadu_si512(b0 + p * 32);
-      const auto x1 = (__m512bh)_mm512_loadu_si512(b1 + p * 32);
+      for (int p = 0; p < kTileRows; ++p) {
+        const auto y0 = (__m512bh)_mm512_loadu_si512(b0 + p * 32);
+        const auto y1 = (__m512bh)_mm512_loadu_si512(b1 + p * 32);
 #pragma GCC unroll 8
-      for (int r = 0; r < kRows; ++r) {
-        uint32_t pair;
-        std::memcpy(&pair, a + (r0 + r) * stride + 2 * p, sizeof pair);
-        const auto y = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
-        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], y, x0);
-        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], y, x1);
+        for (int r = 0; r < kRows; ++r) {
+          uint32_t pair;
+          std::memcpy(&pair, a + r * x.a_stride + 2 * p, sizeof pair);
+          const auto xr = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+          acc[r][0] = _mm512_dpbf16_ps(acc[r][0], xr, y0);
+          acc[r][1] = _mm512_dpbf16_ps(acc[r][1], xr, y1);
+        }
       }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
-      _mm512_store_ps(c + (r0 + r) * kBlockColumns, acc[r][0]);
-      _mm512_store_ps(c + (r0 + r) * kBlockColumns + 16, acc[r][1]);
+      _mm512_storeu_ps(c + (r0 + r) * stride, acc[r][0]);
+      _mm512_storeu_ps(c + (r0 + r) * stride + 16, acc[r][1]);
     }
   }
 }
+A2D_INLINE void finish_product(float*, int64_t) {}
 #endif
+
+// start_product and finish_product at once.
+A2D_INLINE void block_product(float* c, int64_t stride, bool zero, const Operands& x) {
+  start_product(c, stride, zero, x);
+  finish_product(c, stride);
+}
 
 // B tiles whose pairs run along the dims: for 16 consecutive rows (the tile's columns) of `rows`
 // (bf16, `padded_dim` apart, padded_dim a multiple of 32), one tile per 32 dims:
