@@ -46,11 +46,13 @@ function(a2d_smpi_targets)
     return()
   endif()
   target_sources(attention2d PRIVATE src/backends/sim/smpi_runtime.cpp)
-  target_sources(a2d PRIVATE apps/a2d/sim_command.cpp)
+  target_sources(a2d PRIVATE apps/a2d/sim_command.cpp apps/a2d/smpi_entry.cpp)
   target_compile_definitions(a2d PRIVATE A2D_WITH_SIM_COMMAND=1)
   # A shared object (-fPIC rather than the executables' -fPIE), as smpicxx links it.
   target_compile_options(a2d PRIVATE -fPIC)
-  target_link_options(a2d PRIVATE -shared)
+  # Started by itself (not by smpirun), it says how to run it rather than crash: an entry point
+  # and the dynamic loader's path (apps/a2d/smpi_entry.cpp).
+  target_link_options(a2d PRIVATE -shared -Wl,-e,a2d_smpi_entry)
 endfunction()
 
 option(A2D_BUILD_SMPI "Also build the SMPI variant of a2d in <build>/smpi (needs libsimgrid-dev)"

@@ -425,8 +425,9 @@ class MpiCommunicator final : public Communicator {
     // copies it with memcpy, touching the shared region's pages: Ulysses at P = 8, N = 2^17,
     // 64 heads x 128 bf16 took 3.46 GB of host memory so. The block is left out of the exchange.
     const int64_t own = static_cast<int64_t>(request->counts[rank_]) * words.size;
-    if (own > 0 && is_placeholder(send + int64_t{request->displacements[rank_]} * words.size, own) &&
-        is_placeholder(recv + int64_t{request->displacements2[rank_]} * words.size, own)) {
+    const std::byte* own_send = send + int64_t{request->displacements[rank_]} * words.size;
+    const std::byte* own_recv = recv + int64_t{request->displacements2[rank_]} * words.size;
+    if (own > 0 && is_placeholder(own_send, own) && is_placeholder(own_recv, own)) {
       request->counts[rank_] = 0;
       request->counts2[rank_] = 0;
     }
