@@ -41,7 +41,8 @@ def per_gpu_full(name, nodes, gpus, nvlink_gbps, nic_gbps, comment):
     """Every GPU a host with its own NVLink link (to the node's NVSwitch) and its own network
     port; routes listed in full: inside a node over the two GPUs' NVLink links, between nodes
     over the two GPUs' ports (a non-blocking fabric: no link beyond the ports)."""
-    lines = [HEADER, f"<!-- {comment} -->\n", f'<zone id="{name}" routing="Full">\n']
+    lines = [HEADER, f"<!-- {comment} -->\n", f'<zone id="{name}" routing="Full">\n',
+             f'  <prop id="gpus_per_node" value="{gpus}"/>\n']
     count = nodes * gpus
     for g in range(count):
         lines.append(f'  <host id="gpu-{g}" speed="1Gf"/>\n')
@@ -80,8 +81,8 @@ def node_cluster(name, nodes, gpus, nvlink_gbps, port_gbps, ports, topology, com
             f'speed="1Gf" core="{gpus}" bw="{ports * port_gbps}GBps" lat="{latency:g}us" '
             f'sharing_policy="SPLITDUPLEX"{topo} loopback_bw="{nvlink_gbps}GBps" '
             f'loopback_lat="3.4us"/>\n')
-    text = (HEADER + f"<!-- {comment} -->\n" + '<zone id="world" routing="Full">\n  ' + body +
-            "</zone>\n</platform>\n")
+    text = (HEADER + f"<!-- {comment} -->\n" + '<zone id="world" routing="Full">\n' +
+            f'  <prop id="gpus_per_node" value="{gpus}"/>\n  ' + body + "</zone>\n</platform>\n")
     hosts = "".join(f"node-{n}\n" for n in range(nodes) for _ in range(gpus))
     return text, hosts
 
@@ -134,8 +135,8 @@ def emulated_cluster(path, hosts, name):
                f"(a2d calibrate across it); from its machine file {m.get('name', path)}.")
     body = (f'<cluster id="{name}" prefix="host-" radical="0-{hosts - 1}" suffix="" speed="1Gf" '
             f'bw="{gbps * 1000:g}MBps" lat="{latency_us:g}us" sharing_policy="SPLITDUPLEX"/>\n')
-    text = (HEADER + f"<!-- {comment} -->\n" + '<zone id="world" routing="Full">\n  ' + body +
-            "</zone>\n</platform>\n")
+    text = (HEADER + f"<!-- {comment} -->\n" + '<zone id="world" routing="Full">\n' +
+            '  <prop id="gpus_per_node" value="1"/>\n  ' + body + "</zone>\n</platform>\n")
     return text, "".join(f"host-{h}\n" for h in range(hosts))
 
 

@@ -269,8 +269,23 @@ int sim(int argc, char** argv, int first) {
       const bool from_file = !o.machine_file.empty();
       machine = MachineChoice{from_file ? "" : o.machine, "", o.machine_file}.machine(
           ranks, problem.dtype);
-      per_node =
-          machine.ranks_per_node > 0 ? machine.ranks_per_node : static_cast<int>(o.gpus_per_node);
+      // The platform's nodes (sim/make_platforms.py writes its GPUs per node into it) are the
+      // model's by default, and must be where given: the platform's links are then those of the
+      // machine the prediction beside the simulation assumes.
+      const int platform = platform_gpus_per_node();
+      per_node = machine.ranks_per_node > 0            ? machine.ranks_per_node
+                 : options.given("--gpus-per-node") || platform == 0
+                     ? static_cast<int>(o.gpus_per_node)
+                     : platform;
+      A2D_REQUIRE(platform == 0 || platform == per_node,
+                  machine.ranks_per_node > 0
+                      ? "the machine file's ranks_per_node " + std::to_string(per_node)
+                      : "--gpus-per-node " + std::to_string(per_node),
+                  " does not match the platform, whose nodes have ",
+                  cli::count_of(platform, "GPU"), " each (its property gpus_per_node): give ",
+                  machine.ranks_per_node > 0 ? "a machine file" : "--gpus-per-node",
+                  " of the platform's nodes, or a platform (sim/platforms/) whose nodes have ",
+                  per_node);
       A2D_REQUIRE(per_node >= 1 && per_node <= ranks && ranks % per_node == 0, "--gpus-per-node ",
                   per_node, " must divide the ", ranks, " ranks");
       device.machine = machine;

@@ -14,8 +14,9 @@ void declare_sim_options(cli::Options& options, SimOptions& o) {
   options.add_string("--machine-file", &o.machine_file,
                      "the kernel rates (and the model's links) from a machine file instead");
   options.add_int("--gpus-per-node", &o.gpus_per_node,
-                  "ranks per node of the platform, for the model's prediction (not with "
-                  "--machine-file, whose ranks_per_node says it)");
+                  "ranks per node of the platform, for the model's prediction (default: the "
+                  "platform's own, its property gpus_per_node; one that contradicts it is "
+                  "refused; not with --machine-file, whose ranks_per_node says it)");
   options.add_string("--plans", &o.plans,
                      "comma-separated ALGO[:RxC][:uU][:LAYOUT][:nt]; a grid algorithm without "
                      "a grid takes the model's fastest plan of it");

@@ -93,6 +93,10 @@ SimRuntime& smpi_runtime();
 // The hooks the MPI communicator calls are declared in src/comm/smpi_hooks.hpp (the comm layer
 // sits below the simulation's; smpi_runtime.cpp implements them).
 void set_simulated_host_reduction(double bytes_per_s);
+
+// The simulated platform's GPUs (ranks) per node: its root zone's property "gpus_per_node"
+// (sim/make_platforms.py writes it into every platform); 0 where the platform does not say.
+int platform_gpus_per_node();
 #endif
 
 }  // namespace a2d

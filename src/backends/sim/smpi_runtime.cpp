@@ -1,9 +1,12 @@
 // The simulated device's runtime in the SMPI build (sim.hpp): SimGrid's clock and placeholder
 // memory. Compiled only with A2D_WITH_SMPI (cmake/A2dSmpi.cmake).
+#include <simgrid/s4u/Engine.hpp>
+#include <simgrid/s4u/NetZone.hpp>
 #include <smpi/smpi.h>
 #include <xbt/config.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "attention2d/error.hpp"
@@ -84,6 +87,12 @@ void set_simulated_host_reduction(double bytes_per_s) {
 void simulated_host_reduction(int64_t bytes) {
   if (g_host_reduction_bytes_per_s > 0 && bytes > 0)
     smpi_runtime().compute(static_cast<double>(bytes) / g_host_reduction_bytes_per_s);
+}
+
+int platform_gpus_per_node() {
+  const char* value =
+      simgrid::s4u::Engine::get_instance()->get_netzone_root()->get_property("gpus_per_node");
+  return value ? std::atoi(value) : 0;
 }
 
 std::byte* simulated_scratch(int64_t bytes) {
