@@ -50,33 +50,34 @@ endfunction()
 # attention2d_avx512 wherever the AVX2 path is built (and the compiler takes the flags), and chosen
 # at run time on CPUs that have those features (dispatch.cpp).
 include(CheckCXXCompilerFlag)
-set(A2D_AVX512_FLAGS -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c)
-set(A2D_HAVE_AVX512_PATH OFF)
-if(A2D_HAVE_AVX2_PATH)
-  check_cxx_compiler_flag("-mavx512f -mavx512bw -mavx512dq -mavx512vl" A2D_COMPILER_TAKES_AVX512)
-  if(A2D_COMPILER_TAKES_AVX512)
-    set(A2D_HAVE_AVX512_PATH ON)
+# _a2d_path_if_compiler_takes(path parent flags): A2D_HAVE_<PATH>_PATH ON where the path it
+# nests in (`parent`) is built and the compiler takes `flags` (a string), else OFF.
+macro(_a2d_path_if_compiler_takes path parent flags)
+  string(TOUPPER "${path}" _a2d_upper)
+  set(A2D_HAVE_${_a2d_upper}_PATH OFF)
+  if(${parent})
+    check_cxx_compiler_flag("${flags}" A2D_COMPILER_TAKES_${_a2d_upper})
+    if(A2D_COMPILER_TAKES_${_a2d_upper})
+      set(A2D_HAVE_${_a2d_upper}_PATH ON)
+    endif()
   endif()
-endif()
+endmacro()
+
+set(A2D_AVX512_FLAGS -mavx512f -mavx512bw -mavx512dq -mavx512vl -mfma -mf16c)
+_a2d_path_if_compiler_takes(avx512 A2D_HAVE_AVX2_PATH "-mavx512f -mavx512bw -mavx512dq -mavx512vl")
 
 # a2d_add_avx512_sources(target files...): as a2d_add_avx2_sources, for the AVX-512 files.
 function(a2d_add_avx512_sources target)
   _a2d_add_path_objects(${target} avx512 "${A2D_HAVE_AVX512_PATH}" "${A2D_AVX512_FLAGS}" ${ARGN})
 endfunction()
 
-# The AMX kernel path (Intel Sapphire Rapids and later): the AVX-512 kernels, and for bf16 inputs a
-# forward on AMX tiles (src/backends/cpu/kernels/amx/), compiled with the AVX-512 flags and
+# The AMX kernel path (Intel Sapphire Rapids and later): the AVX-512 kernels, and for bf16 inputs
+# the bf16 kernels on AMX tiles (src/backends/cpu/kernels/amx/), compiled with the AVX-512 flags and
 # -mamx-tile -mamx-bf16 -mavx512bf16 into attention2d_amx wherever the AVX-512 path is built and the
 # compiler takes the flags, and chosen at run time on CPUs that have AMX-TILE, AMX-BF16 and
 # AVX512-BF16 once Linux grants the process the tile state (dispatch.cpp).
 set(A2D_AMX_FLAGS ${A2D_AVX512_FLAGS} -mamx-tile -mamx-bf16 -mavx512bf16)
-set(A2D_HAVE_AMX_PATH OFF)
-if(A2D_HAVE_AVX512_PATH)
-  check_cxx_compiler_flag("-mamx-tile -mamx-bf16 -mavx512bf16" A2D_COMPILER_TAKES_AMX)
-  if(A2D_COMPILER_TAKES_AMX)
-    set(A2D_HAVE_AMX_PATH ON)
-  endif()
-endif()
+_a2d_path_if_compiler_takes(amx A2D_HAVE_AVX512_PATH "-mamx-tile -mamx-bf16 -mavx512bf16")
 
 # a2d_add_amx_sources(target files...): as a2d_add_avx2_sources, for the AMX files.
 function(a2d_add_amx_sources target)
@@ -89,13 +90,7 @@ endfunction()
 # attention2d_avx512bf16 wherever the AVX-512 path is built and the compiler takes the flag, and
 # chosen at run time on CPUs that have AVX512-BF16 (dispatch.cpp).
 set(A2D_AVX512BF16_FLAGS ${A2D_AVX512_FLAGS} -mavx512bf16)
-set(A2D_HAVE_AVX512BF16_PATH OFF)
-if(A2D_HAVE_AVX512_PATH)
-  check_cxx_compiler_flag("-mavx512bf16" A2D_COMPILER_TAKES_AVX512BF16)
-  if(A2D_COMPILER_TAKES_AVX512BF16)
-    set(A2D_HAVE_AVX512BF16_PATH ON)
-  endif()
-endif()
+_a2d_path_if_compiler_takes(avx512bf16 A2D_HAVE_AVX512_PATH "-mavx512bf16")
 
 # a2d_add_avx512bf16_sources(target files...): as a2d_add_avx2_sources, for the AVX512-BF16 files.
 function(a2d_add_avx512bf16_sources target)
