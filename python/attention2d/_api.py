@@ -11,7 +11,8 @@ from ._channel import Error, channel, planner_grid, torch
 from ._engine_cache import _engine
 from ._planning import (USER_LAYOUTS, _algo_name, _as_ranges, _bounds, _grid_text, _problem,
                         _resolve_plan, _softmax_scale, _varlen_refusal, _window_size)
-from ._sharding import Layout, _check_positions, _documents_from_positions, _user_layout
+from ._sharding import (Layout, _check_positions, _documents_from_positions, _layout_tokens,
+                        _user_layout)
 from ._tensors import (_check_inputs, _describe_dtype, _device_text, _engine_ready, _is_torch,
                        _numpy_empty, _stream_of, _torch_empty_on)
 
@@ -93,7 +94,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
               comm=None, return_lse=False, layout=None, threads=1, machine=None,
               calibration=None, cu_seqlens=None, sinks=None, softcap=0.0, heads_parallel=None,
               group=None, window_size=None, dropout_p=0.0, deterministic=None,
-              return_attn_probs=False, mask=None, positions=None, qkv_format=None, _refusal="",
+              return_attn_probs=False, mask=None, positions=None, qkv_format=None,
+              key_padding=None, _refusal="",
               _documents=False, _engine_only=False, _varlen=None, _in_op=False):
     """This rank's shard of softmax(q k^T * scale) v over the whole distributed sequence.
 
@@ -142,10 +144,19 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     again). Without it only the ranks' token counts are checked, which contiguous and zigzag
     shards share for most N.
 
+    key_padding: a padded batch, [batch, local tokens] (True or 1: a real token, False or 0:
+    padding; transformers' attention_mask sharded like q), each row padded at its end or at its
+    start (its own number of pads): a row's padded keys are hidden from its real queries, and
+    padded queries' outputs are 0 (LSE -inf, zero gradients). Rows of the same padding run in
+    one call. torch tensors only, not with cu_seqlens, mask= or torch.compile.
+
     Under torch.compile the call is one torch.library op, attention2d::attention (its fake
     implementation and autograd registered: _ops.py), and a block calling it compiles into one
     graph."""
     if not _in_op and _is_torch(q) and torch.compiler.is_compiling():
+        if key_padding is not None:
+            raise Error("key_padding= under torch.compile: attention2d serves padded batches in "
+                        "eager mode only; call it outside the compiled region")
         return _ops.compiled_attention(
             q, k, v, causal=causal, window=window, softmax_scale=softmax_scale, algo=algo,
             grid=grid, comm=comm, return_lse=return_lse, layout=layout, threads=threads,
@@ -167,6 +178,8 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     thd = not error and len(q.shape) == 3
     if thd:
         q, k, v = q[None], k[None], v[None]
+    if not error and key_padding is not None:
+        error = _key_padding_refusal(key_padding, q, thd, cu_seqlens, mask, _documents)
     ranges = None
     try:
         window, causal, window_size = _window_from(window, window_size, causal)
@@ -204,7 +217,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     signature = (bool(causal), int(window or 0), softmax_scale, _algo_name(algo),
                  _grid_text(grid), layout_spec, bounds, sink_list, float(softcap or 0.0),
                  heads_parallel, window_size, None if ranges is None else ranges.key(),
-                 mode, qkv_format)
+                 mode, qkv_format, key_padding is not None)
     local = None
     my_positions = None
     if not error and positions is not None:
@@ -221,7 +234,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     first_local, first_signature, _ = gathered[0]
     names = ("causal", "window", "softmax_scale", "algo", "grid", "layout", "cu_seqlens",
              "sinks", "softcap", "heads_parallel", "window_size", "mask",
-             "positions (given or not)", "qkv_format")
+             "positions (given or not)", "qkv_format", "key_padding (given or not)")
     for rank, (shapes, sig, _) in enumerate(gathered):
         for name, mine, theirs in zip(names, first_signature, sig):
             if mine != theirs:
@@ -273,6 +286,19 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
                             "(chunked attention): attention2d does not intersect the two; pack "
                             "one document per sequence")
             bounds = found
+    if key_padding is not None:
+        out, lse = _padded_attention(
+            q, k, v, key_padding, chan, layout, counts, seq,
+            dict(causal=causal, window=window, softmax_scale=softmax_scale, algo=algo, grid=grid,
+                 comm=comm, layout=layout, threads=threads, machine=machine,
+                 calibration=calibration, sinks=sinks, softcap=softcap,
+                 heads_parallel=heads_parallel, group=group, window_size=window_size,
+                 positions=positions, qkv_format="bshd"))
+        if sdpa:
+            out = _swap_tokens_and_heads(out)
+        if return_attn_probs:
+            return out, lse, None
+        return (out, lse) if return_lse else out
     b, _, h, hk, d, dtype, _ = first_local
     problem = _problem(seq, h, d, hk, b, causal, window, softmax_scale, dtype, bounds,
                        sinks is not None, softcap, window_size=window_size, mask=ranges)
@@ -321,3 +347,82 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out
+
+
+def _key_padding_refusal(key_padding, q, thd, cu_seqlens, mask, documents):
+    """What is wrong with attention(key_padding=...) on this rank ("" if nothing)."""
+    if not _is_torch(key_padding) or not _is_torch(q):
+        return "key_padding must be a torch tensor, with torch q, k, v"
+    if thd or cu_seqlens is not None or mask is not None or documents:
+        return ("key_padding= pads a batch of sequences: not with packed documents (cu_seqlens, "
+                "the 3-D 'thd' format) or a range mask (mask=)")
+    if tuple(key_padding.shape) != tuple(q.shape[:2]):
+        return ("key_padding has shape %s; it must be [batch, local tokens] = %s, this rank's "
+                "shard of the padding mask" % (list(key_padding.shape), list(q.shape[:2])))
+    if key_padding.dtype != torch.bool and (key_padding.is_floating_point()
+                                            or key_padding.is_complex()):
+        return "key_padding must be bool or integer (1: a real token, 0: padding), got %s" % (
+            key_padding.dtype)
+    if key_padding.dtype != torch.bool and not bool(((key_padding == 0) |
+                                                     (key_padding == 1)).all()):
+        return "key_padding holds values other than 0 and 1"
+    return ""
+
+
+def _padded_attention(q, k, v, key_padding, chan, layout, counts, seq, options):
+    """attention() of a padded batch: each row's padding found from every rank's shard (one
+    all-gather of per-row counts and extremes), the rows grouped by their padding, each group one
+    call with the padding as a document of its own (cu_seqlens [0, real, N] or [0, pads, N]), and
+    the padded queries' outputs set to 0 (LSE -inf). Returns (out, lse) in flash-attn's order."""
+    real = key_padding.detach().to("cpu").bool()
+    ranks = chan.size
+    if isinstance(layout, Layout):
+        mine = np.asarray(layout.tokens(), dtype=np.int64)
+    else:
+        mine = _layout_tokens(layout or "contiguous", seq, ranks,
+                              counts if layout in (None, "contiguous") else None)[chan.rank]
+    positions = torch.from_numpy(mine)
+    stats = []
+    for row in real:
+        kept, padded = positions[row], positions[~row]
+        stats.append((int(row.sum()), int(kept.min()) if len(kept) else seq,
+                      int(kept.max()) if len(kept) else -1,
+                      int(padded.min()) if len(padded) else seq,
+                      int(padded.max()) if len(padded) else -1))
+    gathered = chan.raise_collectively("", stats, phase="key_padding")
+    groups = {}
+    for b in range(len(stats)):
+        rows = [every[b] for every in gathered]
+        kept = sum(r[0] for r in rows)
+        first_kept, last_kept = min(r[1] for r in rows), max(r[2] for r in rows)
+        first_pad, last_pad = min(r[3] for r in rows), max(r[4] for r in rows)
+        if kept == seq:
+            bounds = None
+        elif kept == 0:
+            bounds = "empty"
+        elif last_kept < first_pad:  # padded at the end
+            bounds = (0, kept, seq)
+        elif last_pad < first_kept:  # padded at the start
+            bounds = (0, seq - kept, seq)
+        else:
+            raise Error("key_padding: row %d of the batch has padding between its tokens (real "
+                        "tokens at global positions %d..%d, padding at %d..%d); attention2d "
+                        "serves rows padded at their end or at their start"
+                        % (b, first_kept, last_kept, first_pad, last_pad))
+        groups.setdefault(bounds, []).append(b)
+    batch, n, heads = q.shape[0], q.shape[1], q.shape[2]
+    out = q.new_zeros(q.shape)
+    lse = torch.full((batch, heads, n), float("-inf"), dtype=torch.float32, device=q.device)
+    for bounds in sorted(groups, key=lambda x: (x is not None, str(x))):
+        if bounds == "empty":
+            continue
+        index = torch.tensor(groups[bounds], dtype=torch.long, device=q.device)
+        part_out, part_lse = attention(
+            q.index_select(0, index), k.index_select(0, index), v.index_select(0, index),
+            return_lse=True, cu_seqlens=None if bounds is None else list(bounds), **options)
+        out = out.index_copy(0, index, part_out)
+        lse = lse.index_copy(0, index, part_lse)
+    keep = real.to(q.device)
+    out = out * keep[:, :, None, None].to(out.dtype)
+    lse = lse.masked_fill(~keep[:, None, :], float("-inf"))
+    return out, lse
