@@ -179,7 +179,7 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     if thd:
         q, k, v = q[None], k[None], v[None]
     if not error and key_padding is not None:
-        error = _key_padding_refusal(key_padding, q, thd, cu_seqlens, mask, _documents)
+        error = _key_padding_refusal(key_padding, q, thd, cu_seqlens)
     ranges = None
     try:
         window, causal, window_size = _window_from(window, window_size, causal)
@@ -286,9 +286,16 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
                             "(chunked attention): attention2d does not intersect the two; pack "
                             "one document per sequence")
             bounds = found
+    groups = None
     if key_padding is not None:
+        groups = _padding_groups(key_padding.detach().to("cpu").bool(), chan, layout, counts,
+                                 seq)
+        if len(groups) == 1 and groups[0][0] is None and len(groups[0][1]) == q.shape[0]:
+            groups = None  # no row is padded: the call as without key_padding
+    if groups is not None:
+        _padding_refusal(bounds, sinks, ranges)
         out, lse = _padded_attention(
-            q, k, v, key_padding, chan, layout, counts, seq,
+            q, k, v, key_padding, groups,
             dict(causal=causal, window=window, softmax_scale=softmax_scale, algo=algo, grid=grid,
                  comm=comm, layout=layout, threads=threads, machine=machine,
                  calibration=calibration, sinks=sinks, softcap=softcap,
@@ -349,13 +356,15 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
     return (out, lse) if return_lse else out
 
 
-def _key_padding_refusal(key_padding, q, thd, cu_seqlens, mask, documents):
-    """What is wrong with attention(key_padding=...) on this rank ("" if nothing)."""
+def _key_padding_refusal(key_padding, q, thd, cu_seqlens):
+    """What is wrong with attention(key_padding=...) on this rank ("" if nothing). What it may
+    not meet (packed documents, a range mask, sinks) is refused only where a row is padded
+    (_padding_refusal: the same verdict on every rank)."""
     if not _is_torch(key_padding) or not _is_torch(q):
         return "key_padding must be a torch tensor, with torch q, k, v"
-    if thd or cu_seqlens is not None or mask is not None or documents:
+    if thd or cu_seqlens is not None:
         return ("key_padding= pads a batch of sequences: not with packed documents (cu_seqlens, "
-                "the 3-D 'thd' format) or a range mask (mask=)")
+                "the 3-D 'thd' format)")
     if tuple(key_padding.shape) != tuple(q.shape[:2]):
         return ("key_padding has shape %s; it must be [batch, local tokens] = %s, this rank's "
                 "shard of the padding mask" % (list(key_padding.shape), list(q.shape[:2])))
@@ -369,19 +378,19 @@ def _key_padding_refusal(key_padding, q, thd, cu_seqlens, mask, documents):
     return ""
 
 
-def _padded_attention(q, k, v, key_padding, chan, layout, counts, seq, options):
-    """attention() of a padded batch: each row's padding found from every rank's shard (one
-    all-gather of per-row counts and extremes), the rows grouped by their padding, each group one
-    call with the padding as a document of its own (cu_seqlens [0, real, N] or [0, pads, N]), and
-    the padded queries' outputs set to 0 (LSE -inf). Returns (out, lse) in flash-attn's order."""
-    real = key_padding.detach().to("cpu").bool()
-    ranks = chan.size
+def _my_tokens(chan, layout, counts, seq):
+    """This rank's global token indices in the caller's layout."""
     if isinstance(layout, Layout):
-        mine = np.asarray(layout.tokens(), dtype=np.int64)
-    else:
-        mine = _layout_tokens(layout or "contiguous", seq, ranks,
-                              counts if layout in (None, "contiguous") else None)[chan.rank]
-    positions = torch.from_numpy(mine)
+        return np.asarray(layout.tokens(), dtype=np.int64)
+    return _layout_tokens(layout or "contiguous", seq, chan.size,
+                          counts if layout in (None, "contiguous") else None)[chan.rank]
+
+
+def _padding_groups(real, chan, layout, counts, seq):
+    """The batch's rows grouped by their padding: {cu_seqlens bounds (None: no padding, "empty":
+    padding only): [rows]}, from every rank's shard of the mask (one all-gather of per-row
+    counts and extremes; the same verdict on every rank)."""
+    positions = torch.from_numpy(_my_tokens(chan, layout, counts, seq))
     stats = []
     for row in real:
         kept, padded = positions[row], positions[~row]
@@ -410,13 +419,37 @@ def _padded_attention(q, k, v, key_padding, chan, layout, counts, seq, options):
                         "serves rows padded at their end or at their start"
                         % (b, first_kept, last_kept, first_pad, last_pad))
         groups.setdefault(bounds, []).append(b)
+    return [(bounds, groups[bounds]) for bounds in
+            sorted(groups, key=lambda x: (x is not None, str(x))) if bounds != "empty"]
+
+
+def _padding_refusal(bounds, sinks, ranges):
+    """What a padded batch does not meet, raised on every rank (every rank found the padding)."""
+    if bounds is not None and len(bounds) > 2:
+        raise Error("a padded batch (key_padding, or transformers' attention_mask with zeros) "
+                    "with packed documents (position_ids restarting at 0): attention2d serves "
+                    "one or the other; pack without padding, or pad without packing")
+    if ranges is not None:
+        raise Error("a padded batch (key_padding, or transformers' attention_mask with zeros) "
+                    "with a range mask (mask=, chunked attention): attention2d does not serve "
+                    "the two together")
+    if sinks is not None:
+        raise Error("a padded batch (key_padding, or transformers' attention_mask with zeros) "
+                    "with attention sinks: a padded query's softmax would hold the sink alone; "
+                    "attention2d does not serve the two together yet")
+
+
+def _padded_attention(q, k, v, key_padding, groups, options):
+    """attention() of a padded batch: the rows grouped by their padding (_padding_groups), each
+    group one call with the padding as a document of its own (cu_seqlens [0, real, N] or
+    [0, pads, N]), and the padded queries' outputs set to 0 (LSE -inf). Returns (out, lse) in
+    flash-attn's order."""
+    real = key_padding.detach().to("cpu").bool()
     batch, n, heads = q.shape[0], q.shape[1], q.shape[2]
     out = q.new_zeros(q.shape)
     lse = torch.full((batch, heads, n), float("-inf"), dtype=torch.float32, device=q.device)
-    for bounds in sorted(groups, key=lambda x: (x is not None, str(x))):
-        if bounds == "empty":
-            continue
-        index = torch.tensor(groups[bounds], dtype=torch.long, device=q.device)
+    for bounds, rows in groups:
+        index = torch.tensor(rows, dtype=torch.long, device=q.device)
         part_out, part_lse = attention(
             q.index_select(0, index), k.index_select(0, index), v.index_select(0, index),
             return_lse=True, cu_seqlens=None if bounds is None else list(bounds), **options)
@@ -426,3 +459,28 @@ def _padded_attention(q, k, v, key_padding, chan, layout, counts, seq, options):
     out = out * keep[:, :, None, None].to(out.dtype)
     lse = lse.masked_fill(~keep[:, None, :], float("-inf"))
     return out, lse
+
+
+def _padded_backward(q, k, v, out, lse, d_out, key_padding, options):
+    """dQ, dK, dV of _padded_attention from the caller's Q, K, V, its O and LSE and dO (the
+    transformers op's backward, which saves only those): per group of rows, the group's engine
+    and its backward, with dO 0 on padded queries (their O is 0, their LSE -inf: P = 0). None
+    where no row is padded (the caller's usual backward then)."""
+    chan = channel(options.get("comm"), options.get("group"), options.get("grid"))
+    counts = chan.raise_collectively("", int(q.shape[1]), phase="key_padding")
+    real = key_padding.detach().to("cpu").bool()
+    groups = _padding_groups(real, chan, options.get("layout"), counts, sum(counts))
+    if len(groups) == 1 and groups[0][0] is None and len(groups[0][1]) == q.shape[0]:
+        return None
+    d_out = d_out * real.to(d_out.device)[:, :, None, None].to(d_out.dtype)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for bounds, rows in groups:
+        index = torch.tensor(rows, dtype=torch.long, device=q.device)
+        part = [x.index_select(0, index) for x in (q, k, v, out, lse, d_out)]
+        engine = attention(*part[:3], return_lse=True, _engine_only=True,
+                           cu_seqlens=None if bounds is None else list(bounds), **options)
+        dq_g, dk_g, dv_g, _ = _backward_in_user_layout(engine, *part)
+        dq.index_copy_(0, index, dq_g)
+        dk.index_copy_(0, index, dk_g)
+        dv.index_copy_(0, index, dv_g)
+    return dq, dk, dv

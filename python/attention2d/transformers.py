@@ -15,8 +15,10 @@ learned per-head `s_aux` logits, trained through the engine's sinks), multi-head
 (values of another head dim than the queries: DeepSeek V2/V3, MiniCPM3) and the models' scaling
 are honoured; packed sequences are read from `position_ids` (each document's positions run 0, 1,
 ..., as transformers' DataCollatorWithFlattening makes them; the same documents in every row of
-the batch). What cannot be served is refused in the model's words, on every rank, before any of
-the attention's data moves: padding in `attention_mask`, attention dropout in training, ALiBi, a
+the batch), and a padded batch from `attention_mask` (each row padded at its end or its start,
+with a length of its own: attention(key_padding=)). What cannot be served is refused in the
+model's words, on every rank, before any of the attention's data moves: padding between a row's
+tokens, padding beside packed documents or sinks, attention dropout in training, ALiBi, a
 non-causal or cross-attention, a KV cache, 4-D or custom masks, flash-attention's
 cu_seq_lens arguments, layers that mix the sequence outside the attention (Mamba, linear
 attention, convolutions) or of a type attention2d does not know, decoders that number their
@@ -319,12 +321,9 @@ def _missing_positions(model):
 
 
 def _local_refusal(q, position_ids, padding, model="the attention"):
-    """Refusals that need the tensors' values (run inside the op, not traced)."""
-    if padding is not None and not bool(padding.all()):
-        return ("attention_mask has padding (zeros): attention2d cannot mask padded tokens; pack "
-                "the batch's sequences into rows without padding and mark the documents with "
-                "position_ids restarting at 0 (transformers' DataCollatorWithFlattening), and "
-                "pass no attention_mask")
+    """Refusals that need the tensors' values (run inside the op, not traced). Padding in
+    attention_mask is served (attention(key_padding=): rows padded at their end or start);
+    what attention() refuses of it, it refuses on every rank."""
     if position_ids is None:
         return ("position_ids did not reach %s: pass the model position_ids with the global "
                 "positions of this rank's tokens (attention2d.shard(torch.arange(N)[None], "
@@ -349,12 +348,14 @@ def _call(q, k, v, sinks, position_ids, padding, handle, scale, window, chunk, s
     positions = None if refusal else position_ids[0]
     mask = {"causal": True, "window": window} if not chunk else {
         "mask": "chunked-causal:%d" % chunk}
+    # attention_mask (the 2-D padding mask, this rank's shard) is the key padding: the rows
+    # padded on any rank are masked per row (documents and padding are not served together).
     with torch.no_grad():
         return _api.attention(q, k, v, softmax_scale=scale, softcap=softcap, sinks=sinks,
                               group=config["group"], layout=config["layout"], return_lse=True,
                               positions=positions, qkv_format="bshd", _documents=True,
-                              _refusal=refusal, _engine_only=engine_only, **mask,
-                              **config["options"])
+                              key_padding=None if refusal else padding, _refusal=refusal,
+                              _engine_only=engine_only, **mask, **config["options"])
 
 
 @torch.library.custom_op("attention2d::hf_attention", mutates_args=())
@@ -381,14 +382,25 @@ def _(q, k, v, sinks, position_ids, padding, handle, scale, window, chunk, softc
 @torch.library.custom_op("attention2d::hf_attention_backward", mutates_args=())
 def hf_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                           lse: torch.Tensor, d_out: torch.Tensor, sinks: Optional[torch.Tensor],
-                          position_ids: Optional[torch.Tensor], handle: int,
-                          scale: Optional[float], window: int, chunk: int, softcap: float
+                          position_ids: Optional[torch.Tensor], padding: Optional[torch.Tensor],
+                          handle: int, scale: Optional[float], window: int, chunk: int,
+                          softcap: float
                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """dQ, dK, dV and dsinks (empty without sinks) of hf_attention (collective). The same
     engine as the forward (the engine cache keeps it); with a layout exchange, Q, K, V, O, LSE
     and dO go into the plan's layout again (the op saves only the caller's tensors). dsinks is
     this rank's 1/P of the sum over all ranks' rows, so that summing the ranks' gradients, as
-    for every replicated parameter of a sequence-sharded model, gives the sinks' gradient."""
+    for every replicated parameter of a sequence-sharded model, gives the sinks' gradient. A
+    padded batch: per group of rows of one padding (_api._padded_backward)."""
+    if padding is not None:
+        config = _configs[handle]
+        grads = _api._padded_backward(
+            q, k, v, out, lse, d_out, padding,
+            dict(causal=True, window=window, softmax_scale=scale, softcap=softcap,
+                 group=config["group"], layout=config["layout"], positions=position_ids[0],
+                 qkv_format="bshd", **config["options"]))
+        if grads is not None:
+            return grads + (q.new_empty(0),)
     engine = _call(q, k, v, sinks, position_ids, None, handle, scale, window, chunk, softcap, "",
                    True)
     dq, dk, dv, dsinks = _api._backward_in_user_layout(engine, q, k, v, out, lse, d_out, sinks)
@@ -396,22 +408,23 @@ def hf_attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out
 
 
 @hf_attention_backward.register_fake
-def _(q, k, v, out, lse, d_out, sinks, position_ids, handle, scale, window, chunk, softcap):
+def _(q, k, v, out, lse, d_out, sinks, position_ids, padding, handle, scale, window, chunk,
+      softcap):
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             q.new_empty(0) if sinks is None else sinks.new_empty(sinks.shape))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, sinks, position_ids, _, handle, scale, window, chunk, softcap, _ = inputs
+    q, k, v, sinks, position_ids, padding, handle, scale, window, chunk, softcap, _ = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, sinks, position_ids)
+    ctx.save_for_backward(q, k, v, out, lse, sinks, position_ids, padding)
     ctx.arguments = (handle, scale, window, chunk, softcap)
 
 
 def _backward(ctx, d_out, d_lse):
-    q, k, v, out, lse, sinks, position_ids = ctx.saved_tensors
+    q, k, v, out, lse, sinks, position_ids, padding = ctx.saved_tensors
     dq, dk, dv, dsinks = hf_attention_backward(q, k, v, out, lse, d_out, sinks, position_ids,
-                                               *ctx.arguments)
+                                               padding, *ctx.arguments)
     return (dq, dk, dv, None if sinks is None else dsinks, None, None, None, None, None, None,
             None, None)
 

@@ -384,11 +384,10 @@ def test_refusals_in_the_models_words():
     assert_all_ranks("config.attention_dropout=0.1" in dropout, dropout)
     n = len(attention2d.shard(torch.arange(SEQ), "contiguous", dim=0))
     padding = torch.ones(1, n, dtype=torch.long)
-    if RANK == P - 1:
-        padding[0, -1] = 0  # only the last rank has padding: every rank refuses
+    if RANK == 0:
+        padding[0, 1] = 0  # padding between the tokens, on rank 0 only: every rank refuses
     padded = refusal("qwen2", forward_of(attention_mask=padding))
-    assert_all_ranks("attention_mask has padding" in padded and "DataCollatorWithFlattening"
-                     in padded, padded)
+    assert_all_ranks("row 0 of the batch has padding between its tokens" in padded, padded)
     def generate(model):  # the prefill fills a cache with this rank's shard; the next call
         cache = forward_of(use_cache=True)(model).past_key_values  # must not use it
         return forward_of(use_cache=True, past_key_values=cache)(model)
@@ -407,6 +406,53 @@ def test_refusals_in_the_models_words():
     shifted = attention2d.shard(torch.arange(1, SEQ + 1)[None], "contiguous")  # not from 0
     wrong = refusal("llama", forward_of(positions=shifted))
     assert_all_ranks("has position 1 after the sequence's start" in wrong, wrong)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_padded_batch_equals_one_process(kind):
+    """A batch of three rows, padded at the end (20 real tokens), at the start (13) and not at
+    all, with transformers' attention_mask sharded like the tokens: 2 AdamW steps equal the
+    one-process eager model with the same attention_mask on the real tokens (logits there, the
+    loss over real tokens, every gradient). Qwen2's layer 1 has a window of 7."""
+    reference, sharded = models(kind, "attention2d")
+    gen = torch.Generator().manual_seed(17)
+    ids = torch.randint(0, 61, (3, SEQ), generator=gen)
+    real = torch.ones(3, SEQ, dtype=torch.long)
+    real[0, 20:] = 0
+    real[1, :SEQ - 13] = 0
+    labels = torch.full((3, SEQ), -100)
+    labels[:, :-1] = torch.where((real[:, :-1] == 1) & (real[:, 1:] == 1), ids[:, 1:], -100)
+    positions = torch.arange(SEQ)[None]
+    mine = attention2d.shard(torch.arange(SEQ)[None], "contiguous")[0]
+    items = int((labels != -100).sum())
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-3, eps=1e-4)
+                  for m in (reference, sharded)]
+    errors = {"logits": 0.0, "loss": 0.0, "gradients": 0.0}
+    for _ in range(2):
+        want = reference(input_ids=ids, attention_mask=real, position_ids=positions,
+                         labels=labels, shift_labels=labels)
+        got = sharded(input_ids=ids[:, mine], attention_mask=real[:, mine],
+                      position_ids=positions[:, mine], labels=labels[:, mine],
+                      shift_labels=labels[:, mine], num_items_in_batch=items)
+        want.loss.backward()
+        got.loss.backward()
+        keep = real[:, mine].bool()
+        errors["logits"] = max(errors["logits"], relative_error(
+            got.logits.detach()[keep], want.logits[:, mine].detach()[keep]))
+        loss = got.loss.detach().clone()
+        dist.all_reduce(loss) if P > 1 else None
+        errors["loss"] = max(errors["loss"], abs(float(loss) / float(want.loss.detach()) - 1))
+        for p, q in zip(sharded.parameters(), reference.parameters()):
+            grad = p.grad.clone()
+            if P > 1:
+                dist.all_reduce(grad)
+            p.grad = grad
+            errors["gradients"] = max(errors["gradients"], relative_error(grad, q.grad))
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+    print("%s padded batch at P = %d: %s" % (kind, P, errors))
+    assert_all_ranks(max(errors.values()) <= 1e-5, "%s: %s" % (kind, errors))
 
 
 def test_more_refusals():
