@@ -116,3 +116,19 @@ def test_padding_on_one_rank_only_is_refused_on_every_rank():
     with pytest.raises(attention2d.Error, match="key_padding"):
         attention2d.attention(q[:, mine], k[:, mine], v[:, mine], causal=True,
                               layout="contiguous", key_padding=mask)
+
+
+def test_padding_changed_between_calls():
+    """The engines are cached by each group's padding: a call with other lengths right after
+    gets its own, and each call equals its reference."""
+    q, k, v, d_out = full_inputs(15)
+    mine = attention2d.shard(torch.arange(SEQ).view(1, SEQ), "contiguous")[0]
+    for flip in (False, True, False):
+        mask = padding_mask()
+        if flip:
+            mask = mask.flip(0).flip(1)  # other rows, and right padding become left and back
+        ref = reference(q, k, v, d_out, mask, True, None)
+        out = attention2d.attention(q[:, mine], k[:, mine], v[:, mine], causal=True,
+                                    layout="contiguous", key_padding=mask[:, mine])
+        error = relative(out, ref[0][:, mine])
+        assert_all_ranks(error <= BOUND, "flip=%s: error %.3g" % (flip, error))
