@@ -65,12 +65,18 @@ def relative(a, b):
 
 @pytest.mark.parametrize("causal,window,layout", [(True, None, "contiguous"),
                                                   (False, None, "zigzag"),
-                                                  (False, 4, "contiguous")])
+                                                  (False, 4, "contiguous"),
+                                                  (True, None, "planned")])
 def test_padded_batch_equals_each_rows_real_tokens(causal, window, layout):
     q, k, v, d_out = full_inputs(11)
     mask = padding_mask()
     ref = reference(q, k, v, d_out, mask, causal, window)
-    mine = attention2d.shard(torch.arange(SEQ).view(1, SEQ), layout)[0]
+    if layout == "planned":  # the plan's own layout (a Layout: no exchange)
+        layout = attention2d.layout(seq=SEQ, heads=HEADS, kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+                                    batch=len(ROWS), causal=causal)
+        mine = torch.from_numpy(layout.tokens())
+    else:
+        mine = attention2d.shard(torch.arange(SEQ).view(1, SEQ), layout)[0]
     local = [x[:, mine].clone().requires_grad_() for x in (q, k, v)]
     options = dict(window_size=(window, window)) if window else dict(causal=causal)
     out, lse = attention2d.attention(*local, layout=layout, return_lse=True,
@@ -84,7 +90,8 @@ def test_padded_batch_equals_each_rows_real_tokens(causal, window, layout):
     zero = bool((out.detach()[padded] == 0).all()) and bool(
         torch.isneginf(lse.detach().transpose(1, 2)[padded]).all())
     assert_all_ranks(zero, "padded queries: out 0 and LSE -inf")
-    print("padded batch (%s, %s): worst error %.3g" % (layout, options, worst))
+    print("padded batch (%s, %s): worst error %.3g" % (
+        layout if isinstance(layout, str) else "planned", options, worst))
 
 
 def test_padding_between_tokens_is_refused_on_every_rank():
