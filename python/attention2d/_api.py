@@ -286,13 +286,9 @@ def attention(q, k, v, causal=False, window=0, softmax_scale=None, algo="auto", 
                             "(chunked attention): attention2d does not intersect the two; pack "
                             "one document per sequence")
             bounds = found
-    groups = None
-    if key_padding is not None:
-        groups = _padding_groups(key_padding.detach().to("cpu").bool(), chan, layout, counts,
-                                 seq)
-        if len(groups) == 1 and groups[0][0] is None and len(groups[0][1]) == q.shape[0]:
-            groups = None  # no row is padded: the call as without key_padding
-    if groups is not None:
+    groups = None if key_padding is None else _padding_groups(
+        key_padding.detach().to("cpu").bool(), chan, layout, counts, seq)
+    if groups is not None:  # some row is padded (else: the call as without key_padding)
         _padding_refusal(bounds, sinks, ranges)
         out, lse = _padded_attention(
             q, k, v, key_padding, groups,
@@ -387,9 +383,10 @@ def _my_tokens(chan, layout, counts, seq):
 
 
 def _padding_groups(real, chan, layout, counts, seq):
-    """The batch's rows grouped by their padding: {cu_seqlens bounds (None: no padding, "empty":
-    padding only): [rows]}, from every rank's shard of the mask (one all-gather of per-row
-    counts and extremes; the same verdict on every rank)."""
+    """The batch's rows grouped by their padding: [(cu_seqlens bounds, or None for rows without
+    padding; [rows])], rows of padding only left out; None when no row is padded. From every
+    rank's shard of the mask (one all-gather of per-row counts and extremes; the same verdict on
+    every rank)."""
     positions = torch.from_numpy(_my_tokens(chan, layout, counts, seq))
     stats = []
     for row in real:
@@ -419,6 +416,8 @@ def _padding_groups(real, chan, layout, counts, seq):
                         "serves rows padded at their end or at their start"
                         % (b, first_kept, last_kept, first_pad, last_pad))
         groups.setdefault(bounds, []).append(b)
+    if list(groups) == [None]:
+        return None
     return [(bounds, groups[bounds]) for bounds in
             sorted(groups, key=lambda x: (x is not None, str(x))) if bounds != "empty"]
 
@@ -470,7 +469,7 @@ def _padded_backward(q, k, v, out, lse, d_out, key_padding, options):
     counts = chan.raise_collectively("", int(q.shape[1]), phase="key_padding")
     real = key_padding.detach().to("cpu").bool()
     groups = _padding_groups(real, chan, options.get("layout"), counts, sum(counts))
-    if len(groups) == 1 and groups[0][0] is None and len(groups[0][1]) == q.shape[0]:
+    if groups is None:
         return None
     d_out = d_out * real.to(d_out.device)[:, :, None, None].to(d_out.dtype)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)

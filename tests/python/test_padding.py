@@ -139,3 +139,20 @@ def test_padding_changed_between_calls():
                                     layout="contiguous", key_padding=mask[:, mine])
         error = relative(out, ref[0][:, mine])
         assert_all_ranks(error <= BOUND, "flip=%s: error %.3g" % (flip, error))
+
+
+@pytest.mark.parametrize("options", [dict(causal=True, window=5),
+                                     dict(causal=True, window_size=(4, 0)),
+                                     dict(causal=True, qkv_format="bhsd")])
+def test_padded_batch_the_ordinary_torch_ways(options):
+    """A causal window in both spellings (q - 5 < k <= q: the reference's causal band of 4), and
+    q, k, v in SDPA's [batch, heads, tokens, head_dim] order (the output in it too)."""
+    q, k, v, d_out = full_inputs(16)
+    mask = padding_mask()
+    ref = reference(q, k, v, d_out, mask, True, None if "qkv_format" in options else 4)
+    mine = attention2d.shard(torch.arange(SEQ).view(1, SEQ), "contiguous")[0]
+    sdpa = options.get("qkv_format") == "bhsd"
+    local = [x[:, mine].transpose(1, 2) if sdpa else x[:, mine] for x in (q, k, v)]
+    out = attention2d.attention(*local, layout="contiguous", key_padding=mask[:, mine], **options)
+    error = relative(out.transpose(1, 2) if sdpa else out, ref[0][:, mine])
+    assert_all_ranks(error <= BOUND, "%s: error %.3g" % (options, error))
